@@ -1,0 +1,1 @@
+"""precompile shell package (see README.md, Architecture)."""

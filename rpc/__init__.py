@@ -1,0 +1,1 @@
+"""rpc shell package (see README.md, Architecture)."""

@@ -1,0 +1,1 @@
+"""storage shell package (see README.md, Architecture)."""
