@@ -61,3 +61,125 @@ class GossipReject(TenzroError):
 
 class GossipIgnore(TenzroError):
     """A gossip message is not useful now (duplicate, stale): drop it without penalty."""
+
+
+# --- run lifecycle (raised by the pure transition functions in tenzro_training.run) -------
+
+
+class RunError(TenzroError, ValueError):
+    """A call is not valid for the run's current state. ``task_id`` names the run."""
+
+    def __init__(self, task_id: str, message: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"{task_id}: {message}")
+
+
+class UnknownTask(RunError):
+    """No run with this task_id exists."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id, "unknown task")
+
+
+class TaskExists(RunError):
+    """A different spec was already posted under this task_id."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id, "a different spec is already posted under this task_id")
+
+
+class InvalidState(RunError):
+    """The action is not allowed in the run's current status (e.g. enroll after training started)."""
+
+    def __init__(self, task_id: str, status: str, action: str) -> None:
+        self.status = status
+        self.action = action
+        super().__init__(task_id, f"cannot {action} while the run is {status}")
+
+
+class RoundMismatch(RunError):
+    """The call names a round other than the run's current one (and is not a harmless replay)."""
+
+    def __init__(self, task_id: str, expected: int, got: int) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(task_id, f"current round is {expected}, call names round {got}")
+
+
+class LateSubmission(RunError):
+    """The submission's round is already finalized, or its straggler window has closed."""
+
+    def __init__(self, task_id: str, round_: int, fragment: int) -> None:
+        self.round = round_
+        self.fragment = fragment
+        super().__init__(task_id, f"submission for round {round_} fragment {fragment} is late")
+
+
+class NotEnrolled(RunError):
+    """The signer is not an enrolled (and unslashed) trainer of this run."""
+
+    def __init__(self, task_id: str, address: str) -> None:
+        self.address = address
+        super().__init__(task_id, f"{address} is not an enrolled trainer")
+
+
+class EnrollmentConflict(RunError):
+    """The trainer already enrolled with different parameters (DID or stake)."""
+
+    def __init__(self, task_id: str, address: str) -> None:
+        self.address = address
+        super().__init__(task_id, f"{address} already enrolled with different parameters")
+
+
+class RunFull(RunError):
+    """The run already admitted trainer_count trainers."""
+
+    def __init__(self, task_id: str, trainer_count: int) -> None:
+        self.trainer_count = trainer_count
+        super().__init__(task_id, f"run is full ({trainer_count} trainers)")
+
+
+class StakeTooLow(RunError):
+    """The offered stake is below the node's configured minimum."""
+
+    def __init__(self, task_id: str, minimum: int, got: int) -> None:
+        self.minimum = minimum
+        self.got = got
+        super().__init__(task_id, f"stake {got} is below the minimum {minimum}")
+
+
+class QuorumNotReached(RunError):
+    """finalizeRound was called before every fragment had >= K accepted submissions."""
+
+    def __init__(self, task_id: str, round_: int, counts: tuple[int, ...], quorum: int) -> None:
+        self.round = round_
+        self.counts = counts
+        self.quorum = quorum
+        super().__init__(task_id, f"round {round_}: per-fragment accepted counts {list(counts)} < quorum {quorum}")
+
+
+class Equivocation(RunError):
+    """A trainer signed two different payloads for one (task, round, fragment); evidence kept, stake slashed."""
+
+    def __init__(self, task_id: str, round_: int, fragment: int, address: str) -> None:
+        self.round = round_
+        self.fragment = fragment
+        self.address = address
+        super().__init__(task_id, f"equivocation by {address} in round {round_} fragment {fragment}: stake slashed")
+
+
+class PayloadUnavailable(RunError):
+    """A submission referenced a payload hash whose bytes the node does not hold (yet)."""
+
+    def __init__(self, task_id: str, payload_hash: str) -> None:
+        self.payload_hash = payload_hash
+        super().__init__(task_id, f"payload {payload_hash} is not available")
+
+
+class CheckpointError(TenzroError, ValueError):
+    """The initial checkpoint named by the spec cannot be loaded or does not match its hash."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri = uri
+        self.reason = reason
+        super().__init__(f"init checkpoint {uri}: {reason}")
