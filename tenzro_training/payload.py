@@ -1,0 +1,535 @@
+"""The OuterGradient payload codec: one trainer's outer gradient for one (task, round, fragment),
+as the bytes of a safetensors file.
+
+What this module is: :func:`encode_payload` (what a trainer sends), :func:`decode_payload` (what
+the node accepts: every byte validated against the fragment layout before any tensor is built),
+and :func:`compute_payload_hash` (what a trainer signs and gossip references). The format, the
+tensor naming rule and every rejection are specified in docs/payload.md.
+
+What it is NOT: no I/O, no signatures (the submission envelope signs the payload hash), no
+aggregation. The safetensors header is parsed here by hand rather than by the safetensors
+library, because the checks it must pass (duplicate keys, exact coverage, size caps, layout
+equality) come before anything in the payload is trusted; nothing in a payload is ever executed
+(no pickle, no torch.load). The output is an ordinary safetensors file that the safetensors
+library loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tenzro_training.errors import FragmentError, PayloadError
+from tenzro_training.fragments import (
+    DTYPES,
+    FragmentEntry,
+    FragmentLayout,
+    compute_raw_le_bytes,
+    gather_fragment,
+)
+
+__all__ = [
+    "ENCODING_RAW",
+    "ENCODINGS",
+    "PAYLOAD_VERSION",
+    "SAFETENSORS_DTYPES",
+    "PayloadHeader",
+    "DecodedPayload",
+    "PayloadFormatError",
+    "PayloadTruncated",
+    "PayloadTrailingBytes",
+    "PayloadTooLarge",
+    "PayloadLayoutMismatch",
+    "PayloadMetadataMismatch",
+    "PayloadDtypeError",
+    "PayloadNonFinite",
+    "PayloadUnknownEncoding",
+    "compute_payload_tensor_name",
+    "compute_max_header_bytes",
+    "compute_payload_hash",
+    "encode_payload",
+    "decode_payload",
+]
+
+PAYLOAD_VERSION = "1"
+ENCODING_RAW = "raw"
+# Encodings this implementation decodes. The field exists so compressed encodings (DCT + top-k
+# with error feedback, quantisation) can be added per task without a new format version.
+ENCODINGS: frozenset[str] = frozenset({ENCODING_RAW})
+# Project dtype name -> safetensors dtype string.
+SAFETENSORS_DTYPES: dict[str, str] = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+_FROM_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+_META = "__metadata__"
+_KEY_VERSION = "tenzro.version"
+_KEY_TASK = "tenzro.task_id"
+_KEY_ROUND = "tenzro.round"
+_KEY_FRAGMENT = "tenzro.fragment"
+_KEY_ENCODING = "tenzro.encoding"
+_KEY_DTYPE = "tenzro.dtype"
+_KEY_LAYOUT = "tenzro.layout_hash"
+_META_KEYS = frozenset(
+    {_KEY_VERSION, _KEY_TASK, _KEY_ROUND, _KEY_FRAGMENT, _KEY_ENCODING, _KEY_DTYPE, _KEY_LAYOUT}
+)
+_TENSOR_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+
+_U64_MAX = 2**64 - 1
+# Mirrors the TrainingTaskSpec rule for task_id (SPEC.md): 1-128 chars of [A-Za-z0-9._-].
+_TASK_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_DECIMAL_RE = re.compile(r"0|[1-9][0-9]{0,19}")
+_HASH_HEX_RE = re.compile(r"0x[0-9a-f]{64}")
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class PayloadFormatError(PayloadError):
+    """The bytes are not a well-formed payload: bad header JSON, duplicate keys, wrong field
+    types, offsets that overlap, leave holes or disagree with the dtype and shape."""
+
+
+class PayloadTruncated(PayloadFormatError):
+    """The payload ends before its length prefix, header or tensor data does."""
+
+
+class PayloadTrailingBytes(PayloadFormatError):
+    """Bytes follow the last tensor's data."""
+
+
+class PayloadTooLarge(PayloadError):
+    """The payload (``what="payload"``) or its declared header (``what="header"``) exceeds a cap."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what, self.size, self.limit = what, size, limit
+        super().__init__(f"{what} is {size} bytes, the limit is {limit}")
+
+
+class PayloadLayoutMismatch(PayloadError):
+    """The payload does not match the fragment layout: tensor names, shapes, fragment index or
+    layout hash differ."""
+
+
+class PayloadMetadataMismatch(PayloadError):
+    """A header field differs from what the caller expected (``field``, ``got``, ``expected``)."""
+
+    def __init__(self, field_name: str, got: object, expected: object) -> None:
+        self.field, self.got, self.expected = field_name, got, expected
+        super().__init__(f"payload {field_name} is {got!r}, expected {expected!r}")
+
+
+class PayloadDtypeError(PayloadError):
+    """A tensor dtype is unsupported, differs from the declared ``tenzro.dtype``, or is not allowed."""
+
+
+class PayloadNonFinite(PayloadError):
+    """The payload holds NaN or +/-Inf (``count`` of them; ``name`` is the first tensor hit)."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name, self.count = name, count
+        super().__init__(f"payload holds {count} non-finite value(s), first in tensor {name!r}")
+
+
+class PayloadUnknownEncoding(PayloadError):
+    """The encoding is not one this implementation decodes (``encoding``)."""
+
+    def __init__(self, encoding: object) -> None:
+        self.encoding = encoding
+        super().__init__(f"unknown payload encoding {encoding!r}; known: {sorted(ENCODINGS)}")
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadHeader:
+    """What a payload claims to be; carried in its safetensors ``__metadata__``."""
+
+    task_id: str
+    """The run's task_id (1-128 chars of ``[A-Za-z0-9._-]``, as in the TrainingTaskSpec)."""
+    round: int
+    """Round index, 0 <= round < 2**64."""
+    fragment: int
+    """Fragment index, equal to the layout's index."""
+    encoding: str
+    """``"raw"`` (uncompressed); other names are reserved for compressed encodings."""
+    layout_hash: bytes
+    """``FragmentLayout.layout_hash()`` of the fragment (32 bytes)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task_id, str) or not _TASK_ID_RE.fullmatch(self.task_id):
+            raise PayloadFormatError(f"task_id must be 1-128 chars of [A-Za-z0-9._-], got {self.task_id!r}")
+        for name in ("round", "fragment"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 0 <= value <= _U64_MAX:
+                raise PayloadFormatError(f"{name} must be an integer in [0, 2**64), got {value!r}")
+        if not isinstance(self.encoding, str) or not self.encoding:
+            raise PayloadFormatError(f"encoding must be a non-empty str, got {self.encoding!r}")
+        if not isinstance(self.layout_hash, bytes) or len(self.layout_hash) != 32:
+            raise PayloadFormatError("layout_hash must be 32 bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedPayload:
+    """A payload that passed every check; its values are already widened to fp32."""
+
+    header: PayloadHeader
+    """The header read from the payload's metadata."""
+    dtype: str
+    """The dtype the values travelled in (``"float32"``, ``"float16"`` or ``"bfloat16"``)."""
+    _flat: torch.Tensor = field(repr=False)
+
+    def flat_fp32(self) -> torch.Tensor:
+        """The fragment as a 1-D fp32 vector in layout order (the same tensor on every call)."""
+        return self._flat
+
+
+# --- naming and limits ----------------------------------------------------------------------
+
+
+def compute_payload_tensor_name(entry: FragmentEntry) -> str:
+    """``name`` when the entry is the whole tensor, else ``"{name}#{start}:{stop}"``.
+
+    Unambiguous because tensor names never contain ``"#"`` (fragments.validate_tensor_name).
+    """
+    return entry.name if entry.is_whole else f"{entry.name}#{entry.start}:{entry.stop}"
+
+
+def _payload_tensor_shape(entry: FragmentEntry) -> list[int]:
+    # Whole tensors keep their shape (the payload reads like a partial checkpoint); slices are 1-D.
+    return list(entry.shape) if entry.is_whole else [entry.numel]
+
+
+def compute_max_header_bytes(layout: FragmentLayout) -> int:
+    """Largest safetensors header accepted for ``layout``, so parsing work is bounded by the
+    layout, not by the sender: 4096 + per entry (256 + 6 * (UTF-8 name length + 42) + 32 * ndim).
+
+    The factor 6 covers JSON escapes (``\\u00XX``), 42 the longest ``#start:stop`` suffix.
+    """
+    per_entry = sum(
+        256 + 6 * (len(e.name.encode("utf-8")) + 42) + 32 * len(e.shape) for e in layout.entries
+    )
+    return 4096 + per_entry
+
+
+def compute_payload_hash(data: bytes | bytearray | memoryview) -> bytes:
+    """SHA-256 of the payload bytes: what the trainer signs and gossip references."""
+    return hashlib.sha256(data).digest()
+
+
+# --- encode ---------------------------------------------------------------------------------
+
+
+def _check_header_against_layout(header: PayloadHeader, layout: FragmentLayout) -> None:
+    if header.encoding not in ENCODINGS:
+        raise PayloadUnknownEncoding(header.encoding)
+    if header.fragment != layout.index:
+        raise PayloadLayoutMismatch(f"payload is for fragment {header.fragment}, layout is fragment {layout.index}")
+    if header.layout_hash != layout.layout_hash():
+        raise PayloadLayoutMismatch(
+            f"payload layout hash 0x{header.layout_hash.hex()} differs from the layout's "
+            f"0x{layout.layout_hash().hex()}"
+        )
+
+
+def encode_payload(
+    header: PayloadHeader,
+    layout: FragmentLayout,
+    tensors: Mapping[str, torch.Tensor] | torch.Tensor,
+    dtype: str = "float32",
+) -> bytes:
+    """Encode one outer gradient as safetensors bytes (docs/payload.md, "Format").
+
+    ``tensors`` is either a state dict of full tensors (the fragment is gathered from it) or the
+    fragment's flat 1-D vector in layout order. Values are cast to ``dtype`` (round to nearest
+    even); a NaN/Inf, including an fp16 overflow created by the cast, is a PayloadNonFinite.
+    """
+    if not isinstance(header, PayloadHeader) or not isinstance(layout, FragmentLayout):
+        raise PayloadError("encode_payload needs a PayloadHeader and a FragmentLayout")
+    _check_header_against_layout(header, layout)
+    if dtype not in DTYPES:
+        raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if isinstance(tensors, torch.Tensor):
+        if tensors.dim() != 1 or not tensors.is_floating_point() or tensors.numel() != layout.numel:
+            raise PayloadLayoutMismatch(
+                f"flat vector must be 1-D floating point with {layout.numel} elements, "
+                f"got shape {tuple(tensors.shape)} {tensors.dtype}"
+            )
+        flat = tensors
+    elif isinstance(tensors, Mapping):
+        try:
+            flat = gather_fragment(tensors, layout)
+        except FragmentError as exc:
+            raise PayloadLayoutMismatch(str(exc)) from exc
+    else:
+        raise PayloadError(f"tensors must be a state dict or a flat tensor, got {type(tensors).__name__}")
+    cast = flat.detach().to(device="cpu", dtype=DTYPES[dtype]).contiguous()
+    finite = torch.isfinite(cast)
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0, 0])
+        raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
+
+    metadata = {
+        _KEY_VERSION: PAYLOAD_VERSION,
+        _KEY_TASK: header.task_id,
+        _KEY_ROUND: str(header.round),
+        _KEY_FRAGMENT: str(header.fragment),
+        _KEY_ENCODING: header.encoding,
+        _KEY_DTYPE: dtype,
+        _KEY_LAYOUT: "0x" + header.layout_hash.hex(),
+    }
+    doc: dict[str, object] = {_META: metadata}
+    itemsize, offset = _ITEMSIZE[dtype], 0
+    for entry in layout.entries:
+        size = entry.numel * itemsize
+        doc[compute_payload_tensor_name(entry)] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": _payload_tensor_shape(entry),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    text += b" " * (-len(text) % 8)  # safetensors convention: data starts 8-byte aligned
+    return b"".join([len(text).to_bytes(8, "little"), text, compute_raw_le_bytes(cast)])
+
+
+def _entry_at(layout: FragmentLayout, flat_index: int) -> FragmentEntry:
+    pos = 0
+    for entry in layout.entries:
+        pos += entry.numel
+        if flat_index < pos:
+            return entry
+    return layout.entries[-1]
+
+
+# --- decode ---------------------------------------------------------------------------------
+
+
+def _as_byte_view(data: object) -> memoryview:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PayloadError(f"payload must be bytes, bytearray or memoryview, got {type(data).__name__}")
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise PayloadError("payload memoryview must be C-contiguous")
+    if view.ndim != 1 or view.format != "B":
+        try:
+            view = view.cast("B")
+        except (TypeError, ValueError) as exc:
+            raise PayloadError("payload memoryview cannot be read as bytes") from exc
+    return view
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PayloadFormatError(f"duplicate key {key[:200]!r} in the safetensors header")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> None:
+    raise PayloadFormatError(f"the safetensors header holds the non-JSON constant {name}")
+
+
+def _parse_header_json(raw: memoryview) -> dict[str, object]:
+    if len(raw) == 0 or raw[0] != ord("{"):
+        raise PayloadFormatError("the safetensors header must start with '{'")
+    try:
+        text = bytes(raw).decode("utf-8")
+        doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except PayloadError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PayloadFormatError(f"the safetensors header is not valid JSON: {str(exc)[:200]}") from exc
+    if not isinstance(doc, dict):
+        raise PayloadFormatError("the safetensors header must be a JSON object")
+    return doc
+
+
+def _parse_metadata(doc: dict[str, object], layout: FragmentLayout) -> tuple[PayloadHeader, str]:
+    meta = doc.get(_META)
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise PayloadFormatError("the header needs a __metadata__ object of string values")
+    missing, extra = _META_KEYS - meta.keys(), meta.keys() - _META_KEYS
+    if missing or extra:
+        raise PayloadFormatError(
+            f"metadata keys: missing {sorted(missing)}, unknown {sorted(k[:80] for k in extra)[:5]}"
+        )
+    if meta[_KEY_VERSION] != PAYLOAD_VERSION:
+        raise PayloadFormatError(f"unsupported payload version {meta[_KEY_VERSION][:40]!r}")
+    if meta[_KEY_ENCODING] not in ENCODINGS:
+        raise PayloadUnknownEncoding(meta[_KEY_ENCODING][:80])
+    dtype = meta[_KEY_DTYPE]
+    if dtype not in DTYPES:
+        raise PayloadDtypeError(f"declared dtype {dtype[:40]!r} is not one of {sorted(DTYPES)}")
+    numbers = {}
+    for key in (_KEY_ROUND, _KEY_FRAGMENT):
+        if not _DECIMAL_RE.fullmatch(meta[key]):
+            raise PayloadFormatError(f"{key} must be a canonical decimal integer, got {meta[key][:40]!r}")
+        numbers[key] = int(meta[key])
+    if not _HASH_HEX_RE.fullmatch(meta[_KEY_LAYOUT]):
+        raise PayloadFormatError(f"{_KEY_LAYOUT} must be 0x + 64 lowercase hex digits")
+    header = PayloadHeader(
+        task_id=meta[_KEY_TASK],
+        round=numbers[_KEY_ROUND],
+        fragment=numbers[_KEY_FRAGMENT],
+        encoding=meta[_KEY_ENCODING],
+        layout_hash=bytes.fromhex(meta[_KEY_LAYOUT][2:]),
+    )
+    _check_header_against_layout(header, layout)
+    return header, dtype
+
+
+def _check_expected(header: PayloadHeader, expected: PayloadHeader) -> None:
+    for name in ("task_id", "round", "fragment", "encoding", "layout_hash"):
+        got, want = getattr(header, name), getattr(expected, name)
+        if got != want:
+            raise PayloadMetadataMismatch(name, got, want)
+
+
+def _is_uint_list(value: object, length: int | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(_is_int(v) and 0 <= v <= _U64_MAX for v in value)
+    )
+
+
+def _short(names: Collection[str]) -> list[str]:
+    return sorted(n[:80] for n in names)[:5]
+
+
+def _check_tensors(
+    doc: dict[str, object], layout: FragmentLayout, dtype: str, data_len: int
+) -> list[int]:
+    """Validate every tensor entry; return each layout entry's data start offset, in layout order."""
+    wanted = {compute_payload_tensor_name(e): e for e in layout.entries}
+    present = doc.keys() - {_META}
+    missing, extra = wanted.keys() - present, present - wanted.keys()
+    if missing or extra:
+        raise PayloadLayoutMismatch(
+            f"payload tensors differ from fragment {layout.index}: missing {_short(missing)}, "
+            f"unexpected {_short(extra)}"
+        )
+    st_dtype, itemsize = SAFETENSORS_DTYPES[dtype], _ITEMSIZE[dtype]
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in wanted.items():
+        info = doc[name]
+        if not isinstance(info, dict) or info.keys() != _TENSOR_KEYS:
+            raise PayloadFormatError(f"tensor {name!r} needs exactly the keys {sorted(_TENSOR_KEYS)}")
+        if info["dtype"] not in _FROM_SAFETENSORS:
+            raise PayloadDtypeError(f"tensor {name!r} has unsupported dtype {str(info['dtype'])[:40]!r}")
+        if info["dtype"] != st_dtype:
+            raise PayloadDtypeError(f"tensor {name!r} is {info['dtype']}, the payload declares {st_dtype}")
+        shape, offsets = info["shape"], info["data_offsets"]
+        if not _is_uint_list(shape):
+            raise PayloadFormatError(f"tensor {name!r}: shape must be a list of non-negative integers")
+        if shape != _payload_tensor_shape(entry):
+            raise PayloadLayoutMismatch(
+                f"tensor {name!r} has shape {shape[:8]}, the layout needs {_payload_tensor_shape(entry)}"
+            )
+        if not _is_uint_list(offsets, 2) or offsets[0] > offsets[1]:
+            raise PayloadFormatError(f"tensor {name!r}: data_offsets must be [begin, end] with begin <= end")
+        if offsets[1] - offsets[0] != entry.numel * itemsize:
+            raise PayloadFormatError(
+                f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes, "
+                f"{entry.numel} x {st_dtype} needs {entry.numel * itemsize}"
+            )
+        spans.append((offsets[0], offsets[1], name))
+    # The data buffer must be covered exactly once: no overlap, no hole, nothing after the end.
+    cursor = 0
+    for begin, end, name in sorted(spans):
+        if begin < cursor:
+            raise PayloadFormatError(f"tensor {name!r} overlaps the previous tensor's data")
+        if begin > cursor:
+            raise PayloadFormatError(f"a hole of {begin - cursor} bytes precedes tensor {name!r}")
+        cursor = end
+    if cursor > data_len:
+        raise PayloadTruncated(f"tensor data needs {cursor} bytes, only {data_len} are present")
+    if cursor < data_len:
+        raise PayloadTrailingBytes(f"{data_len - cursor} bytes follow the last tensor")
+    return [doc[compute_payload_tensor_name(e)]["data_offsets"][0] for e in layout.entries]  # type: ignore[index]
+
+
+def _read_flat(view: memoryview, base: int, starts: list[int], layout: FragmentLayout, dtype: str) -> torch.Tensor:
+    # One copy: straight from the validated byte ranges into the fp32 output. Sources are
+    # read-only numpy views ('<' = little-endian, as safetensors stores); fp16 -> fp32 and
+    # bf16 -> fp32 are exact widenings (bf16 is the top half of an fp32 bit pattern).
+    out = torch.empty(layout.numel, dtype=torch.float32)
+    out_np = out.numpy()
+    pos = 0
+    for entry, start in zip(layout.entries, starts):
+        n, offset = entry.numel, base + start
+        dst = out_np[pos : pos + n]
+        if dtype == "float32":
+            dst[:] = np.frombuffer(view, dtype="<f4", count=n, offset=offset)
+        elif dtype == "float16":
+            dst[:] = np.frombuffer(view, dtype="<f2", count=n, offset=offset)
+        else:
+            bits = dst.view(np.uint32)
+            bits[:] = np.frombuffer(view, dtype="<u2", count=n, offset=offset)
+            bits <<= 16
+        pos += n
+    return out
+
+
+def decode_payload(
+    data: bytes | bytearray | memoryview,
+    layout: FragmentLayout,
+    *,
+    expected: PayloadHeader | None = None,
+    max_bytes: int,
+    allowed_dtypes: Collection[str] | None = None,
+) -> DecodedPayload:
+    """Validate and decode one payload for ``layout`` (docs/payload.md, "Decoding").
+
+    Checks, in order: size <= ``max_bytes``; length prefix; header size <= the layout's cap;
+    header JSON (UTF-8, no duplicate keys, no NaN constants); metadata (version, encoding,
+    dtype, canonical numbers, fragment index and layout hash equal to the layout's; equal to
+    ``expected`` if given); dtype in ``allowed_dtypes`` if given; tensor names equal to the
+    layout's; per tensor dtype, shape and data size; data offsets covering the data exactly.
+    Only then are values read, widened to fp32 and checked finite. Any failure raises a
+    PayloadError subclass.
+    """
+    if not isinstance(layout, FragmentLayout):
+        raise PayloadError("decode_payload needs a FragmentLayout")
+    if not _is_int(max_bytes) or max_bytes < 0:
+        raise PayloadError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
+    if expected is not None and not isinstance(expected, PayloadHeader):
+        raise PayloadError("expected must be a PayloadHeader or None")
+    view = _as_byte_view(data)
+    size = view.nbytes
+    if size > max_bytes:
+        raise PayloadTooLarge("payload", size, max_bytes)
+    if size < 8:
+        raise PayloadTruncated(f"payload is {size} bytes, shorter than the 8-byte length prefix")
+    header_len = int.from_bytes(view[:8], "little")
+    header_cap = compute_max_header_bytes(layout)
+    if header_len > header_cap:
+        raise PayloadTooLarge("header", header_len, header_cap)
+    if 8 + header_len > size:
+        raise PayloadTruncated(f"header declares {header_len} bytes, only {size - 8} follow")
+    doc = _parse_header_json(view[8 : 8 + header_len])
+    header, dtype = _parse_metadata(doc, layout)
+    if expected is not None:
+        _check_expected(header, expected)
+    if allowed_dtypes is not None and dtype not in allowed_dtypes:
+        raise PayloadDtypeError(f"dtype {dtype} is not allowed here (allowed: {sorted(allowed_dtypes)})")
+    starts = _check_tensors(doc, layout, dtype, size - 8 - header_len)
+    flat = _read_flat(view, 8 + header_len, starts, layout, dtype)
+    finite = torch.isfinite(flat)
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0, 0])
+        raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
+    return DecodedPayload(header, dtype, flat)
