@@ -83,7 +83,7 @@ _TAI_MAX_TRIES = 256  # ctr is one octet (int_to_string(ctr, 1))
 
 
 def _require_bytes(value: object, name: str, length: int | None = None) -> bytes:
-    """Return ``value`` as bytes, or raise VRFError if it is not bytes-like or has the wrong length."""
+    """``value`` as bytes; VRFError if it is not bytes-like or has the wrong length."""
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise VRFError(f"{name} must be bytes, not {type(value).__name__}")
     data = bytes(value)
@@ -108,27 +108,35 @@ def _is_zero(data: bytes) -> bool:
 # --- points (libsodium does the arithmetic) ----------------------------------------------
 
 
+def _is_canonical_encoding(data: bytes) -> bool:
+    """RFC 8032 section 5.1.3's canonicity rules: y < p, and no sign bit set when x = 0.
+
+    x = 0 exactly when y = 1 or y = p - 1 (from x^2 = (y^2 - 1) / (d y^2 + 1)), so both rules are
+    integer comparisons on the encoding.
+    """
+    y = int.from_bytes(data, "little") & _Y_MASK
+    if y >= _P:
+        return False
+    return not (data[31] >> 7 and y in (1, _P - 1))
+
+
 def _decode_point(data: bytes) -> bytes | None:
     """RFC 8032 section 5.1.3 decoding (RFC 9381 string_to_point): the canonical encoding, or None.
 
     libsodium reduces a y >= p modulo p and ignores the sign bit when x = 0; RFC 8032 rejects
     both, and so must we, or encode_to_curve and proof decoding would differ from the RFC on
-    those inputs. x = 0 exactly when y = 1 or y = p - 1 (from x^2 = (y^2 - 1) / (d y^2 + 1)).
-    Whether x^2 has a square root is left to libsodium: adding the identity decodes the point
-    and checks it is on the curve, without libsodium's prime-order subgroup check.
+    those inputs. Whether x^2 has a square root is left to libsodium: adding the identity
+    decodes the point and checks it is on the curve, without the prime-order subgroup check.
     """
-    if len(data) != _PT_LEN:
-        return None
-    y = int.from_bytes(data, "little") & _Y_MASK
-    if y >= _P:
-        return None
-    if data[31] >> 7 and y in (1, _P - 1):
+    if len(data) != _PT_LEN or not _is_canonical_encoding(data):
         return None
     try:
         reencoded = _sodium.crypto_core_ed25519_add(data, _IDENTITY)
     except _CryptoError:
         return None  # x^2 = u/v has no square root: not a curve point
-    if reencoded != data:  # unreachable for a canonical encoding; refuse rather than guess
+    # libsodium always encodes canonically, so a canonical input comes back unchanged; this is a
+    # second, independent guard behind _is_canonical_encoding.
+    if reencoded != data:
         return None
     return data
 
@@ -286,7 +294,8 @@ def prove(secret: bytes, alpha: bytes) -> bytes:
     y = _mul_base(x)
     h = _encode_to_curve_tai(y, alpha)
     gamma = _mul_subgroup(x, h)
-    # ECVRF_nonce_generation_RFC8032 (section 5.4.2.2): k = SHA-512(hash(SK)[32:64] || h_string) mod L
+    # ECVRF_nonce_generation_RFC8032 (section 5.4.2.2):
+    # k = SHA-512(SHA-512(SK)[32:64] || h_string) mod L
     k = _sodium.crypto_core_ed25519_scalar_reduce(_sha512(nonce_prefix, h))
     c_string = _challenge(y, h, gamma, _mul_base(k), _mul_subgroup(k, h))
     c_scalar = c_string + bytes(_Q_LEN - _C_LEN)  # string_to_int(c) as a 32-byte scalar
