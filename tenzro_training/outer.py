@@ -1,0 +1,183 @@
+"""The outer optimizer of a DiLoCo round: Nesterov-momentum SGD over the aggregated outer gradient.
+
+After the node has aggregated each fragment's accepted outer gradients (``aggregation``) it
+applies one outer step to the global model it holds. Per fragment, with ``w`` the global
+weights, ``b`` the momentum buffer kept between rounds (zeros before round 0), ``g`` the
+aggregated outer gradient (start-of-round weights minus trainer weights, SPEC.md "Fragments"),
+``lr`` and ``mu`` the outer learning rate and momentum, the step is, elementwise in float32::
+
+    1. m  = mu * b        (rounded to fp32)
+    2. b' = m + g         (rounded to fp32)   -> the new momentum buffer
+    3. n  = mu * b'       (rounded to fp32)
+    4. d  = g + n         (rounded to fp32)
+    5. s  = lr * d        (rounded to fp32)
+    6. w' = w - s         (rounded to fp32)   -> the new weights
+
+``lr`` and ``mu`` are first rounded to float32 (so 0.7 is 0.699999988079071044921875). Every
+step is one IEEE-754 binary32 operation with round-to-nearest-even and no fused multiply-add,
+so any implementation (numpy, Rust, another torch build) reproduces the result bit for bit,
+independent of thread count. This is PyTorch's ``SGD(momentum=mu, nesterov=True, dampening=0,
+weight_decay=0)`` update, except that PyTorch may fuse steps 3-4 and 5-6 into FMAs on CPUs that
+have them; its weights then differ from ours by at most about 2 float32 ulps of the operands per
+step (the momentum buffer is identical). PyTorch's first step sets the buffer to a copy of ``g``
+rather than ``0 * mu + g``; the two differ only in the sign of a zero.
+
+What this module is NOT: the aggregation (``aggregation``), the inner AdamW loop (the trainer),
+or storage of the momentum buffer (the node keeps one per fragment next to the global model).
+Pure core: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tenzro_training.errors import AggregationError, SpecError
+
+if TYPE_CHECKING:
+    from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = [
+    "DEFAULT_OUTER_LR",
+    "DEFAULT_OUTER_MOMENTUM",
+    "LR_METADATA_KEY",
+    "MOMENTUM_METADATA_KEY",
+    "OuterConfig",
+    "OuterStepError",
+    "apply_outer_step",
+    "compute_initial_momentum",
+]
+
+DEFAULT_OUTER_LR = 0.7
+"""SPEC.md phase-1 default outer learning rate."""
+DEFAULT_OUTER_MOMENTUM = 0.9
+"""SPEC.md phase-1 default outer (Nesterov) momentum."""
+LR_METADATA_KEY = "outer_lr"
+"""``architecture.metadata`` key a sponsor may set to override the outer learning rate."""
+MOMENTUM_METADATA_KEY = "outer_momentum"
+"""``architecture.metadata`` key a sponsor may set to override the outer momentum."""
+
+_METADATA_PATH = "architecture.metadata"
+
+
+class OuterStepError(AggregationError):
+    """The outer step cannot be applied: bad tensors (dtype, rank, length) or a non-finite result."""
+
+
+def _as_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (as a Python float)."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _validate_hyperparameter(path: str, value: object, *, lower: float, lower_inclusive: bool) -> float:
+    # bool is an int subclass; `true` is not a learning rate.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(path, f"must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(path, f"must be finite, got {number!r}")
+    if number < lower or (number == lower and not lower_inclusive):
+        relation = ">=" if lower_inclusive else ">"
+        raise SpecError(path, f"must be {relation} {lower}, got {number!r}")
+    return number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OuterConfig:
+    """Outer Nesterov SGD hyperparameters (validated on construction; raises SpecError)."""
+
+    lr: float = DEFAULT_OUTER_LR
+    """Outer learning rate: finite, > 0. Applied as float32."""
+    momentum: float = DEFAULT_OUTER_MOMENTUM
+    """Nesterov momentum: finite, 0 <= momentum < 1. Applied as float32."""
+
+    def __post_init__(self) -> None:
+        lr = _validate_hyperparameter(f"{_METADATA_PATH}.{LR_METADATA_KEY}", self.lr, lower=0.0, lower_inclusive=False)
+        mu = _validate_hyperparameter(
+            f"{_METADATA_PATH}.{MOMENTUM_METADATA_KEY}", self.momentum, lower=0.0, lower_inclusive=True
+        )
+        if mu >= 1.0:
+            raise SpecError(f"{_METADATA_PATH}.{MOMENTUM_METADATA_KEY}", f"must be < 1, got {mu!r}")
+        # Also reject values that are unusable once rounded to float32 (lr = 1e-50 becomes 0.0f,
+        # lr = 1e39 becomes inf, momentum = 0.99999999 becomes 1.0f): the fp32 value is applied.
+        lr32 = _as_float32(lr)
+        if not (math.isfinite(lr32) and lr32 > 0.0):
+            raise SpecError(f"{_METADATA_PATH}.{LR_METADATA_KEY}", f"{lr!r} is not a positive finite float32")
+        if _as_float32(mu) >= 1.0:
+            raise SpecError(f"{_METADATA_PATH}.{MOMENTUM_METADATA_KEY}", f"{mu!r} rounds to 1.0 in float32")
+        object.__setattr__(self, "lr", lr)
+        object.__setattr__(self, "momentum", mu)
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> OuterConfig:
+        """Defaults, overridden by ``outer_lr`` / ``outer_momentum`` when the metadata has them."""
+        kwargs: dict[str, Any] = {}
+        if LR_METADATA_KEY in metadata:
+            kwargs["lr"] = metadata[LR_METADATA_KEY]
+        if MOMENTUM_METADATA_KEY in metadata:
+            kwargs["momentum"] = metadata[MOMENTUM_METADATA_KEY]
+        return cls(**kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: TrainingTaskSpec) -> OuterConfig:
+        """The task's outer optimizer: defaults unless ``architecture.metadata`` overrides them."""
+        return cls.from_metadata(spec.architecture.metadata)
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON view (the Python floats as configured, before float32 rounding)."""
+        return {"lr": self.lr, "momentum": self.momentum}
+
+
+def _validate_vector(name: str, value: object, length: int | None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise OuterStepError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype != torch.float32:
+        raise OuterStepError(f"{name} must be float32, got {value.dtype}")
+    if value.dim() != 1:
+        raise OuterStepError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+    if value.device.type != "cpu":
+        # Other devices may fuse or reorder arithmetic; the reference result is the CPU one.
+        raise OuterStepError(f"{name} must be on the CPU, got {value.device}")
+    if length is not None and value.numel() != length:
+        raise OuterStepError(f"{name} has {value.numel()} elements, expected {length}")
+    return value
+
+
+def compute_initial_momentum(length: int) -> torch.Tensor:
+    """The momentum buffer of a fragment before its first outer step: ``length`` float32 zeros."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise OuterStepError(f"length must be an int >= 0, got {length!r}")
+    return torch.zeros(length, dtype=torch.float32)
+
+
+def apply_outer_step(
+    weights: torch.Tensor,
+    momentum_buf: torch.Tensor,
+    outer_grad: torch.Tensor,
+    cfg: OuterConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One outer Nesterov SGD step on one fragment; returns ``(new_weights, new_momentum)``.
+
+    All three inputs are 1-D float32 CPU tensors of one length; none is modified (the results are
+    fresh tensors). The arithmetic is the six steps of the module docstring, one correctly
+    rounded float32 operation each. Raises :class:`OuterStepError` on a bad input or when a result
+    is not finite (an aggregate so large that the step overflows must not poison the model).
+    """
+    if not isinstance(cfg, OuterConfig):
+        raise OuterStepError(f"cfg must be an OuterConfig, got {type(cfg).__name__}")
+    w = _validate_vector("weights", weights, None)
+    b = _validate_vector("momentum_buf", momentum_buf, w.numel())
+    g = _validate_vector("outer_grad", outer_grad, w.numel())
+    lr = torch.tensor(cfg.lr, dtype=torch.float32)
+    mu = torch.tensor(cfg.momentum, dtype=torch.float32)
+    # Separate out-of-place ops, never `alpha=` or addcmul: each is one rounding, no FMA.
+    new_b = torch.add(torch.mul(b, mu), g)
+    step = torch.mul(torch.add(g, torch.mul(new_b, mu)), lr)
+    new_w = torch.sub(w, step)
+    if not bool(torch.isfinite(new_w).all()) or not bool(torch.isfinite(new_b).all()):
+        raise OuterStepError("outer step produced a non-finite weight or momentum value")
+    return new_w, new_b
