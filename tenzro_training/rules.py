@@ -138,7 +138,8 @@ class AggregationRule:
     @classmethod
     def _from_spec_object(cls, value: dict[object, object]) -> AggregationRule:
         if len(value) != 1:
-            raise SpecError(_PATH, f"a parameterised rule is a one-key object, got {len(value)} keys")
+            got = f"{len(value)} keys"
+            raise SpecError(_PATH, f"a parameterised rule is a one-key object, got {got}")
         ((name, body),) = value.items()
         if not isinstance(name, str):
             raise SpecError(_PATH, "rule name must be a string")

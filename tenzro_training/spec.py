@@ -290,7 +290,8 @@ class InitCheckpoint:
         base = "architecture.metadata.init_checkpoint"
         _validate_uri(f"{base}.uri", self.uri)
         # Metadata is hashed verbatim, so only the one canonical spelling is accepted here.
-        _validate_match(f"{base}.sha256", self.sha256, _HASH32_LOWER, "0x + 64 lowercase hex digits")
+        what = "0x + 64 lowercase hex digits"
+        _validate_match(f"{base}.sha256", self.sha256, _HASH32_LOWER, what)
 
     @property
     def sha256_bytes(self) -> bytes:
@@ -329,11 +330,13 @@ class Architecture:
         p = "architecture"
         _validate_match(f"{p}.family", self.family, _FAMILY, "1-64 chars of [a-z0-9._-]")
         _validate_int(f"{p}.param_count", self.param_count, 1)
-        object.__setattr__(self, "modality", _validate_enum(f"{p}.modality", self.modality, Modality))
+        modality = _validate_enum(f"{p}.modality", self.modality, Modality)
+        object.__setattr__(self, "modality", modality)
         _validate_int(f"{p}.fragment_count", self.fragment_count, 1)
         object.__setattr__(self, "dtype", _validate_enum(f"{p}.dtype", self.dtype, DType))
         if not isinstance(self.metadata, Mapping):
-            raise SpecError(f"{p}.metadata", f"must be a JSON object, got {_describe(self.metadata)}")
+            got = _describe(self.metadata)
+            raise SpecError(f"{p}.metadata", f"must be a JSON object, got {got}")
         object.__setattr__(self, "metadata", _freeze_json(f"{p}.metadata", self.metadata, 1))
         InitCheckpoint.from_metadata(self.metadata)  # validates its shape when present
 
@@ -374,7 +377,9 @@ class TrainingTaskSpec:
     task_id: str
     """Unique run identifier: 1-128 chars of ``[A-Za-z0-9._-]``."""
     sponsor_did: str
-    """Sponsor identity, ``did:tenzro:<kind>:<id>`` (kind ``[a-z]{1,32}``, id ``[A-Za-z0-9._-]{1,128}``)."""
+    """Sponsor identity ``did:tenzro:<kind>:<id>``.
+
+    kind is ``[a-z]{1,32}``, id is ``[A-Za-z0-9._-]{1,128}``."""
     sponsor_address: str
     """Account that escrows the reward and signs postTask; stored in EIP-55 checksum form."""
     architecture: Architecture
@@ -413,10 +418,12 @@ class TrainingTaskSpec:
             self, "sponsor_address", _validate_address("sponsor_address", self.sponsor_address)
         )
         if not isinstance(self.architecture, Architecture):
-            raise SpecError("architecture", f"must be an Architecture, got {_describe(self.architecture)}")
+            got = _describe(self.architecture)
+            raise SpecError("architecture", f"must be an Architecture, got {got}")
         object.__setattr__(self, "tier", _validate_enum("tier", self.tier, Tier))
         if not isinstance(self.aggregation, AggregationRule):
-            raise SpecError("aggregation", f"must be an AggregationRule, got {_describe(self.aggregation)}")
+            got = _describe(self.aggregation)
+            raise SpecError("aggregation", f"must be an AggregationRule, got {got}")
         m = _validate_int("trainer_count", self.trainer_count, 1)
         k = _validate_int("quorum", self.quorum, 1)
         if k > m:
@@ -429,7 +436,8 @@ class TrainingTaskSpec:
         _validate_int("max_rounds", self.max_rounds, 1)
         _validate_int("grace_window_ms", self.grace_window_ms, 0)
         if isinstance(self.reward_pool, bool) or not isinstance(self.reward_pool, int):
-            raise SpecError("reward_pool", f"must be an integer amount, got {_describe(self.reward_pool)}")
+            got = _describe(self.reward_pool)
+            raise SpecError("reward_pool", f"must be an integer amount, got {got}")
         if not 0 <= self.reward_pool <= MAX_UINT256:
             raise SpecError("reward_pool", f"must be in uint256 range, got {self.reward_pool}")
         _validate_uri("dataset_ref", self.dataset_ref)
@@ -443,7 +451,8 @@ class TrainingTaskSpec:
         _validate_int("created_at", self.created_at, 0)
         size = len(self.canonical_bytes())
         if size > MAX_CANONICAL_BYTES:
-            raise SpecError("", f"canonical form is {size} bytes; the limit is {MAX_CANONICAL_BYTES}")
+            limit = MAX_CANONICAL_BYTES
+            raise SpecError("", f"canonical form is {size} bytes; the limit is {limit}")
 
     # --- parsing ------------------------------------------------------------------------------
 
@@ -454,32 +463,7 @@ class TrainingTaskSpec:
         ``supported_only=False`` lets modalities and tiers that are not supported yet through
         (for tooling and tests); a node accepting a task must leave it True.
         """
-        if isinstance(text, (bytes, bytearray, memoryview)):
-            raw = bytes(text)
-            if len(raw) > MAX_SPEC_JSON_BYTES:
-                raise SpecError("", f"spec JSON is {len(raw)} bytes; the limit is {MAX_SPEC_JSON_BYTES}")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise SpecError("", f"spec JSON is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-        elif isinstance(text, str):
-            try:
-                size = len(text.encode("utf-8"))
-            except UnicodeEncodeError:
-                raise SpecError("", "spec JSON text contains a lone surrogate") from None
-            if size > MAX_SPEC_JSON_BYTES:
-                raise SpecError("", f"spec JSON is {size} bytes; the limit is {MAX_SPEC_JSON_BYTES}")
-        else:
-            raise SpecError("", f"spec JSON must be str or bytes, got {type(text).__name__}")
-        try:
-            parsed = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
-        except SpecError:
-            raise
-        except json.JSONDecodeError as exc:
-            raise SpecError("", f"invalid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
-        except (ValueError, RecursionError) as exc:
-            # Python's int() digit limit, or nesting too deep for the decoder.
-            raise SpecError("", f"invalid JSON: {exc}") from None
+        parsed = _decode_json(text)
         return cls.from_dict(_unpair("", parsed), supported_only=supported_only)
 
     @classmethod
@@ -500,7 +484,8 @@ class TrainingTaskSpec:
         """Raise SpecError if the spec asks for a modality or tier this node cannot run yet."""
         modality = self.architecture.modality
         if modality not in SUPPORTED_MODALITIES:
-            raise SpecError("architecture.modality", f"modality {modality.value} is not supported yet")
+            message = f"modality {modality.value} is not supported yet"
+            raise SpecError("architecture.modality", message)
         if self.tier not in SUPPORTED_TIERS:
             raise SpecError("tier", f"tier {self.tier.value} is not supported yet")
 
@@ -577,6 +562,38 @@ class TrainingTaskSpec:
 # --- JSON decoding helpers ----------------------------------------------------------------
 
 
+def _decode_json(text: object) -> object:
+    """Decode spec JSON text (str, or UTF-8 bytes) with objects kept as ``_Pairs``."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        raw = bytes(text)
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            reason = f"{exc.reason} at byte {exc.start}"
+            raise SpecError("", f"spec JSON is not valid UTF-8 ({reason})") from None
+    elif isinstance(text, str):
+        decoded = text
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SpecError("", "spec JSON text contains a lone surrogate") from None
+    else:
+        raise SpecError("", f"spec JSON must be str or bytes, got {type(text).__name__}")
+    if len(raw) > MAX_SPEC_JSON_BYTES:
+        limit = MAX_SPEC_JSON_BYTES
+        raise SpecError("", f"spec JSON is {len(raw)} bytes; the limit is {limit}")
+    try:
+        return json.loads(decoded, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
+    except SpecError:
+        raise
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise SpecError("", f"invalid JSON: {exc.msg} ({where})") from None
+    except (ValueError, RecursionError) as exc:
+        # Python's int() digit limit, or nesting too deep for the decoder.
+        raise SpecError("", f"invalid JSON: {exc}") from None
+
+
 class _Pairs(list):  # type: ignore[type-arg]
     """A JSON object as decoded key/value pairs, kept as pairs so duplicates can be seen."""
 
@@ -607,7 +624,8 @@ def _parse_uint256(path: str, value: object) -> int:
         # A JSON number would pass through a double and lose precision above 2^53.
         raise SpecError(path, f"must be a decimal string (uint256), got {_describe(value)}")
     if _DECIMAL.fullmatch(value) is None:
-        raise SpecError(path, f"must be decimal digits without sign, exponent or leading zeros, got {value[:80]!r}")
+        what = "decimal digits without sign, exponent or leading zeros"
+        raise SpecError(path, f"must be {what}, got {value[:80]!r}")
     if len(value) > 78:  # 2^256 - 1 has 78 digits; also keeps int() far from its digit limit
         raise SpecError(path, "exceeds uint256")
     amount = int(value)
