@@ -428,7 +428,7 @@ def _check_tensors(
         info = doc[name]
         if not isinstance(info, dict) or info.keys() != _TENSOR_KEYS:
             raise PayloadFormatError(f"tensor {name!r} needs exactly the keys {sorted(_TENSOR_KEYS)}")
-        if info["dtype"] not in _FROM_SAFETENSORS:
+        if not isinstance(info["dtype"], str) or info["dtype"] not in _FROM_SAFETENSORS:
             raise PayloadDtypeError(f"tensor {name!r} has unsupported dtype {str(info['dtype'])[:40]!r}")
         if info["dtype"] != st_dtype:
             raise PayloadDtypeError(f"tensor {name!r} is {info['dtype']}, the payload declares {st_dtype}")
