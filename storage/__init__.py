@@ -1,1 +1,46 @@
-"""storage shell package (see README.md, Architecture)."""
+"""The storage shell: the node's key-value store (RocksDB, or memory for tests).
+
+- :mod:`storage.interface`: the :class:`KVStore` interface, atomic batches, storage errors.
+- :mod:`storage.schema`: every column family and key format, and the schema version.
+- :mod:`storage.memory`: :class:`MemoryStore`, volatile.
+- :mod:`storage.rocks`: :class:`RocksStore`, RocksDB through rocksdict.
+
+This package is a shell around the pure protocol core: it stores bytes and knows nothing of the
+protocol's rules. Durability semantics and the key table are in ``docs/storage.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from storage.interface import (
+    AtomicBatch,
+    KeyFormatError,
+    KVStore,
+    SchemaVersionError,
+    StorageError,
+)
+from storage.memory import MemoryStore
+
+__all__ = [
+    "AtomicBatch",
+    "KVStore",
+    "KeyFormatError",
+    "MemoryStore",
+    "SchemaVersionError",
+    "StorageError",
+    "open_store",
+]
+
+
+def open_store(
+    path: str | os.PathLike[str] | None, *, sync: bool = False, create: bool = True
+) -> KVStore:
+    """Open the node's store: a :class:`~storage.rocks.RocksStore` in directory ``path``, or a
+    fresh :class:`MemoryStore` when ``path`` is None (``sync`` and ``create`` then do nothing)."""
+    if path is None:
+        return MemoryStore()
+    # Imported here so that using the memory store never loads the RocksDB extension.
+    from storage.rocks import RocksStore
+
+    return RocksStore(path, sync=sync, create=create)

@@ -1,0 +1,287 @@
+"""The RocksDB :class:`~storage.interface.KVStore`, through rocksdict in raw mode.
+
+One RocksDB database per data directory, one column family per entry of
+:data:`storage.schema.ALL_COLUMN_FAMILIES`. A batch is one RocksDB ``WriteBatch`` carrying
+column-family handles, so a multi-family state transition is applied atomically; the write-ahead
+log is always on, and ``sync=True`` fsyncs it before each batch is acknowledged.
+
+It is NOT the key layout (:mod:`storage.schema`) and holds no protocol logic.
+
+rocksdict facts this module is built around (measured, see the shared dependency notes):
+
+- Raw mode only (``Options(raw_mode=True)``): pickle mode would unpickle stored bytes. Every open
+  passes explicit raw Options and every column family that exists on disk (RocksDB refuses to
+  open a database without all of its families).
+- ``ReadOptions(raw_mode=True)`` raises: plain ``ReadOptions()`` is used for iterators.
+- ``close()`` does not release the database (nor its LOCK) while column-family views, handles
+  or iterators are alive, so the store tracks its cursors and drops every reference first.
+- RocksDB takes an exclusive LOCK file: a second read-write opener of a directory fails, in this
+  process or another; that failure becomes a :class:`~storage.interface.StorageError`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import rocksdict
+
+from storage import schema
+from storage.interface import BatchOp, KVStore, SchemaVersionError, StorageError, _Operation
+
+__all__ = ["RocksStore"]
+
+_DEFAULT_CF = "default"  # RocksDB always has it; the schema never uses it
+
+
+def _raw_options(*, create: bool = False) -> rocksdict.Options:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(create)
+    # Families are created explicitly after the schema-version check, never implicitly by open.
+    options.create_missing_column_families(False)
+    # After a crash, recover every write whose WAL record is complete and stop at the first torn
+    # one: an acknowledged batch survives and a half-written batch is dropped as a whole.
+    options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
+    options.set_keep_log_file_num(4)
+    return options
+
+
+def _prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: unbounded)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+class _Cursor:
+    """A prefix scan over one RocksDB iterator. The store can release it on close."""
+
+    __slots__ = ("__weakref__", "_iterator", "_prefix", "_read_options")
+
+    def __init__(self, iterator: Any, read_options: Any, prefix: bytes) -> None:
+        self._iterator: Any = iterator
+        # rocksdict does not copy the iterate-upper-bound out of ReadOptions: the iterator reads
+        # it from there, so the options must live as long as the iterator (measured: dropping
+        # them ends prefix scans after one key).
+        self._read_options: Any = read_options
+        self._prefix = prefix
+
+    def __iter__(self) -> _Cursor:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        iterator = self._iterator
+        if iterator is None:
+            raise StopIteration
+        if not iterator.valid():
+            self.release()
+            try:
+                iterator.status()
+            except Exception as error:  # rocksdict raises a bare Exception on I/O errors
+                raise StorageError(f"iteration failed: {error}") from error
+            raise StopIteration
+        key = iterator.key()
+        if not key.startswith(self._prefix):
+            self.release()
+            raise StopIteration
+        value = iterator.value()
+        iterator.next()
+        return key, value
+
+    def release(self) -> None:
+        self._iterator = None
+        self._read_options = None
+
+
+class RocksStore(KVStore):
+    """A durable store in the RocksDB directory ``path``.
+
+    ``sync``: fsync the WAL before a batch is acknowledged (survives power loss). Without it a
+    batch is acknowledged once it is in the WAL in the OS's page cache: it survives the process
+    being killed, not the machine losing power. The WAL is never disabled.
+    ``create``: create the directory's database if it does not exist; with False a missing store
+    is a StorageError.
+
+    Opening checks the schema version in :data:`storage.schema.CF_META`: a new store gets the
+    current one; a different one raises :class:`~storage.interface.SchemaVersionError` naming
+    both; a directory holding data but no version raises StorageError.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True) -> None:
+        super().__init__(schema.ALL_COLUMN_FAMILIES)
+        self._path = os.fspath(path)
+        self._sync = bool(sync)
+        self._db: Any = None
+        self._views: dict[str, Any] = {}
+        self._handles: dict[str, Any] = {}
+        self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        self._write_options = rocksdict.WriteOptions()
+        self._write_options.sync = self._sync
+        self._write_options.disable_wal = False
+        try:
+            self._open(create)
+        except BaseException:
+            self._closed = True
+            self._release()
+            raise
+
+    def __repr__(self) -> str:
+        return f"RocksStore({self._path!r}, sync={self._sync}, closed={self.closed})"
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def sync(self) -> bool:
+        return self._sync
+
+    # -- opening -----------------------------------------------------------------------
+
+    def _open(self, create: bool) -> None:
+        path = self._path
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StorageError(f"store path {path!r} exists and is not a directory")
+        exists = os.path.exists(os.path.join(path, "CURRENT"))
+        if not exists and not create:
+            raise StorageError(f"no store at {path!r} (opened with create=False)")
+        on_disk = self._list_families() if exists else [_DEFAULT_CF]
+        try:
+            self._db = rocksdict.Rdict(
+                path,
+                _raw_options(create=create),
+                column_families={
+                    name: _raw_options() for name in on_disk if name != _DEFAULT_CF
+                },
+            )
+        except Exception as error:  # rocksdict raises bare Exception for RocksDB statuses
+            raise self._open_error(error) from error
+        for name in on_disk:
+            if name in self._cf_set:
+                self._attach(name)
+        self._check_schema(on_disk)
+
+    def _list_families(self) -> list[str]:
+        try:
+            return list(rocksdict.Rdict.list_cf(self._path, _raw_options()))
+        except Exception as error:
+            raise self._open_error(error) from error
+
+    def _open_error(self, error: Exception) -> StorageError:
+        message = str(error)
+        if "lock" in message.lower():
+            return StorageError(
+                f"store at {self._path!r} is already open (RocksDB LOCK is held by another "
+                f"process or another opener in this process); only one read-write opener "
+                f"at a time: {message}"
+            )
+        return StorageError(f"cannot open store at {self._path!r}: {message}")
+
+    def _attach(self, name: str) -> None:
+        self._views[name] = self._db.get_column_family(name)
+        self._handles[name] = self._db.get_column_family_handle(name)
+
+    def _check_schema(self, on_disk: list[str]) -> None:
+        raw = None
+        if schema.CF_META in self._views:
+            raw = self._views[schema.CF_META].get(schema.SCHEMA_VERSION_KEY)
+        if raw is not None:
+            found = schema.decode_schema_version(raw)
+            if found != schema.SCHEMA_VERSION:
+                raise SchemaVersionError(self._path, found, schema.SCHEMA_VERSION)
+            missing = [name for name in schema.ALL_COLUMN_FAMILIES if name not in self._views]
+            if missing:
+                raise StorageError(
+                    f"store at {self._path!r} has schema version {found} but lacks column "
+                    f"families {missing}: it is damaged"
+                )
+            return
+        # No version: a brand-new database, or one whose creation was interrupted before the
+        # version was written (families are created first). Anything with data is foreign.
+        for name in on_disk:
+            attached = name in self._views
+            view = self._views[name] if attached else self._db.get_column_family(name)
+            try:
+                has_data = any(True for _ in view.keys())
+            finally:
+                if not attached:
+                    view.close()
+            if has_data:
+                raise StorageError(
+                    f"store at {self._path!r} holds data (in column family {name!r}) but no "
+                    f"schema version: it is not a tenzro-training store"
+                )
+        for name in schema.ALL_COLUMN_FAMILIES:
+            if name not in self._views:
+                try:
+                    self._db.create_column_family(name, _raw_options())
+                except Exception as error:
+                    raise StorageError(f"cannot create column family {name!r}: {error}") from error
+                self._attach(name)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.put(
+            schema.SCHEMA_VERSION_KEY,
+            schema.encode_schema_version(schema.SCHEMA_VERSION),
+            self._handles[schema.CF_META],
+        )
+        initial = rocksdict.WriteOptions()
+        initial.sync = True  # a store's identity is written durably whatever the data policy
+        self._write(batch, initial)
+
+    # -- KVStore primitives ------------------------------------------------------------
+
+    def _get(self, cf: str, key: bytes) -> bytes | None:
+        try:
+            value: bytes | None = self._views[cf].get(key)
+        except Exception as error:
+            raise StorageError(f"read from {cf!r} failed: {error}") from error
+        return value
+
+    def _iterate(self, cf: str, prefix: bytes, seek: bytes) -> Iterator[tuple[bytes, bytes]]:
+        read_options = rocksdict.ReadOptions()
+        upper = _prefix_upper_bound(prefix)
+        if upper is not None:
+            read_options.set_iterate_upper_bound(upper)
+        # The RocksDB iterator reads a consistent view as of its creation, which is now.
+        iterator = self._views[cf].iter(read_options)
+        iterator.seek(seek)
+        cursor = _Cursor(iterator, read_options, prefix)
+        self._cursors.add(cursor)
+        return cursor
+
+    def _apply_batch(self, ops: list[_Operation]) -> None:
+        if not ops:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for op, cf, key, value in ops:
+            if op is BatchOp.DELETE:
+                batch.delete(key, self._handles[cf])
+            else:
+                batch.put(key, value, self._handles[cf])
+        self._write(batch, self._write_options)
+
+    def _write(self, batch: Any, options: Any) -> None:
+        try:
+            self._db.write(batch, options)
+        except Exception as error:
+            raise StorageError(f"write to {self._path!r} failed: {error}") from error
+
+    def _close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Drop every cursor, view and handle, then close the database (releasing its LOCK)."""
+        for cursor in list(self._cursors):
+            cursor.release()
+        self._cursors = weakref.WeakSet()
+        views, self._views = self._views, {}
+        self._handles = {}
+        for view in views.values():
+            view.close()
+        del views
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()

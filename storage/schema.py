@@ -1,0 +1,350 @@
+"""The storage schema: every column family name, every key format, the schema version.
+
+This is the only module that builds or parses keys. Code that stores something asks this module
+for the key, so a change of layout is a change here (and a new :data:`SCHEMA_VERSION`), never a
+string formatted somewhere else. The table of families and keys is in ``docs/storage.md``.
+
+It is NOT the value encodings (run state, receipts, payloads are encoded by the modules that own
+those records) and it does no I/O.
+
+Key layout rules (they are what makes prefix iteration correct):
+
+- A task_id inside a composite key is length-prefixed (one byte, then its UTF-8 bytes), so the
+  prefix built for task ``"a"`` can never match a key of task ``"ab"``.
+- Integers are unsigned big-endian with a fixed width (round and fragment: 4 bytes), so byte
+  order is numeric order: iterating a prefix visits rounds and fragments in ascending order.
+- Trainer addresses are the raw 20 bytes, so iterating one (task, round, fragment) visits the
+  trainers in ascending address-byte order, which is the protocol's canonical order.
+- Single-task keys (``training_runs``, ``training_receipts``) are the bare UTF-8 task_id, so
+  iterating those families lists runs in task_id byte order.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from storage.interface import KeyFormatError, StorageError
+
+__all__ = [
+    "ALL_COLUMN_FAMILIES",
+    "CF_ACCOUNTS",
+    "CF_EVIDENCE",
+    "CF_META",
+    "CF_MODEL_STATE",
+    "CF_SUBMISSIONS",
+    "CF_TRAINING_RECEIPTS",
+    "CF_TRAINING_RUNS",
+    "MODEL_FINAL",
+    "MODEL_KINDS",
+    "MODEL_MOMENTUM",
+    "MODEL_WEIGHTS",
+    "SCHEMA_VERSION",
+    "SCHEMA_VERSION_KEY",
+    "EvidenceKey",
+    "ModelKey",
+    "SubmissionKey",
+    "account_key",
+    "decode_schema_version",
+    "encode_schema_version",
+    "evidence_key",
+    "evidence_prefix",
+    "model_key",
+    "model_prefix",
+    "parse_account_key",
+    "parse_evidence_key",
+    "parse_model_key",
+    "parse_receipt_key",
+    "parse_run_key",
+    "parse_submission_key",
+    "receipt_key",
+    "run_key",
+    "submission_key",
+    "submission_prefix",
+    "task_prefix",
+]
+
+# --- column families ----------------------------------------------------------------------
+
+CF_TRAINING_RUNS: Final = "training_runs"
+"""Run state, keyed by :func:`run_key`."""
+CF_TRAINING_RECEIPTS: Final = "training_receipts"
+"""Sealed TrainingReceipts, keyed by :func:`receipt_key`."""
+CF_ACCOUNTS: Final = "accounts"
+"""Balances, stakes and nonces per address, keyed by :func:`account_key`."""
+CF_SUBMISSIONS: Final = "submissions"
+"""Accepted outer-gradient submissions, keyed by :func:`submission_key`."""
+CF_MODEL_STATE: Final = "model_state"
+"""The global model a node holds per run: weights, outer momentum, final weights, per fragment;
+keyed by :func:`model_key`."""
+CF_EVIDENCE: Final = "evidence"
+"""Equivocation evidence, keyed by :func:`evidence_key`."""
+CF_META: Final = "meta"
+"""Store metadata: the schema version (:data:`SCHEMA_VERSION_KEY`)."""
+
+ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
+    CF_TRAINING_RUNS,
+    CF_TRAINING_RECEIPTS,
+    CF_ACCOUNTS,
+    CF_SUBMISSIONS,
+    CF_MODEL_STATE,
+    CF_EVIDENCE,
+    CF_META,
+)
+
+# --- schema version -----------------------------------------------------------------------
+
+SCHEMA_VERSION: Final = 1
+"""Version of the layout in this module. Bump it on any incompatible change of a family, a key
+format or a value encoding stored here; a store with a newer version refuses to open."""
+SCHEMA_VERSION_KEY: Final = b"schema_version"
+"""Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
+
+_U32 = struct.Struct(">I")
+_U32_MAX: Final = 2**32 - 1
+
+
+def encode_schema_version(version: int) -> bytes:
+    """The stored form of a schema version: 4 bytes, big-endian."""
+    return _u32("schema version", version)
+
+
+def decode_schema_version(raw: bytes) -> int:
+    """Parse the stored schema version; StorageError if it is not 4 bytes."""
+    if not isinstance(raw, bytes) or len(raw) != _U32.size:
+        raise StorageError(f"stored schema version is malformed: {raw!r} (expected 4 bytes)")
+    return int(_U32.unpack(raw)[0])
+
+
+# --- field encoders -----------------------------------------------------------------------
+
+# The SPEC's task_id alphabet: 1-128 characters of [A-Za-z0-9._-]. Being ASCII, its UTF-8 form is
+# at most 128 bytes, which fits the one-byte length prefix.
+_TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ADDRESS_LEN: Final = 20
+
+MODEL_WEIGHTS: Final = b"w"
+"""Model kind: the current global weights of a fragment."""
+MODEL_MOMENTUM: Final = b"m"
+"""Model kind: the outer optimizer's (Nesterov) momentum buffer of a fragment."""
+MODEL_FINAL: Final = b"f"
+"""Model kind: the final weights of a fragment, written when the run is sealed."""
+MODEL_KINDS: Final = frozenset({MODEL_WEIGHTS, MODEL_MOMENTUM, MODEL_FINAL})
+
+
+def _task_bytes(task_id: str) -> bytes:
+    if not isinstance(task_id, str) or _TASK_ID_RE.fullmatch(task_id) is None:
+        raise KeyFormatError(
+            f"task_id must be 1-128 characters of [A-Za-z0-9._-], got {task_id!r}", task_id
+        )
+    return task_id.encode("ascii")
+
+
+def _task_field(task_id: str) -> bytes:
+    raw = _task_bytes(task_id)
+    return bytes((len(raw),)) + raw
+
+
+def _u32(name: str, value: int) -> bytes:
+    # bool is an int subclass; a True round is a bug upstream, not round 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise KeyFormatError(f"{name} must be an int, got {type(value).__name__}", value)
+    if not 0 <= value <= _U32_MAX:
+        raise KeyFormatError(f"{name} must be in [0, 2**32 - 1], got {value}", value)
+    return _U32.pack(value)
+
+
+def _address(name: str, value: bytes) -> bytes:
+    if not isinstance(value, bytes) or len(value) != _ADDRESS_LEN:
+        raise KeyFormatError(f"{name} must be 20 raw bytes, got {value!r}", value)
+    return value
+
+
+def _model_kind(kind: bytes) -> bytes:
+    if not isinstance(kind, bytes) or kind not in MODEL_KINDS:
+        raise KeyFormatError(f"model kind must be one of b'w', b'm', b'f', got {kind!r}", kind)
+    return kind
+
+
+# --- key builders -------------------------------------------------------------------------
+
+
+def run_key(task_id: str) -> bytes:
+    """Key of a run in :data:`CF_TRAINING_RUNS`: the task_id's UTF-8 bytes."""
+    return _task_bytes(task_id)
+
+
+def receipt_key(task_id: str) -> bytes:
+    """Key of a sealed receipt in :data:`CF_TRAINING_RECEIPTS`: the task_id's UTF-8 bytes."""
+    return _task_bytes(task_id)
+
+
+def account_key(address: bytes) -> bytes:
+    """Key of an account in :data:`CF_ACCOUNTS`: the 20-byte address."""
+    return _address("address", address)
+
+
+def task_prefix(task_id: str) -> bytes:
+    """Prefix of every composite key of one task (submissions, model state, evidence)."""
+    return _task_field(task_id)
+
+
+def submission_key(task_id: str, round: int, fragment: int, trainer: bytes) -> bytes:
+    """Key in :data:`CF_SUBMISSIONS`: len(task_id) u8 || task_id || round u32 || fragment u32
+    || trainer (20 bytes)."""
+    return (
+        _task_field(task_id)
+        + _u32("round", round)
+        + _u32("fragment", fragment)
+        + _address("trainer", trainer)
+    )
+
+
+def submission_prefix(task_id: str, round: int, fragment: int | None = None) -> bytes:
+    """Prefix of every submission of one round, or of one (round, fragment) when given."""
+    prefix = _task_field(task_id) + _u32("round", round)
+    if fragment is not None:
+        prefix += _u32("fragment", fragment)
+    return prefix
+
+
+def model_key(task_id: str, kind: bytes, fragment: int) -> bytes:
+    """Key in :data:`CF_MODEL_STATE`: len(task_id) u8 || task_id || kind (1 byte: w, m or f)
+    || fragment u32."""
+    return _task_field(task_id) + _model_kind(kind) + _u32("fragment", fragment)
+
+
+def model_prefix(task_id: str, kind: bytes | None = None) -> bytes:
+    """Prefix of one task's model state, or of one kind of it (fragments in order)."""
+    prefix = _task_field(task_id)
+    if kind is not None:
+        prefix += _model_kind(kind)
+    return prefix
+
+
+def evidence_key(task_id: str, round: int, fragment: int, trainer: bytes) -> bytes:
+    """Key in :data:`CF_EVIDENCE`: the same layout as :func:`submission_key`."""
+    return submission_key(task_id, round, fragment, trainer)
+
+
+def evidence_prefix(task_id: str, round: int, fragment: int | None = None) -> bytes:
+    """Prefix of the evidence of one round, or of one (round, fragment) when given."""
+    return submission_prefix(task_id, round, fragment)
+
+
+# --- key parsers --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionKey:
+    """A parsed :func:`submission_key`."""
+
+    task_id: str
+    """The run's task_id."""
+    round: int
+    """Round index, from 0."""
+    fragment: int
+    """Fragment index, from 0."""
+    trainer: bytes
+    """The submitting trainer's 20-byte address."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceKey:
+    """A parsed :func:`evidence_key`."""
+
+    task_id: str
+    """The run's task_id."""
+    round: int
+    """Round of the equivocation."""
+    fragment: int
+    """Fragment of the equivocation."""
+    trainer: bytes
+    """The equivocating trainer's 20-byte address."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelKey:
+    """A parsed :func:`model_key`."""
+
+    task_id: str
+    """The run's task_id."""
+    kind: bytes
+    """:data:`MODEL_WEIGHTS`, :data:`MODEL_MOMENTUM` or :data:`MODEL_FINAL`."""
+    fragment: int
+    """Fragment index, from 0."""
+
+
+def _parse_task_bare(key: bytes, what: str) -> str:
+    if not isinstance(key, bytes):
+        raise KeyFormatError(f"{what} key must be bytes, got {type(key).__name__}", key)
+    try:
+        task_id = key.decode("ascii")
+    except UnicodeDecodeError:
+        raise KeyFormatError(f"{what} key is not a task_id: {key!r}", key) from None
+    if _TASK_ID_RE.fullmatch(task_id) is None:
+        raise KeyFormatError(f"{what} key is not a task_id: {key!r}", key)
+    return task_id
+
+
+def _split_task_field(key: bytes, what: str) -> tuple[str, bytes]:
+    """Split a composite key into its task_id and the rest."""
+    if not isinstance(key, bytes) or len(key) < 1:
+        raise KeyFormatError(f"{what} key is empty or not bytes: {key!r}", key)
+    length = key[0]
+    if len(key) < 1 + length:
+        raise KeyFormatError(f"{what} key is truncated inside its task_id: {key!r}", key)
+    return _parse_task_bare(key[1 : 1 + length], what), key[1 + length :]
+
+
+def parse_run_key(key: bytes) -> str:
+    """The task_id of a :func:`run_key`."""
+    return _parse_task_bare(key, "run")
+
+
+def parse_receipt_key(key: bytes) -> str:
+    """The task_id of a :func:`receipt_key`."""
+    return _parse_task_bare(key, "receipt")
+
+
+def parse_account_key(key: bytes) -> bytes:
+    """The address of an :func:`account_key`."""
+    try:
+        return _address("account key", key)
+    except KeyFormatError:
+        raise KeyFormatError(f"account key must be 20 bytes, got {key!r}", key) from None
+
+
+def _parse_round_fragment_trainer(key: bytes, what: str) -> tuple[str, int, int, bytes]:
+    task_id, rest = _split_task_field(key, what)
+    if len(rest) != 4 + 4 + _ADDRESS_LEN:
+        raise KeyFormatError(
+            f"{what} key has {len(rest)} bytes after its task_id, expected 28: {key!r}", key
+        )
+    round_, fragment = struct.unpack(">II", rest[:8])
+    return task_id, round_, fragment, rest[8:]
+
+
+def parse_submission_key(key: bytes) -> SubmissionKey:
+    """Parse a :func:`submission_key`; KeyFormatError if it is not one."""
+    return SubmissionKey(*_parse_round_fragment_trainer(key, "submission"))
+
+
+def parse_evidence_key(key: bytes) -> EvidenceKey:
+    """Parse an :func:`evidence_key`; KeyFormatError if it is not one."""
+    return EvidenceKey(*_parse_round_fragment_trainer(key, "evidence"))
+
+
+def parse_model_key(key: bytes) -> ModelKey:
+    """Parse a :func:`model_key`; KeyFormatError if it is not one."""
+    task_id, rest = _split_task_field(key, "model")
+    if len(rest) != 1 + 4:
+        raise KeyFormatError(
+            f"model key has {len(rest)} bytes after its task_id, expected 5: {key!r}", key
+        )
+    kind = rest[:1]
+    if kind not in MODEL_KINDS:
+        raise KeyFormatError(f"model key has unknown kind {kind!r}: {key!r}", key)
+    return ModelKey(task_id, kind, int(_U32.unpack(rest[1:])[0]))
