@@ -25,10 +25,9 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from types import MappingProxyType
 from typing import Any, Union
 
 import rfc8785
@@ -40,6 +39,7 @@ from tenzro_training.rules import MAX_JSON_SAFE_INT, AggregationRule
 __all__ = [
     "Architecture",
     "DType",
+    "FrozenJsonObject",
     "InitCheckpoint",
     "JsonValue",
     "MAX_CANONICAL_BYTES",
@@ -64,8 +64,40 @@ MAX_METADATA_DEPTH = 16
 MAX_UINT256 = 2**256 - 1
 MAX_URI_CHARS = 2048
 
-JsonValue = Union[None, bool, int, float, str, tuple["JsonValue", ...], Mapping[str, "JsonValue"]]
-"""A frozen JSON value: objects are read-only mappings, arrays are tuples."""
+JsonValue = Union[None, bool, int, float, str, tuple["JsonValue", ...], "FrozenJsonObject"]
+"""A frozen JSON value: objects are FrozenJsonObject, arrays are tuples."""
+
+
+class FrozenJsonObject(Mapping[str, "JsonValue"]):
+    """A read-only JSON object: hashable, picklable, equal to any mapping with the same items.
+
+    Used for ``architecture.metadata`` so that a frozen spec is frozen all the way down.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, JsonValue] | None = None) -> None:
+        # Callers outside this module should go through a spec, which validates the values.
+        self._items: dict[str, JsonValue] = dict(items or {})
+
+    def __getitem__(self, key: str) -> JsonValue:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenJsonObject({self._items!r})"
+
+    def __reduce__(self) -> tuple[type[FrozenJsonObject], tuple[dict[str, JsonValue]]]:
+        return (FrozenJsonObject, (self._items,))
+
 
 # Grammars, pinned. re.fullmatch is used everywhere so a trailing newline never slips through.
 _TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -247,7 +279,7 @@ def _freeze_json(path: str, value: object, depth: int) -> JsonValue:
             child = f"{path}.{key}"
             _validate_unicode(child, key)
             out[str(key)] = _freeze_json(child, item, depth + 1)
-        return MappingProxyType(out)
+        return FrozenJsonObject(out)
     raise SpecError(path, f"must be a JSON value, got {_describe(value)}")
 
 
@@ -322,8 +354,9 @@ class Architecture:
     """F: how many fragments the model's tensors are split into (>= 1)."""
     dtype: DType
     """dtype of the global model's weights."""
-    metadata: Mapping[str, JsonValue]
-    """Family-specific settings (free-form JSON object, stored read-only and hashed verbatim).
+    metadata: FrozenJsonObject
+    """Family-specific settings (free-form JSON object, stored read-only and hashed verbatim;
+    any mapping may be passed in, a deep read-only copy is kept).
     ``init_checkpoint``, when present, must be ``{"uri": str, "sha256": "0x" + 64 hex}``."""
 
     def __post_init__(self) -> None:

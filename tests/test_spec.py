@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tenzro_training.spec import (
     MAX_SPEC_JSON_BYTES,
     Architecture,
     DType,
+    FrozenJsonObject,
     InitCheckpoint,
     Modality,
     Tier,
@@ -297,6 +299,18 @@ def test_spec_is_frozen_and_hashable() -> None:
     assert twin == spec and hash(twin) == hash(spec)
     assert len({spec, twin, TrainingTaskSpec.from_dict(with_value("quorum", 5))}) == 2
     assert hash(spec.architecture) == hash(twin.architecture)
+
+
+def test_spec_survives_pickle_and_deepcopy() -> None:
+    spec = TrainingTaskSpec.from_dict(with_value("architecture.metadata.x", {"y": [1, {"z": 0.5}]}))
+    for clone in (copy.deepcopy(spec), pickle.loads(pickle.dumps(spec))):
+        assert clone == spec
+        assert clone.canonical_bytes() == spec.canonical_bytes()
+        assert hash(clone) == hash(spec)
+    metadata = spec.architecture.metadata
+    assert isinstance(metadata, FrozenJsonObject)
+    assert metadata["x"] == {"y": (1, {"z": 0.5})}
+    assert hash(metadata) == hash(FrozenJsonObject(dict(metadata)))
 
 
 def test_metadata_input_is_copied() -> None:
