@@ -62,7 +62,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 # One-byte tags used in every canonical encoding below. Never renumber: hashes depend on them.
 DTYPE_TAGS: dict[str, int] = {"float32": 1, "float16": 2, "bfloat16": 3}
-_ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Same-width integer dtypes: reinterpreting through them gives the raw bit patterns (bf16 has no
 # numpy dtype, so this is how its 16-bit patterns reach hashlib).
 _BITS_VIEW: dict[str, tuple[torch.dtype, str]] = {
@@ -390,8 +389,8 @@ def compute_raw_le_bytes(tensor: torch.Tensor) -> memoryview:
     canonicalisation of NaN payloads or signed zeros. This is the element encoding used by the
     model, tensor and aggregate hashes and by the payload codec.
     """
-    dtype = get_dtype_name("<tensor>", tensor.dtype)
-    bits_dtype, le = _BITS_VIEW[dtype]
+    tensor = _check_state_tensor("<tensor>", tensor)
+    bits_dtype, le = _BITS_VIEW[get_dtype_name("<tensor>", tensor.dtype)]
     arr = tensor.detach().to("cpu").contiguous().reshape(-1).view(bits_dtype).numpy()
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         arr = arr.astype(le)

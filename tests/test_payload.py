@@ -361,7 +361,9 @@ def test_invalid_hole_between_tensors() -> None:
         decode(join(doc, body[:12] + b"\x00" * 4 + body[12:]))
 
 
-@pytest.mark.parametrize("offsets", [[12, 24], [12, 40], [36, 12], [12], [12, 36, 40], [-4, 12], [12.0, 36], "12:36", None])
+@pytest.mark.parametrize(
+    "offsets", [[12, 24], [12, 40], [36, 12], [12], [12, 36, 40], [-4, 12], [12.0, 36], "12:36", None]
+)
 def test_invalid_data_offsets(offsets) -> None:
     doc, body = split(valid(0))
     doc["enc.weight#0:6"]["data_offsets"] = offsets
