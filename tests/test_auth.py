@@ -109,6 +109,29 @@ def test_eip712_type_strings(msg: Any) -> None:
     assert type(msg).eip712_type() == TYPE_STRINGS[type(msg).__name__]
 
 
+# The values published in docs/auth.md for Solidity/Rust implementers.
+DOC_TYPE_HASHES = {
+    "PostTask": "50edf58d7ea9a900dbf27ca4cc31d475e1ac56425826cb58768233151ceff31a",
+    "EnrollTrainer": "aa62e6e861558195fc63a5a4626b4dd72a705835d65c143671c1d6dd1642adb0",
+    "SubmitOuterGradient": "06524bad63a4762dd7aaa18563030e0c24cdd27100584a68d31a04b64b888f54",
+    "FinalizeRound": "4ea781a1ad977b3f7028047b90d28bc75e637820c2cc62f308558d2947b32175",
+    "CancelTask": "4e782b7e0eaa8004c6322e61847167e1f09d0b3e56e8ffde1554d6594a01ff33",
+}
+
+
+def test_documented_type_hashes_and_domain_separator() -> None:
+    for msg in MESSAGES:
+        assert keccak(type(msg).eip712_type().encode()).hex() == DOC_TYPE_HASHES[type(msg).__name__]
+    assert (
+        _hand_domain_separator(1337).hex()
+        == "8406afb1c3687b10a42bf8bd96f804df0bae77147693782a445aa949dddab906"
+    )
+    # eth-account puts the domain separator in the SignableMessage header.
+    from tenzro_training.auth import compute_signable
+
+    assert compute_signable(MESSAGES[0], 1337).header == _hand_domain_separator(1337)
+
+
 @pytest.mark.parametrize("msg", MESSAGES, ids=IDS)
 def test_typed_data_shape_is_json_and_has_no_verifying_contract(msg: Any) -> None:
     data = msg.typed_data(4242)
