@@ -202,10 +202,6 @@ class Escrow:
         _check_amount("escrow.amount", self.amount)
 
 
-def _freeze(mapping: Mapping) -> Mapping:
-    return MappingProxyType(dict(mapping))
-
-
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Balances, escrows and bonds at one instant. Build one empty (``Ledger()``) or from stored
@@ -249,9 +245,10 @@ class Ledger:
         _check_amount("minted", self.minted)
         _check_amount("burned", self.burned)
         held = sum(accounts.values()) + sum(e.amount for e in escrows.values()) + sum(bonds.values())
-        if held != self.minted - self.burned:
+        supply = self.minted - self.burned
+        if held != supply:
             raise InvalidLedgerInput(
-                "supply", f"balances + escrows + bonds = {held} but minted - burned = {self.minted - self.burned}"
+                "supply", f"balances + escrows + bonds = {held} but minted - burned = {supply}"
             )
         object.__setattr__(self, "accounts", MappingProxyType(accounts))
         object.__setattr__(self, "escrows", MappingProxyType(escrows))
@@ -507,4 +504,6 @@ def compute_changes(before: Ledger, after: Ledger) -> LedgerChanges:
         for key in sorted(before.bonds.keys() | after.bonds.keys())
         if before.bonds.get(key) != after.bonds.get(key)
     )
-    return LedgerChanges(balances=balances, escrows=escrows, bonds=bonds, minted=after.minted, burned=after.burned)
+    return LedgerChanges(
+        balances=balances, escrows=escrows, bonds=bonds, minted=after.minted, burned=after.burned
+    )
