@@ -45,6 +45,7 @@ __all__ = [
     "AtomicBatch",
     "BatchOp",
     "KVStore",
+    "Operation",
     "KeyFormatError",
     "SchemaVersionError",
     "StorageError",
@@ -96,8 +97,8 @@ class BatchOp(enum.Enum):
     DELETE = "delete"
 
 
-# (op, column family, key, value); value is None for DELETE.
-_Operation = tuple[BatchOp, str, bytes, "bytes | None"]
+# A buffered operation: (op, column family, key, value); value is None for DELETE.
+Operation = tuple[BatchOp, str, bytes, bytes | None]
 
 
 class _BatchState(enum.Enum):
@@ -129,7 +130,7 @@ class AtomicBatch:
 
     def __init__(self, store: KVStore) -> None:
         self._store = store
-        self._ops: list[_Operation] = []
+        self._ops: list[Operation] = []
         self._state = _BatchState.NEW
 
     def __len__(self) -> int:
@@ -144,7 +145,8 @@ class AtomicBatch:
         """Buffer ``cf[key] = value``."""
         self._check_writable()
         self._store._check_cf(cf)
-        self._ops.append((BatchOp.PUT, cf, validate_bytes("key", key), validate_bytes("value", value)))
+        key, value = validate_bytes("key", key), validate_bytes("value", value)
+        self._ops.append((BatchOp.PUT, cf, key, value))
 
     def delete(self, cf: str, key: bytes) -> None:
         """Buffer the removal of ``cf[key]`` (deleting an absent key is not an error)."""
@@ -301,7 +303,7 @@ class KVStore(abc.ABC):
         ``seek >= prefix`` is guaranteed by the caller."""
 
     @abc.abstractmethod
-    def _apply_batch(self, ops: list[_Operation]) -> None:
+    def _apply_batch(self, ops: list[Operation]) -> None:
         """Apply ``ops`` all-or-nothing and return only once they are written. Raise
         StorageError (and apply nothing) if the write fails."""
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import cast
 
 from storage import schema
-from storage.interface import BatchOp, KVStore, _Operation
+from storage.interface import BatchOp, KVStore, Operation
 
 __all__ = ["MemoryStore"]
 
@@ -74,7 +74,7 @@ class MemoryStore(KVStore):
                 index += 1
         return iter(snapshot)
 
-    def _apply_batch(self, ops: list[_Operation]) -> None:
+    def _apply_batch(self, ops: list[Operation]) -> None:
         with self._lock:
             for op, cf, key, value in ops:
                 if op is BatchOp.DELETE:

@@ -29,7 +29,7 @@ from typing import Any
 import rocksdict
 
 from storage import schema
-from storage.interface import BatchOp, KVStore, SchemaVersionError, StorageError, _Operation
+from storage.interface import BatchOp, KVStore, Operation, SchemaVersionError, StorageError
 
 __all__ = ["RocksStore"]
 
@@ -39,8 +39,9 @@ _DEFAULT_CF = "default"  # RocksDB always has it; the schema never uses it
 def _raw_options(*, create: bool = False) -> rocksdict.Options:
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(create)
-    # Families are created explicitly after the schema-version check, never implicitly by open.
-    options.create_missing_column_families(False)
+    # Open creates families only for a brand-new database; in an existing one they are created
+    # explicitly, after the schema-version check (a newer store must not be touched).
+    options.create_missing_column_families(create)
     # After a crash, recover every write whose WAL record is complete and stop at the first torn
     # one: an acknowledged batch survives and a half-written batch is dropped as a whole.
     options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
@@ -110,7 +111,9 @@ class RocksStore(KVStore):
     both; a directory holding data but no version raises StorageError.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True
+    ) -> None:
         super().__init__(schema.ALL_COLUMN_FAMILIES)
         self._path = os.fspath(path)
         self._sync = bool(sync)
@@ -148,14 +151,19 @@ class RocksStore(KVStore):
         exists = os.path.exists(os.path.join(path, "CURRENT"))
         if not exists and not create:
             raise StorageError(f"no store at {path!r} (opened with create=False)")
-        on_disk = self._list_families() if exists else [_DEFAULT_CF]
+        if exists:
+            on_disk = self._list_families()
+            families = [name for name in on_disk if name != _DEFAULT_CF]
+        else:
+            # A new database gets every family in the same open (one MANIFEST write instead of
+            # one per family); it has no data and no version yet, so _check_schema initialises it.
+            on_disk = [_DEFAULT_CF, *schema.ALL_COLUMN_FAMILIES]
+            families = list(schema.ALL_COLUMN_FAMILIES)
         try:
             self._db = rocksdict.Rdict(
                 path,
-                _raw_options(create=create),
-                column_families={
-                    name: _raw_options() for name in on_disk if name != _DEFAULT_CF
-                },
+                _raw_options(create=not exists),
+                column_families={name: _raw_options() for name in families},
             )
         except Exception as error:  # rocksdict raises bare Exception for RocksDB statuses
             raise self._open_error(error) from error
@@ -252,7 +260,7 @@ class RocksStore(KVStore):
         self._cursors.add(cursor)
         return cursor
 
-    def _apply_batch(self, ops: list[_Operation]) -> None:
+    def _apply_batch(self, ops: list[Operation]) -> None:
         if not ops:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
