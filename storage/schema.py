@@ -32,6 +32,12 @@ __all__ = [
     "ALL_COLUMN_FAMILIES",
     "CF_ACCOUNTS",
     "CF_EVIDENCE",
+    "CF_LEDGER",
+    "LEDGER_SUPPLY_KEY",
+    "bond_key",
+    "escrow_key",
+    "parse_bond_key",
+    "parse_escrow_key",
     "CF_META",
     "CF_MODEL_STATE",
     "CF_SUBMISSIONS",
@@ -81,6 +87,9 @@ CF_MODEL_STATE: Final = "model_state"
 keyed by :func:`model_key`."""
 CF_EVIDENCE: Final = "evidence"
 """Equivocation evidence, keyed by :func:`evidence_key`."""
+CF_LEDGER: Final = "ledger"
+"""TNZO ledger entries other than balances: escrows (:func:`escrow_key`), bonds
+(:func:`bond_key`) and the supply counters (:data:`LEDGER_SUPPLY_KEY`)."""
 CF_META: Final = "meta"
 """Store metadata: the schema version (:data:`SCHEMA_VERSION_KEY`)."""
 
@@ -91,6 +100,7 @@ ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
     CF_SUBMISSIONS,
     CF_MODEL_STATE,
     CF_EVIDENCE,
+    CF_LEDGER,
     CF_META,
 )
 
@@ -184,6 +194,38 @@ def receipt_key(task_id: str) -> bytes:
 def account_key(address: bytes) -> bytes:
     """Key of an account in :data:`CF_ACCOUNTS`: the 20-byte address."""
     return _address("address", address)
+
+
+LEDGER_SUPPLY_KEY: Final = b"s"
+"""Key in :data:`CF_LEDGER` of the supply counters: minted u256 BE || burned u256 BE."""
+
+
+def escrow_key(task_id: str) -> bytes:
+    """Key of a task's reward escrow in :data:`CF_LEDGER`: b"e" || len(task_id) u8 || task_id."""
+    return b"e" + _task_field(task_id)
+
+
+def bond_key(task_id: str, trainer: bytes) -> bytes:
+    """Key of a trainer's bonded stake in :data:`CF_LEDGER`: b"b" || len u8 || task_id || trainer."""
+    return b"b" + _task_field(task_id) + _address("trainer", trainer)
+
+
+def parse_bond_key(key: bytes) -> tuple[str, bytes]:
+    """The (task_id, trainer) of a :func:`bond_key`."""
+    if not isinstance(key, bytes) or len(key) < 2 + _ADDRESS_LEN or key[:1] != b"b":
+        raise KeyFormatError(f"not a bond key: {key!r}", key)
+    task_id, rest = _split_task_field(key[1:], "bond")
+    return task_id, _address("bond trainer", rest)
+
+
+def parse_escrow_key(key: bytes) -> str:
+    """The task_id of an :func:`escrow_key`."""
+    if not isinstance(key, bytes) or key[:1] != b"e":
+        raise KeyFormatError(f"not an escrow key: {key!r}", key)
+    task_id, rest = _split_task_field(key[1:], "escrow")
+    if rest:
+        raise KeyFormatError(f"trailing bytes in escrow key: {key!r}", key)
+    return task_id
 
 
 def task_prefix(task_id: str) -> bytes:

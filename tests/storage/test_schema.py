@@ -36,6 +36,7 @@ def test_column_family_names() -> None:
         "submissions",
         "model_state",
         "evidence",
+        "ledger",
         "meta",
     )
     assert schema.CF_TRAINING_RUNS == "training_runs"
@@ -299,3 +300,19 @@ def test_key_format_error_is_in_the_tree() -> None:
     assert isinstance(error, TenzroError)
     assert isinstance(error, ValueError)
     assert error.value == 3
+
+
+def test_ledger_keys_round_trip() -> None:
+    assert schema.parse_escrow_key(schema.escrow_key("task-1")) == "task-1"
+    assert schema.parse_bond_key(schema.bond_key("task-1", TRAINER)) == ("task-1", TRAINER)
+    # Escrow, bond and supply keys never collide: their first byte differs.
+    assert {schema.escrow_key("s")[:1], schema.bond_key("s", TRAINER)[:1], schema.LEDGER_SUPPLY_KEY[:1]} == {b"e", b"b", b"s"}
+
+
+@pytest.mark.parametrize("key", [b"", b"x", b"e", b"e\x05ab", b"e\x01a\x00", b"b\x01a" + b"\x00" * 19])
+def test_invalid_ledger_keys(key: bytes) -> None:
+    with pytest.raises(KeyFormatError):
+        if key[:1] == b"b":
+            schema.parse_bond_key(key)
+        else:
+            schema.parse_escrow_key(key)
