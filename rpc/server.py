@@ -1,0 +1,225 @@
+"""The node's JSON-RPC HTTP endpoint: aiohttp around :class:`rpc.dispatcher.Dispatcher`.
+
+What this module is: :func:`create_app` (the aiohttp application), :func:`start_server` (bind it,
+get the port back) and :func:`run_server` (the node CLI's serve-until-stopped helper).
+
+What it is NOT: JSON-RPC logic. The handler only reads the body, hands it to the dispatcher and
+writes the bytes back; params, errors and batches are the dispatcher's.
+
+HTTP behaviour:
+- ``POST /`` with any content type: the JSON-RPC body. 200 with a JSON body, or 204 (no body)
+  when the request held only notifications.
+- ``GET /``: ``{"ok": true}`` (health). Other paths/methods: 404/405 with a JSON-RPC-shaped error
+  body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
+- A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
+  ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
+  streamed without it is cut off as soon as it passes the limit. The connection is then closed
+  rather than drained. ``client_max_size`` is set to the same limit on purpose (aiohttp's default
+  of 1 MiB would answer larger bodies with a plain-text 413 outside our control).
+- Never a 500: a middleware turns any exception into a JSON-RPC -32603 (logged, text not sent).
+
+Threading: the dispatcher (JSON parse, params, the service call) runs on ONE worker thread, so
+the service sees one call at a time and the event loop stays free to accept and answer other
+connections (health checks keep answering during a long finalizeRound). Pass ``executor`` to
+share that one thread with other callers of the service (gossip handlers, timers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from rpc.dispatcher import Dispatcher, serialize_json
+from rpc.errors import (
+    INVALID_REQUEST,
+    InternalError,
+    RequestTooLarge,
+    compute_error_response,
+)
+from rpc.service import TrainingService
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_PORT",
+    "RunningServer",
+    "create_app",
+    "run_server",
+    "start_server",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8545
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+"""A 64 MiB body holds a ~48 MiB base64 payload, far above one fragment's outer gradient."""
+
+_DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
+_EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
+_MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
+_JSON: Final = "application/json"
+_HEALTH: Final = serialize_json({"ok": True})
+
+
+def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=serialize_json(body), status=status, content_type=_JSON)
+
+
+def _too_large(limit: int) -> web.Response:
+    response = _json_response(compute_error_response(RequestTooLarge(limit), None), status=413)
+    response.force_close()  # do not read (drain) the rest of an oversized body
+    return response
+
+
+@web.middleware
+async def _catch_all(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every answer is JSON: HTTP errors keep their status, anything else is a logged -32603."""
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return _too_large(request.app[_MAX_BODY])
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are not errors
+        error = {
+            "code": INVALID_REQUEST,
+            "message": exc.reason.lower(),
+            "data": {"type": type(exc).__name__, "status": exc.status},
+        }
+        response = _json_response({"jsonrpc": "2.0", "error": error, "id": None}, exc.status)
+        for name in ("Allow",):  # keep the header a 405 must carry
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except Exception:
+        log.exception("internal error in the JSON-RPC HTTP handler")
+        return _json_response(compute_error_response(InternalError(), None))
+
+
+async def _post(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    limit = app[_MAX_BODY]
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
+    body = await request.read()  # bounded by client_max_size == limit, with or without a length
+    loop = asyncio.get_running_loop()
+    answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body)
+    if answer is None:
+        return web.Response(status=204)
+    return web.Response(body=answer, content_type=_JSON)
+
+
+async def _health(_request: web.Request) -> web.StreamResponse:
+    return web.Response(body=_HEALTH, content_type=_JSON)
+
+
+def create_app(
+    service: TrainingService,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    executor: Executor | None = None,
+) -> web.Application:
+    """The aiohttp application serving JSON-RPC for ``service`` at ``/``.
+
+    ``executor``: where the dispatcher runs; it must run one job at a time (a
+    ``ThreadPoolExecutor(max_workers=1)``) and is then NOT shut down by the app. Without it the
+    app creates its own single-thread executor and shuts it down on cleanup.
+    """
+    if type(max_body_bytes) is not int or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_catch_all])
+    app[_DISPATCHER] = Dispatcher(service)
+    app[_MAX_BODY] = max_body_bytes
+    if executor is None:
+        owned = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-rpc")
+        app[_EXECUTOR] = owned
+
+        async def _shutdown(_app: web.Application) -> None:
+            # Waits for an in-flight service call to finish, off the event loop.
+            await asyncio.to_thread(owned.shutdown, True)
+
+        app.on_cleanup.append(_shutdown)
+    else:
+        app[_EXECUTOR] = executor
+    app.router.add_post("/", _post)
+    app.router.add_get("/", _health)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class RunningServer:
+    """A bound, serving endpoint; ``close()`` stops it gracefully."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+    """The bound port (the real one when 0 was asked for)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    async def close(self) -> None:
+        """Stop accepting, let in-flight requests finish, release the executor. Idempotent."""
+        await self.runner.cleanup()
+
+
+async def start_server(
+    service: TrainingService,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    executor: Executor | None = None,
+    shutdown_timeout: float = 10.0,
+) -> RunningServer:
+    """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
+    app = create_app(service, max_body_bytes=max_body_bytes, executor=executor)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_port = port
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound_port = int(address[1])
+            break
+    log.info("JSON-RPC listening on http://%s:%d/", host, bound_port)
+    return RunningServer(runner, host, bound_port)
+
+
+async def run_server(
+    service: TrainingService,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    executor: Executor | None = None,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[RunningServer], None] | None = None,
+) -> None:
+    """Serve until ``stop`` is set or the task is cancelled (Ctrl-C under ``asyncio.run``), then
+    shut down cleanly: stop accepting, finish in-flight requests, release the executor."""
+    server = await start_server(
+        service, host, port, max_body_bytes=max_body_bytes, executor=executor
+    )
+    try:
+        if on_started is not None:
+            on_started(server)
+        await (stop if stop is not None else asyncio.Event()).wait()
+    finally:
+        await server.close()
+        log.info("JSON-RPC server on %s stopped", server.url)

@@ -1,0 +1,198 @@
+"""The in-process dispatcher: the conformance suite plus dispatcher- and table-level unit tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rpc.dispatcher import MAX_NESTING, METHODS, Dispatcher, parse_json
+from rpc.errors import (
+    ERROR_TABLE,
+    INTERNAL_ERROR,
+    ParseError,
+    compute_error_object,
+    get_codes,
+    get_error_entry,
+)
+from rpc.params import PARAMS_BY_METHOD
+from rpc.service import TrainingService
+from tenzro_training.errors import RunError, TenzroError, UnknownTask
+from tests.rpc.conformance import FakeService, RpcConformance, get_run
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "rpc.md"
+
+
+class TestDispatcherConformance(RpcConformance):
+    @pytest.fixture
+    def service(self) -> Iterator[FakeService]:
+        fake = FakeService()
+        self._dispatcher = Dispatcher(fake)
+        yield fake
+
+    def call_raw(self, raw: bytes) -> Any:
+        answer = self._dispatcher.handle(raw)
+        if answer is None:
+            return None
+        assert type(answer) is bytes
+        return json.loads(answer)
+
+
+# -- dispatcher API -----------------------------------------------------------------------------
+
+
+def test_fake_service_satisfies_the_protocol() -> None:
+    assert isinstance(FakeService(), TrainingService)
+
+
+def test_every_method_has_params_and_a_route() -> None:
+    assert set(METHODS) == set(PARAMS_BY_METHOD)
+    assert len(METHODS) == 8
+    assert all(name.startswith("tenzro_training_") for name in METHODS)
+
+
+def test_handle_accepts_str_and_bytes() -> None:
+    dispatcher = Dispatcher(FakeService())
+    text = json.dumps(get_run())
+    assert dispatcher.handle(text) == dispatcher.handle(text.encode())
+
+
+def test_handle_obj_is_dict_in_dict_out() -> None:
+    dispatcher = Dispatcher(FakeService())
+    assert dispatcher.handle_obj(get_run(id=3)) == {
+        "jsonrpc": "2.0", "result": {"method": "get_run", "task_id": "t1"}, "id": 3,
+    }
+    assert dispatcher.handle_obj({"jsonrpc": "2.0", "method": "tenzro_training_getRun",
+                                  "params": {"task_id": "t1"}}) is None
+    answer = dispatcher.handle_obj([get_run(id=1), 5])
+    assert isinstance(answer, list) and answer[1]["error"]["code"] == -32600
+
+
+def test_output_is_compact_ascii_json() -> None:
+    service = FakeService()
+    service.result = {"name": "ünïcode", "n": 1}
+    answer = Dispatcher(service).handle(json.dumps(get_run()))
+    assert answer is not None
+    answer.decode("ascii")
+    assert b": " not in answer and b", " not in answer
+    assert json.loads(answer)["result"]["name"] == "ünïcode"
+
+
+def test_unexpected_exception_is_logged_with_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    service = FakeService()
+    service.error = RuntimeError("the secret detail")
+    with caplog.at_level(logging.ERROR, logger="rpc.dispatcher"):
+        answer = Dispatcher(service).handle(json.dumps(get_run()))
+    assert answer is not None and b"secret" not in answer
+    assert any(r.exc_info and "the secret detail" in str(r.exc_info[1]) for r in caplog.records)
+
+
+def test_tenzro_errors_are_not_logged_as_internal(caplog: pytest.LogCaptureFixture) -> None:
+    service = FakeService()
+    service.error = UnknownTask("t1")
+    with caplog.at_level(logging.ERROR, logger="rpc.dispatcher"):
+        Dispatcher(service).handle(json.dumps(get_run()))
+    assert caplog.records == []
+
+
+# -- strict JSON ----------------------------------------------------------------------------------
+
+
+def test_parse_json_accepts_plain_json() -> None:
+    assert parse_json(b'{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
+    assert parse_json('{"big": ' + "9" * 100 + "}") == {"big": int("9" * 100)}
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (b'{"a":1,"a":2}', "duplicate object key 'a'"),
+    (b"[NaN]", "NaN is not JSON"),
+    (b"[1e999]", "number out of the finite double range"),
+    (b"[" + b"1" * 101 + b"]", "integer literal longer than 100 characters"),
+    (b"\x80", "body is not UTF-8"),
+    (b"[" * (MAX_NESTING + 1) + b"]" * (MAX_NESTING + 1), f"nesting deeper than {MAX_NESTING} levels"),
+])
+def test_invalid_parse_json_reasons(raw: bytes, reason: str) -> None:
+    with pytest.raises(ParseError) as info:
+        parse_json(raw)
+    assert info.value.reason == reason
+
+
+def test_invalid_parse_json_position() -> None:
+    with pytest.raises(ParseError) as info:
+        parse_json(b'{"a": }')
+    assert info.value.position == 6
+    assert info.value.reason.startswith("invalid JSON")
+
+
+def test_nesting_exactly_at_the_limit_is_accepted() -> None:
+    assert parse_json("[" * MAX_NESTING + "]" * MAX_NESTING) is not None
+
+
+def test_invalid_lone_surrogate_text() -> None:
+    with pytest.raises(ParseError):
+        parse_json('"\ud800"[')
+
+
+# -- the error table ----------------------------------------------------------------------------
+
+
+def test_table_codes_are_unique_and_outside_reserved_range() -> None:
+    codes = [row.code for row in ERROR_TABLE]
+    assert len(codes) == len(set(codes))
+    standard = {-32700, -32600, -32601, -32602, -32603}
+    for code in codes:
+        assert code in standard or not -32768 <= code <= -32000
+
+
+def test_subclass_falls_back_through_the_mro() -> None:
+    class Late(UnknownTask):
+        pass
+
+    class Other(TenzroError, KeyError):
+        pass
+
+    assert get_error_entry(Late).code == get_error_entry(UnknownTask).code == 1301
+    assert get_error_entry(Other).code == 1000
+    assert get_error_entry(KeyError).code == INTERNAL_ERROR
+    assert get_error_entry(RunError).code == 1300
+
+
+def test_error_object_never_raises_on_hostile_exceptions() -> None:
+    class Hostile(UnknownTask):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    error = compute_error_object(Hostile("t1"))
+    assert error["code"] == 1301 and error["data"] == {"type": "Hostile"}
+    assert compute_error_object(KeyboardInterrupt())["code"] == INTERNAL_ERROR
+
+
+def test_error_data_filters_unsafe_attributes() -> None:
+    exc = UnknownTask("t1")
+    exc.where = "/home/node/data"  # type: ignore[attr-defined]
+    exc.uri = "file:///x"  # type: ignore[attr-defined]
+    exc.win = "C:\\node"  # type: ignore[attr-defined]
+    exc.blob = b"\x00" * 1000  # type: ignore[attr-defined]
+    exc.long = "x" * 1000  # type: ignore[attr-defined]
+    exc.obj = object()  # type: ignore[attr-defined]
+    exc._private = 1  # type: ignore[attr-defined]
+    exc.flag = True  # type: ignore[attr-defined]
+    exc.huge = -(2**60)  # type: ignore[attr-defined]
+    data = compute_error_object(exc)["data"]
+    assert data == {"type": "UnknownTask", "task_id": "t1", "flag": True, "huge": str(-(2**60))}
+
+
+def test_error_message_is_cut() -> None:
+    error = compute_error_object(UnknownTask("t" * 2000))
+    assert len(error["message"]) == 512
+
+
+def test_docs_list_every_code() -> None:
+    text = DOCS.read_text()
+    rows = dict(re.findall(r"^\|\s*`?(-?\d+)`?\s*\|\s*`(\w+)`", text, flags=re.MULTILINE))
+    assert {name: code for code, name in rows.items()} == {k: str(v) for k, v in get_codes().items()}
