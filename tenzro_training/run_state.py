@@ -681,8 +681,10 @@ class RunState:
             raise _fail("trainers", "more trainers than trainer_count")
         object.__setattr__(self, "trainers", trainers)
         _opt_int("enrollment_deadline_ms", self.enrollment_deadline_ms)
-        if self.status is RunStatus.ENROLLING and (self.enrollment_deadline_ms is None or self.syncer_rank < 1):
-            raise _fail("status", "an Enrolling run has an enrollment deadline and a syncer")
+        if self.status in (RunStatus.ENROLLING, RunStatus.TRAINING, RunStatus.SEALED) and (
+            self.enrollment_deadline_ms is None or self.syncer_rank < 1
+        ):
+            raise _fail("status", f"a run that is {self.status.value} has an enrollment deadline and a syncer")
         if self.current_round is not None:
             if not isinstance(self.current_round, RoundState):
                 raise _fail("current_round", "expected a RoundState")
