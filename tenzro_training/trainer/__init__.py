@@ -1,0 +1,27 @@
+"""The trainer's compute side: a model-family adapter, real timeseries shards and the DiLoCo
+inner loop (docs/trainer.md).
+
+What this package is: the pieces a trainer process calls each round. :mod:`.model` holds the
+``"timesfm"`` family adapter (config, module, deterministic init checkpoint, checkpoint files
+checked against their SHA-256); :mod:`.data` loads the real timeseries shipped inside
+statsmodels, splits them by time and deals training windows to shards; :mod:`.inner` runs H
+inner AdamW steps from the global weights and turns the result into per-fragment outer
+gradients and payloads.
+
+What it is NOT: no networking, no signing, no submission (the trainer process wraps these
+pieces and talks to the node); no aggregation or outer step (the node's pure core). It is a
+shell package (it reads checkpoint and dataset files), so the core import lint exempts it; the
+model and inner-loop modules still know nothing of sharding transport or networking.
+
+Every error raised on purpose here is a :class:`TrainerError`.
+"""
+
+from __future__ import annotations
+
+from tenzro_training.errors import TenzroError
+
+__all__ = ["TrainerError"]
+
+
+class TrainerError(TenzroError):
+    """Root of the trainer package's errors (bad model config, checkpoint, dataset, shard, ...)."""
