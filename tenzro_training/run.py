@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tenzro_training.addresses import Address, format_address
 from tenzro_training.election import compute_election_seed, rank_candidates, validate_ticket
@@ -73,6 +72,26 @@ from tenzro_training.records import (
     Ticket,
     compute_run_leaves,
 )
+from tenzro_training.run_events import (
+    ElectionOpened,
+    EquivocationDetected,
+    QuorumLost,
+    QuorumReached,
+    RoundFinalized,
+    RoundStarted,
+    RunCancelled,
+    RunEvent,
+    RunFailed,
+    RunPosted,
+    RunSealed,
+    SubmissionAccepted,
+    SyncerElected,
+    SyncerFailover,
+    TicketAccepted,
+    TrainerEnrolled,
+    TrainerSlashed,
+    TrainingStarted,
+)
 from tenzro_training.run_state import (
     DID_PATTERN,
     ElectionEntry,
@@ -96,7 +115,7 @@ __all__ = [
     "NotSponsor",
     "NotSyncer",
     "StragglerWindowOpen",
-    # events
+    # events (defined in run_events, re-exported)
     "RunEvent",
     "RunPosted",
     "ElectionOpened",
@@ -168,169 +187,6 @@ class StragglerWindowOpen(RunError):
         super().__init__(
             task_id, f"round {round_}: the straggler window is open until {straggler_deadline_ms} ms"
         )
-
-
-# --- events ---------------------------------------------------------------------------------
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return format_address(value) if len(value) == 20 else "0x" + value.hex()
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        # JSON numbers above 2^53 lose precision in many readers: amounts travel as strings.
-        return value if abs(value) < 2**53 else str(value)
-    if isinstance(value, tuple):
-        return [_json_value(v) for v in value]
-    raise TypeError(f"unexpected event field type {type(value).__name__}")  # a bug, not input
-
-
-@dataclass(frozen=True, slots=True)
-class RunEvent:
-    """Something that happened to a run, for the node to log and gossip. Not part of the state."""
-
-    task_id: str
-    at_ms: int
-    """The instant it happened (a deadline for time-driven events)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"type": <class name>, <field>: <JSON value>, ...}`` (20-byte values as EIP-55)."""
-        out: dict[str, Any] = {"type": type(self).__name__}
-        for f in dataclasses.fields(self):
-            out[f.name] = _json_value(getattr(self, f.name))
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class RunPosted(RunEvent):
-    sponsor: Address
-    spec_hash: bytes
-    reward_pool: int
-
-
-@dataclass(frozen=True, slots=True)
-class ElectionOpened(RunEvent):
-    """The node should now ticket its own syncer identities over ``seed``."""
-
-    seed: bytes
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class TicketAccepted(RunEvent):
-    candidate: Address
-    stake: int
-
-
-@dataclass(frozen=True, slots=True)
-class SyncerElected(RunEvent):
-    syncer: Address
-    ranked: int
-    """How many candidates are ranked (1 + possible failovers)."""
-    enrollment_deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class TrainerEnrolled(RunEvent):
-    trainer: Address
-    did: str
-    stake: int
-    shard_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingStarted(RunEvent):
-    trainers: tuple[Address, ...]
-    """Enrolled trainers; a trainer's position is its shard index."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoundStarted(RunEvent):
-    round: int
-    round_deadline_ms: int
-    model_hash: bytes
-    """The global model every trainer starts this round from."""
-
-
-@dataclass(frozen=True, slots=True)
-class SubmissionAccepted(RunEvent):
-    round: int
-    fragment: int
-    trainer: Address
-    payload_hash: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumReached(RunEvent):
-    round: int
-    straggler_deadline_ms: int
-    finalize_deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumLost(RunEvent):
-    """A slashed trainer's submissions were dropped and some fragment fell below K again."""
-
-    round: int
-
-
-@dataclass(frozen=True, slots=True)
-class EquivocationDetected(RunEvent):
-    """Evidence: one trainer, one (round, fragment), two payload hashes. The shell stores both
-    signed messages under this key."""
-
-    round: int
-    fragment: int
-    trainer: Address
-    first_payload_hash: bytes
-    second_payload_hash: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class TrainerSlashed(RunEvent):
-    trainer: Address
-    amount: int
-    """attoTNZO burned."""
-
-
-@dataclass(frozen=True, slots=True)
-class SyncerFailover(RunEvent):
-    round: int
-    from_syncer: Address
-    from_rank: int
-    to_syncer: Address
-    to_rank: int
-    finalize_deadline_ms: int
-    """The new syncer's deadline."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoundFinalized(RunEvent):
-    round: int
-    syncer: Address
-    syncer_rank: int
-    model_hash: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class RunSealed(RunEvent):
-    run_root: bytes
-    final_model_hash: bytes
-    payouts: tuple[tuple[Address, int], ...]
-    """(trainer, attoTNZO) ascending by address; unslashed trainers only."""
-    remainder: int
-    """What went back to the sponsor (rounding remainder, or the pool if nothing was accepted)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunCancelled(RunEvent):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class RunFailed(RunEvent):
-    reason: str
 
 
 # --- the transition value -----------------------------------------------------------------------

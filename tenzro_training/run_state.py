@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tenzro_training.addresses import Address, AddressError, format_address, parse_address
