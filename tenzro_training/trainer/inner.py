@@ -189,7 +189,9 @@ def run_inner_loop(
     return InnerResult(state, tuple(losses), opt.state_dict())
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Tensor, grad_clip: float | None, step: int) -> float:
+def _step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Tensor, grad_clip: float | None, step: int
+) -> float:
     opt.zero_grad(set_to_none=True)
     loss = model.loss(batch)
     value = float(loss.detach())

@@ -95,7 +95,8 @@ class UnknownFamily(TrainerError, SpecError):
 
     def __init__(self, family: str) -> None:
         self.family = family
-        super().__init__("architecture.family", f"no model adapter for family {family!r} (known: {sorted(ADAPTERS)})")
+        known = sorted(ADAPTERS)
+        super().__init__("architecture.family", f"no model adapter for family {family!r} (known: {known})")
 
 
 class CheckpointFileError(TrainerError, CheckpointError):
@@ -156,9 +157,13 @@ class PatchTransformerConfig:
         _check_int("n_heads", self.n_heads, 1, self.d_model)
         _check_int("d_ff", self.d_ff, 1, 4 * _MAX_WIDTH)
         if self.context_len % self.patch_len:
-            raise ModelConfigError(f"{_METADATA_PATH}.patch_len", f"{self.patch_len} does not divide context_len {self.context_len}")
+            raise ModelConfigError(
+                f"{_METADATA_PATH}.patch_len", f"{self.patch_len} does not divide context_len {self.context_len}"
+            )
         if self.d_model % self.n_heads:
-            raise ModelConfigError(f"{_METADATA_PATH}.n_heads", f"{self.n_heads} does not divide d_model {self.d_model}")
+            raise ModelConfigError(
+                f"{_METADATA_PATH}.n_heads", f"{self.n_heads} does not divide d_model {self.d_model}"
+            )
         dropout = self.dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ModelConfigError(f"{_METADATA_PATH}.dropout", f"must be a number in [0, 1), got {dropout!r}")
@@ -352,7 +357,9 @@ def _normalise_digest(path: str, value: object) -> str:
     raise CheckpointFileError(path, f"expected sha256 must be 0x + 64 hex digits or 32 bytes, got {value!r:.80}")
 
 
-def save_checkpoint(state: Mapping[str, Tensor], path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None) -> str:
+def save_checkpoint(
+    state: Mapping[str, Tensor], path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+) -> str:
     """Write ``state`` as a safetensors file; return the SHA-256 of its bytes (``0x`` + hex).
 
     The bytes depend only on the tensors and metadata (same state -> same file and hash). The

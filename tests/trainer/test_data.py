@@ -31,7 +31,9 @@ from tenzro_training.trainer.data import (
     validation_batch,
 )
 
-MACRO = ["realgdp", "realcons", "realinv", "realgovt", "realdpi", "cpi", "m1", "tbilrate", "unemp", "pop", "infl", "realint"]
+MACRO = [
+    "realgdp", "realcons", "realinv", "realgovt", "realdpi", "cpi", "m1", "tbilrate", "unemp", "pop", "infl", "realint"
+]
 # Pinned: changes only if the corpus files, the source order or the documented encoding change.
 DEFAULT_DATASET_HASH = "0xa338b632e57671843f4eec915e05f65deea78dff8c5612c6aa182db5fedd4b17"
 

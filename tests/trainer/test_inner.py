@@ -225,7 +225,8 @@ def test_diloco_rounds_reduce_validation_loss(init: dict, shards: list[Shard]) -
     for rnd in range(3):
         grads = [compute_outer_gradients(state, run_inner_loop(state, cfg, MODEL, s, rnd, s.index).state, layouts)
                  for s in shards]
-        new = [gather_fragment(state, lay) - torch.stack([g[i] for g in grads]).mean(0) for i, lay in enumerate(layouts)]
+        mean = [torch.stack([g[i] for g in grads]).mean(0) for i in range(F)]
+        new = [gather_fragment(state, lay) - m for lay, m in zip(layouts, mean)]
         apply_global_fragments(state, layouts, new)
     after = evaluate(state, MODEL, val)
     assert np.isfinite(before) and before > 2.0  # an untrained model forecasts ~0 in normalised units
