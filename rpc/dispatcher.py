@@ -9,13 +9,14 @@ batch semantics, notifications, params parsing (``rpc/params.py``), the call int
 (``rpc/errors.py``).
 
 What it is NOT: HTTP (``rpc/server.py`` reads bodies, enforces size limits and picks statuses)
-or thread management (the caller decides which thread runs ``handle``; it is not reentrant-safe
-for a non-thread-safe service, so the server runs it on a single worker thread).
+or thread management. The dispatcher holds no mutable state, but it calls the service on the
+caller's thread: the server runs ``handle`` on one worker thread so service calls never overlap.
 
 Why not jsonrpcserver: measured here, its dispatch costs ~33 us per request even with schema
-validation off (vs ~0.5 us for a dict lookup and call), it answers a batch holding one malformed
-element with one -32600 for the whole batch, and it sends exception text as error data. The
-JSON-RPC 2.0 rules we need fit in this module, so we implement them directly.
+validation off (this whole dispatcher adds ~4.5 us to a bare json.loads + json.dumps of a getRun),
+it answers a batch holding one malformed element with one -32600 for the whole batch, sends
+exception text as error data, and would still need every check below done first. The JSON-RPC
+2.0 rules fit in this module, so we implement them directly.
 
 Batch semantics (JSON-RPC 2.0 section 6): an empty array is one -32600; every element is handled
 on its own (a malformed element gets its own -32600 with id ``null``); notifications (requests

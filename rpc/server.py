@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from rpc.dispatcher import Dispatcher, serialize_json
 from rpc.errors import (
     INVALID_REQUEST,
     InternalError,
+    InvalidRequest,
     RequestTooLarge,
     compute_error_response,
 )
@@ -110,7 +112,15 @@ async def _post(request: web.Request) -> web.StreamResponse:
     limit = app[_MAX_BODY]
     if request.content_length is not None and request.content_length > limit:
         return _too_large(limit)
-    body = await request.read()  # bounded by client_max_size == limit, with or without a length
+    try:
+        body = await request.read()  # bounded by client_max_size == limit, with or without a length
+    except (HttpProcessingError, ConnectionError):
+        # Broken chunked framing, a body shorter than its Content-Length, a client that went away.
+        log.debug("JSON-RPC request body could not be read", exc_info=True)
+        error = compute_error_response(InvalidRequest("request body could not be read"), None)
+        response = _json_response(error, status=400)
+        response.force_close()
+        return response
     loop = asyncio.get_running_loop()
     answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body)
     if answer is None:

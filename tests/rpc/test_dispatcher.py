@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -10,11 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import rpc.params as params_module
 from rpc.dispatcher import MAX_NESTING, METHODS, Dispatcher, parse_json
 from rpc.errors import (
     ERROR_TABLE,
     INTERNAL_ERROR,
+    InvalidParams,
     ParseError,
     compute_error_object,
     get_codes,
@@ -196,3 +201,31 @@ def test_docs_list_every_code() -> None:
     text = DOCS.read_text()
     rows = dict(re.findall(r"^\|\s*`?(-?\d+)`?\s*\|\s*`(\w+)`", text, flags=re.MULTILINE))
     assert {name: code for code, name in rows.items()} == {k: str(v) for k, v in get_codes().items()}
+
+
+# -- strict base64: every available decoder behaves the same ----------------------------------
+
+
+def _strict_b64(text: str, name: str) -> bytes | None:
+    try:
+        return params_module._payload(text, params_module.B64_DECODERS[name])
+    except InvalidParams:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(min_size=1, max_size=64))
+def test_b64_round_trip_every_decoder(data: bytes) -> None:
+    text = base64.b64encode(data).decode()
+    for name in params_module.B64_DECODERS:
+        assert _strict_b64(text, name) == data
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.text(alphabet="ABCDQRSTabyz0189+/=-_ \n\u00e9", max_size=16))
+def test_b64_decoders_agree_and_accept_only_canonical(text: str) -> None:
+    results = {name: _strict_b64(text, name) for name in params_module.B64_DECODERS}
+    assert len(set(results.values())) == 1, results
+    decoded = results["binascii"]
+    if decoded is not None:  # accepted only if it is THE encoding of what it decodes to
+        assert base64.b64encode(decoded).decode() == text

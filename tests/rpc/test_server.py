@@ -1,0 +1,323 @@
+"""The aiohttp endpoint: the conformance suite over real HTTP, plus HTTP-only behaviour.
+
+pytest-asyncio is not used: :class:`LiveServer` runs the server's event loop in a background
+thread and the tests talk to it with the standard library's blocking HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import random
+import socket
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from rpc.server import RunningServer, create_app, run_server, start_server
+from tests.rpc.conformance import FakeService, RpcConformance, get_run, req
+
+SMALL_LIMIT = 4096
+
+
+class LiveServer:
+    """``start_server`` on 127.0.0.1:0 in its own thread and event loop."""
+
+    def __init__(self, service: FakeService, **options: Any) -> None:
+        self.service = service
+        self.options = options
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # surfaced by __enter__
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await start_server(self.service, "127.0.0.1", 0, **self.options)
+        self.port = server.port
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await server.close()
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def request(
+        self, method: str, path: str = "/", body: bytes | Iterable[bytes] | None = None,
+        headers: dict[str, str] | None = None, **kwargs: Any,
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {}, **kwargs)
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def post(self, body: bytes, content_type: str | None = "application/json") -> tuple[int, bytes]:
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        status, _headers, data = self.request("POST", "/", body, headers)
+        return status, data
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveServer]:
+    with LiveServer(FakeService(), max_body_bytes=SMALL_LIMIT * 256) as server:
+        yield server
+
+
+class TestServerConformance(RpcConformance):
+    @pytest.fixture
+    def service(self, live: LiveServer) -> FakeService:
+        live.service.reset()
+        self._live = live
+        return live.service
+
+    def call_raw(self, raw: bytes) -> Any:
+        status, body = self._live.post(raw)
+        if status == 204:
+            assert body == b""
+            return None
+        assert status == 200, (status, body[:200])
+        return json.loads(body)
+
+
+# -- HTTP-only behaviour ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small() -> Iterator[LiveServer]:
+    with LiveServer(FakeService(), max_body_bytes=SMALL_LIMIT) as server:
+        yield server
+
+
+def _too_large_error(status: int, body: bytes) -> None:
+    assert status == 413
+    answer = json.loads(body)
+    assert answer["id"] is None and answer["jsonrpc"] == "2.0"
+    assert answer["error"]["code"] == -32600
+    assert answer["error"]["data"]["type"] == "RequestTooLarge"
+    assert answer["error"]["data"]["limit"] == SMALL_LIMIT
+
+
+def test_health(live: LiveServer) -> None:
+    status, headers, body = live.request("GET", "/")
+    assert status == 200 and json.loads(body) == {"ok": True}
+    assert headers["Content-Type"].startswith("application/json")
+
+
+def test_notifications_get_204(live: LiveServer) -> None:
+    live.service.reset()
+    note = req("tenzro_training_getRun", {"task_id": "t1"}, id=...)
+    assert live.post(json.dumps(note).encode()) == (204, b"")
+    assert live.post(json.dumps([note, note]).encode()) == (204, b"")
+    assert len(live.service.calls) == 3
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "application/json; charset=utf-8", "garbage"])
+def test_content_type_is_lenient(live: LiveServer, content_type: str | None) -> None:
+    live.service.reset()
+    status, body = live.post(json.dumps(get_run()).encode(), content_type)
+    assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
+
+
+def test_invalid_body_over_limit_by_content_length(small: LiveServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", small.port, timeout=10)
+    try:
+        # Announce a huge body, send only a little: the answer must come without reading it all.
+        conn.putrequest("POST", "/")
+        conn.putheader("Content-Length", str(10**9))
+        conn.endheaders(b"[" * 100)
+        response = conn.getresponse()
+        _too_large_error(response.status, response.read())
+        assert response.getheader("Connection", "").lower() == "close"
+    finally:
+        conn.close()
+    assert small.service.calls == []
+
+
+def test_invalid_body_over_limit_chunked(small: LiveServer) -> None:
+    chunks = [b" " * 1024] * 8  # 8 KiB of whitespace, no Content-Length
+    status, _headers, body = small.request("POST", "/", iter(chunks), encode_chunked=True)
+    _too_large_error(status, body)
+
+
+def test_body_at_limit_is_accepted(small: LiveServer) -> None:
+    raw = json.dumps(get_run()).encode()
+    raw += b" " * (SMALL_LIMIT - len(raw))
+    assert len(raw) == SMALL_LIMIT
+    assert small.post(raw)[0] == 200
+    status, _headers, body = small.request("POST", "/", iter([raw[:100], raw[100:]]), encode_chunked=True)
+    assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
+    _too_large_error(*small.post(raw + b" "))
+
+
+def test_invalid_garbage_never_gives_500(small: LiveServer) -> None:
+    rng = random.Random(1234)
+    bodies = [rng.randbytes(rng.randrange(0, 3000)) for _ in range(40)]
+    bodies += [b"\x00" * 100, b"{" * 3000, b'"' * 999, b"[1," * 1000, b"null", b"[]", b"{}"]
+    for body in bodies:
+        status, data = small.post(body, "application/octet-stream")
+        assert status == 200, (status, body[:50])
+        answer = json.loads(data)
+        answer = answer[0] if isinstance(answer, list) else answer
+        assert answer["error"]["code"] in (-32700, -32600)
+    status, _h, data = small.request("GET", "/")
+    assert status == 200 and json.loads(data) == {"ok": True}
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "/nope", 404), ("POST", "/rpc", 404), ("PUT", "/", 405), ("DELETE", "/", 405),
+])
+def test_invalid_http_route_gets_json_error(small: LiveServer, method: str, path: str, status: int) -> None:
+    got, headers, body = small.request(method, path, b"{}")
+    assert got == status
+    error = json.loads(body)["error"]
+    assert error["code"] == -32600 and error["data"]["status"] == status
+    if status == 405:
+        assert "POST" in headers["Allow"]
+
+
+def test_unexpected_service_error_is_200_internal_error(small: LiveServer) -> None:
+    small.service.error = RuntimeError("/var/secret")
+    status, body = small.post(json.dumps(get_run()).encode())
+    assert status == 200
+    assert json.loads(body)["error"]["code"] == -32603 and b"secret" not in body
+
+
+def test_service_calls_are_serialized_and_loop_stays_responsive(small: LiveServer) -> None:
+    service = small.service
+    service.gate = threading.Event()
+    answers: list[tuple[int, bytes]] = []
+
+    def call(i: int) -> None:
+        answers.append(small.post(json.dumps(get_run(f"t{i}", id=i)).encode()))
+
+    workers = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for worker in workers:
+        worker.start()
+    assert service.entered.wait(10)
+    # A call is blocked inside the service; the event loop still answers health checks.
+    status, _h, body = small.request("GET", "/")
+    assert status == 200 and json.loads(body) == {"ok": True}
+    assert service.active == 1
+    service.gate.set()
+    for worker in workers:
+        worker.join(10)
+    assert sorted(json.loads(b)["id"] for _, b in answers) == list(range(6))
+    assert service.max_active == 1
+    assert len(service.calls) == 6
+
+
+def test_run_server_serves_until_stopped_with_shared_executor() -> None:
+    service = FakeService()
+    executor = ThreadPoolExecutor(max_workers=1)
+    started: list[RunningServer] = []
+    results: dict[str, Any] = {}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_server(
+            service, "127.0.0.1", 0, executor=executor, stop=stop, on_started=started.append,
+        ))
+        while not started:
+            await asyncio.sleep(0.01)
+        port = started[0].port
+
+        def client() -> Any:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("POST", "/", json.dumps(get_run()).encode())
+            return json.loads(conn.getresponse().read())
+
+        results["answer"] = await asyncio.to_thread(client)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    try:
+        asyncio.run(main())
+        assert results["answer"]["result"]["task_id"] == "t1"
+        assert started[0].url == f"http://127.0.0.1:{started[0].port}/"
+        # The caller's executor was not shut down by the server.
+        assert executor.submit(lambda: 42).result(5) == 42
+    finally:
+        executor.shutdown()
+
+
+def test_run_server_cancellation_shuts_down_cleanly() -> None:
+    service = FakeService()
+    started: list[RunningServer] = []
+
+    async def main() -> bool:
+        task = asyncio.create_task(run_server(service, "127.0.0.1", 0, on_started=started.append))
+        while not started:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return True
+
+    assert asyncio.run(main())
+    with pytest.raises(OSError):
+        conn = http.client.HTTPConnection("127.0.0.1", started[0].port, timeout=2)
+        conn.request("GET", "/")
+        conn.getresponse()
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "64"])
+def test_invalid_max_body_bytes(limit: object) -> None:
+    with pytest.raises(ValueError):
+        create_app(FakeService(), max_body_bytes=limit)  # type: ignore[arg-type]
+
+
+def _raw_exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_invalid_broken_chunked_body_gets_no_500(small: LiveServer) -> None:
+    # aiohttp's HTTP parser may reject the framing before our handler runs (then it answers or
+    # closes on its own); when the handler is reading, it answers a JSON 400. Never a 500.
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reply = _raw_exchange(small.port, head + b"5\r\n[1,2]\r\nzz\r\n")
+    assert b" 500 " not in reply and b" 200 " not in reply
+    status, _h, _body = small.request("GET", "/")
+    assert status == 200
+
+
+def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    reply = _raw_exchange(small.port, head + b'{"jsonrpc":')
+    assert b" 500 " not in reply
+    status, _h, body = small.request("GET", "/")
+    assert status == 200
