@@ -20,6 +20,7 @@ RNG state is restored afterwards. The torch thread count is left as the caller s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import struct
@@ -167,8 +168,9 @@ def run_inner_loop(
 ) -> InnerResult:
     """Load the round's global weights into a fresh model and run ``cfg.inner_steps`` AdamW steps.
 
-    ``model_state`` (any float dtype) is not modified. ``model_cfg`` is the family config (its
-    ``family`` selects the adapter). Raises :class:`InnerLoopDiverged` on a non-finite loss.
+    ``model_state`` (any float dtype) and ``optimizer_state`` are not modified. ``model_cfg`` is
+    the family config (its ``family`` selects the adapter). Raises :class:`InnerLoopDiverged` on
+    a non-finite loss.
     """
     _check_round(round, shard, shard_index)
     model = get_adapter(model_cfg.family).build_model(model_cfg)
@@ -176,7 +178,9 @@ def run_inner_loop(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     if optimizer_state is not None:
-        opt.load_state_dict(optimizer_state)
+        # AdamW.load_state_dict keeps the given tensors and then updates them in place: copy, so
+        # the caller's state (e.g. a previous InnerResult) stays valid and reusable.
+        opt.load_state_dict(copy.deepcopy(dict(optimizer_state)))
     seed = compute_inner_seed(cfg.seed, round, shard_index)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     losses: list[float] = []

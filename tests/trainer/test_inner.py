@@ -144,6 +144,10 @@ def test_optimizer_state_carries_over(init: dict, shards: list[Shard]) -> None:
     assert compute_model_hash(carried.state) != compute_model_hash(fresh.state)
     steps = [float(s["step"]) for s in carried.optimizer_state["state"].values()]
     assert steps and all(x == 2 * FAST.inner_steps for x in steps)
+    # The given state is copied, not updated in place: reusing it gives the same result.
+    assert all(float(s["step"]) == FAST.inner_steps for s in first.optimizer_state["state"].values())
+    again = run_inner_loop(first.state, FAST, MODEL, shards[0], 1, 0, optimizer_state=first.optimizer_state)
+    assert compute_model_hash(again.state) == compute_model_hash(carried.state)
 
 
 def test_invalid_inner_loop_inputs(init: dict, shards: list[Shard]) -> None:
