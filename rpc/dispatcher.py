@@ -29,12 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy as np
 
 from rpc.errors import (
     InternalError,
@@ -56,6 +54,7 @@ from rpc.params import (
     SubmitOuterGradientParams,
 )
 from rpc.service import TrainingService
+from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
 from tenzro_training.errors import TenzroError
 
 __all__ = ["MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "Method", "parse_json", "serialize_json"]
@@ -66,15 +65,13 @@ MAX_INT_DIGITS: Final = 100
 """Integer literals longer than this (sign included) are parse errors: no param needs more than
 78 digits (uint256), and Python's int parsing is quadratic in the digit count."""
 
-MAX_NESTING: Final = 128
+MAX_NESTING: Final = MAX_JSON_NESTING
 """Deepest array/object nesting accepted. Checked BEFORE json parsing: py_ecc (imported through
 eth_account) raises the interpreter's recursion limit to 100000 process-wide, and json's C
 scanner then overflows the C stack (segfault) on ~60000 nested brackets instead of raising
 RecursionError. A spec needs < 30 levels including the envelope."""
 
 # A JSON string (bytes): used to blank strings out before counting structural brackets.
-_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 
 _REQUEST_MEMBERS: Final = frozenset({"jsonrpc", "method", "params", "id"})
 _ABSENT: Final = object()
@@ -120,21 +117,8 @@ _DECODER: Final = json.JSONDecoder(
 
 
 def _check_nesting(raw: bytes) -> None:
-    """Raise ParseError when ``raw`` nests arrays/objects deeper than :data:`MAX_NESTING`.
-
-    Fast path: fewer brackets than the limit cannot nest deeper (a base64 payload has none).
-    Otherwise strings are blanked out and the running depth of the remaining brackets is
-    computed with numpy. On malformed input this can only over-estimate the depth the parser
-    would reach before failing, so it never lets a too-deep document through.
-    """
-    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
-        return
-    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    if not brackets:
-        return
-    codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where((codes == 0x5B) | (codes == 0x7B), 1, -1)
-    if int(np.cumsum(steps).max()) > MAX_NESTING:
+    """Raise ParseError when ``raw`` could nest deeper than :data:`MAX_NESTING` (see jsontext)."""
+    if not is_json_depth_ok(raw, MAX_NESTING):
         raise ParseError(f"nesting deeper than {MAX_NESTING} levels")
 
 

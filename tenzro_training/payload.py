@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
 from tenzro_training.errors import FragmentError, PayloadError
 from tenzro_training.fragments import (
     DTYPES,
@@ -347,6 +348,8 @@ def _parse_header_json(raw: memoryview) -> dict[str, object]:
         raise PayloadFormatError("the safetensors header must start with '{'")
     try:
         text = bytes(raw).decode("utf-8")
+        if not is_json_depth_ok(text):
+            raise PayloadFormatError(f"the safetensors header nests deeper than {MAX_JSON_NESTING} levels")
         doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
     except PayloadError:
         raise

@@ -38,6 +38,7 @@ from typing import Any
 
 import eth_abi
 
+from tenzro_training.jsontext import is_json_depth_ok
 from tenzro_training.addresses import ADDRESS_LENGTH, Address
 from tenzro_training.errors import AggregationError, ElectionError, EncodingError
 from tenzro_training.rules import AggregationRule, RuleKind
@@ -485,6 +486,8 @@ def decode_final_model_record(data: bytes) -> FinalModelRecord:
 
 
 def _spec_task_id(spec_canonical: bytes) -> str:
+    if not is_json_depth_ok(spec_canonical):
+        raise EncodingError("spec_canonical nests too deeply")
     try:
         spec: Any = json.loads(spec_canonical.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

@@ -33,6 +33,7 @@ from typing import Any, Union
 import rfc8785
 from eth_utils import is_checksum_address, to_checksum_address
 
+from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
 from tenzro_training.errors import AggregationError, SpecError
 from tenzro_training.rules import MAX_JSON_SAFE_INT, AggregationRule
 
@@ -615,6 +616,8 @@ def _decode_json(text: object) -> object:
     if len(raw) > MAX_SPEC_JSON_BYTES:
         limit = MAX_SPEC_JSON_BYTES
         raise SpecError("", f"spec JSON is {len(raw)} bytes; the limit is {limit}")
+    if not is_json_depth_ok(raw):
+        raise SpecError("", f"spec JSON nests deeper than {MAX_JSON_NESTING} levels")
     try:
         return json.loads(decoded, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
     except SpecError:

@@ -18,7 +18,7 @@ PACKAGE_DIR = Path(tenzro_training.__file__).parent
 # Shell modules and subpackages: they wrap the core with I/O and may import anything.
 SHELLS = {"cli", "node", "p2p", "trainer", "chain"}
 FORBIDDEN = {
-    "asyncio", "aiohttp", "rocksdict", "libp2p", "trio", "subprocess", "socket", "threading",
+    "asyncio", "aiohttp", "rocksdict", "libp2p", "trio", "subprocess", "socket", "threading", "pybase64",
     "multiprocessing", "jsonrpcserver", "web3", "eth_tester", "requests", "urllib", "http",
     "storage", "rpc", "precompile", "selectors", "signal",
 }

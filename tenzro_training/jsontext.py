@@ -1,0 +1,45 @@
+"""Bounds on untrusted JSON text, checked before any parser sees it.
+
+Why this exists: py_ecc (imported by eth-account) raises the interpreter's recursion limit to
+100000 for the whole process, after which ``json.loads`` on ~60000 nested brackets overflows the
+C stack and kills the process instead of raising. Every parse of untrusted JSON in the project
+(spec files, payload headers, JSON-RPC bodies, gossip) therefore checks nesting depth here first.
+
+This module is part of the pure core; it is not a JSON parser.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import numpy as np
+
+MAX_JSON_NESTING: Final = 128
+"""Deepest array/object nesting any project parser accepts (specs need ~5, RPC bodies ~8)."""
+
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def compute_json_depth_bound(raw: bytes | str) -> int:
+    """An upper bound on the array/object nesting depth a JSON parser would reach on ``raw``.
+
+    Strings are blanked out, then the running depth of the remaining brackets is computed with
+    numpy. On malformed input this can only over-estimate the depth the parser would reach before
+    failing, so a check against it never lets a too-deep document through.
+    """
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_NESTING:
+        return data.count(b"[") + data.count(b"{")  # fast path: cannot nest deeper than this
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == 0x5B) | (codes == 0x7B), 1, -1)
+    return max(0, int(np.cumsum(steps).max()))
+
+
+def is_json_depth_ok(raw: bytes | str, limit: int = MAX_JSON_NESTING) -> bool:
+    """True when ``raw`` cannot nest deeper than ``limit``."""
+    return compute_json_depth_bound(raw) <= limit

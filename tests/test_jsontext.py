@@ -1,0 +1,50 @@
+"""Deeply nested JSON is refused before any parser sees it (it would crash the process: see
+tenzro_training/jsontext.py), everywhere untrusted JSON is parsed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenzro_training.errors import PayloadError, SpecError
+from tenzro_training.jsontext import MAX_JSON_NESTING, compute_json_depth_bound, is_json_depth_ok
+from tenzro_training.spec import TrainingTaskSpec
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [("{}", 1), ("[[[]]]", 3), ('{"a": "[[[[["}', 1), ('["\\"[[[["]', 1), ("1", 0)],
+)
+def test_depth_bound_is_exact_on_wellformed_text(text: str, depth: int) -> None:
+    # Below the fast-path threshold the bound is the bracket count; above it, the real depth.
+    assert compute_json_depth_bound(text) >= depth
+    assert is_json_depth_ok(text)
+
+
+def test_depth_bound_ignores_brackets_inside_strings_on_the_slow_path() -> None:
+    text = '{"k": "' + "[" * 1000 + '"}'
+    assert compute_json_depth_bound(text) == 1
+
+
+def test_invalid_deep_nesting_is_refused() -> None:
+    assert not is_json_depth_ok("[" * (MAX_JSON_NESTING + 1))
+    assert is_json_depth_ok("[" * MAX_JSON_NESTING + "]" * MAX_JSON_NESTING)
+
+
+def test_invalid_spec_deep_nesting_raises_spec_error_not_crash() -> None:
+    with pytest.raises(SpecError):
+        TrainingTaskSpec.from_json("[" * 200_000)
+
+
+def test_invalid_payload_header_deep_nesting_raises_payload_error() -> None:
+    import struct
+
+    import torch
+
+    from tenzro_training.fragments import compute_fragment_layouts
+    from tenzro_training.payload import decode_payload
+
+    layout = compute_fragment_layouts({"w": torch.zeros(4)}, 1)[0]
+    header = b"{" + b'"a":[' * 5000
+    data = struct.pack("<Q", len(header)) + header
+    with pytest.raises(PayloadError):
+        decode_payload(data, layout, max_bytes=1 << 20)
