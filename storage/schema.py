@@ -390,3 +390,78 @@ def parse_model_key(key: bytes) -> ModelKey:
     if kind not in MODEL_KINDS:
         raise KeyFormatError(f"model key has unknown kind {kind!r}: {key!r}", key)
     return ModelKey(task_id, kind, int(_U32.unpack(rest[1:])[0]))
+
+
+# --- node service records (appended for tenzro_training.node) -------------------------------
+#
+# Three kinds of node-side values that the families above have no key for. They live in
+# existing families behind a first byte that no existing key of that family can start with, so
+# the key formats above (and their parsers) are unchanged and SCHEMA_VERSION stays 1.
+
+__all__ += [
+    "NODE_GENESIS_KEY",
+    "PAYLOAD_KEY_MARK",
+    "TASK_RECORD_MARK",
+    "payload_key",
+    "payload_prefix",
+    "parse_payload_key",
+    "tensor_specs_key",
+    "round_reports_key",
+    "round_reports_prefix",
+]
+
+PAYLOAD_KEY_MARK: Final = b"\x00"
+"""First byte of a payload key in :data:`CF_SUBMISSIONS`. A submission key starts with the
+task_id's length (1..128), never 0, so payload keys and submission keys cannot collide and a
+``task_prefix`` scan never meets a payload."""
+_PAYLOAD_HASH_LEN: Final = 32
+
+NODE_GENESIS_KEY: Final = b"node.genesis"
+"""Key in :data:`CF_META`: present once the genesis balances were credited (value: the node's
+record of what was credited)."""
+TASK_RECORD_MARK: Final = b"T"
+"""First byte of per-task node records in :data:`CF_META` (distinct from ``schema_version`` and
+``node.genesis``)."""
+_TENSOR_SPECS_KIND: Final = b"s"
+_ROUND_REPORTS_KIND: Final = b"r"
+
+
+def payload_key(task_id: str, payload_hash: bytes) -> bytes:
+    """Key of an outer-gradient payload's bytes in :data:`CF_SUBMISSIONS`:
+    0x00 || len(task_id) u8 || task_id || payload hash (32 bytes). Payloads are stored once per
+    (task, hash), whether they came inline with a submission or over gossip."""
+    if not isinstance(payload_hash, bytes) or len(payload_hash) != _PAYLOAD_HASH_LEN:
+        raise KeyFormatError(f"payload hash must be 32 raw bytes, got {payload_hash!r}", payload_hash)
+    return PAYLOAD_KEY_MARK + _task_field(task_id) + payload_hash
+
+
+def payload_prefix(task_id: str) -> bytes:
+    """Prefix of every payload key of one task."""
+    return PAYLOAD_KEY_MARK + _task_field(task_id)
+
+
+def parse_payload_key(key: bytes) -> tuple[str, bytes]:
+    """The (task_id, payload_hash) of a :func:`payload_key`."""
+    if not isinstance(key, bytes) or key[:1] != PAYLOAD_KEY_MARK:
+        raise KeyFormatError(f"not a payload key: {key!r}", key)
+    task_id, rest = _split_task_field(key[1:], "payload")
+    if len(rest) != _PAYLOAD_HASH_LEN:
+        raise KeyFormatError(f"payload key has {len(rest)} bytes after its task_id, expected 32", key)
+    return task_id, rest
+
+
+def tensor_specs_key(task_id: str) -> bytes:
+    """Key in :data:`CF_META` of a run's global-model tensor list (names, shapes, dtypes: what
+    the fragment layouts and the model hash are computed from): b"T" || lp(task_id) || b"s"."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _TENSOR_SPECS_KIND
+
+
+def round_reports_key(task_id: str, round: int) -> bytes:
+    """Key in :data:`CF_META` of one finalized round's aggregation reports (one per fragment):
+    b"T" || lp(task_id) || b"r" || round u32."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_REPORTS_KIND + _u32("round", round)
+
+
+def round_reports_prefix(task_id: str) -> bytes:
+    """Prefix of every round-report key of one task (rounds in ascending order)."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_REPORTS_KIND

@@ -316,3 +316,46 @@ def test_invalid_ledger_keys(key: bytes) -> None:
             schema.parse_bond_key(key)
         else:
             schema.parse_escrow_key(key)
+
+
+# --- node service records (payloads, tensor specs, round reports, genesis flag) ------------
+
+
+def test_node_record_key_vectors() -> None:
+    digest = bytes(range(32))
+    assert schema.payload_key("ab", digest) == b"\x00\x02ab" + digest
+    assert schema.payload_prefix("ab") == b"\x00\x02ab"
+    assert schema.tensor_specs_key("ab") == b"T\x02abs"
+    assert schema.round_reports_key("ab", 3) == b"T\x02abr\x00\x00\x00\x03"
+    assert schema.round_reports_prefix("ab") == b"T\x02abr"
+    assert schema.NODE_GENESIS_KEY == b"node.genesis"
+    # CF_META's keys stay apart from each other.
+    meta = {schema.SCHEMA_VERSION_KEY, schema.NODE_GENESIS_KEY, schema.tensor_specs_key("ab")}
+    assert len({k[:1] for k in meta}) == 3
+
+
+@given(task_ids, st.binary(min_size=32, max_size=32), u32s, addresses)
+def test_payload_keys_round_trip_and_never_meet_submission_keys(
+    task_id: str, digest: bytes, round_: int, trainer: bytes
+) -> None:
+    key = schema.payload_key(task_id, digest)
+    assert schema.parse_payload_key(key) == (task_id, digest)
+    assert key.startswith(schema.payload_prefix(task_id))
+    assert not key.startswith(schema.task_prefix(task_id))
+    assert not schema.submission_key(task_id, round_, 0, trainer).startswith(schema.payload_prefix(task_id))
+    assert schema.round_reports_key(task_id, round_).startswith(schema.round_reports_prefix(task_id))
+
+
+def test_invalid_node_record_keys() -> None:
+    with pytest.raises(KeyFormatError):
+        schema.payload_key("ab", b"\x01" * 31)
+    with pytest.raises(KeyFormatError):
+        schema.payload_key("a/b", b"\x01" * 32)
+    with pytest.raises(KeyFormatError):
+        schema.parse_payload_key(schema.submission_key("ab", 0, 0, TRAINER))
+    with pytest.raises(KeyFormatError):
+        schema.parse_payload_key(schema.payload_key("ab", b"\x01" * 32) + b"x")
+    with pytest.raises(KeyFormatError):
+        schema.round_reports_key("ab", 2**32)
+    with pytest.raises(KeyFormatError):
+        schema.tensor_specs_key("")
