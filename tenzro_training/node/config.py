@@ -1,0 +1,351 @@
+"""The node's configuration: :class:`NodeConfig` and the JSON config file it is read from.
+
+What this module is: two frozen values, :class:`SyncerIdentity` (a syncer candidate whose VRF
+secret this node holds, so it can ticket that candidate in every election) and
+:class:`NodeConfig` (data directory, chain id, run timings, registered candidates, genesis
+balances, limits, RPC address), with ``from_dict``/``to_dict`` for the JSON file format that
+``docs/node.md`` documents. Every value is checked on construction; a bad file raises
+:class:`ConfigError` naming the offending field.
+
+What it is NOT: the command line (``node/main.py`` merges the file, ``--dev`` and flags) or the
+service (``node/service.py``). Nothing here opens a file or a socket.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from tenzro_training import vrf
+from tenzro_training.addresses import AddressError, format_address, parse_address
+from tenzro_training.errors import EncodingError, TenzroError, VRFError
+from tenzro_training.records import Candidate
+from tenzro_training.run_state import RunTimings
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CHECKPOINT_BYTES",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "ConfigError",
+    "NodeConfig",
+    "SyncerIdentity",
+]
+
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 64 << 20
+DEFAULT_MAX_BODY_BYTES: Final = 96 << 20
+DEFAULT_MAX_CHECKPOINT_BYTES: Final = 16 << 30
+_U256: Final = 2**256
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,77}")
+_HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
+
+_TOP_KEYS: Final = (
+    "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
+    "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
+    "rpc_port", "max_body_bytes",
+)
+_TIMING_KEYS: Final = ("election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake")
+
+
+class ConfigError(TenzroError, ValueError):
+    """The node configuration is invalid; ``path`` names the field (e.g. ``genesis[2].balance``)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+# --- field checks ----------------------------------------------------------------------------
+
+
+def _int(path: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(path, f"expected an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def _bool(path: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"expected true or false, got {value!r}")
+    return value
+
+
+def _amount(path: str, value: object) -> int:
+    """A uint256 written as a decimal string (preferred) or a JSON integer."""
+    if isinstance(value, str):
+        if _DECIMAL.fullmatch(value) is None:
+            raise ConfigError(path, f"expected a decimal uint256 string, got {value!r}")
+        value = int(value)
+    return _int(path, value, 0, _U256 - 1)
+
+
+def _address(path: str, value: object) -> bytes:
+    if isinstance(value, bytes):
+        if len(value) != 20:
+            raise ConfigError(path, f"expected 20 bytes, got {len(value)}")
+        return value
+    try:
+        return parse_address(value)
+    except AddressError as exc:
+        raise ConfigError(path, exc.reason) from None
+
+
+def _hex32(path: str, value: object) -> bytes:
+    if isinstance(value, bytes):
+        if len(value) != 32:
+            raise ConfigError(path, f"expected 32 bytes, got {len(value)}")
+        return value
+    if not isinstance(value, str) or _HEX32.fullmatch(value) is None:
+        raise ConfigError(path, "expected 0x + 64 hex digits")
+    return bytes.fromhex(value[2:])
+
+
+def _obj(path: str, value: object, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"expected an object, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}" if path else unknown[0], "unknown field")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise ConfigError(f"{path}.{missing[0]}" if path else missing[0], "missing")
+    return value
+
+
+def _list(path: str, value: object) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(path, f"expected an array, got {type(value).__name__}")
+    return value
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncerIdentity:
+    """A syncer candidate this node tickets itself (SPEC.md "VRF syncer election")."""
+
+    address: bytes
+    """20-byte EVM address of the syncer (its secp256k1 key signs finalizeRound; the node does
+    NOT hold it)."""
+    vrf_secret: bytes
+    """32-byte ECVRF secret: the node tickets this candidate itself in every election."""
+
+    def __post_init__(self) -> None:
+        _address("syncer_identity.address", self.address)
+        if not isinstance(self.vrf_secret, bytes) or len(self.vrf_secret) != 32:
+            raise ConfigError("syncer_identity.vrf_secret", "expected 32 bytes")
+
+    @property
+    def vrf_public_key(self) -> bytes:
+        """The ECVRF public key of :attr:`vrf_secret`."""
+        try:
+            return vrf.public_key(self.vrf_secret)
+        except VRFError as exc:
+            raise ConfigError("syncer_identity.vrf_secret", str(exc)) from None
+
+    def __repr__(self) -> str:  # never print a secret into a log
+        return f"SyncerIdentity(address={format_address(self.address)}, vrf_secret=<hidden>)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeConfig:
+    """Everything a node needs besides its store. Checked on construction (ConfigError)."""
+
+    data_dir: Path | None = None
+    """None -> in-memory store (tests); else RocksDB at data_dir/"db", final models in
+    data_dir/"models"."""
+    chain_id: int = 1337
+    """EIP-712 domain chain id every signature is checked under."""
+    timings: RunTimings = RunTimings()
+    """Windows (ms) and min_stake, copied into each run when it is posted."""
+    candidates: tuple[Candidate, ...] = ()
+    """Registered syncer candidates (address, VRF public key, stake): the election's inputs."""
+    syncer_identities: tuple[SyncerIdentity, ...] = ()
+    """The node's own candidates (each must be registered in ``candidates`` with the VRF key of
+    its secret)."""
+    genesis: tuple[tuple[bytes, int], ...] = ()
+    """(address, attoTNZO) balances credited once, when the store is first created."""
+    sync_writes: bool = False
+    """fsync every batch (survives power loss); the WAL is always on either way."""
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    """Largest outer-gradient payload accepted (inline or over gossip)."""
+    max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
+    """Largest init checkpoint file the node reads."""
+    allowed_checkpoint_dirs: tuple[Path, ...] = ()
+    """file:// init checkpoints must lie under one of these (after resolving symlinks);
+    () = anywhere the node can read."""
+    rpc_host: str = "127.0.0.1"
+    rpc_port: int = 8545
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Largest JSON-RPC request body (a base64 payload is 4/3 of its bytes)."""
+
+    def __post_init__(self) -> None:
+        if self.data_dir is not None and not isinstance(self.data_dir, Path):
+            object.__setattr__(self, "data_dir", Path(self.data_dir))
+        _int("chain_id", self.chain_id, 1, _U256 - 1)
+        if not isinstance(self.timings, RunTimings):
+            raise ConfigError("timings", "expected a RunTimings")
+        candidates = tuple(self.candidates)
+        for i, c in enumerate(candidates):
+            if not isinstance(c, Candidate):
+                raise ConfigError(f"candidates[{i}]", "expected a Candidate")
+        if len({c.address for c in candidates}) != len(candidates):
+            raise ConfigError("candidates", "an address is registered twice")
+        if len({c.vrf_public_key for c in candidates}) != len(candidates):
+            raise ConfigError("candidates", "two candidates share a VRF public key")
+        object.__setattr__(self, "candidates", candidates)
+        identities = tuple(self.syncer_identities)
+        registered = {c.address: c for c in candidates}
+        for i, ident in enumerate(identities):
+            if not isinstance(ident, SyncerIdentity):
+                raise ConfigError(f"syncer_identities[{i}]", "expected a SyncerIdentity")
+            cand = registered.get(ident.address)
+            if cand is None:
+                raise ConfigError(
+                    f"syncer_identities[{i}].address", f"{format_address(ident.address)} is not a registered candidate"
+                )
+            if cand.vrf_public_key != ident.vrf_public_key:
+                raise ConfigError(
+                    f"syncer_identities[{i}].vrf_secret", "its public key differs from the candidate's registered key"
+                )
+        if len({ident.address for ident in identities}) != len(identities):
+            raise ConfigError("syncer_identities", "an address is listed twice")
+        object.__setattr__(self, "syncer_identities", identities)
+        genesis = tuple((_address(f"genesis[{i}].address", a), _amount(f"genesis[{i}].balance", b))
+                        for i, (a, b) in enumerate(self._genesis_pairs()))
+        if len({a for a, _ in genesis}) != len(genesis):
+            raise ConfigError("genesis", "an address is listed twice")
+        if sum(b for _, b in genesis) >= _U256:
+            raise ConfigError("genesis", "the balances add up to more than a uint256")
+        object.__setattr__(self, "genesis", genesis)
+        _bool("sync_writes", self.sync_writes)
+        _int("max_payload_bytes", self.max_payload_bytes, 1, 2**40)
+        _int("max_checkpoint_bytes", self.max_checkpoint_bytes, 1, 2**50)
+        dirs = tuple(Path(d) for d in self.allowed_checkpoint_dirs)
+        for i, d in enumerate(dirs):
+            if not d.is_absolute():
+                raise ConfigError(f"allowed_checkpoint_dirs[{i}]", f"must be an absolute path, got {str(d)!r}")
+        object.__setattr__(self, "allowed_checkpoint_dirs", dirs)
+        if not isinstance(self.rpc_host, str) or not self.rpc_host:
+            raise ConfigError("rpc_host", "expected a non-empty string")
+        _int("rpc_port", self.rpc_port, 0, 65535)
+        _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
+
+    def _genesis_pairs(self) -> list[tuple[object, object]]:
+        pairs = []
+        for i, entry in enumerate(_list("genesis", self.genesis)):
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ConfigError(f"genesis[{i}]", "expected an (address, balance) pair")
+            pairs.append((entry[0], entry[1]))
+        return pairs
+
+    # --- readers ---------------------------------------------------------------------------
+
+    def get_candidate(self, address: bytes) -> Candidate | None:
+        """The registered candidate with this address, or None."""
+        for candidate in self.candidates:
+            if candidate.address == address:
+                return candidate
+        return None
+
+    # --- JSON ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, obj: object, *, data_dir: Path | None) -> NodeConfig:
+        """Read the JSON config file format (docs/node.md). Every key is optional (absent =
+        default), ``timings`` may give only some windows; unknown keys are a ConfigError."""
+        d = _obj("", obj, _TOP_KEYS)
+        kwargs: dict[str, Any] = {"data_dir": data_dir}
+        if "chain_id" in d:
+            kwargs["chain_id"] = d["chain_id"]
+        if "timings" in d:
+            kwargs["timings"] = _timings_from_dict(d["timings"])
+        if "candidates" in d:
+            kwargs["candidates"] = tuple(
+                _candidate_from_dict(f"candidates[{i}]", c) for i, c in enumerate(_list("candidates", d["candidates"]))
+            )
+        if "syncer_identities" in d:
+            kwargs["syncer_identities"] = tuple(
+                _identity_from_dict(f"syncer_identities[{i}]", s)
+                for i, s in enumerate(_list("syncer_identities", d["syncer_identities"]))
+            )
+        if "genesis" in d:
+            entries = []
+            for i, g in enumerate(_list("genesis", d["genesis"])):
+                e = _obj(f"genesis[{i}]", g, ("address", "balance"), ("address", "balance"))
+                entries.append((_address(f"genesis[{i}].address", e["address"]), _amount(f"genesis[{i}].balance", e["balance"])))
+            kwargs["genesis"] = tuple(entries)
+        if "allowed_checkpoint_dirs" in d:
+            dirs = []
+            for i, p in enumerate(_list("allowed_checkpoint_dirs", d["allowed_checkpoint_dirs"])):
+                if not isinstance(p, str) or not p:
+                    raise ConfigError(f"allowed_checkpoint_dirs[{i}]", "expected a path string")
+                dirs.append(Path(p))
+            kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
+        for key in ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes"):
+            if key in d:
+                kwargs[key] = d[key]
+        try:
+            return cls(**kwargs)
+        except ConfigError:
+            raise
+        except (TenzroError, TypeError) as exc:  # a Candidate or RunTimings check
+            raise ConfigError("", str(exc)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON config form (``data_dir`` excluded: it comes from the command line);
+        ``NodeConfig.from_dict(c.to_dict(), data_dir=c.data_dir) == c``."""
+        return {
+            "chain_id": self.chain_id,
+            "timings": self.timings.to_dict(),
+            "candidates": [
+                {"address": format_address(c.address), "vrf_public_key": "0x" + c.vrf_public_key.hex(), "stake": str(c.stake)}
+                for c in self.candidates
+            ],
+            "syncer_identities": [
+                {"address": format_address(s.address), "vrf_secret": "0x" + s.vrf_secret.hex()} for s in self.syncer_identities
+            ],
+            "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self.genesis],
+            "sync_writes": self.sync_writes,
+            "max_payload_bytes": self.max_payload_bytes,
+            "max_checkpoint_bytes": self.max_checkpoint_bytes,
+            "allowed_checkpoint_dirs": [str(p) for p in self.allowed_checkpoint_dirs],
+            "rpc_host": self.rpc_host,
+            "rpc_port": self.rpc_port,
+            "max_body_bytes": self.max_body_bytes,
+        }
+
+
+def _timings_from_dict(value: object) -> RunTimings:
+    d = _obj("timings", value, _TIMING_KEYS)
+    kwargs: dict[str, Any] = {}
+    for key in _TIMING_KEYS:
+        if key in d:
+            kwargs[key] = _amount(f"timings.{key}", d[key]) if key == "min_stake" else d[key]
+    try:
+        return RunTimings(**kwargs)
+    except EncodingError as exc:
+        raise ConfigError("timings", str(exc)) from None
+
+
+def _candidate_from_dict(path: str, value: object) -> Candidate:
+    keys = ("address", "vrf_public_key", "stake")
+    d = _obj(path, value, keys, keys)
+    address = _address(f"{path}.address", d["address"])
+    key = _hex32(f"{path}.vrf_public_key", d["vrf_public_key"])
+    stake = _amount(f"{path}.stake", d["stake"])
+    try:
+        vrf.validate_public_key(key)
+        return Candidate(address, key, stake)
+    except TenzroError as exc:
+        raise ConfigError(f"{path}.vrf_public_key", str(exc)) from None
+
+
+def _identity_from_dict(path: str, value: object) -> SyncerIdentity:
+    keys = ("address", "vrf_secret")
+    d = _obj(path, value, keys, keys)
+    return SyncerIdentity(address=_address(f"{path}.address", d["address"]), vrf_secret=_hex32(f"{path}.vrf_secret", d["vrf_secret"]))
