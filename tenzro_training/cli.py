@@ -85,8 +85,47 @@ class RpcClient:
 # --- keys ---------------------------------------------------------------------------------------
 
 
-def load_private_key(key_file: str | None) -> bytes:
-    """A 32-byte secp256k1 key from --key-file (hex text or JSON {"private_key": ...}) or the env."""
+def _parse_key_hex(text: str, where: str) -> bytes:
+    hex_text = text[2:] if text.startswith(("0x", "0X")) else text
+    try:
+        key = bytes.fromhex(hex_text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise CliError(f"{where}: signing key must be 32 bytes of hex")
+    return key
+
+
+def _select_account(doc: dict[str, Any], account: str | None, key_file: str) -> str:
+    """The private key of one entry of a dev-accounts.json document (``--account``)."""
+    accounts = doc.get("accounts")
+    if not isinstance(accounts, list):
+        raise CliError(f"key file {key_file}: expected a private_key or an accounts list")
+    names = []
+    for entry in accounts:
+        if not isinstance(entry, dict):
+            continue
+        role, index = entry.get("role"), entry.get("index", 0)
+        names.append(f"{role}:{index}")
+        if account is None:
+            continue
+        wanted = account.lower()
+        if wanted in (f"{role}:{index}".lower(), str(entry.get("address", "")).lower()) or (
+            wanted == str(role).lower() and index == 0
+        ):
+            return str(entry.get("private_key", ""))
+    if account is None:
+        raise CliError(f"key file {key_file} holds several accounts: pick one with --account ({', '.join(names[:6])}, ...)")
+    raise CliError(f"no account {account!r} in {key_file} (have {', '.join(names)})")
+
+
+def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
+    """A 32-byte secp256k1 key from ``--key-file`` or the ``TENZRO_PRIVATE_KEY`` environment variable.
+
+    The file holds the key as hex text, or JSON ``{"private_key": ...}``, or a dev-accounts.json
+    document (``tenzro node --dev`` writes one) from which ``account`` (``trainer:3``, ``sponsor``,
+    ``syncer:0`` or an address) picks the entry.
+    """
     text: str | None
     if key_file:
         try:
@@ -95,21 +134,29 @@ def load_private_key(key_file: str | None) -> bytes:
             raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
         if text.startswith("{"):
             try:
-                text = str(json.loads(text)["private_key"])
-            except (ValueError, KeyError, TypeError):
-                raise CliError(f"key file {key_file}: expected JSON with a private_key field") from None
+                doc = json.loads(text)
+            except ValueError:
+                raise CliError(f"key file {key_file}: not valid JSON") from None
+            if not isinstance(doc, dict):
+                raise CliError(f"key file {key_file}: expected a JSON object")
+            if "private_key" in doc:
+                text = str(doc["private_key"])
+            else:
+                text = _select_account(doc, account, key_file)
+        elif account is not None:
+            raise CliError("--account needs a dev-accounts.json key file")
     else:
+        if account is not None:
+            raise CliError("--account needs --key-file (a dev-accounts.json file)")
         text = os.environ.get("TENZRO_PRIVATE_KEY")
         if not text:
             raise CliError("no signing key: pass --key-file or set TENZRO_PRIVATE_KEY")
-    hex_text = text[2:] if text.startswith(("0x", "0X")) else text
-    try:
-        key = bytes.fromhex(hex_text)
-    except ValueError:
-        key = b""
-    if len(key) != 32:
-        raise CliError("signing key must be 32 bytes of hex")
-    return key
+    return _parse_key_hex(text, key_file or "TENZRO_PRIVATE_KEY")
+
+
+def load_signing_key(args: argparse.Namespace) -> bytes:
+    """The key named by a command's ``--key-file``/``--account`` (or the environment)."""
+    return load_private_key(getattr(args, "key_file", None), getattr(args, "account", None))
 
 
 def key_address(key: bytes) -> str:
@@ -171,7 +218,7 @@ def cmd_post_task(args: argparse.Namespace) -> None:
     except OSError as exc:
         raise CliError(f"cannot read spec {args.spec}: {exc.strerror}") from None
     spec = TrainingTaskSpec.from_json(text)  # SpecError -> exit 2 with the field path
-    key = load_private_key(args.key_file)
+    key = load_signing_key(args)
     sig = _sign(auth.PostTask(task_id=spec.task_id, spec_hash=spec.spec_hash()), key, args.chain_id)
     result = RpcClient(args.rpc).call(
         "tenzro_training_postTask", {"spec": spec.to_dict(), "signature": sig}
@@ -220,7 +267,7 @@ def cmd_get_receipt(args: argparse.Namespace) -> None:
 
 
 def cmd_enroll(args: argparse.Namespace) -> None:
-    key = load_private_key(args.key_file)
+    key = load_signing_key(args)
     address = key_address(key)
     stake = _parse_amount(args.stake, "--stake")
     msg = auth.EnrollTrainer(
@@ -246,7 +293,7 @@ def cmd_submit_gradient(args: argparse.Namespace) -> None:
         payload = Path(args.payload).read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read payload {args.payload}: {exc.strerror}") from None
-    key = load_private_key(args.key_file)
+    key = load_signing_key(args)
     payload_hash = compute_payload_hash(payload)
     msg = auth.SubmitOuterGradient(
         task_id=args.task_id, round=args.round, fragment=args.fragment, payload_hash=payload_hash
@@ -269,7 +316,7 @@ def cmd_finalize(args: argparse.Namespace) -> None:
     round_ = args.round
     if round_ is None:
         round_ = int(client.call("tenzro_training_getRun", {"task_id": args.task_id})["round"])
-    key = load_private_key(args.key_file)
+    key = load_signing_key(args)
     msg = auth.FinalizeRound(task_id=args.task_id, round=round_)
     result = client.call(
         "tenzro_training_finalizeRound",
@@ -279,7 +326,7 @@ def cmd_finalize(args: argparse.Namespace) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> None:
-    key = load_private_key(args.key_file)
+    key = load_signing_key(args)
     msg = auth.CancelTask(task_id=args.task_id)
     result = RpcClient(args.rpc).call(
         "tenzro_training_cancelTask",
@@ -289,8 +336,169 @@ def cmd_cancel(args: argparse.Namespace) -> None:
 
 
 def cmd_address(args: argparse.Namespace) -> None:
-    address = key_address(load_private_key(args.key_file))
+    address = key_address(load_signing_key(args))
     _emit(args, {"address": address}, lambda r: r["address"])
+
+
+def _read_spec_file(path: str) -> Any:
+    from tenzro_training.spec import TrainingTaskSpec
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read spec {path}: {exc.strerror}") from None
+    return TrainingTaskSpec.from_json(text, supported_only=False)
+
+
+def _spec_for(args: argparse.Namespace) -> Any:
+    """The task's spec: ``--spec`` if given, else the node's (getRun ``spec``, or the receipt)."""
+    from tenzro_training.spec import TrainingTaskSpec
+
+    if args.spec:
+        return _read_spec_file(args.spec)
+    if not args.task_id:
+        raise CliError("pass --spec (a TrainingTaskSpec file) or --task-id of a run on the node")
+    view = RpcClient(args.rpc).call("tenzro_training_getRun", {"task_id": args.task_id})
+    spec = view.get("spec") if isinstance(view, dict) else None
+    if spec is None:
+        raise CliError("the node's getRun does not include the spec: pass --spec")
+    return TrainingTaskSpec.from_dict(spec, supported_only=False)
+
+
+def _checkpoint_path(uri: str) -> Path:
+    from urllib.parse import unquote, urlparse
+    from urllib.request import url2pathname
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        raise CliError(f"init checkpoint {uri!r}: only file:// URIs can be read locally")
+    return Path(url2pathname(unquote(parsed.path)))
+
+
+def compute_task_layouts(spec: Any, checkpoint: str | None = None) -> tuple[Any, ...]:
+    """The task's fragment layouts: its init checkpoint (``--checkpoint`` or the spec's
+    ``architecture.metadata.init_checkpoint``, hash-checked) split into F fragments."""
+    from tenzro_training.fragments import compute_fragment_layouts
+    from tenzro_training.trainer.model import load_checkpoint
+
+    ref = spec.init_checkpoint()
+    if checkpoint is not None:
+        path, sha = Path(checkpoint), None
+    elif ref is not None:
+        path, sha = _checkpoint_path(ref.uri), ref.sha256
+    else:
+        raise CliError("the spec names no architecture.metadata.init_checkpoint: pass --checkpoint")
+    if sha is None:
+        import hashlib
+
+        try:
+            sha = "0x" + hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise CliError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+    state = load_checkpoint(path, sha)  # CheckpointError (a TenzroError) -> exit 2
+    return compute_fragment_layouts(state, spec.architecture.fragment_count)
+
+
+def compute_random_gradient(layout: Any, seed: int, task_id: str, round_: int, scale: float) -> Any:
+    """A deterministic random outer gradient for one fragment: N(0, scale^2) fp32 values drawn
+    from a generator seeded by (seed, task_id, round, fragment). For tests and demos."""
+    import hashlib
+
+    import torch
+
+    material = f"tenzro-make-gradient/{seed}/{task_id}/{round_}/{layout.index}".encode()
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(hashlib.sha256(material).digest()[:8], "little") >> 1)
+    return torch.randn(layout.numel, generator=gen, dtype=torch.float32) * scale
+
+
+def cmd_make_gradient(args: argparse.Namespace) -> None:
+    from tenzro_training.payload import ENCODING_RAW, PayloadHeader, compute_payload_hash, encode_payload
+
+    spec = _spec_for(args)
+    task_id = args.task_id or spec.task_id
+    if args.round < 0:
+        raise CliError("--round must be >= 0")
+    if not args.scale > 0 or args.scale != args.scale:
+        raise CliError("--scale must be a positive number")
+    layouts = compute_task_layouts(spec, args.checkpoint)
+    if not 0 <= args.fragment < len(layouts):
+        raise CliError(f"--fragment must be in 0..{len(layouts) - 1}")
+    layout = layouts[args.fragment]
+    flat = compute_random_gradient(layout, args.random_seed, task_id, args.round, args.scale)
+    header = PayloadHeader(task_id, args.round, layout.index, ENCODING_RAW, layout.layout_hash())
+    payload = encode_payload(header, layout, flat, args.dtype)
+    try:
+        Path(args.out).write_bytes(payload)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    result = {
+        "task_id": task_id,
+        "round": args.round,
+        "fragment": layout.index,
+        "elements": layout.numel,
+        "bytes": len(payload),
+        "payload_hash": "0x" + compute_payload_hash(payload).hex(),
+        "out": str(args.out),
+    }
+    _emit(args, result, lambda r: _kv(r, ["out", "task_id", "round", "fragment", "elements", "bytes", "payload_hash"]))
+
+
+def _export_from_store(data_dir: Path, task_id: str) -> bytes:
+    """The sealed model of ``task_id`` read through a NodeService over a store nobody else holds."""
+    from storage import open_store
+    from storage.interface import StorageError
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.service import NodeService
+
+    try:
+        store = open_store(data_dir / "db", create=False)
+    except StorageError as exc:
+        raise CliError(f"{exc} (a running node writes the sealed model to {data_dir / 'models'})") from None
+    try:
+        service = NodeService(NodeConfig(data_dir=data_dir), store)
+        try:
+            return bytes(service.export_final_model(task_id))
+        finally:
+            service.close()
+    except TenzroError as exc:
+        raise CliError(f"cannot export {task_id}: {exc}", EXIT_RPC_ERROR) from None
+    finally:
+        store.close()
+
+
+def cmd_export_model(args: argparse.Namespace) -> None:
+    import safetensors.torch
+
+    from tenzro_training.fragments import compute_model_hash
+
+    data_dir = Path(args.data_dir)
+    model_file = data_dir / "models" / f"{args.task_id}.safetensors"
+    if model_file.is_file():
+        data = model_file.read_bytes()
+    elif (data_dir / "db").is_dir():
+        data = _export_from_store(data_dir, args.task_id)
+    else:
+        raise CliError(f"{data_dir} is not a node data directory (no db/)")
+    try:
+        model_hash = compute_model_hash(safetensors.torch.load(data))
+    except Exception as exc:  # a damaged file: safetensors raises several exception types
+        raise CliError(f"{model_file}: not a readable safetensors model: {exc}", EXIT_RPC_ERROR) from None
+    result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
+    if args.check_receipt:
+        reply = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
+        receipt = reply.get("receipt", reply) if isinstance(reply, dict) else {}
+        expected = receipt.get("final_model_hash") if isinstance(receipt, dict) else None
+        if expected != result["model_hash"]:
+            raise CliError(f"model hash {result['model_hash']} differs from the receipt's {expected}", EXIT_RPC_ERROR)
+        result["receipt_checked"] = True
+    tmp = Path(f"{args.out}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, args.out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
 
 def _parse_amount(text: str, flag: str) -> int:
@@ -322,6 +530,7 @@ def _client_flags(p: argparse.ArgumentParser, signing: bool) -> None:
     p.add_argument("--json", action="store_true", help="print the raw JSON result")
     if signing:
         p.add_argument("--key-file", help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
+        p.add_argument("--account", help="with a dev-accounts.json key file: sponsor, trainer:N, syncer:N or an address")
         p.add_argument("--chain-id", type=int, default=auth.DEFAULT_CHAIN_ID, help="EIP-712 chain id")
 
 
@@ -331,10 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = top.add_parser("node", help="run the node (JSON-RPC service)")
     node.add_argument("--data-dir", required=True, help="directory for RocksDB, models and keys")
-    node.add_argument("--rpc-host", default="127.0.0.1")
-    node.add_argument("--rpc-port", type=int, default=8545)
-    node.add_argument("--config", help="node config JSON file")
+    node.add_argument("--rpc-host", help="JSON-RPC bind address (default: config rpc_host, 127.0.0.1)")
+    node.add_argument("--rpc-port", type=int, help="JSON-RPC port, 0 = any free port (default: config rpc_port, 8545)")
+    node.add_argument("--config", help="node config JSON file (docs/node.md)")
     node.add_argument("--dev", action="store_true", help="dev genesis: funded accounts in <data-dir>/dev-accounts.json")
+    node.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     node.set_defaults(func=cmd_node)
 
     train = top.add_parser("train", help="sponsor, trainer and syncer calls").add_subparsers(
@@ -385,6 +595,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-id", required=True)
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_cancel)
+
+    p = train.add_parser("make-gradient", help="write a random OuterGradient payload file (tests, demos)")
+    p.add_argument("--task-id", help="the run (default: the spec's task_id)")
+    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--fragment", type=int, required=True)
+    p.add_argument("--spec", help="the task's spec file (else read from the node)")
+    p.add_argument("--checkpoint", help="model checkpoint giving the layout (default: the spec's init_checkpoint)")
+    p.add_argument("--random-seed", type=int, default=0, help="same seed, task, round, fragment -> same payload")
+    p.add_argument("--scale", type=float, default=1e-3, help="standard deviation of the values")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--out", required=True, help="payload file to write")
+    _client_flags(p, signing=False)
+    p.set_defaults(func=cmd_make_gradient)
+
+    p = train.add_parser("export-model", help="write the sealed final model of a run (safetensors)")
+    p.add_argument("--task-id", required=True)
+    p.add_argument("--data-dir", required=True, help="the node's data directory")
+    p.add_argument("--out", required=True)
+    p.add_argument("--check-receipt", action="store_true", help="compare its hash with the node's receipt")
+    _client_flags(p, signing=False)
+    p.set_defaults(func=cmd_export_model)
 
     p = train.add_parser("address", help="print the address of the signing key")
     _client_flags(p, signing=True)

@@ -1,0 +1,213 @@
+"""The node process: ``tenzro node --data-dir D [--rpc-host H] [--rpc-port P] [--config F] [--dev]``.
+
+What this module is: the entry point that loads the :class:`NodeConfig`, opens the RocksDB store,
+builds the :class:`NodeService`, serves JSON-RPC and drives the service's clock (``tick``) until
+SIGINT/SIGTERM, then closes everything in order. Every service call (RPC and tick) runs on ONE
+single-thread executor, because the service is synchronous and not thread-safe.
+
+What it is NOT: protocol logic (the service and the pure core), JSON-RPC handling (``rpc/``) or a
+supervisor (it does not restart itself; the store makes a restart on the same data dir lossless).
+
+Process contract (tests and scripts rely on it):
+- when the server is bound, one line on stdout: ``tenzro node listening on http://HOST:PORT
+  (data dir D)``;
+- SIGINT or SIGTERM: stop accepting, finish in-flight calls, close the service and the store, exit 0
+  (no traceback);
+- a startup failure (unreadable or invalid config, store locked by another node, a store written
+  by a newer version, port in use) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from tenzro_training.errors import TenzroError
+
+__all__ = ["NodeStartupError", "TICK_INTERVAL_S", "load_node_config", "run_node", "run_node_from_args"]
+
+log = logging.getLogger("tenzro.node")
+
+TICK_INTERVAL_S: Final = 0.1
+"""Longest sleep between two ticks; the loop wakes earlier for a deadline due sooner."""
+EXIT_STARTUP: Final = 2
+
+
+class NodeStartupError(TenzroError):
+    """The node cannot start (bad config, store unavailable, port taken); one line for stderr."""
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    from tenzro_training.jsontext import is_json_depth_ok
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise NodeStartupError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    if not is_json_depth_ok(text):
+        raise NodeStartupError(f"config {path}: JSON nested too deeply")
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise NodeStartupError(f"config {path} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise NodeStartupError(f"config {path}: expected a JSON object")
+    return obj
+
+
+def load_node_config(
+    data_dir: Path,
+    *,
+    config_file: str | None = None,
+    dev: bool = False,
+    rpc_host: str | None = None,
+    rpc_port: int | None = None,
+) -> Any:
+    """The NodeConfig for these command-line options.
+
+    Precedence, lowest first: NodeConfig defaults, the dev genesis (``--dev``), the config file,
+    then ``--rpc-host``/``--rpc-port``. A config file replaces a dev value key by key (top-level
+    keys; inside ``timings`` window by window), so a test config can set tiny timings and keep
+    the dev accounts.
+    """
+    from tenzro_training.node.config import NodeConfig
+
+    obj: dict[str, Any] = {}
+    if dev:
+        from tenzro_training.node.dev import dev_genesis
+
+        kwargs, _accounts = dev_genesis(data_dir)
+        obj = NodeConfig(data_dir=data_dir, **kwargs).to_dict()
+    if config_file is not None:
+        overrides = _read_config_file(config_file)
+        timings = overrides.pop("timings", None)
+        obj.update(overrides)
+        if isinstance(timings, dict) and isinstance(obj.get("timings"), dict):
+            obj["timings"] = {**obj["timings"], **timings}  # a partial timings object keeps the rest
+        elif timings is not None:
+            obj["timings"] = timings
+    if rpc_host is not None:
+        obj["rpc_host"] = rpc_host
+    if rpc_port is not None:
+        obj["rpc_port"] = rpc_port
+    try:
+        return NodeConfig.from_dict(obj, data_dir=data_dir)
+    except (TenzroError, ValueError, TypeError, KeyError) as exc:
+        where = f"config {config_file}" if config_file else "config"
+        raise NodeStartupError(f"{where}: {exc}") from None
+
+
+def _tick(service: Any) -> int | None:
+    """One clock step on the executor thread: apply due deadlines, return the next one."""
+    service.tick()
+    return service.next_deadline_ms()
+
+
+async def _tick_forever(service: Any, executor: ThreadPoolExecutor) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            deadline = await loop.run_in_executor(executor, _tick, service)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failing tick must not kill the node; it is retried
+            log.exception("tick failed")
+            deadline = None
+        delay = TICK_INTERVAL_S
+        if deadline is not None:
+            # A deadline fires once time is PAST it: wake 1 ms after it.
+            delay = min(delay, max(0.0, (deadline + 1 - time.time() * 1000) / 1000))
+        await asyncio.sleep(delay)
+
+
+def _log_event(event: Any) -> None:
+    log.info("%s", event)
+
+
+async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> None:
+    """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
+    NodeStartupError before anything is served."""
+    from rpc.server import start_server
+    from storage import open_store
+    from storage.interface import StorageError
+    from tenzro_training.node.service import NodeService
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store = open_store(data_dir / "db", sync=bool(config.sync_writes))
+    except StorageError as exc:
+        raise NodeStartupError(str(exc)) from None
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-node")
+    service: Any = None
+    server: Any = None
+    tick_task: asyncio.Task[None] | None = None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    try:
+        try:
+            # Built on the executor thread: the service may bind state to the thread that made it.
+            service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
+        except TenzroError as exc:
+            raise NodeStartupError(f"cannot start the node service: {exc}") from None
+        service.on_event = _log_event
+        try:
+            server = await start_server(
+                service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes, executor=executor
+            )
+        except OSError as exc:
+            raise NodeStartupError(
+                f"cannot listen on {config.rpc_host}:{config.rpc_port}: {exc.strerror or exc}"
+            ) from None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        tick_task = asyncio.create_task(_tick_forever(service, executor), name="tenzro-tick")
+        announce(f"tenzro node listening on http://{server.host}:{server.port} (data dir {data_dir})")
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if tick_task is not None:
+            tick_task.cancel()
+            try:
+                await tick_task
+            except asyncio.CancelledError:
+                pass
+        if server is not None:
+            await server.close()  # stops accepting, lets in-flight calls finish
+        # Whatever still runs on the executor (a tick) finishes before the service closes.
+        await asyncio.to_thread(executor.shutdown, True)
+        if service is not None:
+            service.close()
+        store.close()
+
+
+def run_node_from_args(args: argparse.Namespace) -> None:
+    """``tenzro node``: returns after a clean shutdown; raises CliError(exit 2) at startup."""
+    from tenzro_training.cli import CliError
+
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO") or "INFO",
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    data_dir = Path(args.data_dir).resolve()
+    try:
+        config = load_node_config(
+            data_dir,
+            config_file=args.config,
+            dev=bool(args.dev),
+            rpc_host=args.rpc_host,
+            rpc_port=args.rpc_port,
+        )
+        asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True)))
+    except NodeStartupError as exc:
+        raise CliError(str(exc), EXIT_STARTUP) from None

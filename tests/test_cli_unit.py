@@ -1,0 +1,547 @@
+"""Unit tests of the ``tenzro`` CLI: argument parsing, key loading, exit codes, offline helpers,
+the syncer daemon's decision rule and the dev genesis accounts.
+
+The node side is faked by a tiny stdlib HTTP server answering canned JSON-RPC replies, so these
+tests need no node process (tests/e2e covers the real one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenzro_training import auth, cli
+from tenzro_training.cli import EXIT_OK, EXIT_RPC_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, CliError
+
+KEY = bytes.fromhex("4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318")
+KEY_ADDRESS = "0x2c7536E3605D9C16a7a3D7b1898e529396a65c23"
+
+
+# --- a canned JSON-RPC endpoint ----------------------------------------------------------------
+
+
+class FakeNode:
+    """Answers each method from ``replies`` (a result, or ``{"error": {...}}``); records calls."""
+
+    def __init__(self) -> None:
+        self.replies: dict[str, Any] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        node = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                node.calls.append((body["method"], body["params"]))
+                reply = node.replies.get(body["method"], {"error": {"code": -32601, "message": "method not found"}})
+                if isinstance(reply, dict) and set(reply) == {"error"}:
+                    out = {"jsonrpc": "2.0", "id": body["id"], "error": reply["error"]}
+                else:
+                    out = {"jsonrpc": "2.0", "id": body["id"], "result": reply}
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_node() -> Iterator[FakeNode]:
+    node = FakeNode()
+    yield node
+    node.close()
+
+
+@pytest.fixture
+def closed_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "key.hex"
+    path.write_text("0x" + KEY.hex() + "\n")
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+def test_parser_keeps_the_seed_commands_and_flags() -> None:
+    parser = cli.build_parser()
+    a = parser.parse_args(["train", "post-task", "--spec", "s.json"])
+    assert a.func is cli.cmd_post_task and a.spec == "s.json" and a.rpc == cli.DEFAULT_RPC
+    a = parser.parse_args(["train", "list-runs"])
+    assert a.func is cli.cmd_list_runs and (a.offset, a.limit, a.status) == (0, 50, None)
+    a = parser.parse_args(["train", "get-run", "--task-id", "t1"])
+    assert a.func is cli.cmd_get_run and a.task_id == "t1"
+    a = parser.parse_args(["train", "get-receipt", "--task-id", "t1"])
+    assert a.func is cli.cmd_get_receipt and a.out is None
+    a = parser.parse_args(["train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:x", "--stake", "5"])
+    assert a.func is cli.cmd_enroll and a.stake == "5"
+    a = parser.parse_args(
+        ["train", "submit-gradient", "--task-id", "t", "--round", "3", "--fragment", "1", "--payload", "p"]
+    )
+    assert a.func is cli.cmd_submit_gradient and (a.round, a.fragment) == (3, 1)
+    a = parser.parse_args(["train", "finalize-round", "--task-id", "t"])
+    assert a.func is cli.cmd_finalize and a.round is None
+    a = parser.parse_args(["train", "cancel-task", "--task-id", "t", "--json"])
+    assert a.func is cli.cmd_cancel and a.json
+    a = parser.parse_args(["train", "address", "--key-file", "k", "--account", "trainer:2"])
+    assert a.func is cli.cmd_address and a.account == "trainer:2"
+
+
+def test_parser_node_syncer_and_helpers() -> None:
+    parser = cli.build_parser()
+    a = parser.parse_args(["node", "--data-dir", "d", "--dev", "--rpc-port", "0"])
+    assert a.func is cli.cmd_node and a.dev and a.rpc_port == 0 and a.rpc_host is None and a.config is None
+    a = parser.parse_args(["syncer", "run", "--key-file", "k", "--once", "--poll-interval", "0.2"])
+    assert a.func is cli.cmd_syncer_run and a.once and a.poll_interval == 0.2
+    a = parser.parse_args(["train", "make-gradient", "--round", "0", "--fragment", "1", "--spec", "s", "--out", "o"])
+    assert a.func is cli.cmd_make_gradient and a.random_seed == 0 and a.dtype == "float32"
+    a = parser.parse_args(["train", "export-model", "--task-id", "t", "--data-dir", "d", "--out", "o"])
+    assert a.func is cli.cmd_export_model and not a.check_receipt
+
+
+def test_rpc_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENZRO_RPC", "http://10.0.0.1:9000")
+    assert cli.build_parser().parse_args(["train", "list-runs"]).rpc == "http://10.0.0.1:9000"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "get-run"],  # --task-id missing
+        ["train", "submit-gradient", "--task-id", "t", "--round", "x", "--fragment", "0", "--payload", "p"],
+        ["train", "frobnicate"],
+        ["node"],  # --data-dir missing
+        [],
+    ],
+)
+def test_invalid_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == EXIT_USAGE
+    assert "usage:" in capsys.readouterr().err
+
+
+# --- keys --------------------------------------------------------------------------------------
+
+
+def test_key_from_hex_file_json_and_env(tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cli.load_private_key(str(key_file)) == KEY
+    bare = tmp_path / "bare"
+    bare.write_text(KEY.hex())
+    assert cli.load_private_key(str(bare)) == KEY
+    js = tmp_path / "k.json"
+    js.write_text(json.dumps({"private_key": "0x" + KEY.hex()}))
+    assert cli.load_private_key(str(js)) == KEY
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + KEY.hex())
+    assert cli.load_private_key(None) == KEY
+    assert cli.key_address(KEY) == KEY_ADDRESS
+
+
+def test_key_from_dev_accounts_file(tmp_path: Path) -> None:
+    keys = {("sponsor", 0): "11" * 32, ("trainer", 0): "22" * 32, ("trainer", 1): "33" * 32}
+    doc = {
+        "chain_id": 1337,
+        "accounts": [
+            {"role": r, "index": i, "address": cli.key_address(bytes.fromhex(k)), "private_key": "0x" + k}
+            for (r, i), k in keys.items()
+        ],
+    }
+    path = tmp_path / "dev-accounts.json"
+    path.write_text(json.dumps(doc))
+    assert cli.load_private_key(str(path), "sponsor") == bytes.fromhex("11" * 32)
+    assert cli.load_private_key(str(path), "trainer:1") == bytes.fromhex("33" * 32)
+    assert cli.load_private_key(str(path), "TRAINER:0") == bytes.fromhex("22" * 32)
+    address = doc["accounts"][2]["address"]
+    assert cli.load_private_key(str(path), address.lower()) == bytes.fromhex("33" * 32)
+
+
+def test_invalid_dev_accounts_selection(tmp_path: Path, key_file: Path) -> None:
+    path = tmp_path / "dev-accounts.json"
+    path.write_text(json.dumps({"accounts": [{"role": "trainer", "index": 0, "private_key": "0x" + "22" * 32}]}))
+    with pytest.raises(CliError, match="--account"):
+        cli.load_private_key(str(path))
+    with pytest.raises(CliError, match="no account 'trainer:7'"):
+        cli.load_private_key(str(path), "trainer:7")
+    with pytest.raises(CliError, match="dev-accounts.json"):
+        cli.load_private_key(str(key_file), "trainer:0")
+    with pytest.raises(CliError, match="--key-file"):
+        cli.load_private_key(None, "trainer:0")
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("0x1234", "32 bytes"),
+        ("zz" * 32, "32 bytes"),
+        ("{\"private_key\": \"0x12\"}", "32 bytes"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "32 bytes"),
+        ("{\"nothing\": 1}", "accounts"),
+    ],
+)
+def test_invalid_key_file(tmp_path: Path, content: str, match: str) -> None:
+    path = tmp_path / "bad"
+    path.write_text(content)
+    with pytest.raises(CliError, match=match) as info:
+        cli.load_private_key(str(path))
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_invalid_missing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TENZRO_PRIVATE_KEY", raising=False)
+    with pytest.raises(CliError, match="no signing key"):
+        cli.load_private_key(None)
+    with pytest.raises(CliError, match="cannot read key file"):
+        cli.load_private_key(str(tmp_path / "absent"))
+
+
+def test_address_command(capsys: pytest.CaptureFixture[str], key_file: Path) -> None:
+    code, out, _ = run(capsys, "train", "address", "--key-file", str(key_file))
+    assert code == EXIT_OK and out.strip() == KEY_ADDRESS
+    code, out, _ = run(capsys, "train", "address", "--key-file", str(key_file), "--json")
+    assert json.loads(out) == {"address": KEY_ADDRESS}
+
+
+# --- exit codes over the wire ----------------------------------------------------------------------
+
+
+def test_unreachable_node_exits_3(capsys: pytest.CaptureFixture[str], closed_url: str) -> None:
+    code, out, err = run(capsys, "train", "list-runs", "--rpc", closed_url)
+    assert code == EXIT_UNREACHABLE and out == ""
+    assert err.startswith("tenzro: cannot reach node") and err.count("\n") == 1
+
+
+def test_node_error_exits_1(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
+    fake_node.replies["tenzro_training_getRun"] = {
+        "error": {"code": 1301, "message": "unknown task nope", "data": {"type": "UnknownTask", "task_id": "nope"}}
+    }
+    code, out, err = run(capsys, "train", "get-run", "--task-id", "nope", "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and out == ""
+    assert err.strip() == "tenzro: error 1301 UnknownTask: unknown task nope"
+
+
+def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    class Plain(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>not json</html>")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code, _, err = run(capsys, "train", "list-runs", "--rpc", f"http://127.0.0.1:{server.server_address[1]}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == EXIT_UNREACHABLE and "did not answer JSON-RPC" in err
+
+
+def test_get_run_human_and_json(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
+    view = {
+        "task_id": "t1", "status": "Training", "round": 1, "syncer": KEY_ADDRESS, "syncer_rank": 1,
+        "trainers": [{"address": KEY_ADDRESS, "stake": "5", "shard": 0, "slashed": True}],
+        "submission_counts": [1, 0], "round_records": [{}],
+    }
+    fake_node.replies["tenzro_training_getRun"] = view
+    code, out, _ = run(capsys, "train", "get-run", "--task-id", "t1", "--rpc", fake_node.url)
+    assert code == EXIT_OK
+    assert "status    Training   round 1" in out and "SLASHED" in out and "finalized rounds  1" in out
+    code, out, _ = run(capsys, "train", "get-run", "--task-id", "t1", "--rpc", fake_node.url, "--json")
+    assert json.loads(out) == view
+    assert fake_node.calls[-1] == ("tenzro_training_getRun", {"task_id": "t1"})
+
+
+def test_enroll_signs_for_the_key(capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path) -> None:
+    fake_node.replies["tenzro_training_enrollTrainer"] = {"task_id": "t", "address": KEY_ADDRESS, "shard": 0}
+    code, _, _ = run(
+        capsys, "train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:a", "--stake", "1000",
+        "--key-file", str(key_file), "--rpc", fake_node.url,
+    )
+    assert code == EXIT_OK
+    method, params = fake_node.calls[-1]
+    assert method == "tenzro_training_enrollTrainer" and params["stake"] == "1000" and params["address"] == KEY_ADDRESS
+    msg = auth.EnrollTrainer(task_id="t", did="did:tenzro:trainer:a", trainer=bytes.fromhex(KEY_ADDRESS[2:]), stake=1000)
+    assert auth.recover_signer(msg, bytes.fromhex(params["signature"][2:])) == KEY_ADDRESS
+
+
+@pytest.mark.parametrize("stake", ["-1", "01", "1.5", "abc", str(2**256)])
+def test_invalid_stake_exits_2(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str, stake: str) -> None:
+    code, _, err = run(
+        capsys, "train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:a", "--stake", stake,
+        "--key-file", str(key_file), "--rpc", closed_url,
+    )
+    assert code == EXIT_USAGE and "--stake" in err
+
+
+def test_invalid_spec_exits_2_before_any_call(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, fake_node: FakeNode
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"task_id": "t"}))
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(spec), "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_USAGE and err.startswith("tenzro: ") and fake_node.calls == []
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(tmp_path / "none.json"), "--rpc", fake_node.url)
+    assert code == EXIT_USAGE and "cannot read spec" in err
+
+
+def test_submit_gradient_missing_payload_exits_2(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
+    code, _, err = run(
+        capsys, "train", "submit-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",
+        "--payload", "/nonexistent/p.safetensors", "--key-file", str(key_file), "--rpc", closed_url,
+    )
+    assert code == EXIT_USAGE and "cannot read payload" in err
+
+
+def test_finalize_reads_the_round_from_the_node(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
+) -> None:
+    fake_node.replies["tenzro_training_getRun"] = {"round": 4}
+    fake_node.replies["tenzro_training_finalizeRound"] = {"task_id": "t", "round": 4, "status": "Training"}
+    code, _, _ = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_OK
+    method, params = fake_node.calls[-1]
+    assert method == "tenzro_training_finalizeRound" and params["round"] == 4
+    sig = bytes.fromhex(params["signature"][2:])
+    assert auth.recover_signer(auth.FinalizeRound(task_id="t", round=4), sig) == KEY_ADDRESS
+
+
+# --- make-gradient -----------------------------------------------------------------------------------
+
+
+def _tiny_spec(tmp_path: Path) -> Path:
+    from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint, save_checkpoint
+
+    cfg = PatchTransformerConfig(context_len=16, horizon=4, patch_len=8, d_model=8, n_layers=1, n_heads=2, d_ff=8)
+    ckpt = tmp_path / "init.safetensors"
+    sha = save_checkpoint(create_init_checkpoint(cfg, 0), ckpt)
+    doc = json.loads((Path(cli.__file__).parent / "data" / "timesfm-200m-task.json").read_text())
+    doc["task_id"] = "unit-task"
+    doc["architecture"]["fragment_count"] = 3
+    doc["architecture"]["metadata"] = {
+        "context_len": 16, "horizon": 4, "patch_len": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 8,
+        "init_checkpoint": {"uri": ckpt.as_uri(), "sha256": sha},
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_make_gradient_writes_a_valid_deterministic_payload(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tenzro_training.payload import PayloadHeader, decode_payload
+
+    spec = _tiny_spec(tmp_path)
+    outs = []
+    for seed, name in ((1, "a"), (1, "b"), (2, "c")):
+        out = tmp_path / f"{name}.safetensors"
+        code, text, _ = run(
+            capsys, "train", "make-gradient", "--spec", str(spec), "--round", "2", "--fragment", "1",
+            "--random-seed", str(seed), "--out", str(out), "--json",
+        )
+        assert code == EXIT_OK
+        outs.append(out.read_bytes())
+        assert json.loads(text)["fragment"] == 1
+    assert outs[0] == outs[1] and outs[0] != outs[2]
+    layouts = cli.compute_task_layouts(cli._read_spec_file(str(spec)))
+    assert len(layouts) == 3
+    expected = PayloadHeader("unit-task", 2, 1, "raw", layouts[1].layout_hash())
+    decoded = decode_payload(outs[0], layouts[1], expected=expected, max_bytes=1 << 20)
+    flat = decoded.flat_fp32()
+    assert flat.numel() == layouts[1].numel and 0 < float(flat.abs().max()) < 0.01
+
+
+def test_invalid_make_gradient_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = _tiny_spec(tmp_path)
+    out = str(tmp_path / "x")
+    base = ["train", "make-gradient", "--spec", str(spec), "--round", "0", "--out", out]
+    code, _, err = run(capsys, *base, "--fragment", "3")
+    assert code == EXIT_USAGE and "--fragment must be in 0..2" in err
+    code, _, err = run(capsys, *base, "--fragment", "0", "--scale", "-1")
+    assert code == EXIT_USAGE and "--scale" in err
+    (tmp_path / "init.safetensors").write_bytes(b"tampered")
+    code, _, err = run(capsys, *base, "--fragment", "0")
+    assert code == EXIT_USAGE and not os.path.exists(out)
+
+
+def test_export_model_from_model_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import torch
+
+    from tenzro_training.fragments import compute_model_hash
+    from tenzro_training.trainer.model import save_checkpoint
+
+    state = {"a.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    (tmp_path / "node" / "models").mkdir(parents=True)
+    save_checkpoint(state, tmp_path / "node" / "models" / "t1.safetensors")
+    out = tmp_path / "final.safetensors"
+    code, text, _ = run(
+        capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path / "node"), "--out", str(out), "--json"
+    )
+    assert code == EXIT_OK and out.read_bytes() == (tmp_path / "node" / "models" / "t1.safetensors").read_bytes()
+    assert json.loads(text)["model_hash"] == "0x" + compute_model_hash(state).hex()
+
+
+def test_invalid_export_model_not_a_data_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path), "--out", "o")
+    assert code == EXIT_USAGE and "not a node data directory" in err
+
+
+# --- syncer daemon ----------------------------------------------------------------------------------
+
+
+def _view(**changes: Any) -> dict[str, Any]:
+    view = {
+        "status": "Training", "round": 0, "syncer": KEY_ADDRESS, "now_ms": 1000, "quorum_at_ms": 500,
+        "straggler_deadline_ms": 2000, "submission_counts": [2, 2],
+        "trainers": [{"slashed": False}, {"slashed": False}, {"slashed": False}],
+    }
+    view.update(changes)
+    return view
+
+
+def test_is_round_closed() -> None:
+    from tenzro_training.node.syncer import is_round_closed
+
+    assert not is_round_closed(_view())  # straggler window open, one trainer missing
+    assert is_round_closed(_view(now_ms=2001))  # window over
+    assert is_round_closed(_view(submission_counts=[3, 3]))  # everyone submitted
+    slashed = [{"slashed": False}, {"slashed": False}, {"slashed": True}]
+    assert is_round_closed(_view(trainers=slashed))  # the slashed trainer is not waited for
+    assert not is_round_closed(_view(quorum_at_ms=None, straggler_deadline_ms=None, now_ms=9999))
+    assert not is_round_closed(_view(status="Enrolling", now_ms=9999))
+    assert is_round_closed(_view(accepted_set_closed=True)) and not is_round_closed(_view(now_ms=9999, accepted_set_closed=False))
+
+
+class FakeClient:
+    url = "fake://node"
+
+    def __init__(self, views: dict[str, dict[str, Any]], refuse: bool = False) -> None:
+        self.views = views
+        self.refuse = refuse
+        self.finalized: list[tuple[str, int, str]] = []
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "tenzro_training_listRuns":
+            assert params["status"] == "Training"
+            return {"runs": [{"task_id": t} for t in self.views]}
+        if method == "tenzro_training_getRun":
+            return self.views[params["task_id"]]
+        assert method == "tenzro_training_finalizeRound"
+        if self.refuse:
+            raise CliError("error 1300 StragglerWindowOpen: window open", EXIT_RPC_ERROR)
+        self.finalized.append((params["task_id"], params["round"], params["signature"]))
+        return {"status": "Training", "model_hash": "0x00"}
+
+
+def test_syncer_daemon_finalizes_only_its_closed_rounds() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    views = {
+        "mine-closed": _view(round=3, now_ms=5000),
+        "mine-open": _view(),
+        "other": _view(syncer="0x" + "11" * 20, now_ms=5000),
+    }
+    client = FakeClient(views)
+    lines: list[str] = []
+    daemon = SyncerDaemon(client, KEY, emit=lines.append)
+    assert daemon.poll_once() == 1
+    (task, round_, sig), = client.finalized
+    assert (task, round_) == ("mine-closed", 3)
+    assert auth.recover_signer(auth.FinalizeRound(task_id=task, round=3), bytes.fromhex(sig[2:])) == KEY_ADDRESS
+    assert lines == ["finalized mine-closed round 3 status Training model 0x00"]
+
+
+def test_syncer_daemon_logs_a_refusal_once() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    client = FakeClient({"t": _view(now_ms=5000)}, refuse=True)
+    lines: list[str] = []
+    daemon = SyncerDaemon(client, KEY, emit=lines.append)
+    assert daemon.poll_once() == 0 and daemon.poll_once() == 0
+    assert len(lines) == 1 and "refused" in lines[0]
+
+
+def test_syncer_once_unreachable_exits_3(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
+    code, _, err = run(capsys, "syncer", "run", "--once", "--key-file", str(key_file), "--rpc", closed_url)
+    assert code == EXIT_UNREACHABLE and "cannot reach node" in err
+
+
+# --- dev genesis ---------------------------------------------------------------------------------------
+
+
+def test_dev_genesis_is_deterministic_and_private(tmp_path: Path) -> None:
+    from tenzro_training import vrf
+    from tenzro_training.node.dev import DEV_BALANCE, DEV_TIMINGS, compute_dev_private_key, dev_genesis
+
+    kwargs, doc = dev_genesis(tmp_path / "a")
+    kwargs2, doc2 = dev_genesis(tmp_path / "b")
+    assert doc == doc2 and kwargs == kwargs2
+    path = tmp_path / "a" / "dev-accounts.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == doc
+    roles = [(a["role"], a["index"]) for a in doc["accounts"]]
+    assert roles == [("sponsor", 0)] + [("trainer", i) for i in range(8)] + [("syncer", i) for i in range(3)]
+    assert len({a["address"] for a in doc["accounts"]}) == 12
+    for a in doc["accounts"]:
+        assert cli.key_address(bytes.fromhex(a["private_key"][2:])) == a["address"]
+    assert doc["accounts"][1]["private_key"] == "0x" + compute_dev_private_key("trainer", 0).hex()
+    assert kwargs["genesis"] == tuple((bytes.fromhex(a["address"][2:]), DEV_BALANCE) for a in doc["accounts"])
+    assert kwargs["timings"] == DEV_TIMINGS
+    syncers = [a for a in doc["accounts"] if a["role"] == "syncer"]
+    assert [c.address.hex() for c in kwargs["candidates"]] == [a["address"][2:].lower() for a in syncers]
+    for ident, cand in zip(kwargs["syncer_identities"], kwargs["candidates"]):
+        assert ident.address == cand.address and vrf.public_key(ident.vrf_secret) == cand.vrf_public_key
+
+
+def test_dev_genesis_file_is_usable_as_key_file(tmp_path: Path) -> None:
+    from tenzro_training.node.dev import compute_dev_private_key, dev_genesis
+
+    dev_genesis(tmp_path, trainers=2, syncers=1)
+    path = str(tmp_path / "dev-accounts.json")
+    assert cli.load_private_key(path, "syncer:0") == compute_dev_private_key("syncer", 0)
+    assert cli.load_private_key(path, "sponsor") == compute_dev_private_key("sponsor", 0)
+
+
+def test_invalid_dev_account_role() -> None:
+    from tenzro_training.node.dev import compute_dev_private_key
+
+    with pytest.raises(ValueError):
+        compute_dev_private_key("miner", 0)
+    with pytest.raises(ValueError):
+        compute_dev_private_key("trainer", -1)
