@@ -104,6 +104,8 @@ from tenzro_training.run_state import (
     RunTimings,
     Submission,
     compute_reward_weights,
+    compute_run_view,
+    get_accepted_submissions,
     get_current_syncer,
     get_trainer,
 )
@@ -134,6 +136,12 @@ __all__ = [
     "RunSealed",
     "RunCancelled",
     "RunFailed",
+    # state values and readers (defined in run_state, re-exported for the shell's convenience)
+    "RunState",
+    "RunStatus",
+    "RunTimings",
+    "compute_run_view",
+    "get_accepted_submissions",
     # transitions
     "Transition",
     "process_post_task",
