@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from storage.interface import KeyFormatError, SchemaVersionError, StorageError
+from tenzro_training.run import InvalidRunArgument, NotSponsor, NotSyncer, StragglerWindowOpen
 from tenzro_training.addresses import AddressError
 from tenzro_training.auth import AuthError, MalformedMessage, SignatureInvalid, WrongSigner
 from tenzro_training.errors import (
@@ -230,6 +231,10 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     _e(QuorumNotReached, 1310, "quorum not reached"),
     _e(Equivocation, 1311, "equivocation"),
     _e(PayloadUnavailable, 1312, "payload unavailable"),
+    _e(InvalidRunArgument, 1313, "invalid run argument"),
+    _e(NotSponsor, 1314, "not the sponsor"),
+    _e(NotSyncer, 1315, "not the current syncer"),
+    _e(StragglerWindowOpen, 1316, "straggler window still open"),
     # Payloads, fragments, records, aggregation.
     _e(PayloadError, 1400, "invalid payload"),
     _e(FragmentError, 1401, "invalid fragmentation"),

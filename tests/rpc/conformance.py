@@ -29,6 +29,7 @@ from rpc.errors import (
     RequestTooLarge,
 )
 from storage.interface import KeyFormatError, SchemaVersionError, StorageError
+from tenzro_training.run import InvalidRunArgument, NotSponsor, NotSyncer, StragglerWindowOpen
 from tenzro_training.addresses import AddressError
 from tenzro_training.auth import AuthError, MalformedMessage, SignatureInvalid, WrongSigner
 from tenzro_training.errors import (
@@ -236,6 +237,14 @@ ERROR_SAMPLES: list[tuple[BaseException, int, dict[str, Any]]] = [
      {"type": "Equivocation", "task_id": "t1", "round": 1, "fragment": 2, "address": ADDR}),
     (PayloadUnavailable("t1", HASH_HEX), 1312,
      {"type": "PayloadUnavailable", "task_id": "t1", "payload_hash": HASH_HEX}),
+    (InvalidRunArgument("t1", "outcomes", "bad"), 1313,
+     {"type": "InvalidRunArgument", "task_id": "t1", "field": "outcomes", "reason": "bad"}),
+    (NotSponsor("t1", "0xabc", "0xdef"), 1314,
+     {"type": "NotSponsor", "task_id": "t1", "address": "0xabc", "sponsor": "0xdef"}),
+    (NotSyncer("t1", "0xabc", "0xdef"), 1315,
+     {"type": "NotSyncer", "task_id": "t1", "address": "0xabc", "expected": "0xdef"}),
+    (StragglerWindowOpen("t1", 2, 1000), 1316,
+     {"type": "StragglerWindowOpen", "task_id": "t1", "round": 2, "straggler_deadline_ms": 1000}),
     (PayloadError("bad"), 1400, {"type": "PayloadError"}),
     (PayloadNonFinite("w", 3), 1400, {"type": "PayloadNonFinite", "name": "w", "count": 3}),
     (PayloadTooLarge("payload", 11, 10), 1400,
