@@ -1,0 +1,126 @@
+"""Loading a task's init checkpoint: the initial global model named by its spec.
+
+What this module is: :func:`load_init_checkpoint`, which resolves
+``architecture.metadata.init_checkpoint = {"uri": "file:///...", "sha256": "0x..."}``, confines
+it to the configured directories, reads it with a size cap, refuses it unless the SHA-256 of
+the exact bytes read matches, parses it as safetensors (a format that holds only tensors:
+nothing in it is executed, no pickle, no ``torch.load``) and returns it as float32 tensors.
+
+What it is NOT: fragmenting or hashing the model (:mod:`.model_state`), or any other URI scheme.
+Only ``file://`` is supported; anything else is a CheckpointError until a fetcher exists.
+
+Order of checks (each failure is a :class:`~tenzro_training.errors.CheckpointError` carrying the
+uri and a reason; the JSON-RPC table keeps its text private because it names local paths):
+scheme and form of the URI; absolute path; after resolving symlinks, inside one of
+``allowed_dirs`` when any are configured; a regular file; at most ``max_bytes``; SHA-256 equal to
+the spec's; a valid safetensors file; every tensor float32/float16/bfloat16 with a valid name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from tenzro_training.errors import CheckpointError, FragmentError, SpecError
+from tenzro_training.fragments import get_dtype_name, validate_tensor_name
+from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = ["load_init_checkpoint", "resolve_checkpoint_path", "parse_checkpoint_bytes"]
+
+_INIT_PATH = "architecture.metadata.init_checkpoint"
+
+
+def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
+    """The real (symlink-free) path a ``file://`` URI names, checked against ``allowed_dirs``."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != "file":
+        raise CheckpointError(uri, f"unsupported URI scheme {parts.scheme!r}: only file:// is supported")
+    if parts.netloc not in ("", "localhost"):
+        raise CheckpointError(uri, "a file:// URI must name a local path (no host)")
+    if parts.query or parts.fragment:
+        raise CheckpointError(uri, "a file:// URI must not have a query or fragment")
+    path = unquote(parts.path)
+    if "\x00" in path or not os.path.isabs(path):
+        raise CheckpointError(uri, "the path must be absolute")
+    real = Path(os.path.realpath(path))
+    if allowed_dirs:
+        roots = [Path(os.path.realpath(d)) for d in allowed_dirs]
+        if not any(real == root or root in real.parents for root in roots):
+            raise CheckpointError(uri, "the file is outside the node's allowed checkpoint directories")
+    return real
+
+
+def _read_bounded(path: Path, uri: str, max_bytes: int) -> bytes:
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise CheckpointError(uri, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(uri, "not a regular file")
+        if info.st_size > max_bytes:
+            raise CheckpointError(uri, f"file is {info.st_size} bytes, the limit is {max_bytes}")
+        chunks = []
+        remaining = max_bytes + 1  # one byte more than allowed reveals a file that grew
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise CheckpointError(uri, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise CheckpointError(uri, f"file is larger than the limit of {max_bytes} bytes")
+    return data
+
+
+def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:
+    """Parse safetensors bytes into float32 tensors (names checked, 16-bit dtypes widened exactly)."""
+    try:
+        raw = safetensors.torch.load(data)
+    except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
+        raise CheckpointError(uri, f"not a valid safetensors file: {exc}") from None
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in raw.items():
+        try:
+            validate_tensor_name(name)
+            get_dtype_name(name, tensor.dtype)
+        except FragmentError as exc:
+            raise CheckpointError(uri, str(exc)) from None
+        state[name] = tensor.to(torch.float32).contiguous()
+    if not state:
+        raise CheckpointError(uri, "the checkpoint holds no tensors")
+    return state
+
+
+def load_init_checkpoint(
+    spec: TrainingTaskSpec, *, allowed_dirs: Sequence[Path] = (), max_bytes: int
+) -> dict[str, torch.Tensor]:
+    """The spec's initial global model as float32 tensors, verified against its SHA-256.
+
+    SpecError when the spec names no init checkpoint (the node needs one to hold the global
+    model); CheckpointError for everything listed in the module docstring.
+    """
+    ref = spec.init_checkpoint()
+    if ref is None:
+        raise SpecError(_INIT_PATH, 'required: {"uri": "file:///...", "sha256": "0x..."} naming the initial model')
+    path = resolve_checkpoint_path(ref.uri, allowed_dirs)
+    data = _read_bounded(path, ref.uri, max_bytes)
+    actual = hashlib.sha256(data).digest()
+    if actual != ref.sha256_bytes:
+        raise CheckpointError(ref.uri, f"sha256 is 0x{actual.hex()}, the spec says {ref.sha256}")
+    return parse_checkpoint_bytes(data, ref.uri)

@@ -1,0 +1,238 @@
+"""The global model a node holds for one run: fragment weights and outer momentum, and the round
+update that turns the accepted outer gradients into the next global model.
+
+What this module is: :class:`ModelLayout` (the run's tensor list and its F fragment layouts,
+stored once per run), :func:`compute_initial_model` (init checkpoint -> layouts, fragment
+weights, initial model hash), the fp32 fragment byte encoding the node stores, and
+:func:`compute_round_update`: per fragment, decode the accepted payloads in canonical order,
+aggregate them with the task's rule, hash the aggregate, build the FragmentOutcome, apply the
+outer Nesterov step; then hash the whole new model. Everything here is a deterministic function
+of its inputs (the stored payloads, weights and momentum), so a restarted node or a third party
+recomputes the same aggregates and model hashes bit for bit.
+
+What it is NOT: storage or I/O (the service reads and writes the bytes these functions take
+and return), nor any rule of the protocol: aggregation, hashing and the outer step are the pure
+core's (``aggregation``, ``fragments``, ``outer``); this module only strings them together.
+
+The node holds the model in float32 whatever ``architecture.dtype`` says: the init checkpoint is
+widened to fp32 before its layouts and hash are computed, so trainers compute layouts from the
+same fp32 state (docs/node.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from storage.interface import StorageError
+from tenzro_training.aggregation import AggregationReport, aggregate
+from tenzro_training.errors import TenzroError
+from tenzro_training.node.persistence import decode_json, encode_json
+from tenzro_training.fragments import (
+    FragmentLayout,
+    TensorSpec,
+    compute_aggregate_hash,
+    compute_fragment_layouts,
+    compute_model_hash,
+    compute_raw_le_bytes,
+    compute_tensor_specs,
+    gather_fragment,
+    scatter_fragment,
+)
+from tenzro_training.outer import OuterConfig, apply_outer_step
+from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
+from tenzro_training.records import FragmentOutcome
+from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = [
+    "InitialModel",
+    "ModelLayout",
+    "RoundUpdate",
+    "compute_full_state",
+    "compute_initial_model",
+    "compute_model_file_bytes",
+    "compute_round_update",
+    "compute_state_model_hash",
+    "decode_fragment",
+    "encode_fragment",
+]
+
+_SPECS_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    """A run's global model shape: every tensor (zero-element ones included: they count in the
+    model hash) and the fragment layouts computed from them."""
+
+    specs: tuple[TensorSpec, ...]
+    """Every tensor, ascending by name (UTF-8 bytes), dtype ``float32``."""
+    layouts: tuple[FragmentLayout, ...]
+    """``fragments.compute_fragment_layouts(specs, F)``."""
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[TensorSpec], fragment_count: int) -> ModelLayout:
+        ordered = compute_tensor_specs(list(specs))
+        return cls(ordered, compute_fragment_layouts(ordered, fragment_count))
+
+    def to_bytes(self) -> bytes:
+        """Stored form: JSON ``{"version": 1, "tensors": [[name, [dims...], dtype], ...]}``."""
+        return encode_json({"version": _SPECS_VERSION, "tensors": [[s.name, list(s.shape), s.dtype] for s in self.specs]})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, fragment_count: int) -> ModelLayout:
+        doc = decode_json(raw, "tensor specs")
+        try:
+            if not isinstance(doc, dict) or doc.get("version") != _SPECS_VERSION or not isinstance(doc.get("tensors"), list):
+                raise ValueError("unexpected document")
+            specs = [TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in doc["tensors"]]
+            return cls.from_specs(specs, fragment_count)
+        except (TenzroError, ValueError, TypeError) as exc:
+            raise StorageError(f"stored tensor specs are malformed: {exc}") from None
+
+    def to_view(self) -> list[dict[str, Any]]:
+        """The getRun JSON of the layouts: per fragment its index, element count, layout hash
+        and slices (tensor name, full shape, dtype, flat start/stop)."""
+        return [
+            {
+                "index": lay.index,
+                "numel": lay.numel,
+                "layout_hash": "0x" + lay.layout_hash().hex(),
+                "entries": [
+                    {"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "start": e.start, "stop": e.stop}
+                    for e in lay.entries
+                ],
+            }
+            for lay in self.layouts
+        ]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InitialModel:
+    model: ModelLayout
+    weights: tuple[torch.Tensor, ...]
+    """Per fragment, the flat fp32 weights."""
+    model_hash: bytes
+    """``fragments.compute_model_hash`` of the fp32 state."""
+
+
+def compute_initial_model(state_fp32: Mapping[str, torch.Tensor], fragment_count: int) -> InitialModel:
+    """Layouts, fragment weights and model hash of an fp32 init state (FragmentError if it
+    cannot be split into ``fragment_count`` fragments)."""
+    model = ModelLayout(compute_tensor_specs(state_fp32), compute_fragment_layouts(state_fp32, fragment_count))
+    weights = tuple(gather_fragment(state_fp32, lay) for lay in model.layouts)
+    return InitialModel(model, weights, compute_model_hash(state_fp32))
+
+
+# --- stored fragments ------------------------------------------------------------------------
+
+
+def encode_fragment(flat: torch.Tensor) -> bytes:
+    """A flat fp32 fragment (weights or momentum) as raw little-endian float32 bytes."""
+    if flat.dtype != torch.float32 or flat.dim() != 1:
+        raise ValueError("a stored fragment is a 1-D float32 tensor")  # a bug, not input
+    return bytes(compute_raw_le_bytes(flat))
+
+
+def decode_fragment(raw: bytes, numel: int, what: str = "fragment") -> torch.Tensor:
+    """Inverse of :func:`encode_fragment` for a fragment of ``numel`` elements."""
+    if not isinstance(raw, bytes) or len(raw) != 4 * numel:
+        raise StorageError(f"stored {what} has {len(raw) if isinstance(raw, bytes) else 0} bytes, expected {4 * numel}")
+    arr = np.frombuffer(raw, dtype="<f4").astype(np.float32, copy=True)
+    if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+        arr = arr.byteswap().view(arr.dtype.newbyteorder())
+    return torch.from_numpy(arr)
+
+
+def compute_full_state(model: ModelLayout, fragments: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole fp32 state dict with each fragment scattered into place."""
+    if len(fragments) != len(model.layouts):
+        raise ValueError(f"{len(fragments)} fragments for {len(model.layouts)} layouts")
+    state = {s.name: torch.zeros(s.shape, dtype=torch.float32) for s in model.specs}
+    for lay, flat in zip(model.layouts, fragments):
+        scatter_fragment(state, lay, flat)
+    return state
+
+
+def compute_state_model_hash(model: ModelLayout, fragments: Sequence[torch.Tensor]) -> bytes:
+    """The global model hash of these fragment weights (over the full scattered fp32 state)."""
+    return compute_model_hash(compute_full_state(model, fragments))
+
+
+def compute_model_file_bytes(model: ModelLayout, fragments: Sequence[torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+    """The safetensors bytes of the full fp32 model (deterministic for equal inputs)."""
+    return safetensors.torch.save(compute_full_state(model, fragments), metadata=dict(metadata))
+
+
+# --- the round update ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundUpdate:
+    """What finalizing one round computes from the stored inputs."""
+
+    outcomes: tuple[FragmentOutcome, ...]
+    """Per fragment: aggregate hash, accepted trainers, Krum selection, trimmed count, report hash."""
+    reports: tuple[AggregationReport, ...]
+    """Per fragment, the full aggregation report (Krum scores included)."""
+    weights: tuple[torch.Tensor, ...]
+    """New global weights per fragment (fp32)."""
+    momentum: tuple[torch.Tensor, ...]
+    """New outer momentum per fragment (fp32)."""
+    model_hash: bytes
+    """Hash of the new global model."""
+
+
+def compute_round_update(
+    spec: TrainingTaskSpec,
+    model: ModelLayout,
+    round: int,
+    inputs: Sequence[Sequence[tuple[bytes, bytes]]],
+    weights: Sequence[torch.Tensor],
+    momentum: Sequence[torch.Tensor],
+    *,
+    max_payload_bytes: int,
+) -> RoundUpdate:
+    """Aggregate and step every fragment of ``round``.
+
+    ``inputs[f]`` is the accepted (trainer, payload bytes) of fragment f in canonical order
+    (``run_state.get_accepted_submissions``). Payloads are decoded against the fragment's
+    layout and the expected header (task, round, f, raw, layout hash). Raises PayloadError,
+    AggregationError or OuterStepError (the round cannot be finalized from these inputs).
+    """
+    rule = spec.aggregation
+    cfg = OuterConfig.from_spec(spec)
+    if not len(inputs) == len(weights) == len(momentum) == len(model.layouts):
+        raise ValueError("one input list, weight and momentum vector per fragment expected")
+    outcomes: list[FragmentOutcome] = []
+    reports: list[AggregationReport] = []
+    new_weights: list[torch.Tensor] = []
+    new_momentum: list[torch.Tensor] = []
+    for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
+        header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
+        grads = [decode_payload(data, lay, expected=header, max_bytes=max_payload_bytes).flat_fp32() for _, data in subs]
+        result = aggregate(rule, grads)
+        report = result.report
+        outcomes.append(
+            FragmentOutcome(
+                aggregate_hash=compute_aggregate_hash(lay, result.tensor),
+                accepted=tuple(trainer for trainer, _ in subs),
+                selected=report.selected if report.selected is not None else 0,
+                trimmed=report.trimmed_per_side,
+                report_hash=report.report_hash(),
+            )
+        )
+        reports.append(report)
+        w2, m2 = apply_outer_step(w, m, result.tensor, cfg)
+        new_weights.append(w2)
+        new_momentum.append(m2)
+    return RoundUpdate(
+        tuple(outcomes), tuple(reports), tuple(new_weights), tuple(new_momentum),
+        compute_state_model_hash(model, new_weights),
+    )

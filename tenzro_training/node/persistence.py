@@ -1,0 +1,322 @@
+"""How the node stores its values: byte encodings, and the one place a transition becomes batch
+operations.
+
+What this module is: encoders/decoders for every value the node service writes (run state,
+receipt, ledger entries, submission records, equivocation evidence, round aggregation reports,
+the genesis record), each strict on the way back in (a malformed stored value is a
+:class:`~storage.interface.StorageError`: the store is damaged, not the caller wrong), and
+:func:`compute_transition_ops`, which turns (run before/after, ledger before/after, extra
+writes) into the list of :data:`~storage.interface.Operation` that one ``atomic_batch`` applies.
+Key formats are :mod:`storage.schema`'s; model tensors are :mod:`.model_state`'s.
+
+What it is NOT: I/O. Nothing here touches a store; the service applies the operations.
+
+Encodings (docs/node.md "What is stored where"):
+
+- amounts: uint256 big-endian, 32 bytes; an escrow is sponsor (20 bytes) || amount; the supply
+  entry is minted || burned;
+- run state, receipts, evidence, genesis record: UTF-8 JSON with sorted keys and no whitespace
+  (``RunState.to_dict`` / ``TrainingReceipt.to_dict`` are lossless and deterministic, so equal
+  values give equal bytes);
+- a submission record: 0x01 || payload_hash (32) || signature (65); the payload bytes are stored
+  once per (task, hash) under ``schema.payload_key``;
+- round reports: a JSON array of the per-fragment ``AggregationReport.canonical_bytes()``
+  (RFC 8785, so hashing an element's canonical form gives its FragmentOutcome.report_hash).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import rfc8785
+
+from storage import schema
+from storage.interface import BatchOp, Operation, StorageError
+from tenzro_training.addresses import format_address
+from tenzro_training.auth import SubmitOuterGradient
+from tenzro_training.errors import TenzroError
+from tenzro_training.jsontext import is_json_depth_ok
+from tenzro_training.ledger import Escrow, Ledger, compute_changes
+from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.run_state import RunState
+
+__all__ = [
+    "EVIDENCE_VERSION",
+    "SubmissionRecord",
+    "compute_genesis_ops",
+    "compute_report_canonical",
+    "compute_transition_ops",
+    "decode_escrow",
+    "decode_json",
+    "decode_receipt",
+    "decode_run",
+    "decode_submission_record",
+    "decode_supply",
+    "decode_u256",
+    "encode_escrow",
+    "encode_evidence",
+    "encode_json",
+    "encode_receipt",
+    "encode_round_reports",
+    "encode_run",
+    "encode_submission_record",
+    "encode_supply",
+    "encode_u256",
+    "decode_round_reports",
+    "load_ledger_entries",
+]
+
+_U256: Final = 2**256
+_SUBMISSION_RECORD_VERSION: Final = 1
+EVIDENCE_VERSION: Final = 1
+
+
+# --- primitives ------------------------------------------------------------------------------
+
+
+def encode_u256(value: int) -> bytes:
+    """32-byte big-endian uint256."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _U256:
+        raise ValueError(f"not a uint256: {value!r}")  # a bug upstream, never stored input
+    return value.to_bytes(32, "big")
+
+
+def decode_u256(raw: bytes, what: str = "amount") -> int:
+    if not isinstance(raw, bytes) or len(raw) != 32:
+        raise StorageError(f"stored {what} is malformed: expected 32 bytes, got {len(raw) if isinstance(raw, bytes) else raw!r}")
+    return int.from_bytes(raw, "big")
+
+
+def encode_escrow(escrow: Escrow) -> bytes:
+    return escrow.sponsor + encode_u256(escrow.amount)
+
+
+def decode_escrow(raw: bytes) -> Escrow:
+    if not isinstance(raw, bytes) or len(raw) != 52:
+        raise StorageError("stored escrow is malformed: expected 52 bytes")
+    try:
+        return Escrow(sponsor=raw[:20], amount=int.from_bytes(raw[20:], "big"))
+    except TenzroError as exc:
+        raise StorageError(f"stored escrow is malformed: {exc}") from None
+
+
+def encode_supply(minted: int, burned: int) -> bytes:
+    return encode_u256(minted) + encode_u256(burned)
+
+
+def decode_supply(raw: bytes) -> tuple[int, int]:
+    if not isinstance(raw, bytes) or len(raw) != 64:
+        raise StorageError("stored supply counters are malformed: expected 64 bytes")
+    return int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big")
+
+
+def encode_json(value: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, no whitespace, ASCII, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def decode_json(raw: bytes, what: str) -> Any:
+    """Parse stored JSON; StorageError if it is not (a damaged or foreign store)."""
+    if not isinstance(raw, bytes) or not is_json_depth_ok(raw):
+        raise StorageError(f"stored {what} is not valid JSON")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise StorageError(f"stored {what} is not valid JSON") from None
+
+
+# --- runs and receipts -----------------------------------------------------------------------
+
+
+def encode_run(run: RunState) -> bytes:
+    return encode_json(run.to_dict())
+
+
+def decode_run(raw: bytes) -> RunState:
+    try:
+        return RunState.from_dict(decode_json(raw, "run state"))
+    except TenzroError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(f"stored run state is malformed: {exc}") from None
+
+
+def encode_receipt(receipt: TrainingReceipt) -> bytes:
+    return encode_json(receipt.to_dict())
+
+
+def decode_receipt(raw: bytes) -> TrainingReceipt:
+    try:
+        return TrainingReceipt.from_dict(decode_json(raw, "receipt"))
+    except TenzroError as exc:
+        if isinstance(exc, StorageError):
+            raise
+        raise StorageError(f"stored receipt is malformed: {exc}") from None
+
+
+# --- submissions and evidence ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionRecord:
+    """What the node keeps of an accepted submission besides the payload bytes."""
+
+    payload_hash: bytes
+    """SHA-256 of the payload (the bytes are under ``schema.payload_key(task, payload_hash)``)."""
+    signature: bytes
+    """The trainer's 65-byte EIP-712 signature over SubmitOuterGradient(task, round, fragment,
+    payload_hash): kept so an equivocation's first message can be shown later."""
+
+
+def encode_submission_record(record: SubmissionRecord) -> bytes:
+    if len(record.payload_hash) != 32 or len(record.signature) != 65:
+        raise ValueError("submission record needs a 32-byte hash and a 65-byte signature")
+    return bytes((_SUBMISSION_RECORD_VERSION,)) + record.payload_hash + record.signature
+
+
+def decode_submission_record(raw: bytes) -> SubmissionRecord:
+    if not isinstance(raw, bytes) or len(raw) != 98 or raw[0] != _SUBMISSION_RECORD_VERSION:
+        raise StorageError("stored submission record is malformed")
+    return SubmissionRecord(raw[1:33], raw[33:98])
+
+
+def encode_evidence(
+    msg_first: SubmitOuterGradient,
+    sig_first: bytes | None,
+    msg_second: SubmitOuterGradient,
+    sig_second: bytes,
+    trainer: bytes,
+    chain_id: int,
+) -> bytes:
+    """Equivocation evidence: both signed EIP-712 messages (full typed data, so anyone can
+    re-derive the digests) with their signatures, and the signer they recover to. The first
+    signature is None only if its submission record is missing (a damaged store)."""
+    return encode_json(
+        {
+            "version": EVIDENCE_VERSION,
+            "trainer": format_address(trainer),
+            "chain_id": chain_id,
+            "messages": [
+                {
+                    "typed_data": msg_first.typed_data(chain_id),
+                    "signature": None if sig_first is None else "0x" + sig_first.hex(),
+                },
+                {"typed_data": msg_second.typed_data(chain_id), "signature": "0x" + sig_second.hex()},
+            ],
+        }
+    )
+
+
+# --- aggregation reports ---------------------------------------------------------------------
+
+
+def encode_round_reports(canonical_reports: Sequence[bytes]) -> bytes:
+    """A JSON array of the per-fragment reports' RFC 8785 bytes (itself RFC 8785)."""
+    return b"[" + b",".join(canonical_reports) + b"]"
+
+
+def decode_round_reports(raw: bytes) -> list[dict[str, Any]]:
+    """The per-fragment report documents, fragment order."""
+    value = decode_json(raw, "round reports")
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise StorageError("stored round reports are malformed")
+    return value
+
+
+def compute_report_canonical(document: dict[str, Any]) -> bytes:
+    """RFC 8785 bytes of one stored report document (SHA-256 of them is its report_hash)."""
+    return rfc8785.dumps(document)
+
+
+# --- the ledger ------------------------------------------------------------------------------
+
+
+def load_ledger_entries(
+    accounts: Iterable[tuple[bytes, bytes]], ledger_entries: Iterable[tuple[bytes, bytes]]
+) -> Ledger | None:
+    """Rebuild the Ledger from the raw ``accounts`` and ``ledger`` families (None if both are
+    empty and no supply entry exists). StorageError if any entry is malformed or the entries
+    violate the ledger's conservation invariant."""
+    balances: dict[bytes, int] = {}
+    for key, value in accounts:
+        try:
+            balances[schema.parse_account_key(key)] = decode_u256(value, "balance")
+        except StorageError:
+            raise
+    escrows: dict[str, Escrow] = {}
+    bonds: dict[tuple[str, bytes], int] = {}
+    supply: tuple[int, int] | None = None
+    for key, value in ledger_entries:
+        if key == schema.LEDGER_SUPPLY_KEY:
+            supply = decode_supply(value)
+        elif key[:1] == b"e":
+            escrows[schema.parse_escrow_key(key)] = decode_escrow(value)
+        elif key[:1] == b"b":
+            bonds[schema.parse_bond_key(key)] = decode_u256(value, "bond")
+        else:
+            raise StorageError(f"unknown key in the ledger family: {key[:40]!r}")
+    if supply is None:
+        if balances or escrows or bonds:
+            raise StorageError("ledger entries are stored without supply counters: the store is damaged")
+        return None
+    try:
+        return Ledger(accounts=balances, escrows=escrows, bonds=bonds, minted=supply[0], burned=supply[1])
+    except TenzroError as exc:
+        raise StorageError(f"stored ledger is inconsistent: {exc}") from None
+
+
+def _ledger_ops(before: Ledger, after: Ledger) -> list[Operation]:
+    changes = compute_changes(before, after)
+    ops: list[Operation] = []
+    for address, balance in changes.balances:
+        key = schema.account_key(address)
+        ops.append((BatchOp.DELETE, schema.CF_ACCOUNTS, key, None) if balance == 0 else
+                   (BatchOp.PUT, schema.CF_ACCOUNTS, key, encode_u256(balance)))
+    for task_id, escrow in changes.escrows:
+        key = schema.escrow_key(task_id)
+        ops.append((BatchOp.DELETE, schema.CF_LEDGER, key, None) if escrow is None else
+                   (BatchOp.PUT, schema.CF_LEDGER, key, encode_escrow(escrow)))
+    for (task_id, trainer), amount in changes.bonds:
+        key = schema.bond_key(task_id, trainer)
+        ops.append((BatchOp.DELETE, schema.CF_LEDGER, key, None) if amount is None else
+                   (BatchOp.PUT, schema.CF_LEDGER, key, encode_u256(amount)))
+    if (before.minted, before.burned) != (after.minted, after.burned):
+        ops.append((BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, encode_supply(after.minted, after.burned)))
+    return ops
+
+
+def compute_genesis_ops(ledger: Ledger, record: bytes) -> list[Operation]:
+    """The batch that creates a new store's ledger: every balance, the supply counters and the
+    genesis flag (written together, so a crash never leaves balances without the flag)."""
+    ops = [op for op in _ledger_ops(Ledger(), ledger) if op[2] != schema.LEDGER_SUPPLY_KEY or op[1] != schema.CF_LEDGER]
+    ops.append((BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, encode_supply(ledger.minted, ledger.burned)))
+    ops.append((BatchOp.PUT, schema.CF_META, schema.NODE_GENESIS_KEY, record))
+    return ops
+
+
+# --- one transition, one batch ---------------------------------------------------------------
+
+
+def compute_transition_ops(
+    stored_run: bytes | None,
+    run: RunState,
+    ledger_before: Ledger,
+    ledger_after: Ledger,
+    extra: Sequence[Operation] = (),
+) -> tuple[list[Operation], bytes]:
+    """Every write of one applied transition, in the order they go into ONE atomic batch: the
+    run state (only if its bytes changed), the ledger entries that differ (balances in
+    ``accounts``; escrows, bonds and supply in ``ledger``), then ``extra`` (submissions,
+    payloads, evidence, model state, reports, receipt). Returns the operations and the run's
+    new stored bytes. An unchanged run with no ledger change and no extra writes gives no
+    operations: a harmless replay writes nothing."""
+    encoded = encode_run(run)
+    ops: list[Operation] = []
+    if encoded != stored_run:
+        ops.append((BatchOp.PUT, schema.CF_TRAINING_RUNS, schema.run_key(run.task_id), encoded))
+    ops.extend(_ledger_ops(ledger_before, ledger_after))
+    ops.extend(extra)
+    return ops, encoded

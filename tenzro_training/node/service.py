@@ -1,0 +1,776 @@
+"""The node service: applies the pure run lifecycle to stored state, one atomic batch per call.
+
+What this module is: :class:`NodeService`, the ``rpc.service.TrainingService`` the JSON-RPC
+transport calls, plus the node-side entry points the process needs (``tick`` for deadlines,
+``submit_ticket`` and ``store_payload`` for gossip, final model export). Every mutation follows
+the same steps: check the arguments' shape, rebuild the EIP-712 message and recover its signer,
+take the run and the ledger, call the pure transition (``tenzro_training.run``) at
+``now = clock()``, then write the run state, the ledger entries that changed and everything the
+call produced (payload, submission record, evidence, model fragments, aggregation reports,
+receipt) in ONE ``atomic_batch``, and answer only after it committed. A refused call raises and
+writes nothing; the one exception is equivocation, which the protocol applies (slash, evidence)
+and still answers with an error.
+
+What it is NOT: the protocol rules (they are the core's: this module decides nothing a third
+party could not recompute from the stored inputs), the transport (``rpc/``), the process, clock
+loop or CLI (``node/main.py``), or thread-safe: the process runs every call on one thread.
+
+State kept in memory, all rebuilt from the store at construction: the ledger (only
+``compute_changes`` diffs are ever written), every run, and each run's fragment layouts.
+A node killed at any instant restarts from exactly the last acknowledged call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from hashlib import sha256
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from storage import schema
+from storage.interface import BatchOp, KVStore, Operation, StorageError
+from tenzro_training.addresses import Address, format_address, parse_address
+from tenzro_training.auth import (
+    CancelTask,
+    EnrollTrainer,
+    FinalizeRound,
+    PostTask,
+    SignedMessageType,
+    SubmitOuterGradient,
+    recover_signer,
+    validate_signer,
+)
+from tenzro_training.election import ExclusionReason, TicketRejected, make_ticket
+from tenzro_training.errors import (
+    CheckpointError,
+    FragmentError,
+    InvalidState,
+    PayloadError,
+    PayloadUnavailable,
+    TenzroError,
+    UnknownTask,
+)
+from tenzro_training.ledger import Ledger, credit
+from tenzro_training.node import persistence
+from tenzro_training.node.checkpoint import load_init_checkpoint
+from tenzro_training.node.config import NodeConfig
+from tenzro_training.node.model_state import (
+    ModelLayout,
+    compute_initial_model,
+    compute_model_file_bytes,
+    compute_round_update,
+    compute_state_model_hash,
+    decode_fragment,
+    encode_fragment,
+)
+from tenzro_training.payload import (
+    ENCODING_RAW,
+    PayloadHeader,
+    PayloadLayoutMismatch,
+    PayloadMetadataMismatch,
+    PayloadTooLarge,
+    compute_payload_hash,
+    decode_payload,
+)
+from tenzro_training.records import Ticket
+from tenzro_training.run import (
+    InvalidRunArgument,
+    NotSponsor,
+    RunEvent,
+    SubmissionAccepted,
+    Transition,
+    is_accepted_set_closed,
+    process_cancel,
+    process_enroll,
+    process_finalize,
+    process_post_task,
+    process_submission,
+    process_tick,
+    process_ticket,
+)
+from tenzro_training.run_events import EquivocationDetected
+from tenzro_training.run_state import (
+    RunState,
+    RunStatus,
+    compute_run_view,
+    get_accepted_submissions,
+    get_current_syncer,
+    get_next_deadline_ms,
+    get_submission_counts,
+    get_trainer,
+    is_terminal,
+)
+from tenzro_training.receipt import compute_receipt
+from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = ["NodeService", "wall_clock_ms"]
+
+log = logging.getLogger("tenzro.node")
+
+_GENESIS_RECORD_VERSION = 1
+_NO_HASH = bytes(32)
+
+
+def wall_clock_ms() -> int:
+    """Unix time in milliseconds (the default clock)."""
+    return time.time_ns() // 1_000_000
+
+
+def _hex(value: bytes) -> str:
+    return "0x" + value.hex()
+
+
+class NodeService:
+    """The node's state and the calls that change it (see the module docstring).
+
+    ``store`` is opened and closed by the caller; ``clock`` returns unix milliseconds (tests pass
+    a fake). ``on_event`` (an attribute) is called with each event after its batch committed.
+    """
+
+    on_event: Callable[[RunEvent], None] | None
+
+    def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None) -> None:
+        if not isinstance(config, NodeConfig):
+            raise TypeError(f"config must be a NodeConfig, got {type(config).__name__}")
+        self._config = config
+        self._store = store
+        self._clock = clock if clock is not None else wall_clock_ms
+        self.on_event = None
+        self._closed = False
+        self._runs: dict[str, RunState] = {}
+        self._stored_runs: dict[str, bytes] = {}
+        self._models: dict[str, ModelLayout] = {}
+        self._ticket_failures: set[tuple[str, bytes]] = set()
+        self._ledger = self._open_ledger()
+        self._load_runs()
+        self._restore_model_files()
+
+    # --- startup ---------------------------------------------------------------------------
+
+    def _open_ledger(self) -> Ledger:
+        store = self._store
+        ledger = persistence.load_ledger_entries(store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER))
+        flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
+        if flag is not None:
+            if ledger is None:
+                raise StorageError("the genesis record exists but the ledger's supply counters do not")
+            if self._config.genesis and self._genesis_record() != flag:
+                log.warning("the configured genesis differs from the one this store was created with; it is ignored")
+            return ledger
+        if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
+            raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
+        ledger = Ledger()
+        for address, amount in self._config.genesis:
+            ledger = credit(ledger, address, amount)
+        self._write(persistence.compute_genesis_ops(ledger, self._genesis_record()))
+        return ledger
+
+    def _genesis_record(self) -> bytes:
+        return persistence.encode_json(
+            {
+                "version": _GENESIS_RECORD_VERSION,
+                "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self._config.genesis],
+            }
+        )
+
+    def _load_runs(self) -> None:
+        for key, raw in self._store.iterate(schema.CF_TRAINING_RUNS):
+            task_id = schema.parse_run_key(key)
+            run = persistence.decode_run(raw)
+            if run.task_id != task_id:
+                raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
+            self._runs[task_id] = run
+            self._stored_runs[task_id] = raw
+
+    def _restore_model_files(self) -> None:
+        """A sealed run's model file is written after its batch committed; a crash in between
+        leaves it missing, so it is regenerated here from the stored final weights."""
+        if self._config.data_dir is None:
+            return
+        for task_id, run in sorted(self._runs.items()):
+            if run.status is RunStatus.SEALED and not self._model_file(task_id).exists():
+                self._write_model_file(task_id)
+
+    # --- small helpers -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the node service is closed")
+
+    def _now(self) -> int:
+        now = self._clock()
+        if isinstance(now, bool) or not isinstance(now, int) or now < 0:
+            raise TypeError(f"clock must return non-negative integer milliseconds, got {now!r}")
+        return now
+
+    def _run(self, task_id: str) -> RunState:
+        run = self._runs.get(task_id)
+        if run is None:
+            raise UnknownTask(task_id)
+        return run
+
+    def _recover(self, msg: SignedMessageType, signature: bytes) -> Address:
+        return parse_address(recover_signer(msg, signature, self._config.chain_id))
+
+    def _model(self, task_id: str) -> ModelLayout:
+        model = self._models.get(task_id)
+        if model is None:
+            raw = self._store.get(schema.CF_META, schema.tensor_specs_key(task_id))
+            if raw is None:
+                raise StorageError(f"the tensor list of run {task_id!r} is missing")
+            model = ModelLayout.from_bytes(raw, self._run(task_id).spec.architecture.fragment_count)
+            self._models[task_id] = model
+        return model
+
+    def _write(self, ops: Sequence[Operation]) -> None:
+        if not ops:
+            return
+        with self._store.atomic_batch() as batch:
+            for op, cf, key, value in ops:
+                if op is BatchOp.PUT:
+                    assert value is not None  # PUT operations always carry a value
+                    batch.put(cf, key, value)
+                else:
+                    batch.delete(cf, key)
+
+    def _commit(self, t: Transition, extra: Sequence[Operation] = ()) -> None:
+        """Write one applied transition (run, ledger diff, ``extra``) in one batch; only once it
+        committed, update the in-memory state and publish the events."""
+        task_id = t.run.task_id
+        ops, encoded = persistence.compute_transition_ops(
+            self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
+        )
+        self._write(ops)
+        self._ledger = t.ledger
+        self._runs[task_id] = t.run
+        self._stored_runs[task_id] = encoded
+        self._emit(t.events)
+
+    def _emit(self, events: Sequence[RunEvent]) -> None:
+        callback = self.on_event
+        if callback is None:
+            return
+        for event in events:
+            try:
+                callback(event)
+            except Exception:  # a listener's bug must not turn a committed call into an error
+                log.exception("on_event listener failed for %s", type(event).__name__)
+
+    # --- election tickets of the node's own identities ----------------------------------------
+
+    def _missing_identities(self, run: RunState) -> list[Any]:
+        if run.status not in (RunStatus.POSTED, RunStatus.ELECTING):
+            return []
+        ticketed = {e.candidate.address for e in run.election.entries}
+        missing = []
+        for ident in self._config.syncer_identities:
+            candidate = self._config.get_candidate(ident.address)
+            if ident.address in ticketed or candidate is None or candidate.stake == 0:
+                continue
+            if (run.task_id, ident.address) in self._ticket_failures:
+                continue
+            missing.append((ident, candidate))
+        return missing
+
+    def _ticket_own(self, t: Transition, now: int) -> Transition:
+        """Ticket every configured identity not yet ticketed while the election is open."""
+        run, ledger, events = t.run, t.ledger, list(t.events)
+        for ident, candidate in self._missing_identities(run):
+            ticket = make_ticket(ident.vrf_secret, ident.address, run.election.seed)
+            try:
+                step = process_ticket(run, ledger, candidate, ticket, now)
+            except InvalidState:
+                break  # the election closed (its deadline passed): nothing more to ticket
+            except TenzroError as exc:
+                log.warning("cannot ticket %s in %s: %s", format_address(ident.address), run.task_id, exc)
+                self._ticket_failures.add((run.task_id, ident.address))
+                continue
+            run, ledger = step.run, step.ledger
+            events.extend(step.events)
+        return Transition(run, ledger, tuple(events), t.error)
+
+    # --- TrainingService: postTask ------------------------------------------------------------
+
+    def post_task(self, spec: dict[str, Any], signature: bytes) -> dict[str, Any]:
+        self._check_open()
+        task = TrainingTaskSpec.from_dict(spec)
+        signer = self._recover(PostTask(task_id=task.task_id, spec_hash=task.spec_hash()), signature)
+        # Checked before any file is touched: only the sponsor can make the node read a checkpoint.
+        if signer != task.sponsor_address_bytes:
+            raise NotSponsor(task.task_id, format_address(signer), task.sponsor_address)
+        now = self._now()
+        timings = self._config.timings
+        existing = self._runs.get(task.task_id)
+        if existing is not None:
+            # The same spec again answers as the first call did; another spec is TaskExists.
+            process_post_task(task, signer, self._ledger, now, timings, existing.initial_model_hash, existing=existing)
+            return self._post_result(existing)
+        # Every refusal the core can make (unsupported spec, outer config, balance) comes before
+        # the checkpoint is read: a dry run with a placeholder model hash.
+        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH)
+        state = load_init_checkpoint(
+            task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
+        )
+        try:
+            initial = compute_initial_model(state, task.architecture.fragment_count)
+        except FragmentError as exc:
+            ref = task.init_checkpoint()
+            raise CheckpointError(ref.uri if ref else "", f"cannot split into fragments: {exc}") from None
+        del state
+        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash)
+        t = self._ticket_own(t, now)
+        extra: list[Operation] = [
+            (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), initial.model.to_bytes())
+        ]
+        for index, weights in enumerate(initial.weights):
+            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task.task_id, schema.MODEL_WEIGHTS, index),
+                           encode_fragment(weights)))
+            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task.task_id, schema.MODEL_MOMENTUM, index),
+                           encode_fragment(torch.zeros_like(weights))))
+        self._commit(t, extra)
+        self._models[task.task_id] = initial.model
+        return self._post_result(t.run)
+
+    def _post_result(self, run: RunState) -> dict[str, Any]:
+        return {
+            "task_id": run.task_id,
+            "spec_hash": _hex(run.spec_hash),
+            "status": run.status.value,
+            "sponsor": run.spec.sponsor_address,
+            "reward_pool": str(run.spec.reward_pool),
+            "initial_model_hash": _hex(run.initial_model_hash),
+            "fragment_count": run.spec.architecture.fragment_count,
+            "posted_at_ms": run.posted_at_ms,
+            "election_deadline_ms": run.election.deadline_ms,
+        }
+
+    # --- enrollTrainer ------------------------------------------------------------------------
+
+    def enroll_trainer(self, task_id: str, did: str, address: str, stake: int, signature: bytes) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        trainer = parse_address(address)
+        msg = EnrollTrainer(task_id=task_id, did=did, trainer=trainer, stake=stake)
+        validate_signer(msg, signature, trainer, self._config.chain_id)
+        t = process_enroll(run, self._ledger, trainer, did, stake, self._now())
+        self._commit(t)
+        enrolled = get_trainer(t.run, trainer)
+        return {
+            "task_id": task_id,
+            "address": format_address(trainer),
+            "did": did,
+            "stake": str(stake),
+            "shard": None if enrolled is None else enrolled.shard_index,
+            "status": t.run.status.value,
+        }
+
+    # --- submitOuterGradient ------------------------------------------------------------------
+
+    def submit_outer_gradient(
+        self,
+        task_id: str,
+        round: int,
+        fragment: int,
+        payload: bytes | None,
+        payload_hash: bytes | None,
+        signature: bytes,
+    ) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        if (payload is None) == (payload_hash is None):
+            raise InvalidRunArgument(task_id, "payload", "give exactly one of payload and payload_hash")
+        if payload is not None:
+            if not isinstance(payload, bytes):
+                raise InvalidRunArgument(task_id, "payload", "expected bytes")
+            if len(payload) > self._config.max_payload_bytes:
+                raise PayloadTooLarge("payload", len(payload), self._config.max_payload_bytes)
+            payload_hash = compute_payload_hash(payload)
+        assert payload_hash is not None  # one of the two was given
+        msg = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=payload_hash)
+        trainer = self._recover(msg, signature)
+        t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, self._now())
+        if t.error is not None:
+            # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
+            self._commit(t, self._evidence_ops(t, trainer, msg, signature))
+            raise t.error
+        extra: list[Operation] = []
+        if any(
+            isinstance(e, SubmissionAccepted) and e.trainer == trainer and e.round == round and e.fragment == fragment
+            for e in t.events
+        ):
+            key = schema.payload_key(task_id, payload_hash)
+            held = self._store.get(schema.CF_SUBMISSIONS, key)
+            data = payload if payload is not None else held
+            if data is None:
+                raise PayloadUnavailable(task_id, _hex(payload_hash))
+            self._validate_payload(task_id, round, fragment, data)
+            if held is None:
+                extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, key, data))
+            record = persistence.SubmissionRecord(payload_hash, signature)
+            extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, schema.submission_key(task_id, round, fragment, trainer),
+                          persistence.encode_submission_record(record)))
+        self._commit(t, extra)
+        after = t.run
+        current = after.current_round
+        return {
+            "task_id": task_id,
+            "round": round,
+            "fragment": fragment,
+            "trainer": format_address(trainer),
+            "payload_hash": _hex(payload_hash),
+            "status": after.status.value,
+            "accepted_count": get_submission_counts(after)[fragment],
+            "quorum_reached": current is not None and current.round == round and current.quorum_at_ms is not None,
+        }
+
+    def _validate_payload(self, task_id: str, round: int, fragment: int, data: bytes) -> None:
+        layout = self._model(task_id).layouts[fragment]
+        header = PayloadHeader(task_id, round, fragment, ENCODING_RAW, layout.layout_hash())
+        decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes)
+
+    def _evidence_ops(self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes) -> list[Operation]:
+        detected = [e for e in t.events if isinstance(e, EquivocationDetected) and e.trainer == trainer]
+        if not detected:
+            return []
+        event = detected[-1]
+        task_id = t.run.task_id
+        first = SubmitOuterGradient(
+            task_id=task_id, round=event.round, fragment=event.fragment, payload_hash=event.first_payload_hash
+        )
+        raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, event.round, event.fragment, trainer))
+        first_signature = None if raw is None else persistence.decode_submission_record(raw).signature
+        if first_signature is None:
+            log.error("equivocation in %s: the first submission's record is missing", task_id)
+        value = persistence.encode_evidence(first, first_signature, second, signature, trainer, self._config.chain_id)
+        return [(BatchOp.PUT, schema.CF_EVIDENCE, schema.evidence_key(task_id, event.round, event.fragment, trainer), value)]
+
+    def store_payload(self, task_id: str, payload: bytes) -> bytes:
+        """Hold a payload that arrived over gossip, so a later hash-only submission can name it.
+
+        The run must be Training; the payload must decode as one fragment of the current round
+        (PayloadError otherwise). Returns its hash; storing the same bytes again is a no-op.
+        """
+        self._check_open()
+        run = self._run(task_id)
+        current = run.current_round
+        if run.status is not RunStatus.TRAINING or current is None:
+            raise InvalidState(task_id, run.status.value, "hold a payload")
+        if not isinstance(payload, bytes):
+            raise InvalidRunArgument(task_id, "payload", "expected bytes")
+        if len(payload) > self._config.max_payload_bytes:
+            raise PayloadTooLarge("payload", len(payload), self._config.max_payload_bytes)
+        digest = compute_payload_hash(payload)
+        key = schema.payload_key(task_id, digest)
+        if self._store.contains(schema.CF_SUBMISSIONS, key):
+            return digest
+        for layout in self._model(task_id).layouts:
+            header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
+            try:
+                decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes)
+                break
+            except (PayloadLayoutMismatch, PayloadMetadataMismatch):
+                continue
+        else:
+            raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
+        self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
+        return digest
+
+    # --- finalizeRound ------------------------------------------------------------------------
+
+    def finalize_round(self, task_id: str, round: int, signature: bytes) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        signer = self._recover(FinalizeRound(task_id=task_id, round=round), signature)
+        now = self._now()
+        ledger = self._ledger
+        if round < len(run.records):
+            # A committed round: an identical replay is a no-op, anything else RoundMismatch.
+            committed = run.records[round]
+            t = process_finalize(run, ledger, signer, round, committed.fragments, committed.model_hash, now)
+            self._commit(t)
+            return self._finalize_result(t.run, round)
+        ticked = process_tick(run, ledger, now).run
+        current = ticked.current_round
+        ready = (
+            ticked.status is RunStatus.TRAINING
+            and current is not None
+            and current.round == round
+            and get_current_syncer(ticked) == signer
+            and is_accepted_set_closed(ticked, max(now, run.updated_at_ms))
+        )
+        if not ready:
+            # The core names the refusal (state, syncer, round, quorum, straggler window): every
+            # one of those checks comes before it looks at the (here empty) outcomes.
+            process_finalize(run, ledger, signer, round, (), _NO_HASH, now)
+            raise RuntimeError("finalize preconditions disagree with the lifecycle")  # a bug
+        assert current is not None
+        model = self._model(task_id)
+        inputs = []
+        for index in range(len(model.layouts)):
+            inputs.append([(addr, self._load_payload(task_id, digest)) for addr, digest in get_accepted_submissions(ticked, index)])
+        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
+        momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
+        largest = max((len(data) for subs in inputs for _, data in subs), default=0)
+        try:
+            update = compute_round_update(
+                ticked.spec, model, round, inputs, weights, momentum,
+                max_payload_bytes=max(largest, self._config.max_payload_bytes),
+            )
+        except PayloadError as exc:  # every stored payload was decoded when it was accepted
+            raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
+        t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
+        extra: list[Operation] = []
+        for index in range(len(model.layouts)):
+            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_WEIGHTS, index),
+                          encode_fragment(update.weights[index])))
+            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_MOMENTUM, index),
+                          encode_fragment(update.momentum[index])))
+        reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
+        extra.append((BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports))
+        sealed = t.run.status is RunStatus.SEALED
+        if sealed:
+            for index in range(len(model.layouts)):
+                extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_FINAL, index),
+                              encode_fragment(update.weights[index])))
+            extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
+                          persistence.encode_receipt(compute_receipt(t.run))))
+        self._commit(t, extra)
+        if sealed and self._config.data_dir is not None:
+            try:
+                self._write_model_file(task_id)
+            except OSError:  # committed already; the file is regenerated at the next start
+                log.exception("cannot write the final model file of %s", task_id)
+        return self._finalize_result(t.run, round)
+
+    def _finalize_result(self, run: RunState, round: int) -> dict[str, Any]:
+        record = run.records[round]
+        return {
+            "task_id": run.task_id,
+            "round": round,
+            "model_hash": _hex(record.model_hash),
+            "status": run.status.value,
+            "syncer": format_address(record.syncer),
+            "syncer_rank": record.syncer_rank,
+            "fragments": [
+                {
+                    "aggregate_hash": _hex(o.aggregate_hash),
+                    "accepted": [format_address(a) for a in o.accepted],
+                    "selected": o.selected,
+                    "trimmed": o.trimmed,
+                    "report_hash": _hex(o.report_hash),
+                }
+                for o in record.fragments
+            ],
+            "sealed": run.status is RunStatus.SEALED,
+            "run_root": None if run.run_root is None else _hex(run.run_root),
+            "next_round": run.current_round.round if run.current_round is not None else None,
+        }
+
+    def _load_payload(self, task_id: str, digest: bytes) -> bytes:
+        data = self._store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
+        if data is None:
+            raise StorageError(f"accepted payload {_hex(digest)} of {task_id} is missing from the store")
+        return data
+
+    def _load_fragments(self, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
+        out = []
+        for layout in model.layouts:
+            raw = self._store.get(schema.CF_MODEL_STATE, schema.model_key(task_id, kind, layout.index))
+            if raw is None:
+                raise StorageError(f"model state {kind!r} of {task_id} fragment {layout.index} is missing")
+            out.append(decode_fragment(raw, layout.numel, f"model state {kind!r} of {task_id}"))
+        return out
+
+    # --- cancelTask ---------------------------------------------------------------------------
+
+    def cancel_task(self, task_id: str, signature: bytes) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        signer = self._recover(CancelTask(task_id=task_id), signature)
+        t = process_cancel(run, self._ledger, signer, self._now())
+        self._commit(t)
+        return {"task_id": task_id, "status": t.run.status.value, "ended_at_ms": t.run.ended_at_ms}
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def get_run(self, task_id: str) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        view = compute_run_view(run, self._now())
+        view["fragments"] = self._model(task_id).to_view()
+        view["has_receipt"] = self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+        return view
+
+    def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:
+        self._check_open()
+        if status is not None and status not in {s.value for s in RunStatus}:
+            raise InvalidRunArgument("*", "status", f"unknown run status {status!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidRunArgument("*", "offset", "expected an integer >= 0")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRunArgument("*", "limit", "expected an integer >= 1")
+        ids = [t for t in sorted(self._runs) if status is None or self._runs[t].status.value == status]
+        runs = []
+        for task_id in ids[offset : offset + limit]:
+            run = self._runs[task_id]
+            syncer = get_current_syncer(run)
+            runs.append(
+                {
+                    "task_id": task_id,
+                    "status": run.status.value,
+                    "round": run.round,
+                    "max_rounds": run.spec.max_rounds,
+                    "spec_hash": _hex(run.spec_hash),
+                    "sponsor": run.spec.sponsor_address,
+                    "syncer": None if syncer is None else format_address(syncer),
+                    "posted_at_ms": run.posted_at_ms,
+                    "updated_at_ms": run.updated_at_ms,
+                    "next_deadline_ms": get_next_deadline_ms(run),
+                }
+            )
+        return {"runs": runs, "total": len(ids), "offset": offset, "limit": limit}
+
+    def get_receipt(self, task_id: str) -> dict[str, Any]:
+        self._check_open()
+        run = self._run(task_id)
+        raw = self._store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+        if raw is None:
+            raise InvalidState(task_id, run.status.value, "issue a receipt")
+        receipt = persistence.decode_receipt(raw)
+        return {"receipt": receipt.to_dict(), "run_root": _hex(receipt.run_root)}
+
+    def get_round_reports(self, task_id: str, round: int) -> dict[str, Any]:
+        """The full aggregation reports (Krum scores included) of a finalized round, with each
+        report's hash (equal to its FragmentOutcome.report_hash)."""
+        self._check_open()
+        run = self._run(task_id)
+        if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round < len(run.records):
+            raise InvalidRunArgument(task_id, "round", f"round {round!r} is not a finalized round")
+        raw = self._store.get(schema.CF_META, schema.round_reports_key(task_id, round))
+        if raw is None:
+            raise StorageError(f"the aggregation reports of {task_id} round {round} are missing")
+        documents = persistence.decode_round_reports(raw)
+        return {
+            "task_id": task_id,
+            "round": round,
+            "fragments": [
+                {"report": doc, "report_hash": _hex(sha256(persistence.compute_report_canonical(doc)).digest())}
+                for doc in documents
+            ],
+        }
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def tick(self) -> tuple[RunEvent, ...]:
+        """Apply every due deadline of every non-terminal run (each run one batch) and ticket
+        the node's own identities where an election is open; returns the events, in order."""
+        self._check_open()
+        now = self._now()
+        events: list[RunEvent] = []
+        for task_id in sorted(self._runs):
+            run = self._runs[task_id]
+            if is_terminal(run):
+                continue
+            deadline = get_next_deadline_ms(run)
+            due = deadline is not None and (run.status is RunStatus.POSTED or now > deadline)
+            if not due and not self._missing_identities(run):
+                continue
+            try:
+                t = self._ticket_own(process_tick(run, self._ledger, now), now)
+            except StorageError:
+                raise
+            except TenzroError:  # one broken run must not stop the clock of the others
+                log.exception("tick of %s failed", task_id)
+                continue
+            self._commit(t)
+            events.extend(t.events)
+        return tuple(events)
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest instant at which a tick has something to do (None: nothing pending)."""
+        deadlines = [d for run in self._runs.values() if not is_terminal(run) and (d := get_next_deadline_ms(run)) is not None]
+        return min(deadlines) if deadlines else None
+
+    # --- gossip -------------------------------------------------------------------------------
+
+    def submit_ticket(self, task_id: str, ticket: Ticket) -> None:
+        """A remote candidate's election ticket (from the syncer gossip topic)."""
+        self._check_open()
+        run = self._run(task_id)
+        if not isinstance(ticket, Ticket):
+            raise InvalidRunArgument(task_id, "ticket", "expected a Ticket")
+        candidate = self._config.get_candidate(ticket.address)
+        if candidate is None:
+            raise TicketRejected(ticket.address, ExclusionReason.UNREGISTERED)
+        self._commit(process_ticket(run, self._ledger, candidate, ticket, self._now()))
+
+    # --- the final model ------------------------------------------------------------------------
+
+    def _model_file(self, task_id: str) -> Path:
+        if self._config.data_dir is None:
+            raise StorageError("this node has no data directory (in-memory store)")
+        schema.run_key(task_id)  # a valid task_id is a safe file name
+        return self._config.data_dir / "models" / f"{task_id}.safetensors"
+
+    def final_model_path(self, task_id: str) -> Path:
+        """``data_dir/models/<task_id>.safetensors`` (written once the run is Sealed; rewritten
+        here if it went missing)."""
+        self._check_open()
+        path = self._model_file(task_id)
+        run = self._runs.get(task_id)
+        if run is not None and run.status is RunStatus.SEALED and not path.exists():
+            self._write_model_file(task_id)
+        return path
+
+    def export_final_model(self, task_id: str) -> bytes:
+        """The safetensors bytes of a sealed run's final global model (fp32); their tensors hash
+        (``fragments.compute_model_hash``) to the receipt's final_model_hash."""
+        self._check_open()
+        run = self._run(task_id)
+        if run.status is not RunStatus.SEALED or run.final_record is None or run.run_root is None:
+            raise InvalidState(task_id, run.status.value, "export the final model")
+        model = self._model(task_id)
+        fragments = self._load_fragments(task_id, schema.MODEL_FINAL, model)
+        final_hash = run.final_record.final_model_hash
+        if compute_state_model_hash(model, fragments) != final_hash:
+            raise StorageError(f"the stored final model of {task_id} does not hash to its final_model_hash")
+        metadata = {
+            "format": "pt",
+            "tenzro.task_id": task_id,
+            "tenzro.model_hash": _hex(final_hash),
+            "tenzro.run_root": _hex(run.run_root),
+        }
+        return compute_model_file_bytes(model, fragments, metadata)
+
+    def _write_model_file(self, task_id: str) -> None:
+        """Write the final model file atomically: temporary file, fsync, rename, fsync dir."""
+        data = self.export_final_model(task_id)
+        path = self._model_file(task_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse further calls. The store belongs to the caller and is not closed here."""
+        self._closed = True
