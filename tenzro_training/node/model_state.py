@@ -21,13 +21,13 @@ same fp32 state (docs/node.md).
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import safetensors.torch
 import torch
 
 from storage.interface import StorageError
@@ -166,8 +166,25 @@ def compute_state_model_hash(model: ModelLayout, fragments: Sequence[torch.Tenso
 
 
 def compute_model_file_bytes(model: ModelLayout, fragments: Sequence[torch.Tensor], metadata: Mapping[str, str]) -> bytes:
-    """The safetensors bytes of the full fp32 model (deterministic for equal inputs)."""
-    return safetensors.torch.save(compute_full_state(model, fragments), metadata=dict(metadata))
+    """The safetensors bytes of the full fp32 model, byte-for-byte deterministic.
+
+    Written here rather than by ``safetensors.torch.save``, whose header lists ``__metadata__``
+    entries in hash-map order (two calls gave different bytes): the header is JSON with sorted
+    keys, tensors are laid out in name order (UTF-8 bytes), the data starts 8-byte aligned.
+    Any safetensors reader loads it.
+    """
+    state = compute_full_state(model, fragments)
+    header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
+    chunks: list[bytes] = []
+    offset = 0
+    for spec in model.specs:  # already in name order
+        data = bytes(compute_raw_le_bytes(state[spec.name])) if spec.numel else b""
+        header[spec.name] = {"dtype": "F32", "shape": list(spec.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return b"".join([len(text).to_bytes(8, "little"), text, *chunks])
 
 
 # --- the round update ------------------------------------------------------------------------

@@ -1,0 +1,492 @@
+"""NodeService conformance: the same behaviour on the in-memory store and on RocksDB.
+
+Every test here runs twice (``store_kind`` = memory, rocks) through the ``net`` fixture. A run
+is M=3 trainers, K=2, F=2 fragments, 2 rounds, signed with real eth-account keys, on a fake
+clock. Refusals are checked against a snapshot of every column family: a refused call must
+leave the store byte-for-byte unchanged, except where the protocol says otherwise
+(equivocation).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+
+from storage import schema
+from tenzro_training import auth
+from tenzro_training.aggregation import aggregate
+from tenzro_training.auth import WrongSigner
+from tenzro_training.errors import (
+    CheckpointError,
+    Equivocation,
+    InvalidState,
+    LateSubmission,
+    NotEnrolled,
+    PayloadError,
+    PayloadUnavailable,
+    QuorumNotReached,
+    RoundMismatch,
+    SpecError,
+    TaskExists,
+    UnknownTask,
+)
+from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
+from tenzro_training.ledger import InsufficientBalance, Ledger
+from tenzro_training.node import persistence
+from tenzro_training.node.service import NodeService
+from tenzro_training.outer import OuterConfig, apply_outer_step
+from tenzro_training.payload import PayloadLayoutMismatch, PayloadMetadataMismatch, compute_payload_hash
+from tenzro_training.receipt import TrainingReceipt, verify_receipt, verify_receipt_root
+from tenzro_training.run import NotSponsor, NotSyncer, RunEvent, StragglerWindowOpen
+from tenzro_training.run_events import EquivocationDetected, RunSealed, SyncerFailover, TrainerSlashed
+from tenzro_training.spec import TrainingTaskSpec
+
+from tests.node.conftest import (
+    BALANCE,
+    GRACE_MS,
+    POOL,
+    SPONSOR,
+    SPONSOR_BALANCE,
+    STAKE,
+    STRANGER,
+    SYNCERS,
+    TIMINGS,
+    TRAINERS,
+    Net,
+    gradient,
+    initial_state,
+    layouts_for,
+    make_payload,
+    snapshot,
+    spec_dict,
+)
+
+
+def stored_ledger(net: Net) -> Ledger:
+    ledger = persistence.load_ledger_entries(net.store.iterate(schema.CF_ACCOUNTS), net.store.iterate(schema.CF_LEDGER))
+    assert ledger is not None
+    return ledger
+
+
+def check_ledger(net: Net) -> Ledger:
+    """The stored ledger equals the service's, conserves supply and minted the genesis."""
+    ledger = stored_ledger(net)
+    assert ledger == net.service._ledger
+    assert ledger.total_supply() == ledger.minted - ledger.burned
+    assert ledger.minted == SPONSOR_BALANCE + 5 * BALANCE
+    return ledger
+
+
+def start(net: Net, checkpoint: tuple[str, str], n_trainers: int = 3, **spec: Any) -> dict[str, Any]:
+    result = net.post(spec_dict(*checkpoint, **spec))
+    net.elect()
+    for i in range(n_trainers):
+        net.enroll(i)
+    return result
+
+
+def play_round(net: Net, round_: int, trainers: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    for i in trainers:
+        for f in range(2):
+            net.submit(i, round_, f)
+    return net.finalize(round_)
+
+
+def canonical(trainers: tuple[int, ...]) -> list[int]:
+    return sorted(trainers, key=lambda i: TRAINERS[i].address)
+
+
+def reference_model(spec: dict[str, Any], rounds: int, trainers: tuple[int, ...] = (0, 1, 2)) -> dict[str, torch.Tensor]:
+    """The global model recomputed with the core functions alone, from the known gradients."""
+    task = TrainingTaskSpec.from_dict(spec)
+    cfg = OuterConfig.from_spec(task)
+    state = initial_state()
+    layouts = layouts_for()
+    weights = [gather_fragment(state, lay) for lay in layouts]
+    momentum = [torch.zeros_like(w) for w in weights]
+    for r in range(rounds):
+        for f, lay in enumerate(layouts):
+            grads = [gradient(i, r, f, lay.numel) for i in canonical(trainers)]
+            agg = aggregate(task.aggregation, grads).tensor
+            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
+    for lay, w in zip(layouts, weights):
+        scatter_fragment(state, lay, w)
+    return state
+
+
+class TestWholeRun:
+    def test_run_to_sealed(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        spec = spec_dict(*checkpoint)
+        posted = start(net, checkpoint)
+        assert posted["status"] == "Electing"
+        state0 = initial_state()
+        assert posted["initial_model_hash"] == "0x" + compute_model_hash(state0).hex()
+        first = play_round(net, 0)
+        assert first["status"] == "Training" and first["next_round"] == 1 and not first["sealed"]
+        check_ledger(net)
+        last = play_round(net, 1)
+        assert last["sealed"] and last["status"] == "Sealed"
+
+        # The receipt verifies, and its final model hash is the independently computed one.
+        answer = net.service.get_receipt(net.task_id)
+        receipt = TrainingReceipt.from_dict(answer["receipt"])
+        assert verify_receipt_root(receipt) and verify_receipt(receipt)
+        assert answer["run_root"] == "0x" + receipt.run_root.hex() == last["run_root"]
+        expected = reference_model(spec, 2)
+        assert receipt.final_model_hash == compute_model_hash(expected)
+        assert [t.accepted_submissions for t in receipt.trainers] == [4, 4, 4]
+
+        # Payouts: equal weights, floor(1001 * 4 / 12) = 333 each, remainder 2 to the sponsor;
+        # every stake is returned; nothing was burned.
+        ledger = check_ledger(net)
+        for t in TRAINERS[:3]:
+            assert ledger.balance_of(t.address) == BALANCE + 333
+        assert ledger.balance_of(SPONSOR.address) == SPONSOR_BALANCE - POOL + 2
+        assert ledger.burned == 0 and not ledger.escrows and not ledger.bonds
+        sealed = [e for e in events if isinstance(e, RunSealed)]
+        assert len(sealed) == 1 and sealed[0].remainder == 2
+
+        # The exported final model loads and hashes to the receipt's final model hash.
+        data = net.service.export_final_model(net.task_id)
+        model = safetensors.torch.load(data)
+        assert compute_model_hash(model) == receipt.final_model_hash
+        for name, tensor in expected.items():
+            assert torch.equal(model[name], tensor)
+        if net.service._config.data_dir is not None:
+            path = net.service.final_model_path(net.task_id)
+            assert path == net.service._config.data_dir / "models" / "run-1.safetensors"
+            assert path.read_bytes() == data
+
+        view = net.service.get_run(net.task_id)
+        assert view["status"] == "Sealed" and view["has_receipt"] is True
+        assert len(view["round_records"]) == 2 and view["run_root"] == last["run_root"]
+
+    def test_get_run_view(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        net.submit(0, 0, 1)
+        view = net.service.get_run(net.task_id)
+        layouts = layouts_for()
+        assert [f["layout_hash"] for f in view["fragments"]] == ["0x" + lay.layout_hash().hex() for lay in layouts]
+        assert [f["numel"] for f in view["fragments"]] == [9, 8]
+        assert view["fragments"][0]["entries"][0] == {
+            "name": "layer.bias", "shape": [5], "dtype": "float32", "start": 0, "stop": 5,
+        }
+        assert view["submission_counts"] == [0, 1]
+        assert view["syncer"] == net.syncer().text and view["syncer_rank"] == 1
+        assert len(view["election"]["tickets"]) == 3 and len(view["election"]["ranking"]) == 3
+        assert view["has_receipt"] is False and view["status"] == "Training"
+        json.dumps(view)  # JSON-able as the transport needs
+
+    def test_list_runs_is_ordered_paged_and_filtered(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        for task_id in ("b-run", "a-run", "c-run"):
+            net.post(spec_dict(*checkpoint, task_id=task_id, reward_pool="10"))
+        net.task_id = "b-run"
+        net.cancel()
+        page = net.service.list_runs(None, 0, 2)
+        assert page["total"] == 3 and [r["task_id"] for r in page["runs"]] == ["a-run", "b-run"]
+        assert [r["task_id"] for r in net.service.list_runs(None, 2, 50)["runs"]] == ["c-run"]
+        cancelled = net.service.list_runs("Cancelled", 0, 50)
+        assert cancelled["total"] == 1 and cancelled["runs"][0]["status"] == "Cancelled"
+        assert net.service.list_runs("Sealed", 0, 50) == {"runs": [], "total": 0, "offset": 0, "limit": 50}
+
+
+class TestRefusals:
+    """Each refused call leaves every column family byte-for-byte unchanged."""
+
+    def test_invalid_post_task_wrong_signer(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        before = snapshot(net.store)
+        with pytest.raises(NotSponsor):
+            net.post(spec_dict(*checkpoint), signer=STRANGER)
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_bad_checkpoint_hash(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        before = snapshot(net.store)
+        with pytest.raises(CheckpointError):
+            net.post(spec_dict(checkpoint[0], "0x" + "00" * 32))
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_missing_checkpoint_file(self, net: Net, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+        before = snapshot(net.store)
+        with pytest.raises(CheckpointError):
+            net.post(spec_dict((tmp_path / "nope.safetensors").as_uri(), checkpoint[1]))
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_too_many_fragments(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        spec = spec_dict(*checkpoint)
+        spec["architecture"]["fragment_count"] = 18  # the model has 17 elements
+        before = snapshot(net.store)
+        with pytest.raises(CheckpointError):
+            net.post(spec)
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_without_init_checkpoint(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        spec = spec_dict(*checkpoint)
+        spec["architecture"]["metadata"] = {}
+        before = snapshot(net.store)
+        with pytest.raises(SpecError):
+            net.post(spec)
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_pool_above_balance(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        before = snapshot(net.store)
+        with pytest.raises(InsufficientBalance):
+            net.post(spec_dict(*checkpoint, reward_pool=str(SPONSOR_BALANCE + 1)))
+        assert snapshot(net.store) == before
+
+    def test_post_task_replay_is_idempotent(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        first = net.post(spec_dict(*checkpoint))
+        before = snapshot(net.store)
+        assert net.post(spec_dict(*checkpoint)) == first
+        assert snapshot(net.store) == before
+        with pytest.raises(TaskExists):
+            net.post(spec_dict(*checkpoint, reward_pool="7"))
+        assert snapshot(net.store) == before
+
+    def test_invalid_unknown_task(self, net: Net) -> None:
+        before = snapshot(net.store)
+        with pytest.raises(UnknownTask):
+            net.service.get_run("nope")
+        with pytest.raises(UnknownTask):
+            net.enroll(0)
+        with pytest.raises(UnknownTask):
+            net.submit(0, 0, 0)
+        with pytest.raises(UnknownTask):
+            net.service.get_receipt("run-1")
+        assert snapshot(net.store) == before
+
+    def test_invalid_enroll_wrong_signer(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        net.post(spec_dict(*checkpoint))
+        net.elect()
+        before = snapshot(net.store)
+        with pytest.raises(WrongSigner):
+            net.enroll(0, signer=STRANGER)
+        assert snapshot(net.store) == before
+
+    def test_invalid_submit_by_stranger(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        with pytest.raises(NotEnrolled):
+            net.submit(0, 0, 0, signer=STRANGER)
+        assert snapshot(net.store) == before
+
+    def test_invalid_late_submission(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        play_round(net, 0)
+        before = snapshot(net.store)
+        with pytest.raises(LateSubmission):
+            net.submit(0, 0, 0, variant=1)
+        with pytest.raises(RoundMismatch):
+            net.submit(0, 2, 0)
+        assert snapshot(net.store) == before
+
+    def test_invalid_payload_layout_mismatch(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        other = net.payload(0, 0, 1)  # a valid payload of fragment 1, submitted as fragment 0
+        with pytest.raises(PayloadLayoutMismatch):
+            net.submit(0, 0, 0, payload=other)
+        with pytest.raises(PayloadMetadataMismatch):  # the header names round 1
+            net.submit(0, 0, 0, payload=net.payload(0, 1, 0))
+        with pytest.raises(PayloadError):
+            net.submit(0, 0, 0, payload=b"\x00" * 40)
+        assert snapshot(net.store) == before
+
+    def test_invalid_hash_only_submission_without_bytes(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        with pytest.raises(PayloadUnavailable):
+            net.submit(0, 0, 0, hash_only=True)
+        assert snapshot(net.store) == before
+
+    def test_hash_only_submission_of_a_gossiped_payload(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        data = net.payload(1, 0, 1)
+        assert net.service.store_payload(net.task_id, data) == compute_payload_hash(data)
+        before = snapshot(net.store)
+        assert net.service.store_payload(net.task_id, data) == compute_payload_hash(data)  # no-op
+        assert snapshot(net.store) == before
+        result = net.submit(1, 0, 1, hash_only=True)
+        assert result["accepted_count"] == 1
+        with pytest.raises(PayloadLayoutMismatch):
+            net.service.store_payload(net.task_id, net.payload(1, 1, 0))  # not this round
+
+    def test_invalid_finalize_refusals(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        syncer = net.syncer()
+        other = next(s for s in SYNCERS if s != syncer)
+        before = snapshot(net.store)
+        with pytest.raises(QuorumNotReached):
+            net.finalize(0)
+        assert snapshot(net.store) == before
+        for i in (0, 1):
+            for f in (0, 1):
+                net.submit(i, 0, f)
+        before = snapshot(net.store)
+        with pytest.raises(NotSyncer):
+            net.finalize(0, signer=other)
+        with pytest.raises(StragglerWindowOpen):  # trainer 2 may still submit
+            net.finalize(0)
+        with pytest.raises(RoundMismatch):
+            net.finalize(1)
+        assert snapshot(net.store) == before
+        net.clock.advance(GRACE_MS + 1)
+        result = net.finalize(0)
+        assert [len(f["accepted"]) for f in result["fragments"]] == [2, 2]
+        before = snapshot(net.store)
+        assert net.finalize(0) == result  # an identical replay of a committed round
+        with pytest.raises(RoundMismatch):
+            net.finalize(0, signer=other)
+        assert snapshot(net.store) == before
+
+    def test_invalid_cancel_by_stranger_and_after_training(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        with pytest.raises(NotSponsor):
+            net.cancel(signer=STRANGER)
+        with pytest.raises(InvalidState):
+            net.cancel()
+        with pytest.raises(InvalidState):
+            net.service.get_receipt(net.task_id)
+        assert snapshot(net.store) == before
+
+
+class TestProtocolEffects:
+    def test_equivocation_slashes_and_stores_evidence(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        net.submit(0, 0, 0)
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        with pytest.raises(Equivocation):
+            net.submit(0, 0, 0, variant=1)
+        raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 0, TRAINERS[0].address))
+        assert raw is not None
+        evidence = json.loads(raw)
+        hashes = [m["typed_data"]["message"]["payloadHash"] for m in evidence["messages"]]
+        assert hashes == ["0x" + compute_payload_hash(net.payload(0, 0, 0, v)).hex() for v in (0, 1)]
+        for message in evidence["messages"]:  # both signatures recover to the trainer
+            msg = auth.SubmitOuterGradient(
+                task_id=net.task_id, round=0, fragment=0, payload_hash=bytes.fromhex(message["typed_data"]["message"]["payloadHash"][2:])
+            )
+            assert auth.recover_signer(msg, bytes.fromhex(message["signature"][2:])) == TRAINERS[0].text
+        ledger = check_ledger(net)
+        assert ledger.burned == STAKE and ledger.bond_of(net.task_id, TRAINERS[0].address) is None
+        assert [type(e) for e in events] == [EquivocationDetected, TrainerSlashed]
+        view = net.service.get_run(net.task_id)
+        assert [t["slashed"] for t in view["trainers"]] == [True, False, False]
+        assert view["submission_counts"] == [0, 0] and view["status"] == "Training"
+        before = snapshot(net.store)
+        with pytest.raises(NotEnrolled):  # a slashed trainer is out
+            net.submit(0, 0, 1)
+        assert snapshot(net.store) == before
+        # The run goes on with the two others; the slashed trainer gets nothing back.
+        play_round(net, 0, trainers=(1, 2))
+        play_round(net, 1, trainers=(1, 2))
+        ledger = check_ledger(net)
+        assert ledger.balance_of(TRAINERS[0].address) == BALANCE - STAKE
+        assert ledger.balance_of(TRAINERS[1].address) == BALANCE + POOL // 2
+
+    def test_cancellation_refunds(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        net.post(spec_dict(*checkpoint))
+        net.elect()
+        net.enroll(0)
+        ledger = check_ledger(net)
+        assert ledger.balance_of(SPONSOR.address) == SPONSOR_BALANCE - POOL
+        assert ledger.balance_of(TRAINERS[0].address) == BALANCE - STAKE
+        assert net.cancel()["status"] == "Cancelled"
+        ledger = check_ledger(net)
+        assert ledger.balance_of(SPONSOR.address) == SPONSOR_BALANCE
+        assert ledger.balance_of(TRAINERS[0].address) == BALANCE
+        assert net.store.get(schema.CF_LEDGER, schema.escrow_key(net.task_id)) is None
+        before = snapshot(net.store)
+        assert net.cancel()["status"] == "Cancelled"  # a repeated cancel is a no-op
+        assert snapshot(net.store) == before
+
+    def test_enrollment_shortfall_fails_and_refunds(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        net.post(spec_dict(*checkpoint))
+        net.elect()
+        net.enroll(0)
+        assert net.service.next_deadline_ms() == net.service._runs[net.task_id].enrollment_deadline_ms
+        net.clock.advance(TIMINGS.enrollment_window_ms + 1)
+        events = net.service.tick()
+        assert [type(e).__name__ for e in events] == ["RunFailed"]
+        assert net.service.get_run(net.task_id)["status"] == "Failed"
+        assert net.service.next_deadline_ms() is None
+        ledger = check_ledger(net)
+        assert ledger.balance_of(SPONSOR.address) == SPONSOR_BALANCE
+        assert ledger.balance_of(TRAINERS[0].address) == BALANCE
+        before = snapshot(net.store)
+        assert net.service.tick() == ()
+        assert snapshot(net.store) == before
+
+    def test_failover_after_the_finalize_window(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        first = net.syncer()
+        for i in (0, 1):
+            for f in (0, 1):
+                net.submit(i, 0, f)
+        run = net.service._runs[net.task_id]
+        assert run.current_round is not None and run.current_round.finalize_deadline_ms is not None
+        deadline = run.current_round.finalize_deadline_ms
+        assert net.service.next_deadline_ms() == deadline
+        net.clock.now = deadline  # inclusive: the first syncer is still in time, but does not act
+        assert net.service.tick() == ()
+        net.clock.now = deadline + 1
+        events = net.service.tick()
+        assert [type(e) for e in events] == [SyncerFailover]
+        second = net.syncer()
+        assert second != first and net.service.get_run(net.task_id)["syncer_rank"] == 2
+        before = snapshot(net.store)
+        with pytest.raises(NotSyncer):
+            net.finalize(0, signer=first)
+        assert snapshot(net.store) == before
+        result = net.finalize(0, signer=second)
+        assert result["syncer"] == second.text and result["syncer_rank"] == 2
+
+    def test_failover_applies_inside_a_call_without_a_tick(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        first = net.syncer()
+        for i in (0, 1):
+            for f in (0, 1):
+                net.submit(i, 0, f)
+        run = net.service._runs[net.task_id]
+        assert run.current_round is not None and run.current_round.finalize_deadline_ms is not None
+        net.clock.now = run.current_round.finalize_deadline_ms + 1
+        ranking = net.service.get_run(net.task_id)["election"]["ranking"]
+        second = next(s for s in SYNCERS if s.text == ranking[1]["address"])
+        result = net.finalize(0, signer=second)
+        assert result["syncer_rank"] == 2 and second != first
+
+
+def test_service_requires_a_node_config(tmp_path: Path) -> None:
+    from storage.memory import MemoryStore
+
+    with pytest.raises(TypeError):
+        NodeService({}, MemoryStore())  # type: ignore[arg-type]
+
+
+def test_gossip_ticket_from_an_unregistered_candidate(net: Net, checkpoint: tuple[str, str]) -> None:
+    from tenzro_training.election import TicketRejected, make_ticket
+
+    net.post(spec_dict(*checkpoint))
+    seed = net.service._runs[net.task_id].election.seed
+    before = snapshot(net.store)
+    with pytest.raises(TicketRejected):
+        net.service.submit_ticket(net.task_id, make_ticket(b"\x05" * 32, STRANGER.address, seed))
+    assert snapshot(net.store) == before
+
+
+def test_submit_with_payload_from_another_task(net: Net, checkpoint: tuple[str, str]) -> None:
+    start(net, checkpoint)
+    lay = layouts_for()[0]
+    foreign = make_payload("other-task", 0, lay, gradient(0, 0, 0, lay.numel))
+    before = snapshot(net.store)
+    with pytest.raises(PayloadMetadataMismatch):
+        net.submit(0, 0, 0, payload=foreign)
+    assert snapshot(net.store) == before
