@@ -350,19 +350,27 @@ def _read_spec_file(path: str) -> Any:
     return TrainingTaskSpec.from_json(text, supported_only=False)
 
 
-def _spec_for(args: argparse.Namespace) -> Any:
-    """The task's spec: ``--spec`` if given, else the node's (getRun ``spec``, or the receipt)."""
-    from tenzro_training.spec import TrainingTaskSpec
+def compute_layouts_from_view(view: dict[str, Any]) -> tuple[Any, ...]:
+    """The fragment layouts a node serves in getRun (``fragments``), each checked against the
+    layout hash the node states for it."""
+    from tenzro_training.fragments import FragmentEntry, FragmentLayout
 
-    if args.spec:
-        return _read_spec_file(args.spec)
-    if not args.task_id:
-        raise CliError("pass --spec (a TrainingTaskSpec file) or --task-id of a run on the node")
-    view = RpcClient(args.rpc).call("tenzro_training_getRun", {"task_id": args.task_id})
-    spec = view.get("spec") if isinstance(view, dict) else None
-    if spec is None:
-        raise CliError("the node's getRun does not include the spec: pass --spec")
-    return TrainingTaskSpec.from_dict(spec, supported_only=False)
+    fragments = view.get("fragments") if isinstance(view, dict) else None
+    if not isinstance(fragments, list) or not fragments:
+        raise CliError("the node's getRun has no fragment layouts: pass --spec or --checkpoint", EXIT_RPC_ERROR)
+    layouts = []
+    try:
+        for i, frag in enumerate(fragments):
+            entries = tuple(
+                FragmentEntry(e["name"], tuple(e["shape"]), e["dtype"], e["start"], e["stop"]) for e in frag["entries"]
+            )
+            layout = FragmentLayout(frag["index"], entries)
+            if layout.index != i or "0x" + layout.layout_hash().hex() != frag["layout_hash"]:
+                raise ValueError(f"fragment {i}: layout hash mismatch")
+            layouts.append(layout)
+    except (TenzroError, ValueError, TypeError, KeyError) as exc:
+        raise CliError(f"the node's fragment layouts are malformed: {exc}", EXIT_RPC_ERROR) from None
+    return tuple(layouts)
 
 
 def _checkpoint_path(uri: str) -> Path:
@@ -377,7 +385,8 @@ def _checkpoint_path(uri: str) -> Path:
 
 def compute_task_layouts(spec: Any, checkpoint: str | None = None) -> tuple[Any, ...]:
     """The task's fragment layouts: its init checkpoint (``--checkpoint`` or the spec's
-    ``architecture.metadata.init_checkpoint``, hash-checked) split into F fragments."""
+    ``architecture.metadata.init_checkpoint``, hash-checked), widened to fp32, split into F
+    fragments."""
     from tenzro_training.fragments import compute_fragment_layouts
     from tenzro_training.trainer.model import load_checkpoint
 
@@ -396,6 +405,9 @@ def compute_task_layouts(spec: Any, checkpoint: str | None = None) -> tuple[Any,
         except OSError as exc:
             raise CliError(f"cannot read checkpoint {path}: {exc.strerror}") from None
     state = load_checkpoint(path, sha)  # CheckpointError (a TenzroError) -> exit 2
+    # The node holds the global model in fp32 whatever architecture.dtype says, and layouts
+    # (their hashes name dtypes) are computed from that fp32 state (docs/node.md).
+    state = {name: t.float() for name, t in state.items()}
     return compute_fragment_layouts(state, spec.architecture.fragment_count)
 
 
@@ -414,13 +426,22 @@ def compute_random_gradient(layout: Any, seed: int, task_id: str, round_: int, s
 def cmd_make_gradient(args: argparse.Namespace) -> None:
     from tenzro_training.payload import ENCODING_RAW, PayloadHeader, compute_payload_hash, encode_payload
 
-    spec = _spec_for(args)
-    task_id = args.task_id or spec.task_id
     if args.round < 0:
         raise CliError("--round must be >= 0")
     if not args.scale > 0 or args.scale != args.scale:
         raise CliError("--scale must be a positive number")
-    layouts = compute_task_layouts(spec, args.checkpoint)
+    if args.spec or args.checkpoint:
+        if not args.spec:
+            raise CliError("--checkpoint needs --spec (for the fragment count and task id)")
+        spec = _read_spec_file(args.spec)
+        task_id = args.task_id or spec.task_id
+        layouts = compute_task_layouts(spec, args.checkpoint)
+    elif args.task_id:
+        task_id = args.task_id
+        view = RpcClient(args.rpc).call("tenzro_training_getRun", {"task_id": task_id})
+        layouts = compute_layouts_from_view(view)
+    else:
+        raise CliError("pass --task-id (layouts from the node's getRun) or --spec (layouts from its init checkpoint)")
     if not 0 <= args.fragment < len(layouts):
         raise CliError(f"--fragment must be in 0..{len(layouts) - 1}")
     layout = layouts[args.fragment]
@@ -597,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cancel)
 
     p = train.add_parser("make-gradient", help="write a random OuterGradient payload file (tests, demos)")
-    p.add_argument("--task-id", help="the run (default: the spec's task_id)")
+    p.add_argument("--task-id", help="the run (default: the spec's task_id); alone, layouts come from the node")
     p.add_argument("--round", type=int, required=True)
     p.add_argument("--fragment", type=int, required=True)
     p.add_argument("--spec", help="the task's spec file (else read from the node)")

@@ -1,0 +1,426 @@
+"""End-to-end fixtures: REAL ``tenzro node --dev`` processes, a JSON-RPC client, a tiny task.
+
+Every node is started as ``python -m tenzro_training.cli node --dev --data-dir D --rpc-port 0
+--config C`` in its own process (a tmp data dir, a free port read back from the "listening" line)
+with tiny timings, so whole runs take seconds. The task is small on purpose (M=3, K=2, F=2,
+2 rounds, a ~2k-parameter timesfm model from ``trainer.model.create_init_checkpoint``).
+
+Nothing here knows the node's internals: tests talk to it over HTTP (raw JSON-RPC, or the CLI as
+a subprocess) exactly as a sponsor, trainer or syncer would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenzro_training import auth
+from tenzro_training.payload import ENCODING_RAW, PayloadHeader, compute_payload_hash, encode_payload
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 60.0
+
+# Tiny model: every run's init checkpoint (shared by all nodes so equal specs hash equally).
+MODEL_META = {"context_len": 16, "horizon": 4, "patch_len": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16}
+
+# Node-wide timings for the shared node: short election, generous everything else, so that no
+# deadline fires while a test (or a CLI subprocess) is between two calls.
+BASE_TIMINGS = {
+    "election_window_ms": 300,
+    "enrollment_window_ms": 30_000,
+    "round_timeout_ms": 90_000,
+    "finalize_window_ms": 60_000,
+}
+MAX_BODY_BYTES = 1 << 20  # small, so the oversized-body test sends only ~1 MiB
+
+
+# --- JSON-RPC over HTTP ---------------------------------------------------------------------------
+
+
+class RpcFailure(AssertionError):
+    """A call that answered a JSON-RPC error where a result was expected."""
+
+    def __init__(self, method: str, error: dict[str, Any]) -> None:
+        self.error = error
+        super().__init__(f"{method} -> {error}")
+
+
+def post_raw(url: str, body: bytes, timeout: float = 60.0) -> tuple[int, Any]:
+    """POST ``body``; return (HTTP status, decoded JSON body or None)."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    return status, (json.loads(raw) if raw else None)
+
+
+_ids = iter(range(1, 1 << 62))
+
+
+def rpc_reply(url: str, method: str, params: Any) -> dict[str, Any]:
+    """The whole JSON-RPC reply object (``result`` or ``error``)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}).encode()
+    status, reply = post_raw(url, body)
+    assert status == 200, (status, reply)
+    assert isinstance(reply, dict) and reply.get("jsonrpc") == "2.0", reply
+    return reply
+
+
+def rpc(url: str, method: str, params: Any) -> Any:
+    """The result; RpcFailure on an error answer."""
+    reply = rpc_reply(url, method, params)
+    if "error" in reply:
+        raise RpcFailure(method, reply["error"])
+    return reply["result"]
+
+
+def rpc_error(url: str, method: str, params: Any) -> dict[str, Any]:
+    """The error object of a call that must fail."""
+    reply = rpc_reply(url, method, params)
+    assert "error" in reply, f"{method} should have failed, got {reply.get('result')}"
+    return reply["error"]
+
+
+# --- node processes -----------------------------------------------------------------------------
+
+
+@dataclass
+class NodeProcess:
+    """A running ``tenzro node`` subprocess."""
+
+    data_dir: Path
+    config: Path
+    proc: subprocess.Popen[str]
+    url: str
+    stderr_path: Path
+    stdout_lines: list[str] = field(default_factory=list)
+
+    @property
+    def accounts(self) -> dict[str, dict[str, Any]]:
+        """dev-accounts.json by ``role:index`` (``sponsor:0``, ``trainer:3``, ``syncer:1``)."""
+        doc = json.loads((self.data_dir / "dev-accounts.json").read_text())
+        return {f"{a['role']}:{a['index']}": a for a in doc["accounts"]}
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def node_command(data_dir: Path, config: Path | None, port: int = 0) -> list[str]:
+    cmd = [sys.executable, "-m", "tenzro_training.cli", "node", "--dev", "--data-dir", str(data_dir), "--rpc-port", str(port)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return cmd
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")  # two nodes + pytest share 2 cores
+    return env
+
+
+def start_node(data_dir: Path, config: Path, *, log_name: str = "node") -> NodeProcess:
+    """Start a dev node and wait for its "listening" line (fails with its stderr otherwise)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(data_dir.parent.glob(f"{log_name}*.stderr")))
+    stderr_path = data_dir.parent / f"{log_name}-{n}.stderr"
+    err = stderr_path.open("w")
+    proc = subprocess.Popen(
+        node_command(data_dir, config), cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=err,
+        text=True, bufsize=1,
+    )
+    err.close()
+    lines: queue.Queue[str | None] = queue.Queue()
+    collected: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            collected.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"node did not start in {STARTUP_TIMEOUT_S}s:\n{stderr_path.read_text()}") from None
+        if line is None:
+            raise AssertionError(f"node exited with {proc.wait()} before listening:\n{stderr_path.read_text()}")
+        if line.startswith("tenzro node listening on "):
+            url = line.split(" on ", 1)[1].split(" ", 1)[0] + "/"
+            assert f"(data dir {data_dir.resolve()})" in line, line
+            return NodeProcess(data_dir, config, proc, url, stderr_path, collected)
+
+
+def write_config(path: Path, **overrides: Any) -> Path:
+    timings = dict(BASE_TIMINGS)
+    timings.update(overrides.pop("timings", {}))
+    doc = {"timings": timings, "max_body_bytes": MAX_BODY_BYTES, **overrides}
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+@pytest.fixture(scope="session")
+def e2e_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def node(e2e_dir: Path) -> Iterator[NodeProcess]:
+    """The shared dev node (tests use distinct task ids on it)."""
+    proc = start_node(e2e_dir / "shared" / "data", write_config(e2e_dir / "shared.json"), log_name="shared")
+    yield proc
+    code = proc.stop()
+    assert code == 0, proc.stderr()
+    assert "Traceback" not in proc.stderr(), proc.stderr()
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+    """Start extra nodes (own data dirs) for one test; every one is stopped afterwards."""
+    started: list[NodeProcess] = []
+
+    def factory(name: str = "node", data_dir: Path | None = None, **config: Any) -> NodeProcess:
+        cfg = write_config(tmp_path / f"{name}.json", **config)
+        proc = start_node(data_dir or (tmp_path / name / "data"), cfg, log_name=name)
+        started.append(proc)
+        return proc
+
+    yield factory
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.kill()
+
+
+# --- the task -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    checkpoint: Path
+    sha256: str
+
+
+@pytest.fixture(scope="session")
+def tiny_model(e2e_dir: Path) -> TinyModel:
+    from tenzro_training.trainer.model import config_from_metadata, create_init_checkpoint, save_checkpoint
+
+    path = e2e_dir / "init.safetensors"
+    sha = save_checkpoint(create_init_checkpoint(config_from_metadata(MODEL_META), 7), path)
+    return TinyModel(path, sha)
+
+
+def make_spec(model: TinyModel, task_id: str, sponsor: str, **changes: Any) -> dict[str, Any]:
+    from tenzro_training.trainer.model import config_from_metadata, count_params
+
+    spec = {
+        "task_id": task_id,
+        "sponsor_did": "did:tenzro:human:dev-sponsor",
+        "sponsor_address": sponsor,
+        "architecture": {
+            "family": "timesfm",
+            "param_count": count_params(config_from_metadata(MODEL_META)),
+            "modality": "Timeseries",
+            "fragment_count": 2,
+            "dtype": "fp32",
+            "metadata": {**MODEL_META, "init_checkpoint": {"uri": model.checkpoint.as_uri(), "sha256": model.sha256}},
+        },
+        "tier": "Open",
+        "aggregation": "Mean",
+        "trainer_count": 3,
+        "quorum": 2,
+        "inner_steps": 2,
+        "max_rounds": 2,
+        # Long enough that "finalize before the straggler window closes" is refused even on a
+        # loaded machine; every test closes its accepted sets by having all trainers submit.
+        "grace_window_ms": 5_000,
+        "reward_pool": str(10**21),
+        "dataset_ref": "statsmodels:co2,nile",
+        "dataset_hash": "0x" + "11" * 32,
+        "min_throughput": None,
+        "created_at": 1761350400,
+    }
+    spec.update(changes)
+    return spec
+
+
+@dataclass
+class Task:
+    """A task on a node plus everything needed to act in it."""
+
+    url: str
+    spec: dict[str, Any]
+    accounts: dict[str, dict[str, Any]]
+    layouts: tuple[Any, ...]
+    chain_id: int = auth.DEFAULT_CHAIN_ID
+
+    @property
+    def task_id(self) -> str:
+        return str(self.spec["task_id"])
+
+    def key(self, who: str) -> bytes:
+        return bytes.fromhex(self.accounts[who]["private_key"][2:])
+
+    def address(self, who: str) -> str:
+        return str(self.accounts[who]["address"])
+
+    def who_is(self, address: str) -> str:
+        return next(name for name, a in self.accounts.items() if a["address"].lower() == address.lower())
+
+    def sign(self, msg: auth.SignedMessageType, who: str) -> str:
+        return "0x" + auth.sign_message(msg, self.key(who), self.chain_id).hex()
+
+    # --- calls (params as a client builds them) ---
+
+    def post_params(self, who: str = "sponsor:0") -> dict[str, Any]:
+        from tenzro_training.spec import TrainingTaskSpec
+
+        spec = TrainingTaskSpec.from_dict(self.spec)
+        return {"spec": self.spec, "signature": self.sign(auth.PostTask(task_id=self.task_id, spec_hash=spec.spec_hash()), who)}
+
+    def enroll_params(self, who: str, stake: int = 10**18, did: str | None = None) -> dict[str, Any]:
+        did = did or f"did:tenzro:trainer:{who.replace(':', '-')}"
+        msg = auth.EnrollTrainer(task_id=self.task_id, did=did, trainer=bytes.fromhex(self.address(who)[2:]), stake=stake)
+        return {"task_id": self.task_id, "did": did, "address": self.address(who), "stake": str(stake), "signature": self.sign(msg, who)}
+
+    def payload(self, who: str, round_: int, fragment: int, seed: int = 0) -> bytes:
+        from tenzro_training.cli import compute_random_gradient
+
+        layout = self.layouts[fragment]
+        flat = compute_random_gradient(layout, seed, f"{self.task_id}/{who}", round_, 1e-3)
+        header = PayloadHeader(self.task_id, round_, fragment, ENCODING_RAW, layout.layout_hash())
+        return encode_payload(header, layout, flat)
+
+    def submit_params(self, who: str, round_: int, fragment: int, payload: bytes) -> dict[str, Any]:
+        msg = auth.SubmitOuterGradient(
+            task_id=self.task_id, round=round_, fragment=fragment, payload_hash=compute_payload_hash(payload)
+        )
+        return {
+            "task_id": self.task_id, "round": round_, "fragment": fragment,
+            "payload": base64.b64encode(payload).decode(), "signature": self.sign(msg, who),
+        }
+
+    def finalize_params(self, who: str, round_: int) -> dict[str, Any]:
+        return {"task_id": self.task_id, "round": round_, "signature": self.sign(auth.FinalizeRound(task_id=self.task_id, round=round_), who)}
+
+    def cancel_params(self, who: str = "sponsor:0") -> dict[str, Any]:
+        return {"task_id": self.task_id, "signature": self.sign(auth.CancelTask(task_id=self.task_id), who)}
+
+    # --- actions ---
+
+    def get(self) -> dict[str, Any]:
+        return rpc(self.url, "tenzro_training_getRun", {"task_id": self.task_id})
+
+    def post(self) -> dict[str, Any]:
+        return rpc(self.url, "tenzro_training_postTask", self.post_params())
+
+    def enroll(self, who: str, **kw: Any) -> dict[str, Any]:
+        return rpc(self.url, "tenzro_training_enrollTrainer", self.enroll_params(who, **kw))
+
+    def submit(self, who: str, round_: int, fragment: int, seed: int = 0) -> dict[str, Any]:
+        params = self.submit_params(who, round_, fragment, self.payload(who, round_, fragment, seed))
+        return rpc(self.url, "tenzro_training_submitOuterGradient", params)
+
+    def finalize(self, who: str, round_: int) -> dict[str, Any]:
+        return rpc(self.url, "tenzro_training_finalizeRound", self.finalize_params(who, round_))
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.get()
+            if predicate(view):
+                return view
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.task_id}: timed out waiting for {what}; last view: {json.dumps(view)[:2000]}")
+            time.sleep(0.05)
+
+    def wait_status(self, status: str, timeout: float = 30.0) -> dict[str, Any]:
+        return self.wait_for(lambda v: v["status"] == status, f"status {status}", timeout)
+
+    def syncer_by_rank(self, view: dict[str, Any], rank: int) -> str:
+        """``syncer:N`` name of the candidate ranked ``rank`` (1 = the elected syncer)."""
+        entry = view["election"]["ranking"][rank - 1]
+        assert entry["rank"] == rank
+        return self.who_is(entry["address"])
+
+
+def new_task(model: TinyModel, node: NodeProcess, task_id: str, **changes: Any) -> Task:
+    """A Task value (not yet posted) on ``node`` with the tiny spec and the dev accounts."""
+    from tenzro_training.cli import compute_task_layouts
+    from tenzro_training.spec import TrainingTaskSpec
+
+    accounts = node.accounts
+    spec = make_spec(model, task_id, accounts["sponsor:0"]["address"], **changes)
+    layouts = compute_task_layouts(TrainingTaskSpec.from_dict(spec))
+    return Task(node.url, spec, accounts, layouts)
+
+
+TRAINERS = ("trainer:0", "trainer:1", "trainer:2")
+
+
+def run_to_training(task: Task, trainers: tuple[str, ...] = TRAINERS) -> dict[str, Any]:
+    """Post, wait for the election, enroll ``trainers`` (in order); return the Training view."""
+    task.post()
+    task.wait_status("Enrolling")
+    for who in trainers:
+        task.enroll(who)
+    return task.wait_status("Training")
+
+
+def receipt_without_sealed_at(receipt: dict[str, Any]) -> dict[str, Any]:
+    inner = dict(receipt.get("receipt", receipt))
+    inner.pop("sealed_at")
+    return inner
+
+
+# --- CLI subprocesses -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def tenzro(*argv: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> CliResult:
+    """Run ``python -m tenzro_training.cli ARGV`` and capture its outcome."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tenzro_training.cli", *argv], cwd=REPO, env={**_child_env(), **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)

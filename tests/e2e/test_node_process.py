@@ -1,0 +1,344 @@
+"""End to end over raw JSON-RPC against REAL node processes (``tenzro node --dev``).
+
+Covers a whole run to a sealed, verifiable receipt and the failure modes a public endpoint sees:
+wrong signers, replays, equivocation (stake slashed), late submissions, unknown tasks, malformed
+params and bodies, oversized bodies, cancellation (escrow refunded), syncer failover with the
+syncer daemon, SIGKILL mid-round with a restart on the same data dir (the receipt equals an
+uninterrupted run's), clean shutdown and startup failures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tenzro_training.receipt import TrainingReceipt, verify_receipt
+from tests.e2e.conftest import (
+    MAX_BODY_BYTES,
+    REPO,
+    TRAINERS,
+    NodeProcess,
+    RpcFailure,
+    Task,
+    TinyModel,
+    _child_env,
+    new_task,
+    node_command,
+    post_raw,
+    receipt_without_sealed_at,
+    rpc,
+    rpc_error,
+    run_to_training,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 2
+FRAGMENTS = 2
+
+
+def submit_all(task: Task, round_: int, trainers: tuple[str, ...] = TRAINERS) -> None:
+    for who in trainers:
+        for fragment in range(FRAGMENTS):
+            task.submit(who, round_, fragment)
+
+
+def test_full_run_to_a_verified_receipt_with_error_cases(node: NodeProcess, tiny_model: TinyModel) -> None:
+    task = new_task(tiny_model, node, "e2e-full")
+    posted = task.post()
+    assert posted["status"] in ("Posted", "Electing") and posted["fragment_count"] == FRAGMENTS
+    # A replayed postTask is harmless: the same answer, no second escrow.
+    assert task.post()["spec_hash"] == posted["spec_hash"]
+    view = task.wait_status("Enrolling")
+    assert len(view["election"]["ranking"]) == 3  # the three dev syncers, ticketed by the node
+    syncer = task.syncer_by_rank(view, 1)
+    assert view["syncer"] == task.address(syncer) and view["syncer_rank"] == 1
+    assert [f["layout_hash"] for f in view["fragments"]] == ["0x" + lay.layout_hash().hex() for lay in task.layouts]
+
+    # Wrong signer: an enrollment for trainer:0 signed by trainer:1.
+    params = task.enroll_params("trainer:0")
+    params["signature"] = task.enroll_params("trainer:1")["signature"]
+    err = rpc_error(task.url, "tenzro_training_enrollTrainer", params)
+    assert err["data"]["type"] in ("WrongSigner", "SignatureInvalid") and err["code"] in (1202, 1203)
+
+    first = task.enroll("trainer:0")
+    assert first["shard"] == 0
+    assert task.enroll("trainer:0") == first  # replay: idempotent
+    task.enroll("trainer:1")
+    task.enroll("trainer:2")
+    view = task.wait_status("Training")
+    assert [t["shard"] for t in view["trainers"]] == [0, 1, 2] and view["round"] == 0
+
+    # Round 0: a replayed submission is answered the same and counted once.
+    payload = task.payload("trainer:0", 0, 0)
+    params = task.submit_params("trainer:0", 0, 0, payload)
+    accepted = rpc(task.url, "tenzro_training_submitOuterGradient", params)
+    assert rpc(task.url, "tenzro_training_submitOuterGradient", params) == accepted
+    assert task.get()["submission_counts"] == [1, 0]
+    # Not enrolled: trainer:5 signs a valid payload.
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient", task.submit_params("trainer:5", 0, 0, payload))
+    assert err["data"]["type"] == "NotEnrolled" and err["code"] == 1306
+    # Future round.
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient",
+                    task.submit_params("trainer:1", 1, 0, task.payload("trainer:1", 1, 0)))
+    assert err["data"]["type"] == "RoundMismatch"
+    # A payload for the wrong fragment is refused by the codec.
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient",
+                    task.submit_params("trainer:1", 0, 1, task.payload("trainer:1", 0, 0)))
+    assert err["code"] == 1400
+    task.submit("trainer:0", 0, 1)
+    task.submit("trainer:1", 0, 0)
+    task.submit("trainer:1", 0, 1)
+    # Quorum (K=2) reached but trainer:2 may still submit: finalizing now is refused.
+    err = rpc_error(task.url, "tenzro_training_finalizeRound", task.finalize_params(syncer, 0))
+    assert err["data"]["type"] == "StragglerWindowOpen"
+    task.submit("trainer:2", 0, 0)
+    task.submit("trainer:2", 0, 1)
+    # Wrong signer for finalize: a trainer, then a syncer that is not the elected one.
+    err = rpc_error(task.url, "tenzro_training_finalizeRound", task.finalize_params("trainer:0", 0))
+    assert err["data"]["type"] == "NotSyncer"
+    other = task.syncer_by_rank(view, 2)
+    assert rpc_error(task.url, "tenzro_training_finalizeRound", task.finalize_params(other, 0))["data"]["type"] == "NotSyncer"
+    done = task.finalize(syncer, 0)
+    assert done["round"] == 0 and done["status"] == "Training" and done["syncer_rank"] == 1
+    assert task.finalize(syncer, 0) == done  # replay: idempotent
+    # Late: round 0 is committed.
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient",
+                    task.submit_params("trainer:0", 0, 0, task.payload("trainer:0", 0, 0, seed=9)))
+    assert err["data"]["type"] == "LateSubmission" and err["code"] == 1305
+
+    submit_all(task, 1)
+    sealed = task.finalize(syncer, 1)
+    assert sealed["sealed"] and sealed["status"] == "Sealed"
+    view = task.get()
+    assert view["status"] == "Sealed" and view["run_root"] == sealed["run_root"]
+    assert [r["syncer_rank"] for r in view["round_records"]] == [1, 1]
+
+    reply = rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})
+    receipt = TrainingReceipt.from_dict(reply["receipt"])
+    assert verify_receipt(receipt)
+    assert "0x" + receipt.run_root.hex() == view["run_root"] == reply["run_root"]
+    assert [t.accepted_submissions for t in receipt.trainers] == [ROUNDS * FRAGMENTS] * 3
+    assert receipt.spec.to_dict() == receipt.spec.to_dict() and receipt.task_id == task.task_id
+
+    # The final model file hashes to the receipt's final model hash.
+    import safetensors.torch
+
+    from tenzro_training.fragments import compute_model_hash
+
+    model_file = node.data_dir / "models" / f"{task.task_id}.safetensors"
+    assert compute_model_hash(safetensors.torch.load(model_file.read_bytes())) == receipt.final_model_hash
+
+
+def test_invalid_requests_get_json_rpc_errors(node: NodeProcess) -> None:
+    url = node.url
+    err = rpc_error(url, "tenzro_training_getRun", {"task_id": "no-such-task"})
+    assert err["code"] == 1301 and err["data"]["type"] == "UnknownTask" and err["data"]["task_id"] == "no-such-task"
+    err = rpc_error(url, "tenzro_training_getRun", {"task_id": "bad id!"})
+    assert err["code"] == -32602 and err["data"]["param"] == "task_id"
+    err = rpc_error(url, "tenzro_training_getRun", ["positional"])
+    assert err["code"] == -32602
+    err = rpc_error(url, "tenzro_training_submitOuterGradient",
+                    {"task_id": "x", "round": -1, "fragment": 0, "payload": "AA==", "signature": "0x00"})
+    assert err["code"] == -32602
+    err = rpc_error(url, "tenzro_training_noSuchMethod", {})
+    assert err["code"] == -32601
+    status, reply = post_raw(url, b'{"jsonrpc": "2.0", "id": 1, "method": ')
+    assert status == 200 and reply["error"]["code"] == -32700
+    # Oversized body: a JSON-RPC error object with HTTP 413, never a 500 or plain text.
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tenzro_training_getRun",
+                       "params": {"task_id": "x" * 10, "pad": "A" * (MAX_BODY_BYTES + 10)}}).encode()
+    status, reply = post_raw(url, body)
+    assert status == 413
+    assert reply["error"]["code"] == -32600 and reply["error"]["data"]["type"] == "RequestTooLarge"
+    assert reply["error"]["data"]["limit"] == MAX_BODY_BYTES
+    # The node is still healthy.
+    assert rpc(url, "tenzro_training_listRuns", {})["offset"] == 0
+
+
+def test_equivocation_slashes_the_stake(node: NodeProcess, tiny_model: TinyModel) -> None:
+    task = new_task(tiny_model, node, "e2e-equivocation")
+    run_to_training(task)
+    task.submit("trainer:0", 0, 0)
+    other = task.submit_params("trainer:0", 0, 0, task.payload("trainer:0", 0, 0, seed=1))
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient", other)
+    assert err["code"] == 1311 and err["data"]["type"] == "Equivocation"
+    assert err["data"]["fragment"] == 0 and err["data"]["round"] == 0
+    view = task.get()
+    slashed = {t["address"]: t["slashed"] for t in view["trainers"]}
+    assert slashed == {task.address("trainer:0"): True, task.address("trainer:1"): False, task.address("trainer:2"): False}
+    assert view["status"] == "Training" and view["submission_counts"] == [0, 0]  # its submission is dropped
+    # A slashed trainer cannot submit any more; the two others carry the run (K=2).
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient",
+                    task.submit_params("trainer:0", 0, 1, task.payload("trainer:0", 0, 1)))
+    assert err["data"]["type"] == "NotEnrolled"
+    syncer = task.syncer_by_rank(view, 1)
+    for round_ in range(ROUNDS):
+        submit_all(task, round_, ("trainer:1", "trainer:2"))
+        task.finalize(syncer, round_)  # every unslashed trainer submitted: the set is closed
+    receipt = TrainingReceipt.from_dict(rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})["receipt"])
+    assert verify_receipt(receipt)
+    by_address = {"0x" + t.address.hex(): t for t in receipt.trainers}
+    slashed_trainer = by_address[task.address("trainer:0").lower()]
+    assert slashed_trainer.slashed and slashed_trainer.accepted_submissions == 0
+
+
+def test_cancel_refunds_the_escrow(node: NodeProcess, tiny_model: TinyModel) -> None:
+    from tenzro_training.node.dev import DEV_BALANCE
+
+    # The pool is 60% of the sponsor's dev balance: a second such task can only be escrowed if
+    # the first one's escrow came back.
+    pool = str(DEV_BALANCE * 6 // 10)
+    first = new_task(tiny_model, node, "e2e-cancel-a", reward_pool=pool)
+    first.post()
+    first.wait_status("Enrolling")
+    first.enroll("trainer:3")
+    err = rpc_error(first.url, "tenzro_training_cancelTask", first.cancel_params("trainer:3"))
+    assert err["data"]["type"] == "NotSponsor"
+    second = new_task(tiny_model, node, "e2e-cancel-b", reward_pool=pool)
+    err = rpc_error(second.url, "tenzro_training_postTask", second.post_params())
+    assert err["data"]["type"] == "InsufficientBalance"
+    cancelled = rpc(first.url, "tenzro_training_cancelTask", first.cancel_params())
+    assert cancelled["status"] == "Cancelled"
+    assert rpc(first.url, "tenzro_training_cancelTask", first.cancel_params())["status"] == "Cancelled"  # replay
+    assert first.get()["status"] == "Cancelled"
+    assert second.post()["task_id"] == "e2e-cancel-b"  # the refund made room for the same pool
+    err = rpc_error(first.url, "tenzro_training_enrollTrainer", first.enroll_params("trainer:4"))
+    assert err["data"]["type"] == "InvalidState"
+    rpc(second.url, "tenzro_training_cancelTask", second.cancel_params())  # leave the balance for other tests
+
+
+def test_failover_to_the_rank_2_syncer_run_by_the_daemon(node_factory: Callable[..., NodeProcess], tiny_model: TinyModel) -> None:
+    fast = node_factory("failover", timings={"finalize_window_ms": 1500})
+    task = new_task(tiny_model, fast, "e2e-failover", grace_window_ms=300)
+    view = run_to_training(task)
+    rank1, rank2 = task.syncer_by_rank(view, 1), task.syncer_by_rank(view, 2)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "tenzro_training.cli", "syncer", "run", "--key-file", str(fast.data_dir / "dev-accounts.json"),
+         "--account", rank2, "--rpc", fast.url, "--poll-interval", "0.1"],
+        cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        submit_all(task, 0)
+        # Rank 1 stays silent: after the finalize window the node hands the run to rank 2, whose
+        # daemon finalizes round 0 and then round 1.
+        view = task.wait_for(lambda v: v["round"] >= 1, "round 0 finalized by the failover syncer", timeout=60)
+        assert view["syncer"] == task.address(rank2) and view["syncer_rank"] == 2
+        (failover,) = view["failovers"]
+        assert failover["round"] == 0 and failover["from_rank"] == 1 and failover["to_rank"] == 2
+        assert failover["from_syncer"] == task.address(rank1) and failover["to_syncer"] == task.address(rank2)
+        # Rank 1 waking up late is no longer the syncer.
+        err = rpc_error(task.url, "tenzro_training_finalizeRound", task.finalize_params(rank1, 1))
+        assert err["data"]["type"] == "NotSyncer"
+        submit_all(task, 1)
+        view = task.wait_status("Sealed", timeout=60)
+    finally:
+        daemon.send_signal(signal.SIGINT)
+        out, err_text = daemon.communicate(timeout=30)
+    assert daemon.returncode == 0, err_text
+    assert "Traceback" not in err_text
+    assert [r["syncer_rank"] for r in view["round_records"]] == [2, 2]
+    assert [r["syncer"] for r in view["round_records"]] == [task.address(rank2)] * 2
+    finalized = [line for line in out.splitlines() if " finalized e2e-failover round " in line]
+    assert len(finalized) == 2, out
+    receipt = TrainingReceipt.from_dict(rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})["receipt"])
+    assert verify_receipt(receipt) and ["0x" + s.hex() for s in receipt.syncers] == [task.address(rank2).lower()]
+
+
+def _kill_run_steps(task: Task, syncer_of: Callable[[], str]) -> list[Callable[[], Any]]:
+    """The same calls, in the same order, for the killed run and the uninterrupted reference."""
+    steps: list[Callable[[], Any]] = []
+    steps += [lambda who=who, f=f: task.submit(who, 0, f) for who in TRAINERS for f in range(FRAGMENTS)]
+    steps.append(lambda: task.finalize(syncer_of(), 0))
+    steps += [lambda: task.submit("trainer:0", 1, 0), lambda: task.submit("trainer:0", 1, 1), lambda: task.submit("trainer:1", 1, 0)]
+    return steps
+
+
+def _finish_kill_run(task: Task, syncer: str) -> dict[str, Any]:
+    task.submit("trainer:1", 1, 1)
+    task.submit("trainer:2", 1, 0)
+    task.submit("trainer:2", 1, 1)
+    task.finalize(syncer, 1)
+    return rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})
+
+
+def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
+    node: NodeProcess, node_factory: Callable[..., NodeProcess], tiny_model: TinyModel
+) -> None:
+    # The reference: an uninterrupted run on the shared node.
+    ref = new_task(tiny_model, node, "e2e-kill")
+    ref_view = run_to_training(ref)
+    for step in _kill_run_steps(ref, lambda: ref.syncer_by_rank(ref_view, 1)):
+        step()
+    expected = _finish_kill_run(ref, ref.syncer_by_rank(ref_view, 1))
+
+    # The same task on its own node, killed mid-round after some acknowledged submissions.
+    victim = node_factory("kill")
+    task = new_task(tiny_model, victim, "e2e-kill")
+    assert task.spec == ref.spec
+    view = run_to_training(task)
+    syncer = task.syncer_by_rank(view, 1)
+    assert syncer == ref.syncer_by_rank(ref_view, 1)  # the election is reproducible
+    for step in _kill_run_steps(task, lambda: syncer):
+        step()
+    before = task.get()
+    assert before["round"] == 1 and before["submission_counts"] == [2, 1]
+    victim.proc.send_signal(signal.SIGKILL)
+    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+
+    restarted = node_factory("kill", data_dir=victim.data_dir)
+    task.url = restarted.url
+    after = task.get()
+    for key in ("status", "round", "submission_counts", "trainers", "round_records", "model_hash", "syncer", "election"):
+        assert after[key] == before[key], key
+    # Acknowledged submissions survived: replays are no-ops, a different payload is equivocation.
+    assert task.submit("trainer:0", 1, 0)["accepted_count"] == 2
+    got = _finish_kill_run(task, syncer)
+    assert receipt_without_sealed_at(got) == receipt_without_sealed_at(expected)
+    assert got["run_root"] == expected["run_root"]
+    assert restarted.stop() == 0
+
+
+def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodeProcess], tmp_path: Path) -> None:
+    first = node_factory("lifecycle")
+    assert rpc(first.url, "tenzro_training_listRuns", {})["runs"] == []
+    # A second node on the same data dir: the store is locked -> one line on stderr, exit 2.
+    cfg = write_config(tmp_path / "second.json")
+    proc = subprocess.run(node_command(first.data_dir, cfg), cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "already open" in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("tenzro:")]) == 1
+    # SIGTERM: clean exit 0, no traceback.
+    assert first.stop(signal.SIGTERM) == 0
+    assert "Traceback" not in first.stderr()
+    # SIGINT on a restarted node: the same.
+    again = node_factory("lifecycle", data_dir=first.data_dir)
+    assert again.stop(signal.SIGINT) == 0
+    assert "Traceback" not in again.stderr()
+
+    # A bad config file.
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"timings": {"election_window_ms": 0}}))
+    proc = subprocess.run(node_command(tmp_path / "d2", bad), cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "election_window_ms" in proc.stderr and "Traceback" not in proc.stderr
+    bad.write_text("{not json")
+    proc = subprocess.run(node_command(tmp_path / "d2", bad), cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr
+
+    # A store written by a newer schema version.
+    from storage import schema
+    from storage.rocks import RocksStore
+
+    with RocksStore(first.data_dir / "db") as store:
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(schema.SCHEMA_VERSION + 1))
+    proc = subprocess.run(node_command(first.data_dir, cfg), cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "newer version" in proc.stderr and "Traceback" not in proc.stderr
