@@ -217,7 +217,7 @@ def test_cancel_refunds_the_escrow(node: NodeProcess, tiny_model: TinyModel) -> 
 
 
 def test_failover_to_the_rank_2_syncer_run_by_the_daemon(node_factory: Callable[..., NodeProcess], tiny_model: TinyModel) -> None:
-    fast = node_factory("failover", timings={"finalize_window_ms": 1500})
+    fast = node_factory("failover", timings={"finalize_window_ms": 3000})
     task = new_task(tiny_model, fast, "e2e-failover", grace_window_ms=300)
     view = run_to_training(task)
     rank1, rank2 = task.syncer_by_rank(view, 1), task.syncer_by_rank(view, 2)
