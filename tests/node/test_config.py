@@ -1,0 +1,115 @@
+"""NodeConfig: the JSON config file format (docs/node.md), round trips and every rejection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenzro_training import vrf
+from tenzro_training.node.config import ConfigError, NodeConfig, SyncerIdentity
+from tenzro_training.records import Candidate
+from tenzro_training.run_state import RunTimings
+
+from tests.node.conftest import SYNCERS, VRF_SECRETS, make_config
+
+
+def test_defaults() -> None:
+    config = NodeConfig()
+    assert config.data_dir is None and config.chain_id == 1337 and config.timings == RunTimings()
+    assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
+    assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
+    assert NodeConfig.from_dict({}, data_dir=None) == config
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    config = make_config(tmp_path, allowed_checkpoint_dirs=(tmp_path,), sync_writes=True, rpc_port=0)
+    obj = config.to_dict()
+    assert "data_dir" not in obj
+    assert NodeConfig.from_dict(obj, data_dir=tmp_path) == config
+    assert obj["syncer_identities"][0]["vrf_secret"] == "0x" + VRF_SECRETS[0].hex()
+    assert "vrf_secret" not in repr(config.syncer_identities[0]).replace("vrf_secret=<hidden>", "")
+
+
+def test_file_format_example() -> None:
+    key = vrf.public_key(VRF_SECRETS[0])
+    obj = {
+        "chain_id": 31337,
+        "timings": {"election_window_ms": 50, "min_stake": "1000"},
+        "candidates": [{"address": SYNCERS[0].text, "vrf_public_key": "0x" + key.hex(), "stake": "5"}],
+        "syncer_identities": [{"address": SYNCERS[0].text.lower(), "vrf_secret": "0x" + VRF_SECRETS[0].hex()}],
+        "genesis": [{"address": SYNCERS[0].text, "balance": "1000000000000000000"}, {"address": "0x" + "11" * 20, "balance": 7}],
+        "allowed_checkpoint_dirs": ["/srv/checkpoints"],
+        "max_payload_bytes": 1 << 20,
+    }
+    config = NodeConfig.from_dict(obj, data_dir=Path("/var/lib/tenzro"))
+    assert config.chain_id == 31337 and config.data_dir == Path("/var/lib/tenzro")
+    assert config.timings.election_window_ms == 50 and config.timings.min_stake == 1000
+    assert config.timings.finalize_window_ms == RunTimings().finalize_window_ms  # partial timings keep defaults
+    assert config.candidates == (Candidate(SYNCERS[0].address, key, 5),)
+    assert config.syncer_identities == (SyncerIdentity(address=SYNCERS[0].address, vrf_secret=VRF_SECRETS[0]),)
+    assert config.genesis == ((SYNCERS[0].address, 10**18), (b"\x11" * 20, 7))
+    assert config.allowed_checkpoint_dirs == (Path("/srv/checkpoints"),)
+    assert config.get_candidate(SYNCERS[0].address) is config.candidates[0]
+    assert config.get_candidate(b"\x00" * 20) is None
+
+
+def _base() -> dict[str, Any]:
+    return make_config().to_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"unknown": 1}, "unknown"),
+        ({"chain_id": 0}, "chain_id"),
+        ({"chain_id": True}, "chain_id"),
+        ({"timings": {"election_window_ms": 0}}, "timings"),
+        ({"timings": {"nope": 1}}, "timings.nope"),
+        ({"genesis": [{"address": "0x12", "balance": "1"}]}, "genesis[0].address"),
+        ({"genesis": [{"address": "0x" + "11" * 20, "balance": "-1"}]}, "genesis[0].balance"),
+        ({"genesis": [{"address": "0x" + "11" * 20, "balance": "01"}]}, "genesis[0].balance"),
+        ({"genesis": [{"address": "0x" + "11" * 20, "balance": "1"}] * 2}, "genesis"),
+        ({"genesis": [{"address": "0x" + "11" * 20}]}, "genesis[0].balance"),
+        ({"genesis": [{"address": "0x" + "11" * 20, "balance": str(2**256 - 1)},
+                      {"address": "0x" + "22" * 20, "balance": "1"}]}, "genesis"),
+        ({"candidates": [{"address": "0x" + "11" * 20, "vrf_public_key": "0x" + "00" * 31, "stake": "1"}]},
+         "candidates[0].vrf_public_key"),
+        ({"syncer_identities": [{"address": "0x" + "11" * 20, "vrf_secret": "0x" + "01" * 32}]},
+         "syncer_identities[0].address"),
+        ({"allowed_checkpoint_dirs": ["relative/dir"]}, "allowed_checkpoint_dirs[0]"),
+        ({"rpc_port": 70000}, "rpc_port"),
+        ({"rpc_host": ""}, "rpc_host"),
+        ({"max_payload_bytes": 0}, "max_payload_bytes"),
+        ({"sync_writes": "yes"}, "sync_writes"),
+    ],
+)
+def test_invalid_config(change: dict[str, Any], path: str) -> None:
+    obj = _base()
+    obj.update(change)
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_dict(obj, data_dir=None)
+    assert info.value.path == path
+
+
+def test_invalid_identity_key_mismatch() -> None:
+    obj = _base()
+    obj["syncer_identities"][0]["vrf_secret"] = "0x" + VRF_SECRETS[1].hex()  # registered key is VRF_SECRETS[0]'s
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_dict(obj, data_dir=None)
+    assert info.value.path == "syncer_identities[0].vrf_secret"
+
+
+def test_invalid_duplicate_candidates() -> None:
+    obj = _base()
+    obj["candidates"].append(dict(obj["candidates"][0]))
+    with pytest.raises(ConfigError):
+        NodeConfig.from_dict(obj, data_dir=None)
+
+
+def test_invalid_not_an_object() -> None:
+    with pytest.raises(ConfigError):
+        NodeConfig.from_dict([], data_dir=None)
+    with pytest.raises(ConfigError):
+        SyncerIdentity(address=b"\x01" * 20, vrf_secret=b"\x01" * 31)

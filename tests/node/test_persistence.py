@@ -1,0 +1,135 @@
+"""Stored value encodings and the transition -> batch operations function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from storage import schema
+from storage.interface import BatchOp, StorageError
+from tenzro_training.ledger import Escrow, Ledger, bond_stake, credit, escrow_reward, slash_stake
+from tenzro_training.node import persistence
+from tenzro_training.node.model_state import ModelLayout, decode_fragment, encode_fragment
+from tenzro_training.fragments import TensorSpec
+from tenzro_training.run import process_post_task
+from tenzro_training.run_state import RunState
+
+from tests.test_run import INITIAL_MODEL, SPONSOR, TIMINGS, funded_ledger, make_spec
+
+A = b"\x0a" * 20
+B = b"\x0b" * 20
+amounts = st.integers(min_value=0, max_value=2**256 - 1)
+
+
+@given(amounts)
+def test_u256_round_trip(value: int) -> None:
+    raw = persistence.encode_u256(value)
+    assert len(raw) == 32 and persistence.decode_u256(raw) == value
+
+
+@given(amounts, amounts)
+def test_escrow_and_supply_round_trip(amount: int, other: int) -> None:
+    escrow = Escrow(sponsor=A, amount=amount)
+    assert persistence.decode_escrow(persistence.encode_escrow(escrow)) == escrow
+    assert persistence.decode_supply(persistence.encode_supply(amount, other)) == (amount, other)
+
+
+def test_submission_record_round_trip() -> None:
+    record = persistence.SubmissionRecord(b"\x01" * 32, b"\x02" * 65)
+    raw = persistence.encode_submission_record(record)
+    assert raw[0] == 1 and len(raw) == 98
+    assert persistence.decode_submission_record(raw) == record
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        lambda: persistence.decode_u256(b"\x00" * 31),
+        lambda: persistence.decode_escrow(b"\x00" * 51),
+        lambda: persistence.decode_supply(b"\x00" * 63),
+        lambda: persistence.decode_submission_record(b"\x02" + b"\x00" * 97),
+        lambda: persistence.decode_run(b"{not json"),
+        lambda: persistence.decode_run(b'{"version": 1}'),
+        lambda: persistence.decode_receipt(b"[]"),
+        lambda: persistence.decode_json(b"[" * 10_000, "x"),
+        lambda: persistence.decode_round_reports(b'{"a": 1}'),
+        lambda: decode_fragment(b"\x00" * 7, 2),
+        lambda: ModelLayout.from_bytes(b'{"version": 2, "tensors": []}', 1),
+        lambda: ModelLayout.from_bytes(b'{"version": 1, "tensors": [["a#b", [2], "float32"]]}', 1),
+    ],
+)
+def test_invalid_stored_values_are_storage_errors(decode: object) -> None:
+    with pytest.raises(StorageError):
+        decode()  # type: ignore[operator]
+
+
+def test_fragment_bytes_are_little_endian_fp32() -> None:
+    flat = torch.tensor([1.0, -2.5, 0.0], dtype=torch.float32)
+    raw = encode_fragment(flat)
+    assert raw == b"\x00\x00\x80\x3f" + b"\x00\x00\x20\xc0" + b"\x00\x00\x00\x00"
+    assert torch.equal(decode_fragment(raw, 3), flat)
+
+
+def test_model_layout_round_trip() -> None:
+    specs = [TensorSpec("w", (3, 2), "float32"), TensorSpec("b", (4,), "float32"), TensorSpec("e", (0,), "float32")]
+    layout = ModelLayout.from_specs(specs, 3)
+    again = ModelLayout.from_bytes(layout.to_bytes(), 3)
+    assert again == layout
+    assert [s.name for s in again.specs] == ["b", "e", "w"]
+    assert [lay.numel for lay in again.layouts] == [4, 3, 3]
+
+
+def _ledger() -> Ledger:
+    ledger = credit(credit(Ledger(), A, 100), B, 50)
+    ledger = escrow_reward(ledger, "t", A, 60)
+    return bond_stake(ledger, "t", B, 50)
+
+
+def test_genesis_ops_write_every_balance_supply_and_flag() -> None:
+    ledger = credit(credit(Ledger(), A, 100), B, 50)
+    ops = persistence.compute_genesis_ops(ledger, b"record")
+    puts = {(cf, key): value for op, cf, key, value in ops if op is BatchOp.PUT}
+    assert puts[(schema.CF_ACCOUNTS, A)] == persistence.encode_u256(100)
+    assert puts[(schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY)] == persistence.encode_supply(150, 0)
+    assert puts[(schema.CF_META, schema.NODE_GENESIS_KEY)] == b"record"
+    assert len(ops) == 4
+    assert persistence.compute_genesis_ops(Ledger(), b"r")[0][2] == schema.LEDGER_SUPPLY_KEY  # empty genesis
+
+
+def test_ledger_diff_ops_and_reload() -> None:
+    before = _ledger()
+    after, burned = slash_stake(before, "t", B)
+    assert burned == 50
+    ops, _ = persistence.compute_transition_ops(None, _fake_run(), before, after)
+    ledger_ops = [op for op in ops if op[1] != schema.CF_TRAINING_RUNS]
+    assert ledger_ops == [
+        (BatchOp.DELETE, schema.CF_LEDGER, schema.bond_key("t", B), None),
+        (BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, persistence.encode_supply(150, 50)),
+    ]
+    # Writing every entry of a ledger and loading them back gives the ledger.
+    accounts = [(schema.account_key(a), persistence.encode_u256(v)) for a, v in after.balances()]
+    entries = [(schema.escrow_key("t"), persistence.encode_escrow(after.escrows["t"])),
+               (schema.LEDGER_SUPPLY_KEY, persistence.encode_supply(after.minted, after.burned))]
+    assert persistence.load_ledger_entries(accounts, entries) == after
+    with pytest.raises(StorageError):  # conservation broken: a balance without its supply
+        persistence.load_ledger_entries(accounts + [(schema.account_key(b"\x0c" * 20), persistence.encode_u256(1))], entries)
+    with pytest.raises(StorageError):
+        persistence.load_ledger_entries(accounts, [])
+    assert persistence.load_ledger_entries([], []) is None
+
+
+def _fake_run() -> RunState:
+    return process_post_task(make_spec(), SPONSOR, funded_ledger(), 1000, TIMINGS, INITIAL_MODEL).run
+
+
+def test_unchanged_run_and_ledger_give_no_ops() -> None:
+    run = _fake_run()
+    ledger = _ledger()
+    ops, encoded = persistence.compute_transition_ops(None, run, ledger, ledger)
+    assert [op[1] for op in ops] == [schema.CF_TRAINING_RUNS] and encoded == persistence.encode_run(run)
+    assert persistence.compute_transition_ops(encoded, run, ledger, ledger) == ([], encoded)
+    assert persistence.decode_run(encoded) == run
+    extra = [(BatchOp.PUT, schema.CF_META, b"x", b"y")]
+    assert persistence.compute_transition_ops(encoded, run, ledger, ledger, extra)[0] == extra
