@@ -1,0 +1,55 @@
+"""The NodeService behind the real JSON-RPC dispatcher: JSON in, JSON out, errors by code."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from rpc.dispatcher import Dispatcher
+from rpc.service import TrainingService
+from tenzro_training import auth
+from tenzro_training.payload import compute_payload_hash
+from tenzro_training.spec import TrainingTaskSpec
+
+from tests.node.conftest import DIDS, SPONSOR, STAKE, STRANGER, TRAINERS, Net, spec_dict
+
+
+def call(dispatcher: Dispatcher, method: str, **params: Any) -> dict[str, Any]:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": f"tenzro_training_{method}", "params": params})
+    raw = dispatcher.handle(body)
+    assert raw is not None
+    return json.loads(raw)
+
+
+def test_service_over_json_rpc(net: Net, checkpoint: tuple[str, str]) -> None:
+    assert isinstance(net.service, TrainingService)
+    rpc = Dispatcher(net.service)
+    spec = spec_dict(*checkpoint)
+    task = TrainingTaskSpec.from_dict(spec)
+    sig = SPONSOR.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))
+    posted = call(rpc, "postTask", spec=spec, signature="0x" + sig.hex())
+    assert posted["result"]["status"] == "Electing"
+    wrong = call(rpc, "postTask", spec=spec, signature="0x" + STRANGER.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash())).hex())
+    assert wrong["error"]["data"]["type"] == "NotSponsor"
+    net.elect()
+    t = TRAINERS[0]
+    msg = auth.EnrollTrainer(task_id=task.task_id, did=DIDS[0], trainer=t.address, stake=STAKE)
+    enrolled = call(rpc, "enrollTrainer", task_id=task.task_id, did=DIDS[0], address=t.text, stake=str(STAKE),
+                    signature="0x" + t.sign(msg).hex())
+    assert enrolled["result"]["shard"] == 0
+    for i in (1, 2):
+        net.enroll(i)
+    data = net.payload(0, 0, 0)
+    msg2 = auth.SubmitOuterGradient(task_id=task.task_id, round=0, fragment=0, payload_hash=compute_payload_hash(data))
+    submitted = call(rpc, "submitOuterGradient", task_id=task.task_id, round=0, fragment=0,
+                     payload=base64.b64encode(data).decode(), signature="0x" + t.sign(msg2).hex())
+    assert submitted["result"]["accepted_count"] == 1
+    unknown = call(rpc, "getRun", task_id="nope")
+    assert unknown["error"]["code"] == 1301
+    listed = call(rpc, "listRuns")
+    assert listed["result"]["total"] == 1
+    view = call(rpc, "getRun", task_id=task.task_id)["result"]
+    assert view["submission_counts"] == [1, 0]
+    no_receipt = call(rpc, "getReceipt", task_id=task.task_id)
+    assert no_receipt["error"]["data"]["type"] == "InvalidState"
