@@ -46,7 +46,9 @@ _TOP_KEYS: Final = (
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes",
 )
-_TIMING_KEYS: Final = ("election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake")
+_TIMING_KEYS: Final = (
+    "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
+)
 
 
 class ConfigError(TenzroError, ValueError):
@@ -103,7 +105,9 @@ def _hex32(path: str, value: object) -> bytes:
     return bytes.fromhex(value[2:])
 
 
-def _obj(path: str, value: object, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> Mapping[str, Any]:
+def _obj(
+    path: str, value: object, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(path, f"expected an object, got {type(value).__name__}")
     unknown = sorted(str(k) for k in value if k not in allowed)
@@ -277,7 +281,8 @@ class NodeConfig:
             entries = []
             for i, g in enumerate(_list("genesis", d["genesis"])):
                 e = _obj(f"genesis[{i}]", g, ("address", "balance"), ("address", "balance"))
-                entries.append((_address(f"genesis[{i}].address", e["address"]), _amount(f"genesis[{i}].balance", e["balance"])))
+                address = _address(f"genesis[{i}].address", e["address"])
+                entries.append((address, _amount(f"genesis[{i}].balance", e["balance"])))
             kwargs["genesis"] = tuple(entries)
         if "allowed_checkpoint_dirs" in d:
             dirs = []
@@ -286,7 +291,8 @@ class NodeConfig:
                     raise ConfigError(f"allowed_checkpoint_dirs[{i}]", "expected a path string")
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
-        for key in ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes"):
+        plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes")
+        for key in plain:
             if key in d:
                 kwargs[key] = d[key]
         try:
@@ -303,11 +309,16 @@ class NodeConfig:
             "chain_id": self.chain_id,
             "timings": self.timings.to_dict(),
             "candidates": [
-                {"address": format_address(c.address), "vrf_public_key": "0x" + c.vrf_public_key.hex(), "stake": str(c.stake)}
+                {
+                    "address": format_address(c.address),
+                    "vrf_public_key": "0x" + c.vrf_public_key.hex(),
+                    "stake": str(c.stake),
+                }
                 for c in self.candidates
             ],
             "syncer_identities": [
-                {"address": format_address(s.address), "vrf_secret": "0x" + s.vrf_secret.hex()} for s in self.syncer_identities
+                {"address": format_address(s.address), "vrf_secret": "0x" + s.vrf_secret.hex()}
+                for s in self.syncer_identities
             ],
             "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self.genesis],
             "sync_writes": self.sync_writes,
@@ -348,4 +359,6 @@ def _candidate_from_dict(path: str, value: object) -> Candidate:
 def _identity_from_dict(path: str, value: object) -> SyncerIdentity:
     keys = ("address", "vrf_secret")
     d = _obj(path, value, keys, keys)
-    return SyncerIdentity(address=_address(f"{path}.address", d["address"]), vrf_secret=_hex32(f"{path}.vrf_secret", d["vrf_secret"]))
+    return SyncerIdentity(
+        address=_address(f"{path}.address", d["address"]), vrf_secret=_hex32(f"{path}.vrf_secret", d["vrf_secret"])
+    )

@@ -83,13 +83,16 @@ class ModelLayout:
 
     def to_bytes(self) -> bytes:
         """Stored form: JSON ``{"version": 1, "tensors": [[name, [dims...], dtype], ...]}``."""
-        return encode_json({"version": _SPECS_VERSION, "tensors": [[s.name, list(s.shape), s.dtype] for s in self.specs]})
+        tensors = [[s.name, list(s.shape), s.dtype] for s in self.specs]
+        return encode_json({"version": _SPECS_VERSION, "tensors": tensors})
 
     @classmethod
     def from_bytes(cls, raw: bytes, fragment_count: int) -> ModelLayout:
         doc = decode_json(raw, "tensor specs")
         try:
-            if not isinstance(doc, dict) or doc.get("version") != _SPECS_VERSION or not isinstance(doc.get("tensors"), list):
+            if not isinstance(doc, dict) or doc.get("version") != _SPECS_VERSION:
+                raise ValueError("unexpected document")
+            if not isinstance(doc.get("tensors"), list):
                 raise ValueError("unexpected document")
             specs = [TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in doc["tensors"]]
             return cls.from_specs(specs, fragment_count)
@@ -143,7 +146,8 @@ def encode_fragment(flat: torch.Tensor) -> bytes:
 def decode_fragment(raw: bytes, numel: int, what: str = "fragment") -> torch.Tensor:
     """Inverse of :func:`encode_fragment` for a fragment of ``numel`` elements."""
     if not isinstance(raw, bytes) or len(raw) != 4 * numel:
-        raise StorageError(f"stored {what} has {len(raw) if isinstance(raw, bytes) else 0} bytes, expected {4 * numel}")
+        size = len(raw) if isinstance(raw, bytes) else 0
+        raise StorageError(f"stored {what} has {size} bytes, expected {4 * numel}")
     arr = np.frombuffer(raw, dtype="<f4").astype(np.float32, copy=True)
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         arr = arr.byteswap().view(arr.dtype.newbyteorder())
@@ -165,7 +169,9 @@ def compute_state_model_hash(model: ModelLayout, fragments: Sequence[torch.Tenso
     return compute_model_hash(compute_full_state(model, fragments))
 
 
-def compute_model_file_bytes(model: ModelLayout, fragments: Sequence[torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+def compute_model_file_bytes(
+    model: ModelLayout, fragments: Sequence[torch.Tensor], metadata: Mapping[str, str]
+) -> bytes:
     """The safetensors bytes of the full fp32 model, byte-for-byte deterministic.
 
     Written here rather than by ``safetensors.torch.save``, whose header lists ``__metadata__``
@@ -233,7 +239,9 @@ def compute_round_update(
     new_momentum: list[torch.Tensor] = []
     for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
         header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
-        grads = [decode_payload(data, lay, expected=header, max_bytes=max_payload_bytes).flat_fp32() for _, data in subs]
+        grads = [
+            decode_payload(data, lay, expected=header, max_bytes=max_payload_bytes).flat_fp32() for _, data in subs
+        ]
         result = aggregate(rule, grads)
         report = result.report
         outcomes.append(

@@ -86,7 +86,7 @@ def encode_u256(value: int) -> bytes:
 
 def decode_u256(raw: bytes, what: str = "amount") -> int:
     if not isinstance(raw, bytes) or len(raw) != 32:
-        raise StorageError(f"stored {what} is malformed: expected 32 bytes, got {len(raw) if isinstance(raw, bytes) else raw!r}")
+        raise StorageError(f"stored {what} is malformed: expected 32 bytes")
     return int.from_bytes(raw, "big")
 
 
@@ -115,7 +115,8 @@ def decode_supply(raw: bytes) -> tuple[int, int]:
 
 def encode_json(value: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, no whitespace, ASCII, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text.encode("ascii")
 
 
 def decode_json(raw: bytes, what: str) -> Any:
@@ -284,15 +285,17 @@ def _ledger_ops(before: Ledger, after: Ledger) -> list[Operation]:
         ops.append((BatchOp.DELETE, schema.CF_LEDGER, key, None) if amount is None else
                    (BatchOp.PUT, schema.CF_LEDGER, key, encode_u256(amount)))
     if (before.minted, before.burned) != (after.minted, after.burned):
-        ops.append((BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, encode_supply(after.minted, after.burned)))
+        supply = encode_supply(after.minted, after.burned)
+        ops.append((BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, supply))
     return ops
 
 
 def compute_genesis_ops(ledger: Ledger, record: bytes) -> list[Operation]:
     """The batch that creates a new store's ledger: every balance, the supply counters and the
     genesis flag (written together, so a crash never leaves balances without the flag)."""
-    ops = [op for op in _ledger_ops(Ledger(), ledger) if op[2] != schema.LEDGER_SUPPLY_KEY or op[1] != schema.CF_LEDGER]
-    ops.append((BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, encode_supply(ledger.minted, ledger.burned)))
+    supply = (BatchOp.PUT, schema.CF_LEDGER, schema.LEDGER_SUPPLY_KEY, encode_supply(ledger.minted, ledger.burned))
+    ops = [op for op in _ledger_ops(Ledger(), ledger) if op[1:3] != supply[1:3]]
+    ops.append(supply)
     ops.append((BatchOp.PUT, schema.CF_META, schema.NODE_GENESIS_KEY, record))
     return ops
 

@@ -125,6 +125,14 @@ def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
 
+def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) -> list[Operation]:
+    """Puts of one kind of model state (weights, momentum, final), one value per fragment."""
+    return [
+        (BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), encode_fragment(flat))
+        for index, flat in enumerate(fragments)
+    ]
+
+
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -154,7 +162,9 @@ class NodeService:
 
     def _open_ledger(self) -> Ledger:
         store = self._store
-        ledger = persistence.load_ledger_entries(store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER))
+        ledger = persistence.load_ledger_entries(
+            store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER)
+        )
         flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
         if flag is not None:
             if ledger is None:
@@ -327,11 +337,8 @@ class NodeService:
         extra: list[Operation] = [
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), initial.model.to_bytes())
         ]
-        for index, weights in enumerate(initial.weights):
-            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task.task_id, schema.MODEL_WEIGHTS, index),
-                           encode_fragment(weights)))
-            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task.task_id, schema.MODEL_MOMENTUM, index),
-                           encode_fragment(torch.zeros_like(weights))))
+        extra += _fragment_ops(task.task_id, schema.MODEL_WEIGHTS, initial.weights)
+        extra += _fragment_ops(task.task_id, schema.MODEL_MOMENTUM, [torch.zeros_like(w) for w in initial.weights])
         self._commit(t, extra)
         self._models[task.task_id] = initial.model
         return self._post_result(t.run)
@@ -412,8 +419,8 @@ class NodeService:
             if held is None:
                 extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, key, data))
             record = persistence.SubmissionRecord(payload_hash, signature)
-            extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, schema.submission_key(task_id, round, fragment, trainer),
-                          persistence.encode_submission_record(record)))
+            sub_key = schema.submission_key(task_id, round, fragment, trainer)
+            extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, sub_key, persistence.encode_submission_record(record)))
         self._commit(t, extra)
         after = t.run
         current = after.current_round
@@ -433,7 +440,9 @@ class NodeService:
         header = PayloadHeader(task_id, round, fragment, ENCODING_RAW, layout.layout_hash())
         decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes)
 
-    def _evidence_ops(self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes) -> list[Operation]:
+    def _evidence_ops(
+        self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes
+    ) -> list[Operation]:
         detected = [e for e in t.events if isinstance(e, EquivocationDetected) and e.trainer == trainer]
         if not detected:
             return []
@@ -442,12 +451,14 @@ class NodeService:
         first = SubmitOuterGradient(
             task_id=task_id, round=event.round, fragment=event.fragment, payload_hash=event.first_payload_hash
         )
-        raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, event.round, event.fragment, trainer))
+        key = schema.submission_key(task_id, event.round, event.fragment, trainer)
+        raw = self._store.get(schema.CF_SUBMISSIONS, key)
         first_signature = None if raw is None else persistence.decode_submission_record(raw).signature
         if first_signature is None:
             log.error("equivocation in %s: the first submission's record is missing", task_id)
         value = persistence.encode_evidence(first, first_signature, second, signature, trainer, self._config.chain_id)
-        return [(BatchOp.PUT, schema.CF_EVIDENCE, schema.evidence_key(task_id, event.round, event.fragment, trainer), value)]
+        evidence_key = schema.evidence_key(task_id, event.round, event.fragment, trainer)
+        return [(BatchOp.PUT, schema.CF_EVIDENCE, evidence_key, value)]
 
     def store_payload(self, task_id: str, payload: bytes) -> bytes:
         """Hold a payload that arrived over gossip, so a later hash-only submission can name it.
@@ -512,7 +523,8 @@ class NodeService:
         model = self._model(task_id)
         inputs = []
         for index in range(len(model.layouts)):
-            inputs.append([(addr, self._load_payload(task_id, digest)) for addr, digest in get_accepted_submissions(ticked, index)])
+            accepted = get_accepted_submissions(ticked, index)
+            inputs.append([(addr, self._load_payload(task_id, digest)) for addr, digest in accepted])
         weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
         momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
         largest = max((len(data) for subs in inputs for _, data in subs), default=0)
@@ -524,19 +536,13 @@ class NodeService:
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
         t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
-        extra: list[Operation] = []
-        for index in range(len(model.layouts)):
-            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_WEIGHTS, index),
-                          encode_fragment(update.weights[index])))
-            extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_MOMENTUM, index),
-                          encode_fragment(update.momentum[index])))
+        extra = _fragment_ops(task_id, schema.MODEL_WEIGHTS, update.weights)
+        extra += _fragment_ops(task_id, schema.MODEL_MOMENTUM, update.momentum)
         reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
         extra.append((BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports))
         sealed = t.run.status is RunStatus.SEALED
         if sealed:
-            for index in range(len(model.layouts)):
-                extra.append((BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, schema.MODEL_FINAL, index),
-                              encode_fragment(update.weights[index])))
+            extra += _fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
                           persistence.encode_receipt(compute_receipt(t.run))))
         self._commit(t, extra)
@@ -660,7 +666,7 @@ class NodeService:
             "round": round,
             "fragments": [
                 {"report": doc, "report_hash": _hex(sha256(persistence.compute_report_canonical(doc)).digest())}
-                for doc in documents
+                for doc in documents  # the stored bytes are canonical, so re-canonicalizing is exact
             ],
         }
 
@@ -693,7 +699,9 @@ class NodeService:
 
     def next_deadline_ms(self) -> int | None:
         """The earliest instant at which a tick has something to do (None: nothing pending)."""
-        deadlines = [d for run in self._runs.values() if not is_terminal(run) and (d := get_next_deadline_ms(run)) is not None]
+        deadlines = [
+            d for run in self._runs.values() if not is_terminal(run) and (d := get_next_deadline_ms(run)) is not None
+        ]
         return min(deadlines) if deadlines else None
 
     # --- gossip -------------------------------------------------------------------------------
