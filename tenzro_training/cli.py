@@ -308,7 +308,7 @@ def cmd_submit_gradient(args: argparse.Namespace) -> None:
             "signature": _sign(msg, key, args.chain_id),
         },
     )
-    _emit(args, result, lambda r: _kv(r, ["task_id", "round", "fragment", "payload_hash", "status"]))
+    _emit(args, result, lambda r: _kv(r, ["task_id", "round", "fragment", "payload_hash", "accepted_count", "quorum_reached", "status"]))
 
 
 def cmd_finalize(args: argparse.Namespace) -> None:
@@ -322,7 +322,7 @@ def cmd_finalize(args: argparse.Namespace) -> None:
         "tenzro_training_finalizeRound",
         {"task_id": args.task_id, "round": round_, "signature": _sign(msg, key, args.chain_id)},
     )
-    _emit(args, result, lambda r: _kv(r, ["task_id", "round", "model_hash", "status"]))
+    _emit(args, result, lambda r: _kv(r, ["task_id", "round", "model_hash", "syncer", "syncer_rank", "status", "run_root"]))
 
 
 def cmd_cancel(args: argparse.Namespace) -> None:

@@ -545,3 +545,62 @@ def test_invalid_dev_account_role() -> None:
         compute_dev_private_key("miner", 0)
     with pytest.raises(ValueError):
         compute_dev_private_key("trainer", -1)
+
+
+# --- node process configuration ---------------------------------------------------------------------
+
+
+def test_node_config_precedence(tmp_path: Path) -> None:
+    from tenzro_training.node.dev import DEV_TIMINGS
+    from tenzro_training.node.main import load_node_config
+
+    cfg_file = tmp_path / "node.json"
+    cfg_file.write_text(json.dumps({"timings": {"election_window_ms": 250}, "rpc_port": 9000, "max_body_bytes": 4096}))
+    cfg = load_node_config(tmp_path / "d", config_file=str(cfg_file), dev=True, rpc_host="0.0.0.0")
+    # A partial timings object keeps the dev values it does not name.
+    assert cfg.timings.election_window_ms == 250
+    assert cfg.timings.finalize_window_ms == DEV_TIMINGS.finalize_window_ms
+    assert (cfg.rpc_host, cfg.rpc_port, cfg.max_body_bytes) == ("0.0.0.0", 9000, 4096)
+    assert len(cfg.candidates) == 3 and len(cfg.syncer_identities) == 3 and len(cfg.genesis) == 12
+    assert cfg.data_dir == tmp_path / "d"
+    plain = load_node_config(tmp_path / "e", rpc_port=0)
+    assert plain.candidates == () and plain.genesis == () and plain.rpc_port == 0
+    assert not (tmp_path / "e" / "dev-accounts.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{bad", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"timings": {"election_window_ms": 0}}', "election_window_ms"),
+        ('{"no_such_key": 1}', "no_such_key"),
+    ],
+)
+def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:
+    from tenzro_training.node.main import NodeStartupError, load_node_config
+
+    path = tmp_path / "node.json"
+    path.write_text(content)
+    with pytest.raises(NodeStartupError, match=match):
+        load_node_config(tmp_path / "d", config_file=str(path))
+    with pytest.raises(NodeStartupError, match="cannot read config"):
+        load_node_config(tmp_path / "d", config_file=str(tmp_path / "absent.json"))
+
+
+def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    path.write_text('{"rpc_port": 70000}')
+    code, out, err = run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--config", str(path))
+    assert code == EXIT_USAGE and out == "" and "rpc_port" in err and err.count("\n") == 1
+
+
+def test_format_event() -> None:
+    from tenzro_training.node.main import format_event
+    from tenzro_training.run_events import RoundFinalized
+
+    line = format_event(RoundFinalized("t", 5, 0, b"\x01" * 20, 1, b"\x02" * 32))
+    assert line == (
+        "RoundFinalized task_id=t at_ms=5 round=0 syncer=0x0101010101010101010101010101010101010101 "
+        "syncer_rank=1 model_hash=0x" + "02" * 32
+    )

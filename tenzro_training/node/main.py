@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from tenzro_training.errors import TenzroError
 
-__all__ = ["NodeStartupError", "TICK_INTERVAL_S", "load_node_config", "run_node", "run_node_from_args"]
+__all__ = ["NodeStartupError", "TICK_INTERVAL_S", "format_event", "load_node_config", "run_node", "run_node_from_args"]
 
 log = logging.getLogger("tenzro.node")
 
@@ -128,8 +128,28 @@ async def _tick_forever(service: Any, executor: ThreadPoolExecutor) -> None:
         await asyncio.sleep(delay)
 
 
+def _format_value(value: Any) -> str:
+    from tenzro_training.addresses import format_address
+
+    if isinstance(value, bytes):
+        return format_address(value) if len(value) == 20 else "0x" + value.hex()
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_format_value(v) for v in value) + ")"
+    return str(value)
+
+
+def format_event(event: Any) -> str:
+    """One log line for a run event: its class and fields, byte strings as hex/EIP-55."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(event):
+        return str(event)
+    fields = " ".join(f"{f.name}={_format_value(getattr(event, f.name))}" for f in dataclasses.fields(event))
+    return f"{type(event).__name__} {fields}"
+
+
 def _log_event(event: Any) -> None:
-    log.info("%s", event)
+    log.info("%s", format_event(event))
 
 
 async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> None:

@@ -1,0 +1,445 @@
+"""Benchmark the node's JSON-RPC path and finalizeRound, each against its floor, in ONE run.
+
+1. Throughput on loopback, server and client in separate processes (2 cores: one each):
+   - baseline: a bare aiohttp handler that reads the body, ``json.loads`` it and ``json.dumps``
+     a canned result of the same shape as ours (no checks, no service, no executor hop);
+   - ours: ``rpc.server`` + the real ``NodeService`` (memory store) on one executor thread, as in
+     ``tenzro node``.
+   For ``tenzro_training_getRun`` (a Training run with 8 trainers) and for
+   ``tenzro_training_submitOuterGradient`` with a ~1 MiB payload: every request is a FRESH
+   submission (distinct trainer/fragment/run), so ours pays what a real one does: base64,
+   SHA-256, EIP-712 signer recovery, payload decoding and finiteness checks, the atomic batch.
+   A bounded number of requests is sent by an asyncio aiohttp client with a few connections;
+   req/s and ours/baseline are printed. Target: >= 0.5x for both.
+2. finalizeRound latency, M = K = 8 trainers, F = 12 fragments of ~1M parameters (a 12.6M-param
+   timesfm model), in process: the service's ``finalize_round`` (signer recovery, loading and
+   decoding the 96 stored payloads, aggregation, outer Nesterov step, model hash, one batch with
+   the new weights and momentum) vs ``aggregation.aggregate`` alone over the same decoded inputs.
+   Target: finalize <= 1.5x aggregation alone. Best of ``--rounds`` rounds.
+
+Usage::
+
+    .venv/bin/python scripts/bench_rpc.py                     # everything, < 3 min on 2 cores
+    .venv/bin/python scripts/bench_rpc.py --rules Mean --rounds 2 --get-requests 1000
+
+Wall times on a shared machine are noisy; the load average is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tenzro_training import auth  # noqa: E402
+
+SUBMIT_MODEL = {"context_len": 64, "horizon": 16, "patch_len": 16, "d_model": 128, "n_layers": 5, "n_heads": 4, "d_ff": 576}
+SUBMIT_FRAGMENTS = 4  # ~269k fp32 values per fragment: a ~1.03 MiB payload
+FINALIZE_MODEL = {"context_len": 64, "horizon": 16, "patch_len": 16, "d_model": 256, "n_layers": 16, "n_heads": 4, "d_ff": 1024}
+FINALIZE_FRAGMENTS = 12  # ~1.05M values per fragment
+TRAINERS = 8
+RULES = {
+    "Mean": "Mean",
+    "TrimmedMean": {"TrimmedMean": {"alpha_bps": 1250}},
+    "CoordinateMedian": "CoordinateMedian",
+    "Krum": {"Krum": {"f": 2}},
+}
+
+
+# --- a service with runs, set up in process ------------------------------------------------------
+
+
+class Clock:
+    """A settable clock: setup moves it past deadlines; during a benchmark it stands still."""
+
+    def __init__(self) -> None:
+        self.now = int(time.time() * 1000)
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Bench:
+    """A NodeService on a memory (or RocksDB) store with the dev accounts and a tiny election."""
+
+    def __init__(self, workdir: Path, *, store: str = "memory") -> None:
+        from storage import open_store
+        from tenzro_training.node.config import NodeConfig
+        from tenzro_training.node.dev import dev_genesis
+        from tenzro_training.node.service import NodeService
+        from tenzro_training.run_state import RunTimings
+
+        kwargs, doc = dev_genesis(workdir / "dev", trainers=TRAINERS, syncers=3)
+        kwargs["timings"] = RunTimings(
+            election_window_ms=10, enrollment_window_ms=10**9, round_timeout_ms=10**9, finalize_window_ms=10**9
+        )
+        self.accounts = {f"{a['role']}:{a['index']}": a for a in doc["accounts"]}
+        self.config = NodeConfig(data_dir=None, **kwargs)
+        self.clock = Clock()
+        self.store = open_store(None if store == "memory" else workdir / "db")
+        self.service = NodeService(self.config, self.store, clock=self.clock)
+        self.workdir = workdir
+        self.checkpoints: dict[str, tuple[Path, str]] = {}
+
+    def key(self, who: str) -> bytes:
+        return bytes.fromhex(self.accounts[who]["private_key"][2:])
+
+    def address(self, who: str) -> str:
+        return str(self.accounts[who]["address"])
+
+    def sign(self, msg: Any, who: str) -> bytes:
+        return auth.sign_message(msg, self.key(who), self.config.chain_id)
+
+    def checkpoint(self, meta: dict[str, int]) -> tuple[Path, str]:
+        from tenzro_training.trainer.model import config_from_metadata, create_init_checkpoint, save_checkpoint
+
+        name = "-".join(str(v) for v in meta.values())
+        if name not in self.checkpoints:
+            path = self.workdir / f"init-{name}.safetensors"
+            self.checkpoints[name] = (path, save_checkpoint(create_init_checkpoint(config_from_metadata(meta), 1), path))
+        return self.checkpoints[name]
+
+    def spec(self, task_id: str, meta: dict[str, int], fragments: int, rule: Any, rounds: int) -> dict[str, Any]:
+        from tenzro_training.trainer.model import config_from_metadata, count_params
+
+        path, sha = self.checkpoint(meta)
+        return {
+            "task_id": task_id, "sponsor_did": "did:tenzro:human:bench", "sponsor_address": self.address("sponsor:0"),
+            "architecture": {
+                "family": "timesfm", "param_count": count_params(config_from_metadata(meta)), "modality": "Timeseries",
+                "fragment_count": fragments, "dtype": "fp32",
+                "metadata": {**meta, "init_checkpoint": {"uri": path.as_uri(), "sha256": sha}},
+            },
+            "tier": "Open", "aggregation": rule, "trainer_count": TRAINERS, "quorum": TRAINERS, "inner_steps": 1,
+            "max_rounds": rounds, "grace_window_ms": 10**8, "reward_pool": str(10**21),
+            "dataset_ref": "statsmodels:co2", "dataset_hash": "0x" + "22" * 32, "min_throughput": None,
+            "created_at": 1761350400,
+        }
+
+    def start_run(self, spec: dict[str, Any]) -> tuple[Any, ...]:
+        """Post, elect, enroll every trainer; return the layouts (Training, round 0)."""
+        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.spec import TrainingTaskSpec
+
+        svc = self.service
+        task_id = spec["task_id"]
+        parsed = TrainingTaskSpec.from_dict(spec)
+        svc.post_task(spec, self.sign(auth.PostTask(task_id=task_id, spec_hash=parsed.spec_hash()), "sponsor:0"))
+        self.clock.now += 20
+        svc.tick()
+        for i in range(TRAINERS):
+            who, did = f"trainer:{i}", f"did:tenzro:trainer:bench-{i}"
+            msg = auth.EnrollTrainer(task_id=task_id, did=did, trainer=bytes.fromhex(self.address(who)[2:]), stake=10**18)
+            svc.enroll_trainer(task_id, did, self.address(who), 10**18, self.sign(msg, who))
+        view = svc.get_run(task_id)
+        assert view["status"] == "Training", view["status"]
+        return compute_layouts_from_view(view)
+
+    def payload(self, task_id: str, layout: Any, round_: int, who: str) -> bytes:
+        from tenzro_training.cli import compute_random_gradient
+        from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
+
+        flat = compute_random_gradient(layout, 0, f"{task_id}/{who}", round_, 1e-3)
+        return encode_payload(PayloadHeader(task_id, round_, layout.index, ENCODING_RAW, layout.layout_hash()), layout, flat)
+
+    def submit_signature(self, task_id: str, round_: int, fragment: int, payload: bytes, who: str) -> bytes:
+        from tenzro_training.payload import compute_payload_hash
+
+        msg = auth.SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=compute_payload_hash(payload))
+        return self.sign(msg, who)
+
+    def syncer(self, task_id: str) -> str:
+        address = self.service.get_run(task_id)["syncer"]
+        return next(n for n, a in self.accounts.items() if a["address"] == address)
+
+    def close(self) -> None:
+        self.service.close()
+        self.store.close()
+
+
+# --- servers (child processes) --------------------------------------------------------------------
+
+
+def _request(method: str, params: dict[str, Any], rid: int) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode()
+
+
+def _prepare_ours(workdir: Path, submit_requests: int) -> tuple[Bench, dict[str, Any]]:
+    """Runs for the submit benchmark and every request body, written to files for the client."""
+    bench = Bench(workdir)
+    per_run = TRAINERS * SUBMIT_FRAGMENTS
+    runs = -(-submit_requests // per_run)
+    bodies: list[bytes] = []
+    view_task = ""
+    for r in range(runs):
+        task_id = f"bench-submit-{r}"
+        view_task = view_task or task_id
+        layouts = bench.start_run(bench.spec(task_id, SUBMIT_MODEL, SUBMIT_FRAGMENTS, "Mean", 1))
+        for i in range(TRAINERS):
+            who = f"trainer:{i}"
+            for lay in layouts:
+                payload = bench.payload(task_id, lay, 0, who)
+                sig = bench.submit_signature(task_id, 0, lay.index, payload, who)
+                params = {"task_id": task_id, "round": 0, "fragment": lay.index,
+                          "payload": base64.b64encode(payload).decode(), "signature": "0x" + sig.hex()}
+                bodies.append(_request("tenzro_training_submitOuterGradient", params, len(bodies) + 1))
+    bodies = bodies[:submit_requests]
+    files = []
+    for i, body in enumerate(bodies):
+        path = workdir / f"submit-{i}.json"
+        path.write_bytes(body)
+        files.append(str(path))
+    view = bench.service.get_run(view_task)
+    sample = json.loads(bodies[0])["params"]
+    submit_result = {"task_id": sample["task_id"], "round": 0, "fragment": 0, "trainer": bench.address("trainer:0"),
+                     "payload_hash": "0x" + "00" * 32, "status": "Training", "accepted_count": 1, "quorum_reached": False}
+    info = {
+        "submit_files": files,
+        "payload_bytes": len(base64.b64decode(sample["payload"])),
+        "get_body": _request("tenzro_training_getRun", {"task_id": view_task}, 1).decode(),
+        "get_result": view,
+        "submit_result": submit_result,
+        "get_result_bytes": len(json.dumps(view)),
+    }
+    return bench, info
+
+
+def _serve(kind: str, conn: Any, workdir: str, submit_requests: int, canned: dict[str, Any] | None) -> None:
+    """Child process: build the server, send (port, info), serve until told to stop."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import logging
+
+    logging.disable(logging.CRITICAL)
+
+    async def main() -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from aiohttp import web
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=lambda: (conn.recv(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
+        if kind == "ours":
+            from rpc.server import start_server
+
+            bench, info = _prepare_ours(Path(workdir), submit_requests)
+            executor = ThreadPoolExecutor(max_workers=1)
+            server = await start_server(bench.service, "127.0.0.1", 0, max_body_bytes=bench.config.max_body_bytes,
+                                        executor=executor)
+            conn.send((server.port, info))
+            await stop.wait()
+            await server.close()
+            executor.shutdown(wait=True)
+            bench.close()
+            return
+        assert canned is not None
+        results = {"tenzro_training_getRun": canned["get_result"], "tenzro_training_submitOuterGradient": canned["submit_result"]}
+
+        async def handle(request: web.Request) -> web.Response:
+            req = json.loads(await request.read())
+            body = json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": results[req["method"]]}).encode()
+            return web.Response(body=body, content_type="application/json")
+
+        app = web.Application(client_max_size=96 << 20)
+        app.router.add_post("/", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        conn.send((port, {}))
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class Server:
+    def __init__(self, kind: str, workdir: Path, submit_requests: int, canned: dict[str, Any] | None = None) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(kind, child, str(workdir), submit_requests, canned), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(600):
+            raise RuntimeError(f"{kind} server did not start")
+        self.port, self.info = self.conn.recv()
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def close(self) -> None:
+        self.conn.send("stop")
+        self.proc.join(60)
+
+
+# --- client ------------------------------------------------------------------------------------------
+
+
+async def _load(url: str, bodies: list[bytes], concurrency: int, check: Callable[[dict[str, Any]], None]) -> float:
+    """Send every body once with ``concurrency`` connections; return requests per second."""
+    import aiohttp
+
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    headers = {"Content-Type": "application/json"}
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while True:
+            try:
+                body = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            async with session.post(url, data=body, headers=headers) as resp:
+                reply = json.loads(await resp.read())
+            check(reply)
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return len(bodies) / elapsed
+
+
+def _ok(reply: dict[str, Any]) -> None:
+    if "result" not in reply:
+        raise RuntimeError(f"request failed: {reply.get('error')}")
+
+
+def bench_throughput(args: argparse.Namespace, workdir: Path) -> list[tuple[str, float, float]]:
+    ours = Server("ours", workdir / "ours", args.submit_requests)
+    try:
+        info = ours.info
+        get_bodies = [info["get_body"].encode()] * args.get_requests
+        submit_bodies = [Path(p).read_bytes() for p in info["submit_files"]]
+        warm = get_bodies[: 2 * args.concurrency]
+        asyncio.run(_load(ours.url, warm, args.concurrency, _ok))
+        ours_get = asyncio.run(_load(ours.url, get_bodies, args.concurrency, _ok))
+        ours_submit = asyncio.run(_load(ours.url, submit_bodies, args.submit_concurrency, _ok))
+    finally:
+        ours.close()
+    raw = Server("raw", workdir / "raw", 0, canned={"get_result": info["get_result"], "submit_result": info["submit_result"]})
+    try:
+        asyncio.run(_load(raw.url, warm, args.concurrency, _ok))
+        raw_get = asyncio.run(_load(raw.url, get_bodies, args.concurrency, _ok))
+        raw_submit = asyncio.run(_load(raw.url, submit_bodies, args.submit_concurrency, _ok))
+    finally:
+        raw.close()
+    print(f"  getRun result {info['get_result_bytes']} bytes of JSON; submit payload {info['payload_bytes'] / 2**20:.2f} MiB, "
+          f"{len(submit_bodies)} fresh submissions; {args.get_requests} getRun requests", flush=True)
+    return [
+        (f"getRun ({args.concurrency} conns)", raw_get, ours_get),
+        (f"submitOuterGradient 1 MiB ({args.submit_concurrency} conns)", raw_submit, ours_submit),
+    ]
+
+
+# --- finalize -------------------------------------------------------------------------------------------
+
+
+def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str) -> tuple[float, float, float]:
+    """(best finalize s, best aggregation-alone s, best decode-alone s) for one rule."""
+    from tenzro_training.aggregation import aggregate
+    from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
+    from tenzro_training.spec import TrainingTaskSpec
+
+    bench = Bench(workdir, store=store)
+    try:
+        task_id = f"bench-finalize-{rule_name}"
+        spec = bench.spec(task_id, FINALIZE_MODEL, FINALIZE_FRAGMENTS, RULES[rule_name], rounds)
+        rule = TrainingTaskSpec.from_dict(spec).aggregation
+        layouts = bench.start_run(spec)
+        syncer = bench.syncer(task_id)
+        finalize_s, aggregate_s, decode_s = [], [], []
+        for round_ in range(rounds):
+            per_fragment: list[list[bytes]] = [[] for _ in layouts]
+            # Canonical order (ascending address) is what finalize aggregates in.
+            trainers = sorted((f"trainer:{i}" for i in range(TRAINERS)), key=lambda w: bytes.fromhex(bench.address(w)[2:]))
+            for who in trainers:
+                for lay in layouts:
+                    payload = bench.payload(task_id, lay, round_, who)
+                    sig = bench.submit_signature(task_id, round_, lay.index, payload, who)
+                    bench.service.submit_outer_gradient(task_id, round_, lay.index, payload, None, sig)
+                    per_fragment[lay.index].append(payload)
+            # Aggregation alone over the same inputs, decoded beforehand (decode timed apart).
+            t0 = time.perf_counter()
+            grads = [
+                [decode_payload(p, lay, expected=PayloadHeader(task_id, round_, lay.index, ENCODING_RAW, lay.layout_hash()),
+                                max_bytes=1 << 30).flat_fp32() for p in per_fragment[lay.index]]
+                for lay in layouts
+            ]
+            decode_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for fragment_grads in grads:
+                aggregate(rule, fragment_grads)
+            aggregate_s.append(time.perf_counter() - t0)
+            del grads
+            sig = bench.sign(auth.FinalizeRound(task_id=task_id, round=round_), syncer)
+            t0 = time.perf_counter()
+            result = bench.service.finalize_round(task_id, round_, sig)
+            finalize_s.append(time.perf_counter() - t0)
+            assert result["round"] == round_
+        return min(finalize_s), min(aggregate_s), min(decode_s)
+    finally:
+        bench.close()
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--get-requests", type=int, default=3000)
+    parser.add_argument("--submit-requests", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--submit-concurrency", type=int, default=4)
+    parser.add_argument("--rules", default="Mean,TrimmedMean,Krum", help=f"comma-separated, of {','.join(RULES)}")
+    parser.add_argument("--rounds", type=int, default=2, help="finalized rounds per rule (best is reported)")
+    parser.add_argument("--store", choices=["memory", "rocksdb"], default="memory", help="store for the finalize bench")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-finalize", action="store_true")
+    args = parser.parse_args(argv)
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    for r in rules:
+        if r not in RULES:
+            parser.error(f"unknown rule {r!r}")
+    started = time.perf_counter()
+    print(f"load average before: {os.getloadavg()[0]:.2f}  cpus: {os.cpu_count()}", flush=True)
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-rpc-") as tmp:
+        workdir = Path(tmp)
+        if not args.skip_throughput:
+            print("throughput (loopback, req/s):", flush=True)
+            rows = bench_throughput(args, workdir)
+            print(f"  {'method':<44} {'raw aiohttp':>12} {'ours':>10} {'ours/raw':>9}  target")
+            for name, raw, ours in rows:
+                ratio = ours / raw
+                ok &= ratio >= 0.5
+                print(f"  {name:<44} {raw:>12.1f} {ours:>10.1f} {ratio:>8.2f}x  >= 0.50x {'ok' if ratio >= 0.5 else 'MISSED'}")
+        if not args.skip_finalize:
+            print(f"finalizeRound, M=K={TRAINERS}, F={FINALIZE_FRAGMENTS}, ~1.05M params per fragment, "
+                  f"{args.store} store, best of {args.rounds} (seconds):", flush=True)
+            print(f"  {'rule':<18} {'aggregate alone':>16} {'finalizeRound':>14} {'ratio':>7}  {'(decode 96 payloads)':>21}  target")
+            for i, rule in enumerate(rules):
+                fin, agg, dec = bench_finalize(rule, args.rounds, workdir / f"fin-{i}", args.store)
+                ratio = fin / agg
+                ok &= ratio <= 1.5
+                print(f"  {rule:<18} {agg:>16.3f} {fin:>14.3f} {ratio:>6.2f}x  {dec:>21.3f}  <= 1.50x {'ok' if ratio <= 1.5 else 'MISSED'}",
+                      flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}; total {time.perf_counter() - started:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
