@@ -1,10 +1,14 @@
 """The ``tenzro`` command line: a SHELL over the JSON-RPC API and the node service.
 
-``tenzro node`` runs the node; ``tenzro train <verb>`` wraps the seven ``tenzro_training_*``
-methods (plus cancel and a few offline helpers); ``tenzro syncer run`` is the syncer daemon.
-Every signing command takes ``--key-file`` or ``TENZRO_PRIVATE_KEY``. Output is human-readable by
-default and JSON with ``--json``; any failure prints one line to stderr and exits non-zero:
-1 for an error the node answered, 2 for bad usage or local input, 3 when the node is unreachable.
+``tenzro node`` runs the node (``node/main.py``); ``tenzro train <verb>`` wraps the seven
+``tenzro_training_*`` methods plus ``cancel-task``, and offline helpers (``make-gradient`` writes a
+random OuterGradient payload, ``export-model`` copies a sealed run's final model out of a node's
+data dir, ``address``); ``tenzro syncer run`` is the syncer daemon (``node/syncer.py``).
+Every signing command takes ``--key-file`` (hex, ``{"private_key"}`` JSON, or a dev-accounts.json
+with ``--account``) or ``TENZRO_PRIVATE_KEY``. Output is human-readable by default and JSON with
+``--json``; any failure prints one line to stderr and exits non-zero: 1 for an error the node
+answered, 2 for bad usage or local input, 3 when the node is unreachable. docs/cli.md has an
+example of every command.
 """
 
 from __future__ import annotations
