@@ -36,6 +36,7 @@ from tests.e2e.conftest import (
     rpc,
     rpc_error,
     run_to_training,
+    tenzro,
     write_config,
 )
 
@@ -305,6 +306,12 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     assert receipt_without_sealed_at(got) == receipt_without_sealed_at(expected)
     assert got["run_root"] == expected["run_root"]
     assert restarted.stop() == 0
+    # With the node stopped and its model file gone, export-model reads the stored final weights.
+    (restarted.data_dir / "models" / "e2e-kill.safetensors").unlink()
+    out = restarted.data_dir.parent / "exported.safetensors"
+    r = tenzro("train", "export-model", "--task-id", "e2e-kill", "--data-dir", str(restarted.data_dir), "--out", str(out), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["model_hash"] == got["receipt"]["final_model_hash"]
 
 
 def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodeProcess], tmp_path: Path) -> None:
