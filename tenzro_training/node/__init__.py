@@ -7,8 +7,8 @@ transition atomically.
 - :mod:`.persistence`: stored value encodings and the one function that turns a transition into
   batch operations;
 - :mod:`.checkpoint`: loading and verifying a task's init checkpoint;
-- :mod:`.model_state`: the global model a node holds per run (fragments, momentum, aggregation
-  and outer step at finalize);
+- :mod:`.model_state`: stored encodings of the global model (the model itself and the round
+  update, aggregation + outer step, are the pure core's ``tenzro_training.global_model``);
 - ``main``, ``dev``, ``syncer``: the node process, dev genesis and the syncer daemon.
 
 This package is NOT the protocol: every rule lives in the pure core (``tenzro_training.run``,

@@ -59,14 +59,18 @@ from tenzro_training.ledger import Ledger, credit
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
-from tenzro_training.node.model_state import (
+from tenzro_training.global_model import (
     ModelLayout,
     compute_initial_model,
     compute_model_file_bytes,
     compute_round_update,
     compute_state_model_hash,
+)
+from tenzro_training.node.model_state import (
     decode_fragment,
+    decode_model_layout,
     encode_fragment,
+    encode_model_layout,
 )
 from tenzro_training.payload import (
     ENCODING_RAW,
@@ -233,7 +237,7 @@ class NodeService:
             raw = self._store.get(schema.CF_META, schema.tensor_specs_key(task_id))
             if raw is None:
                 raise StorageError(f"the tensor list of run {task_id!r} is missing")
-            model = ModelLayout.from_bytes(raw, self._run(task_id).spec.architecture.fragment_count)
+            model = decode_model_layout(raw, self._run(task_id).spec.architecture.fragment_count)
             self._models[task_id] = model
         return model
 
@@ -335,7 +339,7 @@ class NodeService:
         t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash)
         t = self._ticket_own(t, now)
         extra: list[Operation] = [
-            (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), initial.model.to_bytes())
+            (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))
         ]
         extra += _fragment_ops(task.task_id, schema.MODEL_WEIGHTS, initial.weights)
         extra += _fragment_ops(task.task_id, schema.MODEL_MOMENTUM, [torch.zeros_like(w) for w in initial.weights])

@@ -11,7 +11,8 @@ from storage import schema
 from storage.interface import BatchOp, StorageError
 from tenzro_training.ledger import Escrow, Ledger, bond_stake, credit, escrow_reward, slash_stake
 from tenzro_training.node import persistence
-from tenzro_training.node.model_state import ModelLayout, decode_fragment, encode_fragment
+from tenzro_training.global_model import ModelLayout
+from tenzro_training.node.model_state import decode_fragment, decode_model_layout, encode_fragment, encode_model_layout
 from tenzro_training.fragments import TensorSpec
 from tenzro_training.run import process_post_task
 from tenzro_training.run_state import RunState
@@ -56,8 +57,8 @@ def test_submission_record_round_trip() -> None:
         lambda: persistence.decode_json(b"[" * 10_000, "x"),
         lambda: persistence.decode_round_reports(b'{"a": 1}'),
         lambda: decode_fragment(b"\x00" * 7, 2),
-        lambda: ModelLayout.from_bytes(b'{"version": 2, "tensors": []}', 1),
-        lambda: ModelLayout.from_bytes(b'{"version": 1, "tensors": [["a#b", [2], "float32"]]}', 1),
+        lambda: decode_model_layout(b'{"version": 2, "tensors": []}', 1),
+        lambda: decode_model_layout(b'{"version": 1, "tensors": [["a#b", [2], "float32"]]}', 1),
     ],
 )
 def test_invalid_stored_values_are_storage_errors(decode: object) -> None:
@@ -75,7 +76,7 @@ def test_fragment_bytes_are_little_endian_fp32() -> None:
 def test_model_layout_round_trip() -> None:
     specs = [TensorSpec("w", (3, 2), "float32"), TensorSpec("b", (4,), "float32"), TensorSpec("e", (0,), "float32")]
     layout = ModelLayout.from_specs(specs, 3)
-    again = ModelLayout.from_bytes(layout.to_bytes(), 3)
+    again = decode_model_layout(encode_model_layout(layout), 3)
     assert again == layout
     assert [s.name for s in again.specs] == ["b", "e", "w"]
     assert [lay.numel for lay in again.layouts] == [4, 3, 3]

@@ -1,0 +1,213 @@
+"""The global model of one run and the round update that turns accepted outer gradients into
+the next global model: shared by the node, the trainers and any third-party verifier.
+
+What this module is: :class:`ModelLayout` (the run's tensor list and its F fragment layouts),
+:func:`compute_initial_model` (init checkpoint -> layouts, fragment weights, initial model
+hash), and :func:`compute_round_update`: per fragment, decode the accepted payloads in canonical
+order, aggregate them with the task's rule, hash the aggregate, build the FragmentOutcome, apply
+the outer Nesterov step; then hash the whole new model. Everything here is a deterministic
+function of its inputs (payloads, weights, momentum), so a restarted node, a trainer or a third
+party recomputes the same aggregates and model hashes bit for bit.
+
+What it is NOT: storage or I/O (``node.model_state`` holds the stored byte encodings), nor a new
+rule: aggregation, hashing and the outer step are ``aggregation``, ``fragments`` and ``outer``;
+this module only strings them together in the one order the protocol fixes.
+
+The node holds the model in float32 whatever ``architecture.dtype`` says: the init checkpoint is
+widened to fp32 before its layouts and hash are computed, so trainers compute layouts from the
+same fp32 state (docs/node.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tenzro_training.aggregation import AggregationReport, aggregate
+from tenzro_training.fragments import (
+    FragmentLayout,
+    TensorSpec,
+    compute_aggregate_hash,
+    compute_fragment_layouts,
+    compute_model_hash,
+    compute_raw_le_bytes,
+    compute_tensor_specs,
+    gather_fragment,
+    scatter_fragment,
+)
+from tenzro_training.outer import OuterConfig, apply_outer_step
+from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
+from tenzro_training.records import FragmentOutcome
+from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = [
+    "InitialModel",
+    "ModelLayout",
+    "RoundUpdate",
+    "compute_full_state",
+    "compute_initial_model",
+    "compute_model_file_bytes",
+    "compute_round_update",
+    "compute_state_model_hash",
+]
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    """A run's global model shape: every tensor (zero-element ones included: they count in the
+    model hash) and the fragment layouts computed from them."""
+
+    specs: tuple[TensorSpec, ...]
+    """Every tensor, ascending by name (UTF-8 bytes), dtype ``float32``."""
+    layouts: tuple[FragmentLayout, ...]
+    """``fragments.compute_fragment_layouts(specs, F)``."""
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[TensorSpec], fragment_count: int) -> ModelLayout:
+        ordered = compute_tensor_specs(list(specs))
+        return cls(ordered, compute_fragment_layouts(ordered, fragment_count))
+
+    def to_view(self) -> list[dict[str, Any]]:
+        """The getRun JSON of the layouts: per fragment its index, element count, layout hash
+        and slices (tensor name, full shape, dtype, flat start/stop)."""
+        return [
+            {
+                "index": lay.index,
+                "numel": lay.numel,
+                "layout_hash": "0x" + lay.layout_hash().hex(),
+                "entries": [
+                    {"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "start": e.start, "stop": e.stop}
+                    for e in lay.entries
+                ],
+            }
+            for lay in self.layouts
+        ]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InitialModel:
+    model: ModelLayout
+    weights: tuple[torch.Tensor, ...]
+    """Per fragment, the flat fp32 weights."""
+    model_hash: bytes
+    """``fragments.compute_model_hash`` of the fp32 state."""
+
+
+def compute_initial_model(state_fp32: Mapping[str, torch.Tensor], fragment_count: int) -> InitialModel:
+    """Layouts, fragment weights and model hash of an fp32 init state (FragmentError if it
+    cannot be split into ``fragment_count`` fragments)."""
+    model = ModelLayout(compute_tensor_specs(state_fp32), compute_fragment_layouts(state_fp32, fragment_count))
+    weights = tuple(gather_fragment(state_fp32, lay) for lay in model.layouts)
+    return InitialModel(model, weights, compute_model_hash(state_fp32))
+
+
+def compute_full_state(model: ModelLayout, fragments: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole fp32 state dict with each fragment scattered into place."""
+    if len(fragments) != len(model.layouts):
+        raise ValueError(f"{len(fragments)} fragments for {len(model.layouts)} layouts")
+    state = {s.name: torch.zeros(s.shape, dtype=torch.float32) for s in model.specs}
+    for lay, flat in zip(model.layouts, fragments):
+        scatter_fragment(state, lay, flat)
+    return state
+
+
+def compute_state_model_hash(model: ModelLayout, fragments: Sequence[torch.Tensor]) -> bytes:
+    """The global model hash of these fragment weights (over the full scattered fp32 state)."""
+    return compute_model_hash(compute_full_state(model, fragments))
+
+
+def compute_model_file_bytes(
+    model: ModelLayout, fragments: Sequence[torch.Tensor], metadata: Mapping[str, str]
+) -> bytes:
+    """The safetensors bytes of the full fp32 model, byte-for-byte deterministic.
+
+    Written here rather than by ``safetensors.torch.save``, whose header lists ``__metadata__``
+    entries in hash-map order (two calls gave different bytes): the header is JSON with sorted
+    keys, tensors are laid out in name order (UTF-8 bytes), the data starts 8-byte aligned.
+    Any safetensors reader loads it.
+    """
+    state = compute_full_state(model, fragments)
+    header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
+    chunks: list[bytes] = []
+    offset = 0
+    for spec in model.specs:  # already in name order
+        data = bytes(compute_raw_le_bytes(state[spec.name])) if spec.numel else b""
+        header[spec.name] = {"dtype": "F32", "shape": list(spec.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    return b"".join([len(text).to_bytes(8, "little"), text, *chunks])
+
+
+# --- the round update ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundUpdate:
+    """What finalizing one round computes from the stored inputs."""
+
+    outcomes: tuple[FragmentOutcome, ...]
+    """Per fragment: aggregate hash, accepted trainers, Krum selection, trimmed count, report hash."""
+    reports: tuple[AggregationReport, ...]
+    """Per fragment, the full aggregation report (Krum scores included)."""
+    weights: tuple[torch.Tensor, ...]
+    """New global weights per fragment (fp32)."""
+    momentum: tuple[torch.Tensor, ...]
+    """New outer momentum per fragment (fp32)."""
+    model_hash: bytes
+    """Hash of the new global model."""
+
+
+def compute_round_update(
+    spec: TrainingTaskSpec,
+    model: ModelLayout,
+    round: int,
+    inputs: Sequence[Sequence[tuple[bytes, bytes]]],
+    weights: Sequence[torch.Tensor],
+    momentum: Sequence[torch.Tensor],
+    *,
+    max_payload_bytes: int,
+) -> RoundUpdate:
+    """Aggregate and step every fragment of ``round``.
+
+    ``inputs[f]`` is the accepted (trainer, payload bytes) of fragment f in canonical order
+    (``run_state.get_accepted_submissions``). Payloads are decoded against the fragment's
+    layout and the expected header (task, round, f, raw, layout hash). Raises PayloadError,
+    AggregationError or OuterStepError (the round cannot be finalized from these inputs).
+    """
+    rule = spec.aggregation
+    cfg = OuterConfig.from_spec(spec)
+    if not len(inputs) == len(weights) == len(momentum) == len(model.layouts):
+        raise ValueError("one input list, weight and momentum vector per fragment expected")
+    outcomes: list[FragmentOutcome] = []
+    reports: list[AggregationReport] = []
+    new_weights: list[torch.Tensor] = []
+    new_momentum: list[torch.Tensor] = []
+    for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
+        header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
+        grads = [
+            decode_payload(data, lay, expected=header, max_bytes=max_payload_bytes).flat_fp32() for _, data in subs
+        ]
+        result = aggregate(rule, grads)
+        report = result.report
+        outcomes.append(
+            FragmentOutcome(
+                aggregate_hash=compute_aggregate_hash(lay, result.tensor),
+                accepted=tuple(trainer for trainer, _ in subs),
+                selected=report.selected if report.selected is not None else 0,
+                trimmed=report.trimmed_per_side,
+                report_hash=report.report_hash(),
+            )
+        )
+        reports.append(report)
+        w2, m2 = apply_outer_step(w, m, result.tensor, cfg)
+        new_weights.append(w2)
+        new_momentum.append(m2)
+    return RoundUpdate(
+        tuple(outcomes), tuple(reports), tuple(new_weights), tuple(new_momentum),
+        compute_state_model_hash(model, new_weights),
+    )
