@@ -35,11 +35,10 @@ import torch
 
 from tenzro_training import auth
 from tenzro_training.addresses import parse_address
-from tenzro_training.aggregation import aggregate
 from tenzro_training.cli import RpcClient
-from tenzro_training.fragments import compute_fragment_layouts, compute_model_hash
-from tenzro_training.merkle import inclusion_proof, run_root, verify_inclusion
-from tenzro_training.outer import OuterConfig, apply_outer_step, compute_initial_momentum
+from tenzro_training.global_model import compute_full_state, compute_initial_model, compute_round_update
+from tenzro_training.merkle import inclusion_proof, merkle_root, run_root, verify_inclusion
+from tenzro_training.outer import compute_initial_momentum
 from tenzro_training.payload import compute_payload_hash
 from tenzro_training.receipt import TrainingReceipt
 from tenzro_training.records import compute_run_leaves
@@ -53,7 +52,6 @@ from tenzro_training.trainer.data import (
 )
 from tenzro_training.trainer.inner import (
     InnerConfig,
-    apply_global_fragments,
     compute_outer_gradients,
     evaluate,
     make_payloads,
@@ -193,23 +191,27 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
     say(f"3 trainers enrolled with {stake} attoTNZO stake each; training started")
 
     # --- rounds ---------------------------------------------------------------------------------
-    layouts = compute_fragment_layouts({k: v.float() for k, v in init_state.items()}, spec.architecture.fragment_count)
+    # Trainers hold the same global model as the node: the init checkpoint (fp32), split into the
+    # spec's F fragments by the one deterministic layout function, updated each round by the same
+    # pure round update the node runs (tenzro_training.global_model).
+    model = compute_initial_model({k: v.float() for k, v in init_state.items()}, spec.architecture.fragment_count)
+    assert "0x" + model.model_hash.hex() == run["initial_model_hash"], "trainer and node disagree on the init model"
+    layouts, weights = model.model.layouts, list(model.weights)
+    momentum = [compute_initial_momentum(lay.numel) for lay in layouts]
     inner_cfg = InnerConfig.from_spec(spec, batch_size=16)
     shards = {a: shard_windows(corpus, s, 3, 64, 16) for a, s in shard_of.items()}
     val = validation_batch(corpus, 64, 16)
-    outer_cfg = OuterConfig.from_spec(spec)
-    global_state = {k: v.float().clone() for k, v in init_state.items()}
-    momentum = [compute_initial_momentum(l.numel) for l in layouts]
+    global_state = compute_full_state(model.model, weights)
     loss0 = evaluate(global_state, model_cfg, val)
     say(f"validation MSE of the initial model: {loss0:.4f}")
     for r in range(spec.max_rounds):
-        grads_by_trainer: dict[str, list[torch.Tensor]] = {}
+        payloads: dict[bytes, list[bytes]] = {}
         for t in trainers:
-            result = run_inner_loop(global_state, inner_cfg, model_cfg, shards[t["address"].lower()], r,
-                                    shard_of[t["address"].lower()])
+            addr = t["address"].lower()
+            result = run_inner_loop(global_state, inner_cfg, model_cfg, shards[addr], r, shard_of[addr])
             grads = compute_outer_gradients(global_state, result.state, layouts)
-            grads_by_trainer[t["address"]] = grads
-            for f, payload in enumerate(make_payloads(task_id, r, layouts, grads, "float32")):
+            payloads[parse_address(t["address"])] = make_payloads(task_id, r, layouts, grads, "float32")
+            for f, payload in enumerate(payloads[parse_address(t["address"])]):
                 msg = auth.SubmitOuterGradient(task_id=task_id, round=r, fragment=f, payload_hash=compute_payload_hash(payload))
                 client.call("tenzro_training_submitOuterGradient", {
                     "task_id": task_id, "round": r, "fragment": f,
@@ -217,16 +219,12 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
         fin = client.call("tenzro_training_finalizeRound", {
             "task_id": task_id, "round": r, "signature": sign(auth.FinalizeRound(task_id=task_id, round=r), syncer_key, chain_id)})
         # Every trainer recomputes the new global model from the same inputs and checks the hash.
-        order = sorted(grads_by_trainer, key=lambda a: parse_address(a))
-        new_frags = []
-        for f, layout in enumerate(layouts):
-            agg = aggregate(spec.aggregation, [grads_by_trainer[a][f] for a in order]).tensor
-            from tenzro_training.fragments import gather_fragment
-
-            w, momentum[f] = apply_outer_step(gather_fragment(global_state, layout), momentum[f], agg, outer_cfg)
-            new_frags.append(w)
-        apply_global_fragments(global_state, layouts, new_frags)
-        local_hash = "0x" + compute_model_hash(global_state).hex()
+        order = sorted(payloads)
+        inputs = [[(a, payloads[a][f]) for a in order] for f in range(len(layouts))]
+        update = compute_round_update(spec, model.model, r, inputs, weights, momentum, max_payload_bytes=1 << 26)
+        weights, momentum = list(update.weights), list(update.momentum)
+        global_state = compute_full_state(model.model, weights)
+        local_hash = "0x" + update.model_hash.hex()
         ok = "matches" if local_hash == fin["model_hash"] else "DOES NOT MATCH"
         say(f"round {r}: 3 trainers x {len(layouts)} fragments submitted; syncer finalized; "
             f"global model {fin['model_hash'][:18]}... ({ok} the trainers' own recomputation); "
@@ -237,14 +235,11 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
     # --- the sealed receipt ---------------------------------------------------------------------
     rec = client.call("tenzro_training_getReceipt", {"task_id": task_id})
     receipt = TrainingReceipt.from_dict(rec["receipt"])
-    leaves = compute_run_leaves(receipt.spec.canonical_bytes(), receipt.transcript,
-                                receipt.final_record() if hasattr(receipt, "final_record") else None)
+    leaves = compute_run_leaves(receipt.spec.canonical_bytes(), receipt.transcript, receipt.final_record)
     root = run_root(leaves)
     say(f"sealed: run root {receipt.run_root.hex()}; recomputed from the receipt: "
         f"{'equal' if root == receipt.run_root else 'DIFFERENT'}")
     proof = inclusion_proof(leaves, 1)
-    from tenzro_training.merkle import merkle_root
-
     say(f"round 0's record is leaf 1 of {len(leaves)}; its RFC 6962 audit path ({len(proof)} hashes) verifies: "
         f"{verify_inclusion(leaves[1], 1, len(leaves), proof, merkle_root(leaves))}")
     for t in receipt.trainers:
