@@ -541,6 +541,12 @@ def cmd_node(args: argparse.Namespace) -> None:
     run_node_from_args(args)
 
 
+def cmd_trainer_run(args: argparse.Namespace) -> None:
+    from tenzro_training.trainer.process import run_trainer_from_args
+
+    run_trainer_from_args(args)
+
+
 def cmd_syncer_run(args: argparse.Namespace) -> None:
     from tenzro_training.node.syncer import run_syncer_from_args
 
@@ -570,6 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--config", help="node config JSON file (docs/node.md)")
     node.add_argument("--dev", action="store_true", help="dev genesis: funded accounts in <data-dir>/dev-accounts.json")
     node.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    node.add_argument("--p2p-listen", action="append", metavar="MULTIADDR",
+                      help="turn on gossip: libp2p listen address, e.g. /ip4/127.0.0.1/tcp/0 (repeatable)")
+    node.add_argument("--p2p-key", help="libp2p identity key file (default <data-dir>/p2p-key, created 0600)")
+    node.add_argument("--bootstrap", action="append", metavar="MULTIADDR", help="peer to dial at start (repeatable)")
     node.set_defaults(func=cmd_node)
 
     train = top.add_parser("train", help="sponsor, trainer and syncer calls").add_subparsers(
@@ -645,6 +655,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = train.add_parser("address", help="print the address of the signing key")
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_address)
+
+    trainer = top.add_parser("trainer", help="trainer process").add_subparsers(dest="verb", required=True)
+    p = trainer.add_parser("run", help="enroll, then train and submit every round over gossip until Sealed")
+    p.add_argument("--task-id", required=True)
+    p.add_argument("--spec", required=True, help="the task's spec JSON (checked against the run's spec hash)")
+    p.add_argument("--p2p-key", required=True, help="libp2p identity key file (created 0600 if missing)")
+    p.add_argument("--bootstrap", action="append", required=True, metavar="MULTIADDR", help="the node's p2p address")
+    p.add_argument("--p2p-listen", action="append", metavar="MULTIADDR", help="default /ip4/127.0.0.1/tcp/0")
+    p.add_argument("--rounds", type=int, help="stop after training this many rounds")
+    p.add_argument("--did", help="default did:tenzro:trainer:<address>")
+    p.add_argument("--stake", default=str(10**18), help="attoTNZO (default 1e18)")
+    _client_flags(p, signing=True)
+    p.set_defaults(func=cmd_trainer_run)
 
     syncer = top.add_parser("syncer", help="syncer daemon").add_subparsers(dest="verb", required=True)
     p = syncer.add_parser("run", help="finalize rounds as soon as quorum and the grace window allow")

@@ -9,6 +9,8 @@ What it is NOT: protocol logic (the service and the pure core), JSON-RPC handlin
 supervisor (it does not restart itself; the store makes a restart on the same data dir lossless).
 
 Process contract (tests and scripts rely on it):
+- with ``--p2p-listen``, once the libp2p host listens (before the line below), one line on
+  stdout: ``tenzro node p2p <multiaddr>`` (with ``/p2p/<peer id>``, what trainers bootstrap from);
 - when the server is bound, one line on stdout: ``tenzro node listening on http://HOST:PORT
   (data dir D)``;
 - SIGINT or SIGTERM: stop accepting, finish in-flight calls, close the service and the store, exit 0
@@ -152,9 +154,27 @@ def _log_event(event: Any) -> None:
     log.info("%s", format_event(event))
 
 
-async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> None:
+async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: Any, executor: Any) -> tuple[Any, Any]:
+    """Start the libp2p host and the gossip bridge (``node/gossip_bridge.py``)."""
+    from tenzro_training.node.gossip_bridge import GossipBridge
+    from tenzro_training.p2p.host import P2PConfig, P2PHost
+
+    key_path = Path(p2p.get("key") or data_dir / "p2p-key")
+    host = P2PHost(P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ())))
+    try:
+        await host.start()
+    except (TenzroError, OSError) as exc:
+        raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p['listen'])}: {exc}") from None
+    loop = asyncio.get_running_loop()
+    bridge = GossipBridge(service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id)
+    await bridge.start()
+    return host, bridge
+
+
+async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: dict[str, Any] | None = None) -> None:
     """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
-    NodeStartupError before anything is served."""
+    NodeStartupError before anything is served. ``p2p`` (``listen``, ``key``, ``bootstrap``)
+    turns on gossip."""
     from rpc.server import start_server
     from storage import open_store
     from storage.interface import StorageError
@@ -169,6 +189,8 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> Non
     service: Any = None
     server: Any = None
     tick_task: asyncio.Task[None] | None = None
+    host: Any = None
+    bridge: Any = None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     try:
@@ -178,6 +200,15 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> Non
         except TenzroError as exc:
             raise NodeStartupError(f"cannot start the node service: {exc}") from None
         service.on_event = _log_event
+        if p2p:
+            host, bridge = await _start_p2p(p2p, data_dir, service, config, executor)
+
+            def _on_event(event: Any) -> None:
+                _log_event(event)
+                bridge.on_event(event)
+
+            service.on_event = _on_event
+            announce(f"tenzro node p2p {host.addrs[0]}")
         try:
             server = await start_server(
                 service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes, executor=executor
@@ -203,6 +234,10 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print) -> Non
                 pass
         if server is not None:
             await server.close()  # stops accepting, lets in-flight calls finish
+        if bridge is not None:
+            await bridge.stop()
+        if host is not None:
+            await host.stop()
         # Whatever still runs on the executor (a tick) finishes before the service closes.
         await asyncio.to_thread(executor.shutdown, True)
         if service is not None:
@@ -228,6 +263,9 @@ def run_node_from_args(args: argparse.Namespace) -> None:
             rpc_host=args.rpc_host,
             rpc_port=args.rpc_port,
         )
-        asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True)))
+        p2p = None
+        if getattr(args, "p2p_listen", None):
+            p2p = {"listen": args.p2p_listen, "key": args.p2p_key, "bootstrap": args.bootstrap or []}
+        asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True), p2p=p2p))
     except NodeStartupError as exc:
         raise CliError(str(exc), EXIT_STARTUP) from None

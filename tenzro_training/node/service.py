@@ -158,6 +158,10 @@ class NodeService:
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
         self._ticket_failures: set[tuple[str, bytes]] = set()
+        # The syncer's FinalizeRound signature per (task, round), kept in memory only so the p2p
+        # bridge can forward it in RoundFinalized gossip (lost on restart: a late trainer then
+        # recovers over ModelRequest, which needs no syncer signature).
+        self._finalize_signatures: dict[tuple[str, int], bytes] = {}
         self._ledger = self._open_ledger()
         self._load_runs()
         self._restore_model_files()
@@ -540,6 +544,7 @@ class NodeService:
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
         t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
+        self._finalize_signatures[(task_id, round)] = bytes(signature)  # before the events fire
         extra = _fragment_ops(task_id, schema.MODEL_WEIGHTS, update.weights)
         extra += _fragment_ops(task_id, schema.MODEL_MOMENTUM, update.momentum)
         reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
@@ -720,6 +725,24 @@ class NodeService:
         if candidate is None:
             raise TicketRejected(ticket.address, ExclusionReason.UNREGISTERED)
         self._commit(process_ticket(run, self._ledger, candidate, ticket, self._now()))
+
+    def get_run_state(self, task_id: str) -> RunState | None:
+        """The run's current state (an immutable value), or None. A plain dict read: the p2p
+        bridge's gossip validators call it from the libp2p thread."""
+        return self._runs.get(task_id)
+
+    def get_global_weights(self, task_id: str) -> tuple[int, bytes, list[torch.Tensor]]:
+        """``(round, model_hash, fragments)``: the current global model as fp32 fragment vectors
+        in fragment order, the hash the run committed for it (``run.model_hash``) and the round
+        a trainer would train next (``run.round``)."""
+        self._check_open()
+        run = self._run(task_id)
+        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, self._model(task_id))
+        return run.round, run.model_hash, weights
+
+    def get_finalize_signature(self, task_id: str, round: int) -> bytes | None:
+        """The syncer's FinalizeRound signature of a round this process finalized (else None)."""
+        return self._finalize_signatures.get((task_id, round))
 
     # --- the final model ------------------------------------------------------------------------
 
