@@ -1,0 +1,1025 @@
+"""Gossip messages of the two Tenzro Train topics: typed schemas, wire encoding, validation, reassembly.
+
+What it is: the pure rules of the gossip data plane (SPEC.md "Gossip").
+
+- Typed, versioned messages (frozen dataclasses) and their byte encoding: one type tag byte, one
+  version byte, then a fixed binary body (big-endian integers, length-prefixed strings and data).
+  The encoding is canonical: :func:`decode_message` re-encodes what it read and rejects any other
+  byte string, so one message has exactly one encoding (needed for the dedup cache and evidence).
+- ``validate_*_gossip`` functions in the consensus-specs style: each raises :class:`GossipReject`
+  (invalid: drop it, never relay it, penalise whoever sent it) or :class:`GossipIgnore` (not useful
+  now: duplicate, stale, about a run we do not know; drop it silently). Every check sits under a
+  ``# [REJECT]`` / ``# [IGNORE]`` comment. The run view (:class:`GossipContext`) and the dedup
+  cache (:class:`SeenCache`) are explicit arguments.
+- Chunking of large byte strings (outer-gradient payloads, new global weights) into canonical
+  chunks of at most :data:`MAX_CHUNK_BYTES`, and :class:`ChunkAssembler`, a bounded reassembly
+  buffer that hands back the whole byte string only once every chunk arrived and its SHA-256 matches.
+
+What it is NOT: no networking (``tenzro_training.p2p.host`` owns libp2p), no storage, no decision
+about what a node does with a valid message (the node service and the trainer decide). Decoding the
+reassembled weights into tensors and checking them against ``model_hash`` is the caller's job
+(``global_model``), because it needs the model layout. Pure core: no I/O imports.
+
+Authentication (Tenzro-level, on top of libp2p's per-message peer signature):
+
+- PayloadChunk carries the trainer's EIP-712 ``SubmitOuterGradient{taskId, round, fragment,
+  payloadHash}`` signature: the same signature the node stores with the submission.
+- RoundFinalizedMsg carries the syncer's EIP-712 ``FinalizeRound{taskId, round}`` signature.
+- ElectionTicketMsg is self-authenticating: a VRF proof under the candidate's registered key.
+- ModelChunk and RunSealedMsg are bound to hashes the receiver already holds in its run view
+  (the committed model hash, the sealed run root); RunSealedMsg about a run not sealed locally is
+  ignored, never relayed.
+- SyncerStatus is advisory and carries no Tenzro signature (signing it with FinalizeRound would
+  leak a finalize authorisation early). It is only accepted from the claimed current syncer's name
+  and never changes state.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+from tenzro_training.auth import (
+    DEFAULT_CHAIN_ID,
+    AuthError,
+    FinalizeRound,
+    SubmitOuterGradient,
+    validate_signer,
+)
+from tenzro_training.election import validate_ticket
+from tenzro_training.errors import ElectionError, GossipIgnore, GossipReject
+from tenzro_training.records import Candidate, Ticket, is_valid_task_id
+from tenzro_training.run_state import RunState, RunStatus, get_current_syncer, get_trainer
+
+__all__ = [
+    "TOPIC_TRAINING",
+    "TOPIC_SYNCER",
+    "GOSSIP_VERSION",
+    "MAX_CHUNK_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "SYNCER_STATUSES",
+    "MessageKind",
+    "PayloadChunk",
+    "ElectionTicketMsg",
+    "SyncerStatus",
+    "RoundFinalizedMsg",
+    "ModelRequest",
+    "ModelChunk",
+    "RunSealedMsg",
+    "GossipMessage",
+    "ChunkedMessage",
+    "GossipContext",
+    "SeenCache",
+    "ChunkAssembler",
+    "encode_message",
+    "decode_message",
+    "compute_chunks",
+    "compute_chunk_count",
+    "compute_payload_chunks",
+    "compute_round_finalized_chunks",
+    "compute_model_chunks",
+    "compute_stream_key",
+    "get_topic",
+    "validate_chunk_geometry",
+    "validate_payload_chunk_gossip",
+    "validate_election_ticket_gossip",
+    "validate_syncer_status_gossip",
+    "validate_round_finalized_gossip",
+    "validate_model_request_gossip",
+    "validate_model_chunk_gossip",
+    "validate_run_sealed_gossip",
+    "validate_gossip",
+]
+
+TOPIC_TRAINING = "tenzro/training/1.0.0"
+"""Outer-gradient payload chunks (trainers -> node), model requests and answers."""
+TOPIC_SYNCER = "tenzro/training/syncer/1.0.0"
+"""Election tickets, syncer status, round transitions with the new weights, run sealed."""
+
+GOSSIP_VERSION = 1
+"""The body layout version written after the type tag; decoders accept only this version."""
+
+MAX_CHUNK_BYTES = 1 << 20
+"""Largest ``data`` of one chunk (1 MiB): a whole message stays far below the transport's RPC limit."""
+
+MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
+"""Largest encoded message decode accepts: a full chunk plus generous room for the header fields
+(at most 4096 aggregate hashes of 32 bytes plus the fixed fields)."""
+
+MAX_AGGREGATE_HASHES = 1024
+"""Most fragments a RoundFinalizedMsg may name (far above any architecture's fragment_count)."""
+
+MAX_TOTAL_CHUNKS = 1 << 16
+"""Most chunks one chunked byte string may have (64 GiB at 1 MiB): bounds the assembler's index."""
+
+SYNCER_STATUSES = frozenset({"elected", "aggregating", "finalized", "failover", "alive"})
+"""The advisory status words a SyncerStatus may carry."""
+
+_HASH = 32
+_ADDRESS = 20
+_SIGNATURE = 65
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+class MessageKind(enum.IntEnum):
+    """The type tag byte (first byte of every encoded message). Values never change."""
+
+    PAYLOAD_CHUNK = 1
+    ELECTION_TICKET = 2
+    SYNCER_STATUS = 3
+    ROUND_FINALIZED = 4
+    MODEL_REQUEST = 5
+    MODEL_CHUNK = 6
+    RUN_SEALED = 7
+
+
+# --- field checks (construction raises GossipReject: a message is built from untrusted bytes) ---
+
+
+def _reject(what: str) -> GossipReject:
+    return GossipReject(what)
+
+
+def _check_int(name: str, value: object, maximum: int) -> None:
+    if type(value) is not int or not 0 <= value <= maximum:
+        raise _reject(f"{name}: expected an int in 0..{maximum}, got {value!r}")
+
+
+def _check_bytes(name: str, value: object, length: int) -> None:
+    if type(value) is not bytes or len(value) != length:
+        raise _reject(f"{name}: expected {length} bytes")
+
+
+def _check_task_id(value: object) -> None:
+    if not is_valid_task_id(value):
+        raise _reject(f"task_id: not a valid task id: {value!r}")
+
+
+def _check_data(value: object) -> None:
+    if type(value) is not bytes or len(value) > MAX_CHUNK_BYTES:
+        raise _reject(f"data: expected bytes of at most {MAX_CHUNK_BYTES}")
+
+
+def compute_chunk_count(total_size: int, max_chunk: int = MAX_CHUNK_BYTES) -> int:
+    """How many chunks a byte string of ``total_size`` splits into (an empty one is one empty chunk)."""
+    return max(1, -(-total_size // max_chunk))
+
+
+def validate_chunk_geometry(seq: int, total_chunks: int, total_size: int, data_len: int) -> None:
+    """Raise GossipReject unless (seq, total_chunks, total_size, len(data)) is a canonical chunk.
+
+    Canonical chunking cuts at every MAX_CHUNK_BYTES: chunk ``seq`` has exactly
+    ``min(MAX_CHUNK_BYTES, total_size - seq * MAX_CHUNK_BYTES)`` bytes. Fixing every chunk's size
+    means a sender cannot make a receiver buffer more than the announced total.
+    """
+    # [REJECT] total_chunks is the canonical count for total_size.
+    if total_chunks != compute_chunk_count(total_size) or total_chunks > MAX_TOTAL_CHUNKS:
+        raise _reject(f"chunk count {total_chunks} does not fit total size {total_size}")
+    # [REJECT] seq indexes a chunk.
+    if not 0 <= seq < total_chunks:
+        raise _reject(f"chunk seq {seq} outside 0..{total_chunks - 1}")
+    # [REJECT] the chunk has its canonical length.
+    expected = min(MAX_CHUNK_BYTES, total_size - seq * MAX_CHUNK_BYTES)
+    if data_len != expected:
+        raise _reject(f"chunk {seq} has {data_len} bytes, expected {expected}")
+
+
+class _Chunked:
+    """Shared checks of the chunk fields (seq, total_chunks, total_size, data)."""
+
+    __slots__ = ()
+
+    seq: int
+    total_chunks: int
+    total_size: int
+    data: bytes
+
+    def _check_chunk_fields(self) -> None:
+        _check_int("seq", self.seq, _U32)
+        _check_int("total_chunks", self.total_chunks, _U32)
+        _check_int("total_size", self.total_size, _U64)
+        _check_data(self.data)
+        validate_chunk_geometry(self.seq, self.total_chunks, self.total_size, len(self.data))
+
+
+# --- messages ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadChunk(_Chunked):
+    """One chunk of a trainer's outer-gradient payload (topic ``TOPIC_TRAINING``)."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.PAYLOAD_CHUNK
+    task_id: str
+    round: int
+    """The round the outer gradient is for (uint64)."""
+    fragment: int
+    """The fragment index (uint32)."""
+    trainer: bytes
+    """The trainer's 20-byte address: the signer of ``signature``."""
+    payload_hash: bytes
+    """SHA-256 of the whole payload (the safetensors bytes): the reassembly check and the signed value."""
+    signature: bytes
+    """The trainer's 65-byte EIP-712 SubmitOuterGradient{taskId, round, fragment, payloadHash} signature."""
+    seq: int
+    """This chunk's index, 0-based."""
+    total_chunks: int
+    total_size: int
+    """Length of the whole payload in bytes."""
+    data: bytes
+    """This chunk's bytes (canonical length, see :func:`validate_chunk_geometry`)."""
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_int("round", self.round, _U64)
+        _check_int("fragment", self.fragment, _U32)
+        _check_bytes("trainer", self.trainer, _ADDRESS)
+        _check_bytes("payload_hash", self.payload_hash, _HASH)
+        _check_bytes("signature", self.signature, _SIGNATURE)
+        self._check_chunk_fields()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ElectionTicketMsg:
+    """A syncer candidate's election ticket (topic ``TOPIC_SYNCER``)."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.ELECTION_TICKET
+    task_id: str
+    ticket: Ticket
+    """The candidate's VRF proof over the run's election seed (address, VRF key, 80-byte proof)."""
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        if not isinstance(self.ticket, Ticket):
+            raise _reject("ticket: expected a Ticket")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncerStatus:
+    """Advisory liveness/progress note from the current syncer (topic ``TOPIC_SYNCER``)."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.SYNCER_STATUS
+    task_id: str
+    syncer: bytes
+    """The 20-byte address of the syncer the note is about."""
+    round: int
+    status: str
+    """One of :data:`SYNCER_STATUSES`."""
+    at_ms: int
+    """Sender's wall clock (unix ms) when it sent the note."""
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_bytes("syncer", self.syncer, _ADDRESS)
+        _check_int("round", self.round, _U64)
+        if self.status not in SYNCER_STATUSES:
+            raise _reject(f"status: expected one of {sorted(SYNCER_STATUSES)}, got {self.status!r}")
+        _check_int("at_ms", self.at_ms, _U64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundFinalizedMsg(_Chunked):
+    """One chunk of a round transition: the finalized round's commitments and the new weights.
+
+    ``data`` chunks the concatenated new fp32 fragment weights (raw little-endian, fragment order);
+    ``data_hash`` is the SHA-256 of that whole concatenation, which the assembler checks. Use
+    :func:`compute_round_finalized_chunks` to build the chunk list.
+    """
+
+    KIND: ClassVar[MessageKind] = MessageKind.ROUND_FINALIZED
+    task_id: str
+    round: int
+    """The round that was finalized."""
+    syncer: bytes
+    """The 20-byte address of the syncer that finalized it."""
+    syncer_signature: bytes
+    """The syncer's 65-byte EIP-712 FinalizeRound{taskId, round} signature."""
+    aggregate_hashes: tuple[bytes, ...]
+    """Per-fragment aggregate hashes of the round record, fragment order."""
+    model_hash: bytes
+    """Global model hash after the outer step (the round record's model_hash)."""
+    seq: int
+    total_chunks: int
+    total_size: int
+    data_hash: bytes
+    """SHA-256 of the whole concatenated weights (all chunks' data in seq order)."""
+    data: bytes
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_int("round", self.round, _U64)
+        _check_bytes("syncer", self.syncer, _ADDRESS)
+        _check_bytes("syncer_signature", self.syncer_signature, _SIGNATURE)
+        if type(self.aggregate_hashes) is list:
+            object.__setattr__(self, "aggregate_hashes", tuple(self.aggregate_hashes))
+        if type(self.aggregate_hashes) is not tuple or not 1 <= len(self.aggregate_hashes) <= MAX_AGGREGATE_HASHES:
+            raise _reject(f"aggregate_hashes: expected 1..{MAX_AGGREGATE_HASHES} hashes")
+        for i, h in enumerate(self.aggregate_hashes):
+            _check_bytes(f"aggregate_hashes[{i}]", h, _HASH)
+        _check_bytes("model_hash", self.model_hash, _HASH)
+        _check_bytes("data_hash", self.data_hash, _HASH)
+        self._check_chunk_fields()
+        # [REJECT] fp32 weights come in whole 4-byte elements.
+        if self.total_size % 4:
+            raise _reject(f"total_size {self.total_size} is not a whole number of fp32 values")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequest:
+    """A peer (a trainer that joined late or missed a round) asks for the current global model."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.MODEL_REQUEST
+    task_id: str
+    requester: bytes
+    """The requester's 20-byte address (informational: a request changes nothing)."""
+    round: int
+    """The round the requester believes is current."""
+    nonce: int
+    """Random uint64 so repeated requests are distinct messages."""
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_bytes("requester", self.requester, _ADDRESS)
+        _check_int("round", self.round, _U64)
+        _check_int("nonce", self.nonce, _U64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelChunk(_Chunked):
+    """One chunk of the node's answer to a ModelRequest: the full fp32 global model weights.
+
+    ``round`` is the number of finalized rounds the model reflects (0: the initial checkpoint);
+    ``model_hash`` must be the committed hash for it. ``data_hash`` as in RoundFinalizedMsg.
+    """
+
+    KIND: ClassVar[MessageKind] = MessageKind.MODEL_CHUNK
+    task_id: str
+    round: int
+    model_hash: bytes
+    seq: int
+    total_chunks: int
+    total_size: int
+    data_hash: bytes
+    data: bytes
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_int("round", self.round, _U64)
+        _check_bytes("model_hash", self.model_hash, _HASH)
+        _check_bytes("data_hash", self.data_hash, _HASH)
+        self._check_chunk_fields()
+        # [REJECT] fp32 weights come in whole 4-byte elements.
+        if self.total_size % 4:
+            raise _reject(f"total_size {self.total_size} is not a whole number of fp32 values")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSealedMsg:
+    """A run reached Sealed: its run root and final model hash (topic ``TOPIC_SYNCER``)."""
+
+    KIND: ClassVar[MessageKind] = MessageKind.RUN_SEALED
+    task_id: str
+    run_root: bytes
+    final_model_hash: bytes
+
+    def __post_init__(self) -> None:
+        _check_task_id(self.task_id)
+        _check_bytes("run_root", self.run_root, _HASH)
+        _check_bytes("final_model_hash", self.final_model_hash, _HASH)
+
+
+GossipMessage = Union[
+    PayloadChunk, ElectionTicketMsg, SyncerStatus, RoundFinalizedMsg, ModelRequest, ModelChunk, RunSealedMsg
+]
+ChunkedMessage = Union[PayloadChunk, RoundFinalizedMsg, ModelChunk]
+
+_TOPIC_OF = {
+    MessageKind.PAYLOAD_CHUNK: TOPIC_TRAINING,
+    MessageKind.MODEL_REQUEST: TOPIC_TRAINING,
+    MessageKind.MODEL_CHUNK: TOPIC_TRAINING,
+    MessageKind.ELECTION_TICKET: TOPIC_SYNCER,
+    MessageKind.SYNCER_STATUS: TOPIC_SYNCER,
+    MessageKind.ROUND_FINALIZED: TOPIC_SYNCER,
+    MessageKind.RUN_SEALED: TOPIC_SYNCER,
+}
+
+
+def get_topic(msg: GossipMessage) -> str:
+    """The topic a message type is published on."""
+    return _TOPIC_OF[msg.KIND]
+
+
+# --- encoding ------------------------------------------------------------------------------------
+# Body field codes: "s" u16-length UTF-8 string, "Q" u64, "I" u32, "aN" N raw bytes, "d" u32-length
+# bytes, "H" u16-count list of 32-byte hashes. One table per kind lists (attribute, code) in order.
+
+_LAYOUT: dict[MessageKind, tuple[tuple[str, str], ...]] = {
+    MessageKind.PAYLOAD_CHUNK: (
+        ("task_id", "s"), ("round", "Q"), ("fragment", "I"), ("trainer", "a20"), ("payload_hash", "a32"),
+        ("signature", "a65"), ("seq", "I"), ("total_chunks", "I"), ("total_size", "Q"), ("data", "d"),
+    ),
+    MessageKind.ELECTION_TICKET: (
+        ("task_id", "s"), ("ticket.address", "a20"), ("ticket.vrf_public_key", "a32"), ("ticket.proof", "a80"),
+    ),
+    MessageKind.SYNCER_STATUS: (
+        ("task_id", "s"), ("syncer", "a20"), ("round", "Q"), ("status", "s"), ("at_ms", "Q"),
+    ),
+    MessageKind.ROUND_FINALIZED: (
+        ("task_id", "s"), ("round", "Q"), ("syncer", "a20"), ("syncer_signature", "a65"),
+        ("aggregate_hashes", "H"), ("model_hash", "a32"), ("seq", "I"), ("total_chunks", "I"),
+        ("total_size", "Q"), ("data_hash", "a32"), ("data", "d"),
+    ),
+    MessageKind.MODEL_REQUEST: (("task_id", "s"), ("requester", "a20"), ("round", "Q"), ("nonce", "Q")),
+    MessageKind.MODEL_CHUNK: (
+        ("task_id", "s"), ("round", "Q"), ("model_hash", "a32"), ("seq", "I"), ("total_chunks", "I"),
+        ("total_size", "Q"), ("data_hash", "a32"), ("data", "d"),
+    ),
+    MessageKind.RUN_SEALED: (("task_id", "s"), ("run_root", "a32"), ("final_model_hash", "a32")),
+}
+
+_CLASS: dict[MessageKind, type] = {
+    MessageKind.PAYLOAD_CHUNK: PayloadChunk,
+    MessageKind.ELECTION_TICKET: ElectionTicketMsg,
+    MessageKind.SYNCER_STATUS: SyncerStatus,
+    MessageKind.ROUND_FINALIZED: RoundFinalizedMsg,
+    MessageKind.MODEL_REQUEST: ModelRequest,
+    MessageKind.MODEL_CHUNK: ModelChunk,
+    MessageKind.RUN_SEALED: RunSealedMsg,
+}
+
+
+def _get_attr(msg: object, path: str) -> object:
+    for part in path.split("."):
+        msg = getattr(msg, part)
+    return msg
+
+
+def encode_message(msg: GossipMessage) -> bytes:
+    """``kind (u8) || GOSSIP_VERSION (u8) || body``; the body is the kind's fields in table order."""
+    kind = getattr(msg, "KIND", None)
+    if kind not in _LAYOUT or not isinstance(msg, _CLASS[kind]):
+        raise GossipReject(f"not a gossip message: {type(msg).__name__}")
+    out = [bytes((kind, GOSSIP_VERSION))]
+    for attr, code in _LAYOUT[kind]:
+        value = _get_attr(msg, attr)
+        if code == "s":
+            raw = value.encode("utf-8")
+            out.append(struct.pack(">H", len(raw)) + raw)
+        elif code == "Q":
+            out.append(struct.pack(">Q", value))
+        elif code == "I":
+            out.append(struct.pack(">I", value))
+        elif code == "d":
+            out.append(struct.pack(">I", len(value)) + value)
+        elif code == "H":
+            out.append(struct.pack(">H", len(value)) + b"".join(value))
+        else:  # fixed-length bytes, checked at construction
+            out.append(value)
+    return b"".join(out)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.data):
+            raise _reject(f"truncated message: wanted {n} bytes at offset {self.pos}")
+        out = self.data[self.pos:end]
+        self.pos = end
+        return out
+
+    def read(self, code: str) -> object:
+        if code == "s":
+            raw = self.take(struct.unpack(">H", self.take(2))[0])
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _reject("string field is not UTF-8") from None
+        if code == "Q":
+            return struct.unpack(">Q", self.take(8))[0]
+        if code == "I":
+            return struct.unpack(">I", self.take(4))[0]
+        if code == "d":
+            n = struct.unpack(">I", self.take(4))[0]
+            if n > MAX_CHUNK_BYTES:
+                raise _reject(f"data field of {n} bytes exceeds {MAX_CHUNK_BYTES}")
+            return self.take(n)
+        if code == "H":
+            n = struct.unpack(">H", self.take(2))[0]
+            return tuple(self.take(_HASH) for _ in range(n))
+        return self.take(int(code[1:]))
+
+
+def decode_message(data: bytes) -> GossipMessage:
+    """Parse one encoded message. Raises GossipReject (and only that) on anything malformed:
+    unknown kind or version, truncation, trailing bytes, oversize, out-of-range fields, non-canonical
+    chunking."""
+    # [REJECT] the input is a byte string no longer than MAX_MESSAGE_BYTES.
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _reject(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise _reject(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    # [REJECT] a known type tag and this version.
+    if len(data) < 2:
+        raise _reject("message shorter than its 2-byte header")
+    try:
+        kind = MessageKind(data[0])
+    except ValueError:
+        raise _reject(f"unknown message type {data[0]}") from None
+    if data[1] != GOSSIP_VERSION:
+        raise _reject(f"unsupported {kind.name} version {data[1]}")
+    reader = _Reader(data)
+    reader.pos = 2
+    fields = {attr: reader.read(code) for attr, code in _LAYOUT[kind]}
+    # [REJECT] no trailing bytes.
+    if reader.pos != len(data):
+        raise _reject(f"{len(data) - reader.pos} trailing bytes")
+    if kind is MessageKind.ELECTION_TICKET:
+        try:
+            ticket = Ticket(fields.pop("ticket.address"), fields.pop("ticket.vrf_public_key"), fields.pop("ticket.proof"))
+        except ElectionError as exc:
+            raise _reject(f"ticket: {exc}") from None
+        fields["ticket"] = ticket
+    # Field constructors raise GossipReject on out-of-range values (bad task id, bad geometry, ...).
+    msg = _CLASS[kind](**fields)
+    # [REJECT] the encoding is canonical (cannot differ for a valid message today; guards future fields).
+    if encode_message(msg) != data:
+        raise _reject("non-canonical encoding")
+    return msg
+
+
+# --- chunking ------------------------------------------------------------------------------------
+
+
+def compute_chunks(data: bytes, max_chunk: int = MAX_CHUNK_BYTES) -> list[bytes]:
+    """Cut ``data`` into consecutive pieces of ``max_chunk`` bytes (the last may be shorter; empty
+    data gives one empty piece). With the default size these are the canonical gossip chunks."""
+    if type(max_chunk) is not int or max_chunk < 1:
+        raise ValueError(f"max_chunk must be a positive int, got {max_chunk!r}")
+    view = memoryview(bytes(data))
+    count = compute_chunk_count(len(view), max_chunk)
+    return [bytes(view[i * max_chunk:(i + 1) * max_chunk]) for i in range(count)]
+
+
+def compute_payload_chunks(
+    *, task_id: str, round: int, fragment: int, trainer: bytes, signature: bytes, payload: bytes
+) -> list[PayloadChunk]:
+    """Every PayloadChunk of one signed outer-gradient payload (payload_hash = SHA-256(payload))."""
+    digest = hashlib.sha256(payload).digest()
+    pieces = compute_chunks(payload)
+    return [
+        PayloadChunk(
+            task_id=task_id, round=round, fragment=fragment, trainer=trainer, payload_hash=digest,
+            signature=signature, seq=i, total_chunks=len(pieces), total_size=len(payload), data=piece,
+        )
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def compute_round_finalized_chunks(
+    *,
+    task_id: str,
+    round: int,
+    syncer: bytes,
+    syncer_signature: bytes,
+    aggregate_hashes: tuple[bytes, ...],
+    model_hash: bytes,
+    weights: bytes,
+) -> list[RoundFinalizedMsg]:
+    """Every RoundFinalizedMsg chunk carrying ``weights`` (concatenated fp32 fragments, fragment order)."""
+    digest = hashlib.sha256(weights).digest()
+    pieces = compute_chunks(weights)
+    return [
+        RoundFinalizedMsg(
+            task_id=task_id, round=round, syncer=syncer, syncer_signature=syncer_signature,
+            aggregate_hashes=tuple(aggregate_hashes), model_hash=model_hash, seq=i, total_chunks=len(pieces),
+            total_size=len(weights), data_hash=digest, data=piece,
+        )
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def compute_model_chunks(*, task_id: str, round: int, model_hash: bytes, weights: bytes) -> list[ModelChunk]:
+    """Every ModelChunk of the full fp32 global model weights after ``round`` finalized rounds."""
+    digest = hashlib.sha256(weights).digest()
+    pieces = compute_chunks(weights)
+    return [
+        ModelChunk(
+            task_id=task_id, round=round, model_hash=model_hash, seq=i, total_chunks=len(pieces),
+            total_size=len(weights), data_hash=digest, data=piece,
+        )
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def compute_stream_key(msg: ChunkedMessage) -> tuple[object, ...]:
+    """What identifies the byte string a chunk belongs to: every header field except seq and data.
+
+    Two chunks with equal keys must carry pieces of the same byte string; any header difference
+    (another signature, another hash) makes a different stream.
+    """
+    if isinstance(msg, PayloadChunk):
+        return (msg.KIND, msg.task_id, msg.round, msg.fragment, msg.trainer, msg.payload_hash, msg.signature,
+                msg.total_chunks, msg.total_size)
+    if isinstance(msg, RoundFinalizedMsg):
+        return (msg.KIND, msg.task_id, msg.round, msg.syncer, msg.syncer_signature, msg.aggregate_hashes,
+                msg.model_hash, msg.total_chunks, msg.total_size, msg.data_hash)
+    if isinstance(msg, ModelChunk):
+        return (msg.KIND, msg.task_id, msg.round, msg.model_hash, msg.total_chunks, msg.total_size, msg.data_hash)
+    raise GossipReject(f"not a chunked message: {type(msg).__name__}")
+
+
+def _expected_hash(msg: ChunkedMessage) -> bytes:
+    return msg.payload_hash if isinstance(msg, PayloadChunk) else msg.data_hash
+
+
+class ChunkAssembler:
+    """Bounded reassembly of chunked byte strings (payloads, weights).
+
+    ``add(chunk)`` returns the whole byte string once its last missing chunk arrives and the SHA-256
+    of the concatenation equals the announced hash; otherwise None. Bounds: at most ``max_pending``
+    incomplete streams and ``max_total_bytes`` announced bytes across them. A new stream that does
+    not fit evicts the oldest incomplete streams (counted in ``evicted``); one announcing more than
+    ``max_total_bytes`` on its own is rejected. Completed streams are remembered (``max_done`` keys)
+    so late duplicates of their chunks return None instead of starting a new stream.
+
+    Not thread-safe; one owner (the consumer of a subscription) uses it.
+    """
+
+    def __init__(self, max_total_bytes: int, max_pending: int, max_done: int = 4096) -> None:
+        if max_total_bytes < 0 or max_pending < 1 or max_done < 0:
+            raise ValueError("max_total_bytes >= 0, max_pending >= 1, max_done >= 0 required")
+        self.max_total_bytes = max_total_bytes
+        self.max_pending = max_pending
+        self.max_done = max_done
+        self._pending: OrderedDict[tuple[object, ...], dict[int, bytes]] = OrderedDict()
+        self._sizes: dict[tuple[object, ...], int] = {}
+        self._done: OrderedDict[tuple[object, ...], None] = OrderedDict()
+        self.pending_bytes = 0
+        """Sum of the announced total sizes of incomplete streams (the memory bound)."""
+        self.evicted = 0
+        self.completed = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def _drop(self, key: tuple[object, ...]) -> None:
+        self._pending.pop(key, None)
+        self.pending_bytes -= self._sizes.pop(key, 0)
+
+    def _remember_done(self, key: tuple[object, ...]) -> None:
+        self._done[key] = None
+        while len(self._done) > self.max_done:
+            self._done.popitem(last=False)
+
+    def add(self, chunk: ChunkedMessage) -> bytes | None:
+        """Take one chunk; return the verified whole byte string when this chunk completes it.
+
+        Raises GossipReject when the chunk is not a canonical chunk, the stream alone exceeds the
+        byte bound, or the completed bytes do not hash to the announced hash (the stream is dropped).
+        """
+        key = compute_stream_key(chunk)
+        validate_chunk_geometry(chunk.seq, chunk.total_chunks, chunk.total_size, len(chunk.data))
+        if key in self._done:
+            return None  # a late duplicate of a stream already delivered
+        parts = self._pending.get(key)
+        if parts is None:
+            if chunk.total_size > self.max_total_bytes:
+                raise GossipReject(f"stream of {chunk.total_size} bytes exceeds the buffer of {self.max_total_bytes}")
+            while self._pending and (
+                len(self._pending) >= self.max_pending or self.pending_bytes + chunk.total_size > self.max_total_bytes
+            ):
+                oldest = next(iter(self._pending))
+                self._drop(oldest)
+                self.evicted += 1
+            parts = {}
+            self._pending[key] = parts
+            self._sizes[key] = chunk.total_size
+            self.pending_bytes += chunk.total_size
+        if chunk.seq in parts:
+            return None  # duplicate chunk
+        parts[chunk.seq] = chunk.data
+        if len(parts) < chunk.total_chunks:
+            return None
+        whole = b"".join(parts[i] for i in range(chunk.total_chunks))
+        self._drop(key)
+        if hashlib.sha256(whole).digest() != _expected_hash(chunk):
+            raise GossipReject("reassembled bytes do not match the announced hash")
+        self._remember_done(key)
+        self.completed += 1
+        return whole
+
+
+# --- validation context and dedup cache ----------------------------------------------------------
+
+
+def _no_candidate(address: bytes) -> Candidate | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GossipContext:
+    """What a validator may know about the world; built by the shell, read by the rules.
+
+    ``get_run`` and ``get_candidate`` are view functions over the caller's state (the node's store,
+    or a trainer's cached copy of getRun). Build a fresh context (or ``dataclasses.replace``) per
+    message so ``now_ms`` is current.
+    """
+
+    get_run: Callable[[str], RunState | None]
+    """The run with this task id as the receiver knows it, or None."""
+    get_candidate: Callable[[bytes], Candidate | None] = _no_candidate
+    """The registered syncer candidate with this address, or None (election tickets)."""
+    chain_id: int = DEFAULT_CHAIN_ID
+    """The EIP-712 chain id the signatures must be made for."""
+    now_ms: int = 0
+    """The receiver's wall clock, unix ms."""
+    max_payload_bytes: int = 64 << 20
+    """Largest outer-gradient payload accepted (the node's configured limit)."""
+    max_model_bytes: int = 4 << 30
+    """Largest concatenated weights accepted in RoundFinalizedMsg/ModelChunk."""
+    max_clock_skew_ms: int = 120_000
+    """How far a SyncerStatus ``at_ms`` may be from ``now_ms`` before it is stale/rejected."""
+
+
+class SeenCache:
+    """Bounded set of message keys already accepted (oldest forgotten first), plus verified signatures.
+
+    The dedup cache of the validators: a key is recorded only after a message passed every check,
+    so a rejected copy never shadows a valid one. Not thread-safe; the validator's thread owns it.
+    """
+
+    def __init__(self, max_entries: int = 65536) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self.max_entries = max_entries
+        self._keys: OrderedDict[tuple[object, ...], None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: tuple[object, ...]) -> bool:
+        return key in self._keys
+
+    def add(self, key: tuple[object, ...]) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_entries:
+            self._keys.popitem(last=False)
+
+
+def _get_run(ctx: GossipContext, task_id: str) -> RunState:
+    run = ctx.get_run(task_id)
+    # [IGNORE] the run is known to the receiver (it may not have seen the post yet).
+    if run is None:
+        raise GossipIgnore(f"unknown run {task_id}")
+    return run
+
+
+def _check_signature(msg: SubmitOuterGradient | FinalizeRound, signature: bytes, signer: bytes, ctx: GossipContext,
+                     seen: SeenCache) -> None:
+    sig_key = ("sig", msg, signature, signer, ctx.chain_id)
+    if sig_key in seen:
+        return  # recovered once already (every chunk of a stream carries the same signature)
+    try:
+        validate_signer(msg, signature, signer, ctx.chain_id)
+    except AuthError as exc:
+        raise GossipReject(f"bad signature: {exc}") from None
+    seen.add(sig_key)
+
+
+# --- validation: training topic ------------------------------------------------------------------
+
+
+def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for a PayloadChunk before it is delivered or relayed."""
+    # [REJECT] the message is a PayloadChunk (constructed, so its fields and geometry are valid).
+    if not isinstance(msg, PayloadChunk):
+        raise GossipReject("expected a PayloadChunk")
+    key = ("payload", compute_stream_key(msg), msg.seq)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate payload chunk")
+    run = _get_run(ctx, msg.task_id)
+    # [IGNORE] the run is Training (before: too early; after: stale).
+    if run.status is not RunStatus.TRAINING:
+        raise GossipIgnore(f"run {msg.task_id} is {run.status.value}, not Training")
+    # [IGNORE] the chunk is for the current round (older: stale; newer: the receiver is behind).
+    if msg.round != run.round:
+        raise GossipIgnore(f"payload for round {msg.round}, current round is {run.round}")
+    # [REJECT] the fragment exists.
+    if msg.fragment >= run.spec.architecture.fragment_count:
+        raise GossipReject(f"fragment {msg.fragment} >= fragment_count {run.spec.architecture.fragment_count}")
+    # [REJECT] the payload is not larger than the receiver accepts.
+    if msg.total_size > ctx.max_payload_bytes:
+        raise GossipReject(f"payload of {msg.total_size} bytes exceeds {ctx.max_payload_bytes}")
+    # [REJECT] the trainer is enrolled in the run and not slashed.
+    trainer = get_trainer(run, msg.trainer)
+    if trainer is None or trainer.slashed:
+        raise GossipReject(f"0x{msg.trainer.hex()} is not an enrolled, unslashed trainer of {msg.task_id}")
+    # [REJECT] the trainer signed SubmitOuterGradient{taskId, round, fragment, payloadHash}.
+    signed = SubmitOuterGradient(msg.task_id, msg.round, msg.fragment, msg.payload_hash)
+    _check_signature(signed, msg.signature, msg.trainer, ctx, seen)
+    seen.add(key)
+
+
+def validate_model_request_gossip(msg: ModelRequest, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for a ModelRequest (a request changes nothing; the rules only limit noise)."""
+    # [REJECT] the message is a ModelRequest.
+    if not isinstance(msg, ModelRequest):
+        raise GossipReject("expected a ModelRequest")
+    key = ("model-request", msg.task_id, msg.requester, msg.round, msg.nonce)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate model request")
+    run = _get_run(ctx, msg.task_id)
+    # [IGNORE] the run has a model worth sending (Training or Sealed).
+    if run.status not in (RunStatus.TRAINING, RunStatus.SEALED):
+        raise GossipIgnore(f"run {msg.task_id} is {run.status.value}")
+    # [REJECT] the requester is an enrolled trainer (anyone else has no use for the weights mid-run).
+    if get_trainer(run, msg.requester) is None:
+        raise GossipReject(f"0x{msg.requester.hex()} is not enrolled in {msg.task_id}")
+    seen.add(key)
+
+
+def _committed_model_hash(run: RunState, round_: int) -> bytes | None:
+    """The model hash after ``round_`` finalized rounds, or None if that many are not finalized yet."""
+    if round_ == 0:
+        return run.initial_model_hash
+    if round_ <= len(run.records):
+        return run.records[round_ - 1].model_hash
+    return None
+
+
+def validate_model_chunk_gossip(msg: ModelChunk, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for a ModelChunk (the node's answer to a ModelRequest)."""
+    # [REJECT] the message is a ModelChunk.
+    if not isinstance(msg, ModelChunk):
+        raise GossipReject("expected a ModelChunk")
+    key = ("model-chunk", compute_stream_key(msg), msg.seq)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate model chunk")
+    run = _get_run(ctx, msg.task_id)
+    # [REJECT] the weights are not larger than the receiver accepts.
+    if msg.total_size > ctx.max_model_bytes:
+        raise GossipReject(f"model of {msg.total_size} bytes exceeds {ctx.max_model_bytes}")
+    expected = _committed_model_hash(run, msg.round)
+    # [IGNORE] the receiver knows the model hash of that round (else it is behind; it cannot check).
+    if expected is None:
+        raise GossipIgnore(f"round {msg.round} is not finalized here yet")
+    # [IGNORE] it is the current model (an older one is stale).
+    if msg.round != len(run.records):
+        raise GossipIgnore(f"model after round {msg.round} is stale")
+    # [REJECT] model_hash is the committed one.
+    if msg.model_hash != expected:
+        raise GossipReject("model_hash differs from the committed model hash")
+    seen.add(key)
+
+
+# --- validation: syncer topic --------------------------------------------------------------------
+
+
+def validate_election_ticket_gossip(msg: ElectionTicketMsg, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for an election ticket."""
+    # [REJECT] the message is an ElectionTicketMsg.
+    if not isinstance(msg, ElectionTicketMsg):
+        raise GossipReject("expected an ElectionTicketMsg")
+    key = ("ticket", msg.task_id, msg.ticket.address, msg.ticket.vrf_public_key, msg.ticket.proof)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate ticket")
+    run = _get_run(ctx, msg.task_id)
+    # [IGNORE] the election is open: the run is Electing and its deadline has not passed.
+    if run.status is not RunStatus.ELECTING or ctx.now_ms > run.election.deadline_ms:
+        raise GossipIgnore(f"election of {msg.task_id} is closed")
+    # [REJECT] the ticket's address is a registered candidate.
+    candidate = ctx.get_candidate(msg.ticket.address)
+    if candidate is None:
+        raise GossipReject(f"0x{msg.ticket.address.hex()} is not a registered candidate")
+    # [REJECT] the ticket's VRF proof verifies over the run's seed under the registered key.
+    try:
+        validate_ticket(msg.ticket, candidate, run.election.seed)
+    except ElectionError as exc:
+        raise GossipReject(f"invalid ticket: {exc}") from None
+    seen.add(key)
+
+
+def validate_syncer_status_gossip(msg: SyncerStatus, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for an advisory SyncerStatus (unsigned at the Tenzro level; see the module docstring)."""
+    # [REJECT] the message is a SyncerStatus.
+    if not isinstance(msg, SyncerStatus):
+        raise GossipReject("expected a SyncerStatus")
+    key = ("status", msg.task_id, msg.syncer, msg.round, msg.status, msg.at_ms)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate status")
+    run = _get_run(ctx, msg.task_id)
+    # [IGNORE] the run is not over.
+    if run.status in (RunStatus.SEALED, RunStatus.CANCELLED, RunStatus.FAILED):
+        raise GossipIgnore(f"run {msg.task_id} is {run.status.value}")
+    # [IGNORE] the note is recent (older than the allowed skew: stale).
+    if msg.at_ms + ctx.max_clock_skew_ms < ctx.now_ms:
+        raise GossipIgnore("stale status")
+    # [REJECT] the note is not from the future beyond the allowed skew.
+    if msg.at_ms > ctx.now_ms + ctx.max_clock_skew_ms:
+        raise GossipReject("status dated in the future")
+    # [REJECT] it names the run's current syncer.
+    if get_current_syncer(run) != msg.syncer:
+        raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
+    seen.add(key)
+
+
+def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for a RoundFinalizedMsg chunk.
+
+    The receiver may be behind (the round is still open locally: the syncer must be the current one
+    and the fragment count must fit) or up to date (the round record exists: every committed field
+    must match it exactly).
+    """
+    # [REJECT] the message is a RoundFinalizedMsg.
+    if not isinstance(msg, RoundFinalizedMsg):
+        raise GossipReject("expected a RoundFinalizedMsg")
+    key = ("finalized", compute_stream_key(msg), msg.seq)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate round-finalized chunk")
+    run = _get_run(ctx, msg.task_id)
+    # [REJECT] one aggregate hash per fragment.
+    if len(msg.aggregate_hashes) != run.spec.architecture.fragment_count:
+        raise GossipReject(f"{len(msg.aggregate_hashes)} aggregate hashes for {run.spec.architecture.fragment_count} fragments")
+    # [REJECT] the weights are not larger than the receiver accepts.
+    if msg.total_size > ctx.max_model_bytes:
+        raise GossipReject(f"weights of {msg.total_size} bytes exceed {ctx.max_model_bytes}")
+    if msg.round < len(run.records):
+        record = run.records[msg.round]
+        # [IGNORE] it is about the last finalized round (older ones are stale).
+        if msg.round != len(run.records) - 1:
+            raise GossipIgnore(f"round {msg.round} is stale")
+        # [REJECT] syncer, aggregate hashes and model hash equal the committed round record.
+        if (msg.syncer != record.syncer or msg.model_hash != record.model_hash
+                or msg.aggregate_hashes != tuple(f.aggregate_hash for f in record.fragments)):
+            raise GossipReject(f"round {msg.round} differs from the committed round record")
+    else:
+        # [IGNORE] it is about the round in progress (a later one: the receiver is behind).
+        if run.status is not RunStatus.TRAINING or msg.round != run.round:
+            raise GossipIgnore(f"round {msg.round} is not the round in progress here")
+        # [REJECT] it comes from the run's current syncer.
+        if get_current_syncer(run) != msg.syncer:
+            raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
+    # [REJECT] the syncer signed FinalizeRound{taskId, round}.
+    _check_signature(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, ctx, seen)
+    seen.add(key)
+
+
+def validate_run_sealed_gossip(msg: RunSealedMsg, ctx: GossipContext, seen: SeenCache) -> None:
+    """Rules for RunSealedMsg: only relayed by peers that hold the sealed run and agree with it."""
+    # [REJECT] the message is a RunSealedMsg.
+    if not isinstance(msg, RunSealedMsg):
+        raise GossipReject("expected a RunSealedMsg")
+    key = ("sealed", msg.task_id, msg.run_root, msg.final_model_hash)
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate run-sealed")
+    run = _get_run(ctx, msg.task_id)
+    # [IGNORE] the receiver knows the run as Sealed (it cannot check the claim otherwise).
+    if run.status is not RunStatus.SEALED or run.run_root is None or run.final_record is None:
+        raise GossipIgnore(f"run {msg.task_id} is not sealed here")
+    # [REJECT] run root and final model hash equal the sealed ones.
+    if msg.run_root != run.run_root or msg.final_model_hash != run.final_record.final_model_hash:
+        raise GossipReject(f"run root or final model hash differs from the sealed run {msg.task_id}")
+    seen.add(key)
+
+
+_VALIDATORS: dict[MessageKind, Callable[..., None]] = {
+    MessageKind.PAYLOAD_CHUNK: validate_payload_chunk_gossip,
+    MessageKind.MODEL_REQUEST: validate_model_request_gossip,
+    MessageKind.MODEL_CHUNK: validate_model_chunk_gossip,
+    MessageKind.ELECTION_TICKET: validate_election_ticket_gossip,
+    MessageKind.SYNCER_STATUS: validate_syncer_status_gossip,
+    MessageKind.ROUND_FINALIZED: validate_round_finalized_gossip,
+    MessageKind.RUN_SEALED: validate_run_sealed_gossip,
+}
+
+
+def validate_gossip(topic: str, data: bytes, ctx: GossipContext, seen: SeenCache) -> GossipMessage:
+    """Decode ``data`` received on ``topic`` and run its rules; return the message if it passes.
+
+    The topic validator of the p2p host calls this. Raises GossipReject or GossipIgnore only.
+    """
+    msg = decode_message(data)
+    # [REJECT] the message type belongs to the topic it arrived on.
+    if _TOPIC_OF[msg.KIND] != topic:
+        raise GossipReject(f"{msg.KIND.name} does not belong on topic {topic}")
+    _VALIDATORS[msg.KIND](msg, ctx, seen)
+    return msg
