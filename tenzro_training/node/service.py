@@ -110,6 +110,7 @@ from tenzro_training.run_state import (
     is_terminal,
 )
 from tenzro_training.receipt import compute_receipt
+from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
 from tenzro_training.spec import TrainingTaskSpec
 
 __all__ = ["NodeService", "wall_clock_ms"]
@@ -657,7 +658,12 @@ class NodeService:
         if raw is None:
             raise InvalidState(task_id, run.status.value, "issue a receipt")
         receipt = persistence.decode_receipt(raw)
-        return {"receipt": receipt.to_dict(), "run_root": _hex(receipt.run_root)}
+        # "abi": abi.encode(ReceiptV1) (docs/receipt.md), what TRAINING_VERIFY and the escrow read.
+        return {
+            "receipt": receipt.to_dict(),
+            "run_root": _hex(receipt.run_root),
+            "abi": "0x" + encode_receipt_abi(receipt).hex(),
+        }
 
     def get_round_reports(self, task_id: str, round: int) -> dict[str, Any]:
         """The full aggregation reports (Krum scores included) of a finalized round, with each
