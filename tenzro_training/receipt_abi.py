@@ -206,7 +206,7 @@ def _abi_value(r: TrainingReceipt) -> tuple[Any, ...]:
         RECEIPT_ABI_VERSION,
         r.task_id,
         r.spec.canonical_bytes(),
-        r.spec.sponsor_address_bytes(),
+        r.spec.sponsor_address_bytes,
         r.spec.reward_pool,
         r.run_root,
         r.final_model_hash,
@@ -254,7 +254,7 @@ def decode_receipt(data: bytes) -> TrainingReceipt:
         raise EncodingError("specCanonical is not the spec's RFC 8785 canonical bytes")
     if task_id != spec.task_id:
         raise EncodingError(f"taskId {task_id!r} differs from the spec's {spec.task_id!r}")
-    if sponsor != spec.sponsor_address_bytes():
+    if sponsor != spec.sponsor_address_bytes:
         raise EncodingError("sponsor differs from the spec's sponsor_address")
     if reward_pool != spec.reward_pool:
         raise EncodingError(f"rewardPool {reward_pool} differs from the spec's {spec.reward_pool}")
