@@ -1,0 +1,308 @@
+"""The pinned receipt ABI: round trip, canonical trainer order, strict decoding, and validity
+(every field class tampered, re-encoded canonically so only the rule under test can catch it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import eth_abi
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenzro_training.errors import EncodingError
+from tenzro_training.receipt import ReceiptTrainer, TrainingReceipt, compute_receipt, verify_receipt
+from tenzro_training.receipt_abi import (
+    MAX_RECEIPT_BYTES,
+    RECEIPT_ABI_TYPE,
+    _abi_value,
+    decode_receipt,
+    encode_receipt,
+    verify_receipt_bytes,
+)
+from tenzro_training.records import decode_round_record, encode_round_record
+from tests.test_receipt import sealed_env
+
+
+@pytest.fixture(scope="module")
+def receipt() -> TrainingReceipt:
+    return compute_receipt(sealed_env().run)
+
+
+@pytest.fixture(scope="module")
+def data(receipt: TrainingReceipt) -> bytes:
+    return encode_receipt(receipt)
+
+
+def by_address(r: TrainingReceipt) -> TrainingReceipt:
+    return dataclasses.replace(r, trainers=tuple(sorted(r.trainers, key=lambda t: t.address)))
+
+
+def reencode(r: TrainingReceipt, mutate: Callable[[list[Any]], None]) -> bytes:
+    """The receipt's ABI value with ``mutate`` applied to its field list, canonically encoded."""
+    fields = list(_abi_value(r))
+    fields[7] = list(fields[7])
+    fields[8] = [list(t) for t in fields[8]]
+    fields[9] = list(fields[9])
+    mutate(fields)
+    fields[8] = [tuple(t) for t in fields[8]]
+    return eth_abi.encode([RECEIPT_ABI_TYPE], [tuple(fields)])
+
+
+def test_round_trip(receipt: TrainingReceipt, data: bytes) -> None:
+    assert reencode(receipt, lambda f: None) == data
+    decoded = decode_receipt(data)
+    assert decoded == by_address(receipt)
+    assert encode_receipt(decoded) == data
+    assert verify_receipt_bytes(receipt.run_root, data) == by_address(receipt)
+
+
+def test_layout_is_one_top_level_tuple(receipt: TrainingReceipt, data: bytes) -> None:
+    # abi.encode(ReceiptV1): one offset word (0x20) to the tuple, then version 1 in its head.
+    assert int.from_bytes(data[:32], "big") == 32
+    assert int.from_bytes(data[32:64], "big") == 1
+    (value,) = eth_abi.decode([RECEIPT_ABI_TYPE], data)
+    assert value[1] == receipt.task_id and value[2] == receipt.spec.canonical_bytes()
+    assert value[5] == receipt.run_root and value[6] == receipt.final_model_hash
+    assert [decode_round_record(x) for x in value[7]] == list(receipt.transcript)
+
+
+def test_trainers_are_written_in_canonical_address_order(receipt: TrainingReceipt, data: bytes) -> None:
+    shuffled = dataclasses.replace(receipt, trainers=tuple(reversed(receipt.trainers)))
+    assert encode_receipt(shuffled) == data
+    (value,) = eth_abi.decode([RECEIPT_ABI_TYPE], data)
+    addresses = [bytes.fromhex(t[0][2:]) for t in value[8]]  # eth_abi gives checksummed text
+    assert addresses == sorted(addresses) and len(set(addresses)) == len(addresses)
+    assert [t[1] for t in value[8]] == [t.reward_weight for t in by_address(receipt).trainers]
+
+
+def test_slashed_trainer_is_written_with_weight_zero_and_restored(receipt: TrainingReceipt) -> None:
+    victim = receipt.trainers[0]
+    assert victim.accepted_submissions > 0
+    slashed = dataclasses.replace(
+        receipt, trainers=(dataclasses.replace(victim, slashed=True),) + receipt.trainers[1:]
+    )
+    raw = encode_receipt(slashed)
+    (value,) = eth_abi.decode([RECEIPT_ABI_TYPE], raw)
+    row = next(t for t in value[8] if bytes.fromhex(t[0][2:]) == victim.address)
+    assert row[1] == 0 and row[4] is True
+    decoded = decode_receipt(raw)
+    assert decoded == by_address(slashed)  # accepted_submissions restored from the transcript
+    assert verify_receipt_bytes(receipt.run_root, raw) is not None
+
+
+def test_invalid_encode_of_a_non_receipt() -> None:
+    with pytest.raises(EncodingError):
+        encode_receipt("receipt")  # type: ignore[arg-type]
+
+
+def test_invalid_encode_with_duplicate_trainer(receipt: TrainingReceipt) -> None:
+    dup = dataclasses.replace(receipt, trainers=receipt.trainers + receipt.trainers[:1])
+    with pytest.raises(EncodingError):
+        encode_receipt(dup)
+
+
+# --- strict decoding: malformed bytes are EncodingError ---------------------------------------
+
+
+def _set(i: int, value: Any) -> Callable[[list[Any]], None]:
+    def mutate(f: list[Any]) -> None:
+        f[i] = value
+
+    return mutate
+
+
+def _trainer(j: int, k: int, value: Any) -> Callable[[list[Any]], None]:
+    def mutate(f: list[Any]) -> None:
+        f[8][j][k] = value
+
+    return mutate
+
+
+def _swap_trainers(f: list[Any]) -> None:
+    f[8][0], f[8][1] = f[8][1], f[8][0]
+
+
+def _dup_trainer(f: list[Any]) -> None:
+    f[8].insert(1, list(f[8][0]))
+
+
+def _bad_record(f: list[Any]) -> None:
+    f[7][0] = f[7][0] + b"\x00" * 32
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _set(0, 2),  # version
+        _set(1, "other-task"),  # taskId differs from the spec's
+        _set(3, b"\x99" * 20),  # sponsor differs from the spec's
+        _set(4, 12345),  # rewardPool differs from the spec's
+        _trainer(0, 4, True),  # slashed with a non-zero weight
+        _trainer(0, 3, "not-a-did"),
+        _swap_trainers,  # not canonical order
+        _dup_trainer,  # duplicate address
+        _bad_record,  # a round record with trailing bytes
+    ],
+    ids=["version", "task_id", "sponsor", "reward_pool", "slashed_weight", "did", "order", "duplicate", "record"],
+)
+def test_invalid_field_rejected_by_decode(receipt: TrainingReceipt, mutate: Callable[[list[Any]], None]) -> None:
+    raw = reencode(receipt, mutate)
+    with pytest.raises(EncodingError):
+        decode_receipt(raw)
+    assert verify_receipt_bytes(receipt.run_root, raw) is None
+
+
+def test_invalid_spec_bytes(receipt: TrainingReceipt) -> None:
+    canonical = receipt.spec.canonical_bytes()
+    for spec_bytes in (canonical + b" ", b"{}", b"\xff", canonical.replace(b'"', b"'", 1), b""):
+        raw = reencode(receipt, _set(2, spec_bytes))
+        with pytest.raises(EncodingError):
+            decode_receipt(raw)
+
+
+def test_invalid_non_canonical_layouts(data: bytes) -> None:
+    bad = [
+        data[:-1],  # truncated
+        data + b"\x00" * 32,  # trailing word
+        b"",
+        data[:32],
+        (64).to_bytes(32, "big") + data[32:],  # top-level offset moved
+        data[:32] + (1).to_bytes(32, "big")[:31] + b"\x02" + data[64:],  # version 2
+        data[:32] + b"\x01" + data[33:],  # non-zero padding in the version word
+    ]
+    for raw in bad:
+        with pytest.raises(EncodingError):
+            decode_receipt(raw)
+    with pytest.raises(EncodingError):
+        decode_receipt(b"\x00" * (MAX_RECEIPT_BYTES + 1))
+    with pytest.raises(EncodingError):
+        decode_receipt("0x00")  # type: ignore[arg-type]
+
+
+def test_invalid_aliased_offsets_do_not_amplify(receipt: TrainingReceipt) -> None:
+    # Two round-record offsets pointing at the same bytes: eth_abi would decode it, we refuse.
+    raw = bytearray(encode_receipt(receipt))
+    (value,) = eth_abi.decode([RECEIPT_ABI_TYPE], bytes(raw))
+    assert len(value[7]) >= 2
+    tuple_start = 32
+    records_at = tuple_start + int.from_bytes(raw[tuple_start + 7 * 32 : tuple_start + 8 * 32], "big")
+    first_offset = raw[records_at + 32 : records_at + 64]
+    raw[records_at + 64 : records_at + 96] = first_offset
+    with pytest.raises(EncodingError):
+        decode_receipt(bytes(raw))
+
+
+# --- validity: well-formed but wrong receipts are not verified ---------------------------------
+
+
+def _drop_last_round(f: list[Any]) -> None:
+    f[7].pop()
+
+
+def _swap_rounds(f: list[Any]) -> None:
+    f[7][0], f[7][1] = f[7][1], f[7][0]
+
+
+def _tamper_round(receipt: TrainingReceipt, **changes: Any) -> Callable[[list[Any]], None]:
+    def mutate(f: list[Any]) -> None:
+        rec = dataclasses.replace(receipt.transcript[0], **changes)
+        f[7][0] = encode_round_record(rec)
+
+    return mutate
+
+
+def _weight_plus_one(f: list[Any]) -> None:
+    f[8][0][1] += 1
+
+
+def _drop_trainer(f: list[Any]) -> None:
+    f[8].pop(0)
+
+
+def _change_syncers(f: list[Any]) -> None:
+    f[9] = f[9] + [b"\x42" * 20]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda r: _set(5, b"\x00" * 32),  # run root
+        lambda r: _set(6, b"\x11" * 32),  # final model hash
+        lambda r: _drop_last_round,
+        lambda r: _swap_rounds,
+        lambda r: _tamper_round(r, model_hash=b"\x22" * 32),
+        lambda r: _tamper_round(r, syncer_rank=9),
+        lambda r: _weight_plus_one,
+        lambda r: _drop_trainer,  # accepted address missing from trainers
+        lambda r: _change_syncers,
+        lambda r: _set(9, []),
+    ],
+    ids=["run_root", "final_model_hash", "drop_round", "swap_rounds", "round_model_hash", "round_rank",
+         "weight", "missing_trainer", "extra_syncer", "no_syncers"],
+)
+def test_invalid_receipt_not_verified(receipt: TrainingReceipt, make: Any) -> None:
+    raw = reencode(receipt, make(receipt))
+    assert verify_receipt_bytes(receipt.run_root, raw) is None
+    try:  # whatever it decodes to, it is not a valid receipt under its own root either
+        decoded = decode_receipt(raw)
+    except EncodingError:
+        return
+    assert verify_receipt_bytes(decoded.run_root, raw) is None
+    assert not verify_receipt(decoded)
+
+
+def test_invalid_claimed_root(receipt: TrainingReceipt, data: bytes) -> None:
+    for claimed in (b"\x00" * 32, receipt.run_root[:31], receipt.run_root + b"\x00", bytearray(receipt.run_root), None):
+        assert verify_receipt_bytes(claimed, data) is None  # type: ignore[arg-type]
+
+
+def test_uncommitted_fields_are_informational(receipt: TrainingReceipt) -> None:
+    # stake, DID and sealedAt are not leaves of the run root: a receipt differing only there is
+    # still valid (the precompile ties it to the chain by the sealed root, the escrow pays by
+    # weight, which the transcript fixes). Documented in docs/receipt.md.
+    for mutate in (_trainer(0, 2, 7), _trainer(0, 3, "did:tenzro:node:other"), _set(10, 1)):
+        assert verify_receipt_bytes(receipt.run_root, reencode(receipt, mutate)) is not None
+
+
+def test_extra_zero_weight_trainer_is_valid(receipt: TrainingReceipt) -> None:
+    # An enrolled trainer whose every submission was rejected has weight 0; the rules allow it.
+    extra = ReceiptTrainer("did:tenzro:node:idle", b"\xff" * 20, 1, 0, False)
+    r = dataclasses.replace(receipt, trainers=receipt.trainers + (extra,))
+    assert verify_receipt_bytes(receipt.run_root, encode_receipt(r)) is not None
+
+
+# --- never raises -----------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=2048))
+def test_random_bytes_never_verify(blob: bytes) -> None:
+    assert verify_receipt_bytes(b"\x00" * 32, blob) is None
+    try:
+        decode_receipt(blob)
+    except EncodingError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mutated_receipts_never_raise_and_rarely_verify(receipt: TrainingReceipt, data: bytes, draw: st.DataObject) -> None:
+    raw = bytearray(data)
+    for _ in range(draw.draw(st.integers(1, 4))):
+        pos = draw.draw(st.integers(0, len(raw) - 1))
+        raw[pos] = draw.draw(st.integers(0, 255))
+    raw_b = bytes(raw)
+    result = verify_receipt_bytes(receipt.run_root, raw_b)
+    if raw_b != data and result is not None:
+        # Only uncommitted fields (stake, DID, sealedAt) can change and still verify.
+        assert result.transcript == receipt.transcript and result.run_root == receipt.run_root
+        assert [(t.address, t.reward_weight) for t in result.trainers] == [
+            (t.address, t.reward_weight) for t in by_address(receipt).trainers
+        ]
+    try:
+        decode_receipt(raw_b)
+    except EncodingError:
+        pass
