@@ -1,0 +1,530 @@
+"""The libp2p gossipsub host, run in its own trio thread, seen from asyncio through a small API.
+
+What it is: :class:`P2PHost` owns one py-libp2p host + Pubsub + GossipSub router inside
+``trio.run`` on a dedicated thread. The asyncio side calls ``start``, ``subscribe`` (an
+``asyncio.Queue`` per topic), ``publish``, ``connect``, ``stats`` and ``stop``. Topic validators
+(``set_validator``) run on the trio thread BEFORE a message is delivered or relayed.
+
+What it is NOT: no protocol rules (``tenzro_training.gossip`` decides what is valid; a validator
+here just calls it), no reassembly, no node or trainer logic.
+
+py-libp2p 0.8.1 loses messages silently with its defaults (see dependencies.md). Each fix:
+
+1. spam protection (10 msg/s per topic, own publishes included): turned off;
+2. RPC size: inbound ``max_inbound_rpc_size`` raised; the outbound per-peer ``RpcQueue`` has no
+   option, so :class:`_TunedPubsub` sizes every queue as it is registered (``max_rpc_bytes``,
+   ``OUTBOUND_QUEUE_RPCS``);
+3. per-peer outbound queue overflow: ``publish`` waits while any peer queue is at its high-water
+   mark (bounded by ``publish_timeout_s``, so a dead peer cannot stall a publisher forever);
+4. the 32-message subscription buffer: every subscription is drained continuously by its own trio
+   task into an asyncio queue bounded by bytes (``max_inbox_bytes``; overflow counted as dropped);
+5. shutdown: ``stop`` waits (bounded) until every outbound queue is empty and no write is in flight.
+
+Counters (``stats()``): published, delivered, rejected, ignored, dropped (outbound drops reported
+by the router + inbox overflows). Own messages are never delivered back to the publisher and never
+pass through the validators (validate before publishing if in doubt: the rules are pure).
+
+Signals: trio runs in a non-main thread, so it installs no signal handlers. The process's asyncio
+main installs SIGINT/SIGTERM handlers that end its main coroutine, which then awaits ``stop()``
+(see ``tests/p2p/peer.py``); no trio traceback is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
+from tenzro_training.p2p.keys import load_or_create_peer_key
+
+__all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS"]
+
+log = logging.getLogger("tenzro.p2p")
+# `import libp2p` detaches its logger; let its records reach the application's handlers.
+logging.getLogger("libp2p").propagate = True
+
+OUTBOUND_QUEUE_RPCS = 1024
+"""Per-peer outbound RPC queue length (libp2p's default is 32). Relays need room beyond what
+publish backpressure keeps free: a publisher waits above a quarter of it."""
+_HIGH_WATER = OUTBOUND_QUEUE_RPCS // 4
+_POLL_S = 0.002
+
+T = TypeVar("T")
+
+
+class P2PError(TenzroError):
+    """The p2p host is not running (not started, stopped, or failed), or a p2p call failed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class P2PConfig:
+    """How a node or trainer joins the gossip network."""
+
+    key_path: Path
+    """File holding the persisted ed25519 peer identity (created on first start, mode 0600)."""
+    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    """Multiaddrs to listen on (tcp/0 picks a free port; ``addrs`` reports the real ones)."""
+    bootstrap: tuple[str, ...] = ()
+    """Full multiaddrs (with ``/p2p/<peer id>``) dialed at start; failures are logged, not fatal."""
+    max_rpc_bytes: int = 8 << 20
+    """Largest pubsub RPC frame, inbound and outbound (a 1 MiB chunk plus headers fits easily)."""
+    max_inbox_bytes: int = 512 << 20
+    """Bytes of delivered-but-unread messages held per topic before new ones are dropped (counted)."""
+    publish_timeout_s: float = 30.0
+    """Longest a publish waits for a full peer queue to drain before sending anyway."""
+    stop_timeout_s: float = 10.0
+    """Longest ``stop`` waits for queued messages to be written."""
+    connect_timeout_s: float = 10.0
+    """Longest one dial (bootstrap or ``connect``) may take."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_path", Path(self.key_path))
+        for name in ("listen", "bootstrap"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(a, str) for a in value):
+                raise ValueError(f"{name} must be a sequence of multiaddr strings")
+            object.__setattr__(self, name, tuple(value))
+        if not self.listen:
+            raise ValueError("listen must name at least one multiaddr")
+        if type(self.max_rpc_bytes) is not int or not (1 << 20) < self.max_rpc_bytes <= (64 << 20):
+            raise ValueError("max_rpc_bytes must be an int in (1 MiB, 64 MiB]")
+        if type(self.max_inbox_bytes) is not int or self.max_inbox_bytes < self.max_rpc_bytes:
+            raise ValueError("max_inbox_bytes must be an int >= max_rpc_bytes")
+        for name in ("publish_timeout_s", "stop_timeout_s", "connect_timeout_s"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive number")
+
+
+@dataclass(frozen=True, slots=True)
+class GossipMessage:
+    """One validated message as delivered to a subscriber."""
+
+    topic: str
+    data: bytes
+    from_peer: str
+    """Base58 peer id of the originator (libp2p-signed; not the forwarder)."""
+    msg_id: str
+    """Hex of libp2p's message id (originator peer id + seqno)."""
+
+
+@dataclass
+class _Counters:
+    # Each counter has exactly one writing thread (noted), so no lock is needed under the GIL.
+    published: int = 0  # asyncio
+    delivered: int = 0  # asyncio
+    rejected: int = 0  # trio
+    ignored: int = 0  # trio
+    dropped_outbound: int = 0  # trio
+    dropped_inbox: int = 0  # asyncio
+
+
+class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
+    """An unbounded-by-count asyncio queue that tracks the bytes it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+    def _put(self, item: GossipMessage) -> None:  # type: ignore[override]
+        self.nbytes += len(item.data)
+        super()._put(item)  # type: ignore[misc]
+
+    def _get(self) -> GossipMessage:  # type: ignore[override]
+        item = super()._get()  # type: ignore[misc]
+        self.nbytes -= len(item.data)
+        return item
+
+
+class _QueueSizer(dict):  # type: ignore[type-arg]
+    """Pubsub's ``peer_queues`` map: sizes each per-peer RpcQueue the moment Pubsub registers it,
+    before anything can be pushed into it (libp2p has no constructor option for these limits)."""
+
+    def __init__(self, max_rpc_bytes: int) -> None:
+        super().__init__()
+        self._max_rpc_bytes = max_rpc_bytes
+
+    def __setitem__(self, peer_id: ID, queue: Any) -> None:
+        queue.max_message_size = self._max_rpc_bytes
+        queue._queue.max_size = OUTBOUND_QUEUE_RPCS
+        super().__setitem__(peer_id, queue)
+
+
+class _TunedPubsub(Pubsub):
+    """Pubsub with sized outbound queues and a count of writes in flight (for a clean stop)."""
+
+    def __init__(self, *args: Any, max_rpc_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, max_inbound_rpc_size=max_rpc_bytes, **kwargs)
+        self.peer_queues = _QueueSizer(max_rpc_bytes)
+        self.writes_in_flight = 0
+
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        self.writes_in_flight += 1
+        try:
+            return await super().write_msg(stream, rpc_msg)
+        finally:
+            self.writes_in_flight -= 1
+
+
+class _TunedGossipSub(GossipSub):
+    """GossipSub that counts dropped outbound publishes and keeps a digest, not the whole message,
+    in its equivocation table (which otherwise pins up to 1000 full messages: ~1 GiB of chunks)."""
+
+    def __init__(self, *args: Any, on_drop: Callable[[int], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_drop = on_drop
+
+    def _handle_dropped_rpc(self, peer_id: ID, rpc: Any, reason: str) -> None:
+        if len(rpc.publish):
+            self._on_drop(len(rpc.publish))
+            log.warning("dropped %d outbound message(s) to %s: %s", len(rpc.publish), peer_id, reason)
+        super()._handle_dropped_rpc(peer_id, rpc, reason)
+
+    def _check_equivocation(self, msg: Any) -> bool:
+        key = msg.from_id + msg.seqno
+        digest = hashlib.sha256(msg.data + b"\0" + "\0".join(msg.topicIDs).encode()).digest()
+        seen = self.equivocation_detection.get(key)
+        if seen is None:
+            self.equivocation_detection[key] = digest  # type: ignore[assignment]
+            return True
+        if seen != digest:
+            log.warning("equivocation detected from peer %s", ID(msg.from_id))
+            return False
+        return True
+
+
+class P2PHost:
+    """One libp2p gossipsub host in its own trio thread, driven from asyncio.
+
+    Use: ``await start()``; ``set_validator`` per topic (before or after start); ``await
+    subscribe(topic)`` returns an asyncio queue that receives every validated message;
+    ``await publish(topic, data)``; ``await stop()`` on every exit path.
+    """
+
+    def __init__(self, config: P2PConfig) -> None:
+        if not isinstance(config, P2PConfig):
+            raise TypeError("config must be a P2PConfig")
+        self.config = config
+        self.peer_id: str = ""
+        self.addrs: tuple[str, ...] = ()
+        self._counters = _Counters()
+        self._validators: dict[str, Callable[[bytes, str], None]] = {}
+        self._inboxes: dict[str, _Inbox] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._stop_event: trio.Event | None = None
+        self._stopped = asyncio.Event()
+        self._running = False
+        self._host: Any = None
+        self._pubsub: _TunedPubsub | None = None
+        self._router: _TunedGossipSub | None = None
+        self._publish_lock: trio.Lock | None = None
+        self._my_id: bytes = b""
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the trio thread: listening, pubsub running, bootstrap peers dialed."""
+        if self._thread is not None:
+            raise P2PError("already started")
+        self._loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = self._loop.create_future()
+        key_pair = load_or_create_peer_key(self.config.key_path)
+
+        def thread_main() -> None:
+            try:
+                trio.run(self._trio_main, key_pair, ready)
+            except BaseException as exc:  # noqa: BLE001 - reported to the asyncio side, never lost
+                log.error("p2p thread failed: %r", exc)
+                self._loop.call_soon_threadsafe(self._fail_ready, ready, exc)  # type: ignore[union-attr]
+            finally:
+                self._running = False
+                self._loop.call_soon_threadsafe(self._stopped.set)  # type: ignore[union-attr]
+
+        self._thread = threading.Thread(target=thread_main, name="tenzro-p2p", daemon=True)
+        self._thread.start()
+        await ready
+
+    @staticmethod
+    def _fail_ready(ready: asyncio.Future[None], exc: BaseException) -> None:
+        if not ready.done():
+            ready.set_exception(P2PError(f"p2p host failed to start: {exc!r}"))
+
+    async def _trio_main(self, key_pair: Any, ready: asyncio.Future[None]) -> None:
+        cfg = self.config
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop_event = trio.Event()
+        self._publish_lock = trio.Lock()
+        host = new_host(key_pair=key_pair)
+        router = _TunedGossipSub(
+            protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
+            degree=6, degree_low=4, degree_high=12,
+            heartbeat_interval=1,
+            spam_protection_enabled=False,
+            on_drop=self._count_outbound_drop,
+        )
+        pubsub = _TunedPubsub(host, router, strict_signing=True, max_rpc_bytes=cfg.max_rpc_bytes)
+        self._host, self._pubsub, self._router = host, pubsub, router
+        self._my_id = host.get_id().to_bytes()
+        for topic in self._validators:
+            self._install_validator(topic)
+        listen = [multiaddr.Multiaddr(a) for a in cfg.listen]
+        async with host.run(listen_addrs=listen):
+            async with background_trio_service(pubsub), background_trio_service(router):
+                await pubsub.wait_until_ready()
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    self.peer_id = host.get_id().to_base58()
+                    self.addrs = tuple(self._full_addrs())
+                    for addr in cfg.bootstrap:
+                        try:
+                            await self._connect(addr)
+                        except Exception as exc:  # noqa: BLE001 - a dead bootstrap peer is not fatal
+                            log.warning("bootstrap %s failed: %r", addr, exc)
+                    self._running = True
+                    self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
+                        lambda: ready.done() or ready.set_result(None)
+                    )
+                    await self._stop_event.wait()
+                    self._running = False
+                    await self._drain_outbound()
+                    nursery.cancel_scope.cancel()
+        log.info("p2p host %s stopped", self.peer_id)
+
+    def _full_addrs(self) -> list[str]:
+        out = []
+        for addr in self._host.get_addrs():
+            text = str(addr)
+            out.append(text if "/p2p/" in text else f"{text}/p2p/{self.peer_id}")
+        return out
+
+    async def _drain_outbound(self) -> None:
+        """Wait until every queued RPC is written (bounded by stop_timeout_s)."""
+        pubsub = self._pubsub
+        assert pubsub is not None  # internal invariant: set before the loop that calls this
+        with trio.move_on_after(self.config.stop_timeout_s) as scope:
+            while any(len(q) for q in pubsub.peer_queues.values()) or pubsub.writes_in_flight:
+                await trio.sleep(_POLL_S)
+        if scope.cancelled_caught:
+            log.warning("p2p stop: gave up waiting for queued messages after %.1f s", self.config.stop_timeout_s)
+
+    async def stop(self) -> None:
+        """Flush queued messages (bounded), close the host and join the thread. Idempotent."""
+        if self._thread is None:
+            return
+        if self._token is not None and self._stop_event is not None:
+            try:
+                self._token.run_sync_soon(self._stop_event.set)
+            except trio.RunFinishedError:
+                pass
+        await self._stopped.wait()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # --- calls into trio -------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await fn(*args)`` in the trio thread; return its result to the asyncio caller."""
+        if not self._running or self._token is None or self._nursery is None:
+            raise P2PError("p2p host is not running")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if fut.done():
+                return
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+        async def runner() -> None:
+            try:
+                result = await fn(*args)
+            except trio.Cancelled:
+                loop.call_soon_threadsafe(settle, False, P2PError("p2p host stopped"))
+                raise
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                loop.call_soon_threadsafe(settle, False, exc)
+            else:
+                loop.call_soon_threadsafe(settle, True, result)
+
+        try:
+            self._token.run_sync_soon(self._nursery.start_soon, runner)
+        except trio.RunFinishedError:
+            raise P2PError("p2p host is not running") from None
+        return await fut
+
+    # --- validators ------------------------------------------------------------------------------
+
+    def set_validator(self, topic: str, fn: Callable[[bytes, str], None]) -> None:
+        """``fn(data, from_peer)`` raises GossipReject/GossipIgnore to stop a message before it is
+        delivered or relayed; any other exception counts as a reject. Runs on the trio thread."""
+        self._validators[topic] = fn
+        if self._token is not None:
+            try:
+                self._token.run_sync_soon(self._install_validator, topic)
+            except trio.RunFinishedError:
+                pass
+
+    def _install_validator(self, topic: str) -> None:
+        fn = self._validators[topic]
+        counters = self._counters
+
+        def validator(forwarder: ID, msg: Any) -> bool:
+            if msg.from_id == self._my_id:
+                return True  # our own publish: the publisher is responsible for it
+            try:
+                fn(msg.data, ID(msg.from_id).to_base58())
+            except GossipIgnore as exc:
+                counters.ignored += 1
+                log.debug("ignored on %s from %s: %s", topic, forwarder, exc)
+                return False
+            except GossipReject as exc:
+                counters.rejected += 1
+                log.info("rejected on %s from %s: %s", topic, forwarder, exc)
+                return False
+            except Exception as exc:  # noqa: BLE001 - a validator bug must not pass a message
+                counters.rejected += 1
+                log.warning("validator for %s raised %r: message rejected", topic, exc)
+                return False
+            return True
+
+        assert self._pubsub is not None  # internal invariant: only called once pubsub exists
+        self._pubsub.set_topic_validator(topic, validator, is_async_validator=False)
+
+    # --- subscribe -------------------------------------------------------------------------------
+
+    async def subscribe(self, topic: str) -> asyncio.Queue[GossipMessage]:
+        """Join ``topic``; every validated message from others arrives on the returned queue.
+
+        Subscribing twice returns the same queue. The trio side drains libp2p's 32-slot buffer
+        continuously, so a slow reader never makes libp2p drop messages; the queue itself is bounded
+        by ``max_inbox_bytes`` (overflow counted as dropped).
+        """
+        if topic in self._inboxes:
+            return self._inboxes[topic]
+        inbox = _Inbox()
+        self._inboxes[topic] = inbox
+        try:
+            await self._call(self._subscribe, topic)
+        except BaseException:
+            del self._inboxes[topic]
+            raise
+        return inbox
+
+    async def _subscribe(self, topic: str) -> None:
+        assert self._pubsub is not None and self._nursery is not None  # set before _running
+        sub = await self._pubsub.subscribe(topic)
+        self._nursery.start_soon(self._drain_subscription, topic, sub)
+
+    async def _drain_subscription(self, topic: str, sub: Any) -> None:
+        pubsub = self._pubsub
+        assert pubsub is not None
+        loop = self._loop
+        assert loop is not None
+        while True:
+            msg = await sub.get()
+            if msg.from_id == self._my_id:
+                continue  # libp2p hands a publisher its own messages; nobody here wants them
+            item = GossipMessage(topic, bytes(msg.data), ID(msg.from_id).to_base58(), pubsub.get_message_id(msg).hex())
+            loop.call_soon_threadsafe(self._deliver, item)
+
+    def _deliver(self, item: GossipMessage) -> None:
+        inbox = self._inboxes[item.topic]
+        if inbox.nbytes + len(item.data) > self.config.max_inbox_bytes:
+            self._counters.dropped_inbox += 1
+            log.warning("inbox of %s full (%d bytes unread): message dropped", item.topic, inbox.nbytes)
+            return
+        inbox.put_nowait(item)
+        self._counters.delivered += 1
+
+    # --- publish / connect -----------------------------------------------------------------------
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish ``data`` on ``topic``. Waits while a peer's outbound queue is near full."""
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError("data must be bytes")
+        if len(data) + 4096 > self.config.max_rpc_bytes:
+            raise P2PError(f"message of {len(data)} bytes does not fit max_rpc_bytes {self.config.max_rpc_bytes}")
+        await self._call(self._publish, topic, bytes(data))
+        self._counters.published += 1
+
+    async def _publish(self, topic: str, data: bytes) -> None:
+        pubsub = self._pubsub
+        assert pubsub is not None and self._publish_lock is not None
+        # One publish at a time keeps publish order and makes the backpressure check meaningful.
+        async with self._publish_lock:
+            with trio.move_on_after(self.config.publish_timeout_s):
+                while any(len(q) >= _HIGH_WATER for q in pubsub.peer_queues.values()):
+                    await trio.sleep(_POLL_S)
+            await pubsub.publish(topic, data)
+
+    async def connect(self, addr: str) -> None:
+        """Dial a full multiaddr (``.../p2p/<peer id>``) and wait for the pubsub stream."""
+        await self._call(self._connect, addr)
+
+    async def _connect(self, addr: str) -> None:
+        assert self._host is not None and self._pubsub is not None
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        with trio.fail_after(self.config.connect_timeout_s):
+            await self._host.connect(info)
+            await self._pubsub.wait_for_peer(info.peer_id, timeout=self.config.connect_timeout_s)
+
+    async def wait_for_peers(self, topic: str, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until ``count`` peers would receive our publishes on ``topic`` (mesh members if we
+        are subscribed, else peers subscribed to it). Raises P2PError on timeout."""
+        await self._call(self._wait_for_peers, topic, count, timeout)
+
+    async def _wait_for_peers(self, topic: str, count: int, timeout: float) -> None:
+        pubsub, router = self._pubsub, self._router
+        assert pubsub is not None and router is not None
+        with trio.move_on_after(timeout):
+            while True:
+                peers = router.mesh.get(topic) if topic in pubsub.topic_ids else pubsub.peer_topics.get(topic)
+                if peers is not None and len(peers) >= count:
+                    return
+                await trio.sleep(0.01)
+        raise P2PError(f"fewer than {count} peers on {topic} after {timeout} s")
+
+    def connected_peers(self) -> tuple[str, ...]:
+        """Base58 ids of peers with an open pubsub stream (a snapshot; safe from any thread)."""
+        pubsub = self._pubsub
+        return () if pubsub is None else tuple(p.to_base58() for p in list(pubsub.peers))
+
+    # --- counters --------------------------------------------------------------------------------
+
+    def _count_outbound_drop(self, n: int) -> None:
+        self._counters.dropped_outbound += n
+
+    def stats(self) -> dict[str, int]:
+        """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts."""
+        c = self._counters
+        return {
+            "published": c.published,
+            "delivered": c.delivered,
+            "rejected": c.rejected,
+            "ignored": c.ignored,
+            "dropped": c.dropped_outbound + c.dropped_inbox,
+            "dropped_outbound": c.dropped_outbound,
+            "dropped_inbox": c.dropped_inbox,
+        }
