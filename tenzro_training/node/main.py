@@ -166,7 +166,10 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     except (TenzroError, OSError) as exc:
         raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p['listen'])}: {exc}") from None
     loop = asyncio.get_running_loop()
-    bridge = GossipBridge(service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id)
+    bridge = GossipBridge(
+        service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id,
+        get_candidate=config.get_candidate, max_payload_bytes=config.max_payload_bytes,
+    )
     await bridge.start()
     return host, bridge
 

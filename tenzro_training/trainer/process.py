@@ -1,0 +1,547 @@
+"""The trainer process: ``tenzro trainer run --key-file K --task-id T --spec S --rpc URL --p2p-key P
+--bootstrap MULTIADDR [--rounds N]``.
+
+What this module is: the SHELL that turns the trainer compute (``trainer/inner.py``, ``model.py``,
+``data.py``) into a participant of a run. It enrolls over JSON-RPC, joins the node's gossip mesh
+with its own libp2p identity, and per round:
+
+1. holds the current global model, verified against the hash the run committed (``getRun``'s
+   ``model_hash``). At start, or whenever it is behind (late join, restart, a RoundFinalized it
+   missed), it gets the model over libp2p with a ``ModelRequest`` and checks it before training;
+2. runs the inner loop on its shard, publishes each fragment's payload as ``PayloadChunk`` gossip,
+   and calls ``submitOuterGradient`` with ONLY the payload hash, retrying while the node answers
+   ``PayloadUnavailable`` (1312: its bridge has not reassembled the bytes yet), bounded by
+   ``submit_timeout_s`` (the chunks are republished once on the way);
+3. waits for the node's ``RoundFinalized`` gossip, applies the new fragment weights and checks the
+   model hash against the message and against the round record the run committed;
+
+until the run is Sealed (then it checks its model against the receipt's ``final_model_hash``) or
+``--rounds`` rounds were trained. SIGINT/SIGTERM stop it cleanly (exit 0, host closed).
+
+Restart safety: the inner optimizer starts fresh every round, so a round's payload is a pure
+function of (global model, round, shard). A trainer restarted after it submitted recomputes the
+SAME payload, and the resubmission is an idempotent replay, never an equivocation.
+
+What it is NOT: the training math (``trainer/``), the protocol rules or message validation
+(``tenzro_training.gossip``), the libp2p host (``p2p/host.py``) or the node side
+(``node/gossip_bridge.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tenzro_training import auth
+from tenzro_training.errors import GossipReject, TenzroError
+from tenzro_training.fragments import FragmentLayout, TensorSpec
+from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
+from tenzro_training.payload import compute_payload_hash
+from tenzro_training.trainer import TrainerError
+
+__all__ = [
+    "TrainerProcessConfig",
+    "TrainerProcessError",
+    "compute_model_layout_from_layouts",
+    "decode_fragment_weights",
+    "run_trainer",
+    "run_trainer_from_args",
+]
+
+log = logging.getLogger("tenzro.trainer")
+
+CODE_PAYLOAD_UNAVAILABLE = 1312
+
+
+class TrainerProcessError(TrainerError):
+    """The trainer cannot go on (run refused, a model hash mismatch, a timeout)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainerProcessConfig:
+    """Everything one trainer process needs; checked on construction."""
+
+    task_id: str
+    rpc_url: str
+    private_key: bytes
+    spec_path: Path
+    p2p_key: Path
+    bootstrap: tuple[str, ...]
+    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    chain_id: int = auth.DEFAULT_CHAIN_ID
+    rounds: int | None = None
+    """Stop after training this many rounds (None: until the run ends)."""
+    did: str | None = None
+    stake: int = 10**18
+    batch_size: int = 16
+    submit_timeout_s: float = 60.0
+    """How long a hash-only submission is retried while the node lacks the payload."""
+    model_timeout_s: float = 60.0
+    """How long to wait for a ModelRequest answer or a RoundFinalized before giving up."""
+    poll_interval_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if len(self.private_key) != 32:
+            raise TrainerProcessError("private_key must be 32 bytes")
+        if self.rounds is not None and (isinstance(self.rounds, bool) or self.rounds < 1):
+            raise TrainerProcessError(f"rounds must be >= 1, got {self.rounds!r}")
+        if not self.bootstrap:
+            raise TrainerProcessError("at least one --bootstrap multiaddr (the node's p2p address) is needed")
+        for name in ("submit_timeout_s", "model_timeout_s", "poll_interval_s"):
+            if not getattr(self, name) > 0:
+                raise TrainerProcessError(f"{name} must be > 0")
+
+
+# --- pure helpers -----------------------------------------------------------------------------------
+
+
+def compute_model_layout_from_layouts(layouts: tuple[FragmentLayout, ...]) -> ModelLayout:
+    """The ModelLayout the node serves in getRun's ``fragments``: every tensor named by a slice,
+    in name order. (A zero-element tensor has no slice; the model hash check then fails loudly.)"""
+    specs: dict[str, TensorSpec] = {}
+    for lay in layouts:
+        for e in lay.entries:
+            specs.setdefault(e.name, TensorSpec(e.name, tuple(e.shape), "float32"))
+    ordered = tuple(sorted(specs.values(), key=lambda s: s.name.encode("utf-8")))
+    return ModelLayout(ordered, layouts)
+
+
+def decode_fragment_weights(data: bytes, layouts: tuple[FragmentLayout, ...]) -> list[torch.Tensor]:
+    """Split concatenated little-endian fp32 fragment weights (fragment order) into one flat
+    tensor per fragment; the length must match the layouts exactly."""
+    total = sum(lay.numel for lay in layouts)
+    if len(data) != 4 * total:
+        raise TrainerProcessError(f"model weights: {len(data)} bytes, expected {4 * total}")
+    flat = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32, copy=True))
+    out, at = [], 0
+    for lay in layouts:
+        out.append(flat[at : at + lay.numel].clone())
+        at += lay.numel
+    return out
+
+
+def _hex(value: bytes) -> str:
+    return "0x" + value.hex()
+
+
+def _unhex(text: str) -> bytes:
+    return bytes.fromhex(text[2:] if text.startswith("0x") else text)
+
+
+# --- the gossip inbox --------------------------------------------------------------------------------
+
+
+class _Inbox:
+    """Drains the trainer's subscriptions continuously and keeps what the main loop waits for:
+    reassembled RoundFinalized weights per round, ModelChunk answers per (round, model hash), and
+    the RunSealed message. Everything here was already validated by the host's topic validator."""
+
+    def __init__(self, task_id: str, gossip: Any, model_bytes: int) -> None:
+        self._task_id = task_id
+        self._g = gossip
+        self.finalized: dict[int, tuple[Any, bytes]] = {}
+        self.models: dict[tuple[int, bytes], bytes] = {}
+        self.sealed: Any = None
+        # Weights streams only (RoundFinalized, ModelChunk): a few at once, each exactly model-sized.
+        self._assembler = gossip.ChunkAssembler(max_total_bytes=4 * model_bytes, max_pending=4)
+        self.changed = asyncio.Event()
+
+    async def drain(self, queue: asyncio.Queue[Any]) -> None:
+        while True:
+            item = await queue.get()
+            try:
+                self._on_message(item.data)
+            except TenzroError as exc:
+                log.debug("dropped a gossip message: %s", exc)
+
+    def _on_message(self, data: bytes) -> None:
+        g = self._g
+        msg = g.decode_message(data)
+        if getattr(msg, "task_id", None) != self._task_id:
+            return
+        if isinstance(msg, g.RoundFinalizedMsg):
+            if msg.round in self.finalized:
+                return
+            whole = self._assembler.add(msg)
+            if whole is not None:
+                self.finalized[msg.round] = (msg, whole)
+                self.changed.set()
+        elif isinstance(msg, g.ModelChunk):
+            if (msg.round, msg.model_hash) in self.models:
+                return
+            whole = self._assembler.add(msg)
+            if whole is not None:
+                self.models[(msg.round, msg.model_hash)] = whole
+                self.changed.set()
+        elif isinstance(msg, g.RunSealedMsg):
+            self.sealed = msg
+            self.changed.set()
+
+    async def wait(self, timeout: float) -> None:
+        self.changed.clear()
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+# --- the process -----------------------------------------------------------------------------------
+
+
+class _Trainer:
+    def __init__(self, cfg: TrainerProcessConfig, announce: Callable[[str], None]) -> None:
+        from eth_account import Account
+
+        from tenzro_training.cli import RpcClient
+
+        self.cfg = cfg
+        self.say = announce
+        self.client = RpcClient(cfg.rpc_url, timeout=60.0)
+        self.address = str(Account.from_key(cfg.private_key).address)
+        self.addr_bytes = _unhex(self.address)
+        self.weights: list[torch.Tensor] | None = None
+        self.held_hash: bytes | None = None
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        return await asyncio.to_thread(self.client.call, method, params)
+
+    async def get_run(self) -> dict[str, Any]:
+        return await self.call("tenzro_training_getRun", {"task_id": self.cfg.task_id})
+
+    def sign(self, msg: auth.SignedMessageType) -> bytes:
+        return auth.sign_message(msg, self.cfg.private_key, self.cfg.chain_id)
+
+    # --- setup ---
+
+    def load_spec(self, view: dict[str, Any]) -> Any:
+        from tenzro_training.spec import TrainingTaskSpec
+
+        try:
+            spec = TrainingTaskSpec.from_dict(json.loads(self.cfg.spec_path.read_text()))
+        except OSError as exc:
+            raise TrainerProcessError(f"cannot read spec {self.cfg.spec_path}: {exc.strerror}") from None
+        if spec.task_id != self.cfg.task_id:
+            raise TrainerProcessError(f"the spec is for {spec.task_id!r}, not {self.cfg.task_id!r}")
+        if _hex(spec.spec_hash()) != view["spec_hash"]:
+            raise TrainerProcessError(f"the spec's hash {_hex(spec.spec_hash())} differs from the run's {view['spec_hash']}")
+        return spec
+
+    async def enroll(self, view: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+        while view["status"] in ("Posted", "Electing") and not stop.is_set():  # enrollment not open yet
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            view = await self.get_run()
+        if any(t["address"].lower() == self.address.lower() for t in view["trainers"]):
+            return view  # a restart: already enrolled
+        if view["status"] != "Enrolling":
+            raise TrainerProcessError(f"cannot enroll: the run is {view['status']}")
+        did = self.cfg.did or f"did:tenzro:trainer:{self.address.lower()}"
+        msg = auth.EnrollTrainer(task_id=self.cfg.task_id, did=did, trainer=self.addr_bytes, stake=self.cfg.stake)
+        res = await self.call("tenzro_training_enrollTrainer", {
+            "task_id": self.cfg.task_id, "did": did, "address": self.address, "stake": str(self.cfg.stake),
+            "signature": _hex(self.sign(msg)),
+        })
+        self.say(f"enrolled {self.address} in {self.cfg.task_id} shard {res['shard']}")
+        return await self.get_run()
+
+    async def wait_training(self, stop: asyncio.Event) -> dict[str, Any]:
+        while not stop.is_set():
+            view = await self.get_run()
+            if view["status"] not in ("Posted", "Electing", "Enrolling"):
+                return view
+            await asyncio.sleep(self.cfg.poll_interval_s)
+        raise asyncio.CancelledError
+
+    # --- the model ---
+
+    def accept_weights(self, data: bytes, expected_hash: bytes, what: str) -> None:
+        weights = decode_fragment_weights(data, self.layouts)
+        got = compute_state_model_hash(self.model, weights)
+        if got != expected_hash:
+            raise TrainerProcessError(f"{what}: the weights hash to {_hex(got)}, the run committed {_hex(expected_hash)}")
+        self.weights, self.held_hash = weights, got
+
+    async def request_model(self, view: dict[str, Any], stop: asyncio.Event) -> None:
+        """ModelRequest until the node answers with the model the run committed (view's hash)."""
+        g = self.g
+        r, want = int(view["round"]), _unhex(view["model_hash"])
+        deadline = time.monotonic() + self.cfg.model_timeout_s
+        next_ask = 0.0
+        while not stop.is_set():
+            data = self.inbox.models.get((r, want))
+            if data is not None:
+                self.accept_weights(data, want, f"ModelRequest answer for round {r}")
+                self.say(f"model round {r} hash {_hex(want)} from ModelRequest verified")
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise TrainerProcessError(f"no verified model for round {r} within {self.cfg.model_timeout_s:g}s")
+            if now >= next_ask:
+                req = g.ModelRequest(task_id=self.cfg.task_id, requester=self.addr_bytes, round=r, nonce=secrets.randbits(63))
+                await self.host.publish(g.get_topic(req), g.encode_message(req))
+                next_ask = now + 2.0
+            await self.inbox.wait(0.2)
+
+    # --- one round ---
+
+    def train(self, round_: int) -> list[bytes]:
+        from tenzro_training.trainer.inner import compute_outer_gradients, make_payloads, run_inner_loop
+
+        assert self.weights is not None
+        state = compute_full_state(self.model, self.weights)
+        # optimizer_state=None: see "Restart safety" in the module docstring.
+        res = run_inner_loop(state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index)
+        grads = compute_outer_gradients(state, res.state, self.layouts)
+        self.last_loss = res.train_loss
+        return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype)
+
+    async def publish_payload(self, round_: int, fragment: int, payload: bytes, signature: bytes) -> None:
+        g = self.g
+        for chunk in g.compute_payload_chunks(
+            task_id=self.cfg.task_id, round=round_, fragment=fragment, trainer=self.addr_bytes,
+            signature=signature, payload=payload,
+        ):
+            await self.host.publish(g.get_topic(chunk), g.encode_message(chunk))
+
+    async def submit(self, round_: int, payloads: list[bytes], stop: asyncio.Event) -> None:
+        from tenzro_training.cli import CliError
+
+        signed = []
+        for f, payload in enumerate(payloads):
+            digest = compute_payload_hash(payload)
+            sig = self.sign(auth.SubmitOuterGradient(task_id=self.cfg.task_id, round=round_, fragment=f, payload_hash=digest))
+            signed.append((digest, sig))
+            await self.publish_payload(round_, f, payload, sig)
+        for f, (digest, sig) in enumerate(signed):
+            deadline = time.monotonic() + self.cfg.submit_timeout_s
+            republish_at = time.monotonic() + self.cfg.submit_timeout_s / 4
+            tries = 0
+            while True:
+                tries += 1
+                try:
+                    await self.call("tenzro_training_submitOuterGradient", {
+                        "task_id": self.cfg.task_id, "round": round_, "fragment": f,
+                        "payload_hash": _hex(digest), "signature": _hex(sig),
+                    })
+                    break
+                except CliError as exc:
+                    if f"error {CODE_PAYLOAD_UNAVAILABLE} " not in str(exc) or stop.is_set():
+                        raise
+                    now = time.monotonic()
+                    if now > deadline:
+                        raise TrainerProcessError(
+                            f"round {round_} fragment {f}: the node never held payload {_hex(digest)} "
+                            f"({tries} tries in {self.cfg.submit_timeout_s:g}s)"
+                        ) from None
+                    if now > republish_at:  # gossip may have lost a chunk: send the payload again
+                        await self.publish_payload(round_, f, payloads[f], sig)
+                        republish_at = deadline + 1
+                    await asyncio.sleep(min(0.05 * tries, 0.5))
+            log.info("round %d fragment %d accepted after %d tries", round_, f, tries)
+
+    async def wait_finalized(self, round_: int, stop: asyncio.Event) -> dict[str, Any]:
+        """Wait for RoundFinalized(round_) over gossip, apply and verify it; if the run moved on
+        without it reaching us, fall back to a ModelRequest. Returns the latest view."""
+        deadline = time.monotonic() + self.cfg.model_timeout_s
+        last_poll = 0.0
+        view: dict[str, Any] | None = None
+        while not stop.is_set():
+            got = self.inbox.finalized.get(round_)
+            if got is not None:
+                msg, data = got
+                view = await self.get_run()
+                records = view["round_records"]
+                if len(records) <= round_:
+                    raise TrainerProcessError(f"RoundFinalized for round {round_} but the run has no record of it")
+                committed = _unhex(records[round_]["model_hash"])
+                syncer = _unhex(records[round_]["syncer"])
+                # The trainer holds getRun's view, not a RunState, so the checks
+                # validate_round_finalized_gossip makes on a node are made here, on the whole message.
+                if msg.syncer != syncer:
+                    raise TrainerProcessError(f"RoundFinalized round {round_} from {_hex(msg.syncer)}, the record names {_hex(syncer)}")
+                try:
+                    auth.validate_signer(auth.FinalizeRound(task_id=self.cfg.task_id, round=round_),
+                                         msg.syncer_signature, syncer, self.cfg.chain_id)
+                except auth.AuthError as exc:
+                    raise TrainerProcessError(f"RoundFinalized round {round_}: bad syncer signature: {exc}") from None
+                if msg.model_hash != committed:
+                    raise TrainerProcessError(f"RoundFinalized round {round_} names {_hex(msg.model_hash)}, committed {_hex(committed)}")
+                self.accept_weights(data, committed, f"RoundFinalized round {round_}")
+                self.say(f"round {round_} finalized model {_hex(committed)} verified")
+                return view
+            now = time.monotonic()
+            if now - last_poll > 1.0:
+                last_poll = now
+                view = await self.get_run()
+                moved = len(view["round_records"]) > round_ or view["status"] not in ("Training",)
+                if moved and now > deadline - self.cfg.model_timeout_s / 2:
+                    # The round closed but its RoundFinalized never arrived: ask for the model.
+                    if view["status"] in ("Training", "Sealed"):
+                        await self.request_model(view, stop)
+                        return view
+                    return view
+                if now > deadline:
+                    raise TrainerProcessError(f"round {round_} was not finalized within {self.cfg.model_timeout_s:g}s")
+            await self.inbox.wait(0.2)
+        raise asyncio.CancelledError
+
+    # --- main ---
+
+    async def run(self, stop: asyncio.Event) -> int:
+        from tenzro_training import gossip as g
+        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.p2p.host import P2PConfig, P2PHost
+        from tenzro_training.trainer.data import load_corpus, shard_windows, validate_dataset_hash
+        from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig
+        from tenzro_training.trainer.model import get_adapter
+
+        self.g = g
+        cfg = self.cfg
+        view = await self.get_run()
+        spec = self.load_spec(view)
+        view = await self.enroll(view, stop)
+        self.layouts = compute_layouts_from_view(view)
+        self.model = compute_model_layout_from_layouts(self.layouts)
+        self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
+        self.inner_cfg = InnerConfig.from_spec(spec, batch_size=cfg.batch_size)
+        self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
+        corpus = await asyncio.to_thread(load_corpus, spec.dataset_ref)
+        validate_dataset_hash(corpus, spec.dataset_hash)
+
+        self.host = P2PHost(P2PConfig(key_path=cfg.p2p_key, listen=cfg.listen, bootstrap=cfg.bootstrap))
+        await self.host.start()
+        try:
+            self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
+            self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts))
+            drains = []
+            for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
+                self.host.set_validator(topic, _trainer_validator(g, topic))
+                drains.append(asyncio.create_task(self.inbox.drain(await self.host.subscribe(topic))))
+            for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
+                # Publishing before the mesh has a peer would send into the void.
+                await self.host.wait_for_peers(topic, 1, timeout=cfg.model_timeout_s)
+            try:
+                return await self._rounds(stop, corpus, view)
+            finally:
+                for task in drains:
+                    task.cancel()
+        finally:
+            await self.host.stop()
+
+    async def _rounds(self, stop: asyncio.Event, corpus: Any, view: dict[str, Any]) -> int:
+        from tenzro_training.trainer.data import shard_windows
+
+        view = await self.wait_training(stop)
+        me = next(t for t in view["trainers"] if t["address"].lower() == self.address.lower())
+        self.shard_index = int(me["shard"])
+        self.shard = shard_windows(corpus, self.shard_index, int(view["trainer_count"]),
+                                   self.model_cfg.context_len, self.model_cfg.horizon)
+        trained = 0
+        while not stop.is_set():
+            if view["status"] == "Sealed":
+                return await self.finish(view, stop)
+            if view["status"] != "Training":
+                raise TrainerProcessError(f"the run ended: {view['status']} ({view.get('end_reason')})")
+            if me.get("slashed") or any(t["slashed"] for t in view["trainers"] if t["address"].lower() == self.address.lower()):
+                raise TrainerProcessError("this trainer was slashed")
+            r = int(view["round"])
+            if self.held_hash != _unhex(view["model_hash"]):
+                await self.request_model(view, stop)
+            started = time.monotonic()
+            payloads = await asyncio.to_thread(self.train, r)
+            await self.submit(r, payloads, stop)
+            self.say(f"round {r} submitted {len(payloads)} fragments over gossip "
+                     f"(train loss {self.last_loss:.4f}, {time.monotonic() - started:.1f}s)")
+            trained += 1
+            view = await self.wait_finalized(r, stop)
+            if self.cfg.rounds is not None and trained >= self.cfg.rounds:
+                self.say(f"stopping after {trained} rounds as asked")
+                return 0
+        return 0
+
+    async def finish(self, view: dict[str, Any], stop: asyncio.Event) -> int:
+        final = _unhex(view["final_record"]["final_model_hash"]) if view.get("final_record") else None
+        if final is None:
+            raise TrainerProcessError("the run is Sealed without a final record")
+        if self.held_hash != final:
+            # Missed the last RoundFinalized, or joined after the end: fetch the final model.
+            await self.request_model(view, stop)
+        if self.held_hash != final:
+            raise TrainerProcessError(f"final model {_hex(self.held_hash or b'')} differs from {_hex(final)}")
+        self.say(f"sealed final model {_hex(final)} verified")
+        return 0
+
+
+def _trainer_validator(g: Any, topic: str) -> Callable[[bytes, str], None]:
+    """A trainer's topic validator: the message decodes canonically and belongs on the topic.
+
+    A trainer holds getRun's JSON view, not a RunState, so it cannot run the node's
+    ``validate_*_gossip`` rules; what it USES is checked on the whole message instead (model hash
+    against the committed one, syncer and its FinalizeRound signature against the round record).
+    """
+
+    def validate(data: bytes, from_peer: str) -> None:
+        msg = g.decode_message(data)
+        # [REJECT] the message type belongs to the topic it arrived on.
+        if g.get_topic(msg) != topic:
+            raise GossipReject(f"{type(msg).__name__} does not belong on {topic}")
+
+    return validate
+
+
+async def run_trainer(cfg: TrainerProcessConfig, *, announce: Callable[[str], None] = print) -> int:
+    """Run until Sealed, ``cfg.rounds`` rounds, or SIGINT/SIGTERM (returns 0 in all three)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    trainer = _Trainer(cfg, announce)
+    main = asyncio.create_task(trainer.run(stop))
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if main.done():
+            return main.result()
+        announce("stopping (signal)")
+        main.cancel()
+        try:
+            await main
+        except asyncio.CancelledError:
+            pass
+        return 0
+    finally:
+        stopper.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_trainer_from_args(args: argparse.Namespace) -> None:
+    """``tenzro trainer run``: exit 0 when done or stopped; CliError otherwise."""
+    from tenzro_training.cli import EXIT_RPC_ERROR, CliError, _parse_amount, load_signing_key
+
+    logging.basicConfig(level=os.environ.get("TENZRO_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = TrainerProcessConfig(
+        task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args), spec_path=Path(args.spec),
+        p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
+        listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
+        did=args.did, stake=_parse_amount(args.stake, "--stake"),
+    )
+    try:
+        asyncio.run(run_trainer(cfg, announce=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)))
+    except TrainerProcessError as exc:
+        raise CliError(str(exc), EXIT_RPC_ERROR) from None
+    print("trainer stopped", file=sys.stderr, flush=True)

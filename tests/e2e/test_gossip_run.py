@@ -1,0 +1,196 @@
+"""A whole run over the gossip data plane, with REAL OS processes on 127.0.0.1.
+
+One ``tenzro node --dev --p2p-listen ...`` process, three ``tenzro trainer run`` processes (the
+dev trainer keys) and the ``tenzro syncer run`` daemon for the elected syncer carry a small run
+(M=3, K=2, F=2, 2 rounds, the tiny timesfm model, real statsmodels series) to Sealed. Every
+payload travels as PayloadChunk gossip; trainers call submitOuterGradient with only the hash.
+Trainer 2 stops after round 0 (``--rounds 1``) and is restarted: it gets the current model with a
+ModelRequest over libp2p, verifies it against the committed hash, and trains round 1. Every
+trainer ends holding the receipt's final model hash.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tenzro_training.receipt import TrainingReceipt, verify_receipt
+from tests.e2e.conftest import (
+    REPO,
+    STARTUP_TIMEOUT_S,
+    NodeProcess,
+    TinyModel,
+    _child_env,
+    new_task,
+    node_command,
+    rpc,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+DATASET_REF = "statsmodels:co2,nile"
+RUN_TIMEOUT_S = 90.0
+
+
+def start_p2p_node(tmp_path: Path) -> tuple[NodeProcess, str]:
+    """A dev node with gossip on; returns it and its p2p multiaddr (read from stdout)."""
+    data_dir = tmp_path / "node" / "data"
+    data_dir.mkdir(parents=True)
+    config = write_config(tmp_path / "node.json")
+    stderr_path = tmp_path / "node.stderr"
+    err = stderr_path.open("w")
+    cmd = node_command(data_dir, config) + ["--p2p-listen", "/ip4/127.0.0.1/tcp/0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+    err.close()
+    lines: queue.Queue[str | None] = queue.Queue()
+    collected: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            collected.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    p2p_addr = None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"node did not start:\n{stderr_path.read_text()}") from None
+        if line is None:
+            raise AssertionError(f"node exited with {proc.wait()}:\n{stderr_path.read_text()}")
+        if line.startswith("tenzro node p2p "):
+            p2p_addr = line.split()[3]
+        if line.startswith("tenzro node listening on "):
+            assert p2p_addr is not None, "the p2p line must come before the listening line"
+            url = line.split(" on ", 1)[1].split(" ", 1)[0] + "/"
+            return NodeProcess(data_dir, config, proc, url, stderr_path, collected), p2p_addr
+
+
+class Child:
+    """A CLI subprocess with stdout and stderr in files."""
+
+    def __init__(self, name: str, argv: list[str], tmp_path: Path) -> None:
+        self.name = name
+        self.out_path = tmp_path / f"{name}.out"
+        self.err_path = tmp_path / f"{name}.err"
+        out: IO[str] = self.out_path.open("w")
+        err: IO[str] = self.err_path.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tenzro_training.cli", *argv], cwd=REPO,
+                                     env=_child_env(), stdout=out, stderr=err, text=True)
+        out.close()
+        err.close()
+
+    def out(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.name} did not finish:\n{self.out()}\n{self.err()[-4000:]}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path, who: str, p2p_addr: str, key: Path,
+                 *extra: str) -> list[str]:
+    return ["trainer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"), "--account", who,
+            "--task-id", task_id, "--spec", str(spec_path), "--rpc", node.url, "--p2p-key", str(key),
+            "--bootstrap", p2p_addr, *extra]
+
+
+def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_model: TinyModel) -> None:
+    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
+
+    node, p2p_addr = start_p2p_node(tmp_path)
+    children: list[Child] = []
+    try:
+        assert "/p2p/" in p2p_addr
+        dataset_hash = "0x" + compute_dataset_hash(load_corpus(DATASET_REF)).hex()
+        # A long straggler window: round 1 waits for the restarted trainer (every trainer submits).
+        task = new_task(tiny_model, node, "gossip-run", dataset_ref=DATASET_REF, dataset_hash=dataset_hash,
+                        grace_window_ms=30_000)
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(task.spec))
+        task.post()
+        view = task.wait_status("Enrolling")
+        syncer = task.syncer_by_rank(view, 1)
+        children.append(Child("syncer", ["syncer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"),
+                                          "--account", syncer, "--rpc", node.url, "--poll-interval", "0.1"], tmp_path))
+        keys = {i: tmp_path / f"trainer{i}.p2p-key" for i in range(3)}
+        trainers = {
+            i: Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, keys[i],
+                                                 *(["--rounds", "1"] if i == 2 else [])), tmp_path)
+            for i in range(3)
+        }
+        children.extend(trainers.values())
+
+        # Trainer 2 trains round 0 only, then exits cleanly once round 0's model is applied.
+        assert trainers[2].wait(RUN_TIMEOUT_S) == 0, trainers[2].err()[-4000:]
+        first = trainers[2].out()
+        assert "round 0 submitted 2 fragments over gossip" in first
+        assert "round 0 finalized model" in first and "stopping after 1 rounds" in first
+        # Restarted (same keys): it is enrolled already, fetches the current model over libp2p.
+        restarted = Child("trainer2-restart", trainer_argv(node, task.task_id, spec_path, "trainer:2", p2p_addr, keys[2]),
+                          tmp_path)
+        children.append(restarted)
+
+        for child in (trainers[0], trainers[1], restarted):
+            assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
+        receipt_doc = rpc(node.url, "tenzro_training_getReceipt", {"task_id": task.task_id})
+        receipt = TrainingReceipt.from_dict(receipt_doc["receipt"])
+        assert verify_receipt(receipt)
+        final = "0x" + receipt.final_model_hash.hex()
+        view = task.get()
+        assert view["status"] == "Sealed" and len(view["round_records"]) == 2
+
+        # Late join / restart recovery: the model of round 1 came from a ModelRequest, verified.
+        round1 = view["round_records"][0]["model_hash"]
+        again = restarted.out()
+        assert f"model round 1 hash {round1} from ModelRequest verified" in again, again
+        assert "round 1 submitted 2 fragments over gossip" in again
+        # Every trainer holds the receipt's final model.
+        for child in (trainers[0], trainers[1], restarted):
+            assert f"sealed final model {final} verified" in child.out(), child.out()
+            assert f"round 1 finalized model {final} verified" in child.out()
+        for i in (0, 1):
+            assert f"round 0 finalized model {round1} verified" in trainers[i].out()
+        # All 12 payloads (3 trainers x 2 fragments x 2 rounds) reached the node as gossip; every
+        # accepted submission named one of them by hash.
+        held = [line for line in node.stderr().splitlines() if "(from gossip)" in line]
+        assert len(held) == 12, "\n".join(held)
+        assert all(t.accepted_submissions == 4 for t in receipt.trainers), receipt.trainers
+    finally:
+        for child in children:
+            child.stop()
+        code = node.stop()
+    assert code == 0, node.stderr()[-4000:]
+    assert "Traceback" not in node.stderr(), node.stderr()[-4000:]
+    for child in children:
+        assert "Traceback" not in child.err(), f"{child.name}:\n{child.err()[-4000:]}"
