@@ -1,0 +1,156 @@
+"""TRAINING_VERIFY at 0x1008 inside py-evm: the sealed receipt of a real node run verifies,
+anything else answers 0x00 with a successful call, and 1,000 fuzzed inputs never crash."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from eth_utils import to_checksum_address
+
+from precompile import GAS_BASE, GAS_PER_WORD, INVALID, MAX_INPUT_BYTES, VALID, compute_gas, training_verify
+from precompile.evm import sealed_lookup_from_store
+from storage import schema
+from storage.memory import MemoryStore
+from tests.chain.conftest import Chain, SealedRun, run_to_sealed
+
+ADDRESS = to_checksum_address("0x" + "00" * 18 + "1008")
+
+
+def call(chain: Chain, data: bytes, gas: int = 30_000_000) -> bytes:
+    return bytes(chain.w3.eth.call({"to": ADDRESS, "data": "0x" + data.hex(), "gas": gas}))
+
+
+def test_sealed_receipt_verifies_in_the_evm(chain: Chain, sealed_run: SealedRun) -> None:
+    data = sealed_run.run_root + sealed_run.abi
+    assert call(chain, data) == INVALID  # the chain has not seen the seal yet
+    chain.sealed.use_store(sealed_run.store)
+    assert call(chain, data) == VALID
+    assert training_verify(data, sealed_lookup_from_store(sealed_run.store)) == VALID
+
+
+def test_node_get_receipt_abi_is_the_verified_bytes(sealed_run: SealedRun) -> None:
+    answer = sealed_run.service.get_receipt(sealed_run.task_id)
+    assert answer["abi"] == "0x" + sealed_run.abi.hex()
+    assert answer["run_root"] == "0x" + sealed_run.run_root.hex()
+
+
+def test_invalid_root_not_held_by_the_chain(chain: Chain, sealed_run: SealedRun) -> None:
+    other_root = bytes(31) + b"\x01"
+    chain.sealed.source = lambda task_id: other_root if task_id == sealed_run.task_id else None
+    assert call(chain, sealed_run.run_root + sealed_run.abi) == INVALID
+
+
+def test_invalid_self_consistent_receipt_of_an_unsealed_run(chain: Chain, sealed_run: SealedRun, tmp_path: Path) -> None:
+    # A perfectly valid receipt of another run: only the chain's seal is missing.
+    other = run_to_sealed(tmp_path, task_id="never-sealed", n_trainers=2, rounds=1)
+    chain.sealed.use_store(sealed_run.store)
+    assert call(chain, other.run_root + other.abi) == INVALID
+    chain.sealed.use_store(other.store)  # positive control: the same bytes, now sealed
+    assert call(chain, other.run_root + other.abi) == VALID
+
+
+def test_invalid_tampered_inputs(chain: Chain, sealed_run: SealedRun) -> None:
+    chain.sealed.use_store(sealed_run.store)
+    root, abi = sealed_run.run_root, sealed_run.abi
+    spec_at = abi.find(sealed_run.receipt.spec.canonical_bytes())
+    assert spec_at > 0
+    cases = [
+        b"",
+        root,
+        root[:31],
+        root + abi[:-1],
+        root + abi + b"\x00",
+        bytes([root[0] ^ 1]) + root[1:] + abi,
+        root + abi[: spec_at + 10] + bytes([abi[spec_at + 10] ^ 0x20]) + abi[spec_at + 11 :],
+        abi,  # the root missing
+    ]
+    for data in cases:
+        assert call(chain, data) == INVALID
+        assert training_verify(data, sealed_lookup_from_store(sealed_run.store)) == INVALID
+
+
+def test_gas_schedule(chain: Chain, sealed_run: SealedRun) -> None:
+    assert compute_gas(0) == GAS_BASE
+    assert compute_gas(1) == compute_gas(32) == GAS_BASE + GAS_PER_WORD
+    assert compute_gas(33) == GAS_BASE + 2 * GAS_PER_WORD
+    with pytest.raises(ValueError):
+        compute_gas(-1)
+    data = sealed_run.run_root + sealed_run.abi
+    estimate = chain.w3.eth.estimate_gas({"to": ADDRESS, "data": "0x" + data.hex()})
+    assert estimate >= 21_000 + compute_gas(len(data))
+
+
+def test_invalid_out_of_gas_fails_the_call(chain: Chain) -> None:
+    # 64 zero bytes: intrinsic 21,000 + 4 per zero byte (above Prague's calldata floor), then
+    # exactly compute_gas(64) for the precompile; one gas less and the call fails.
+    data = bytes(64)
+    exact = 21_000 + 4 * len(data) + compute_gas(len(data))
+    assert call(chain, data, gas=exact) == INVALID  # ran, and answered "not valid"
+    try:  # eth-tester raises or answers empty output: either way the call failed
+        out = call(chain, data, gas=exact - 1)
+    except Exception:  # noqa: BLE001
+        out = None
+    assert out in (None, b"")
+
+
+def test_reference_never_raises() -> None:
+    def boom(task_id: str) -> bytes | None:
+        raise RuntimeError("lookup failed")
+
+    assert training_verify(b"\x00" * 64, boom) == INVALID
+    assert training_verify("not bytes", lambda t: None) == INVALID  # type: ignore[arg-type]
+    assert training_verify(b"\x00" * (MAX_INPUT_BYTES + 1), lambda t: None) == INVALID
+
+
+def test_reference_with_a_raising_lookup_on_a_valid_receipt(sealed_run: SealedRun) -> None:
+    def boom(task_id: str) -> bytes | None:
+        raise MemoryError
+
+    assert training_verify(sealed_run.run_root + sealed_run.abi, boom) == INVALID
+    assert training_verify(sealed_run.run_root + sealed_run.abi, lambda t: bytearray(sealed_run.run_root)) == INVALID  # type: ignore[arg-type,return-value]
+
+
+def test_sealed_lookup_from_store(sealed_run: SealedRun) -> None:
+    lookup = sealed_lookup_from_store(sealed_run.store)
+    assert lookup(sealed_run.task_id) == sealed_run.run_root
+    assert lookup("unknown-task") is None
+    assert lookup("not a task id!") is None
+    broken = MemoryStore()
+    with broken.atomic_batch() as batch:
+        batch.put(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("x"), b"{not json")
+    assert sealed_lookup_from_store(broken)("x") is None
+
+
+def test_fuzzed_inputs_never_crash(chain: Chain, sealed_run: SealedRun) -> None:
+    chain.sealed.use_store(sealed_run.store)
+    lookup = sealed_lookup_from_store(sealed_run.store)
+    valid = sealed_run.run_root + sealed_run.abi
+    rng = random.Random(20240607)
+    outputs = {VALID: 0, INVALID: 0}
+    for n in range(1000):
+        kind = n % 4
+        if kind == 0:  # random bytes of random length
+            data = rng.randbytes(rng.choice([0, 1, 31, 32, 33, 64, rng.randrange(0, 4096)]))
+        elif kind == 1:  # a few bytes of the valid input changed
+            raw = bytearray(valid)
+            for _ in range(rng.randint(1, 3)):
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+            data = bytes(raw)
+        elif kind == 2:  # truncated or extended
+            cut = rng.randrange(len(valid) + 64)
+            data = valid[:cut] if cut <= len(valid) else valid + rng.randbytes(cut - len(valid))
+        else:  # a random 32-byte word overwritten (offsets, lengths, counts)
+            raw = bytearray(valid)
+            at = 32 * rng.randrange(len(raw) // 32)
+            raw[at : at + 32] = rng.choice([rng.randbytes(32), (2**256 - 1).to_bytes(32, "big"),
+                                            rng.randrange(1 << 24).to_bytes(32, "big")])
+            data = bytes(raw)
+        out = call(chain, data)
+        assert out in (VALID, INVALID)
+        assert out == training_verify(data, lookup)
+        outputs[out] += 1
+    # Almost everything is rejected; the few VALID are changes to uncommitted fields (stake,
+    # DID, sealedAt) that the reference function accepts too.
+    assert outputs[INVALID] > 900
