@@ -28,6 +28,7 @@ import torch
 from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
 from tenzro_training.errors import FragmentError, PayloadError
 from tenzro_training.fragments import (
+    is_all_finite,
     DTYPES,
     FragmentEntry,
     FragmentLayout,
@@ -275,8 +276,8 @@ def encode_payload(
     else:
         raise PayloadError(f"tensors must be a state dict or a flat tensor, got {type(tensors).__name__}")
     cast = flat.detach().to(device="cpu", dtype=DTYPES[dtype]).contiguous()
-    finite = torch.isfinite(cast)
-    if not bool(finite.all()):
+    if not is_all_finite(cast):
+        finite = torch.isfinite(cast)
         first = int((~finite).nonzero()[0, 0])
         raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
 
@@ -531,8 +532,8 @@ def decode_payload(
         raise PayloadDtypeError(f"dtype {dtype} is not allowed here (allowed: {sorted(allowed_dtypes)})")
     starts = _check_tensors(doc, layout, dtype, size - 8 - header_len)
     flat = _read_flat(view, 8 + header_len, starts, layout, dtype)
-    finite = torch.isfinite(flat)
-    if not bool(finite.all()):
+    if not is_all_finite(flat):  # fast check; the slow path below only names the culprit
+        finite = torch.isfinite(flat)
         first = int((~finite).nonzero()[0, 0])
         raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
     return DecodedPayload(header, dtype, flat)

@@ -435,3 +435,24 @@ def test_raw_le_bytes_are_the_bit_patterns() -> None:
     assert bytes(compute_raw_le_bytes(torch.tensor([1.0, -2.0], dtype=torch.bfloat16))) == b"\x80\x3f\x00\xc0"
     assert bytes(compute_raw_le_bytes(torch.tensor([1.0], dtype=torch.float16))) == b"\x00\x3c"
     assert bytes(compute_raw_le_bytes(torch.tensor(1.0))) == b"\x00\x00\x80\x3f"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_is_all_finite_finds_any_non_finite_element(dtype: torch.dtype, bad: float) -> None:
+    from tenzro_training.fragments import is_all_finite
+
+    t = torch.ones(1000, dtype=dtype)
+    assert is_all_finite(t)
+    for position in (0, 499, 999):
+        u = t.clone()
+        u[position] = bad
+        assert not is_all_finite(u)
+    assert is_all_finite(torch.empty(0, dtype=dtype))
+
+
+def test_is_all_finite_bf16_overflowing_sum_is_still_finite() -> None:
+    from tenzro_training.fragments import is_all_finite
+
+    big = torch.full((64,), 3.0e38, dtype=torch.bfloat16)  # finite values whose fp32 sum overflows
+    assert is_all_finite(big)
