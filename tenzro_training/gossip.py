@@ -109,7 +109,7 @@ MAX_CHUNK_BYTES = 1 << 20
 
 MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
 """Largest encoded message decode accepts: a full chunk plus generous room for the header fields
-(at most 4096 aggregate hashes of 32 bytes plus the fixed fields)."""
+(at most MAX_AGGREGATE_HASHES = 1024 hashes of 32 bytes plus the fixed fields)."""
 
 MAX_AGGREGATE_HASHES = 1024
 """Most fragments a RoundFinalizedMsg may name (far above any architecture's fragment_count)."""
@@ -900,8 +900,8 @@ def validate_election_ticket_gossip(msg: ElectionTicketMsg, ctx: GossipContext, 
     if key in seen:
         raise GossipIgnore("duplicate ticket")
     run = _get_run(ctx, msg.task_id)
-    # [IGNORE] the election is open: the run is Electing and its deadline has not passed.
-    if run.status is not RunStatus.ELECTING or ctx.now_ms > run.election.deadline_ms:
+    # [IGNORE] the election is open: the run is Posted/Electing and its deadline has not passed.
+    if run.status not in (RunStatus.POSTED, RunStatus.ELECTING) or ctx.now_ms > run.election.deadline_ms:
         raise GossipIgnore(f"election of {msg.task_id} is closed")
     # [REJECT] the ticket's address is a registered candidate.
     candidate = ctx.get_candidate(msg.ticket.address)

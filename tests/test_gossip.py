@@ -1,0 +1,652 @@
+"""Gossip message schemas, validation rules and reassembly (pure; no network).
+
+The run views are real RunStates driven through the lifecycle transitions, with trainers and
+syncer candidates that hold real secp256k1 keys, so every signature rule is exercised with real
+EIP-712 signatures (right signer, wrong signer, wrong fields, garbage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from eth_account import Account
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenzro_training import gossip as g
+from tenzro_training import vrf
+from tenzro_training.auth import FinalizeRound, SubmitOuterGradient, sign_message
+from tenzro_training.election import make_ticket
+from tenzro_training.errors import GossipIgnore, GossipReject
+from tenzro_training.gossip import (
+    MAX_CHUNK_BYTES,
+    TOPIC_SYNCER,
+    TOPIC_TRAINING,
+    ChunkAssembler,
+    ElectionTicketMsg,
+    GossipContext,
+    ModelChunk,
+    ModelRequest,
+    PayloadChunk,
+    RoundFinalizedMsg,
+    RunSealedMsg,
+    SeenCache,
+    SyncerStatus,
+)
+from tenzro_training.ledger import Ledger, credit
+from tenzro_training.records import Candidate, FragmentOutcome, Ticket
+from tenzro_training.run import (
+    process_enroll,
+    process_finalize,
+    process_post_task,
+    process_submission,
+    process_tick,
+    process_ticket,
+)
+from tenzro_training.run_state import RunState, RunStatus, RunTimings, get_accepted_submissions, get_current_syncer
+from tests.test_run import make_spec
+
+TASK = "run-test"
+CHAIN_ID = 1337
+SPONSOR_KEY = b"\x51" * 32
+TRAINER_KEYS = [bytes([0x61 + i]) * 32 for i in range(3)]
+OUTSIDER_KEY = b"\x7f" * 32
+SYNCER_KEYS = [bytes([0x91 + i]) * 32 for i in range(2)]
+VRF_SECRETS = [bytes([0xA1 + i]) * 32 for i in range(2)]
+TIMINGS = RunTimings(election_window_ms=100, enrollment_window_ms=1_000, round_timeout_ms=100_000,
+                     finalize_window_ms=50_000, min_stake=10)
+INITIAL_MODEL = hashlib.sha256(b"initial").digest()
+
+
+def addr(key: bytes) -> bytes:
+    return bytes.fromhex(Account.from_key(key).address[2:])
+
+
+SPONSOR = addr(SPONSOR_KEY)
+TRAINERS = [addr(k) for k in TRAINER_KEYS]
+OUTSIDER = addr(OUTSIDER_KEY)
+SYNCERS = [addr(k) for k in SYNCER_KEYS]
+CANDIDATES = {SYNCERS[i]: Candidate(SYNCERS[i], vrf.public_key(VRF_SECRETS[i]), 100) for i in range(2)}
+
+
+def h(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+class World:
+    """A run driven through the real transitions; ``view`` is what a validator may see."""
+
+    def __init__(self) -> None:
+        spec = make_spec(sponsor_address="0x" + SPONSOR.hex())
+        ledger = credit(Ledger(), SPONSOR, 10_000)
+        for t in TRAINERS:
+            ledger = credit(ledger, t, 1_000)
+        t = process_post_task(spec, SPONSOR, ledger, 0, TIMINGS, INITIAL_MODEL)
+        self.run, self.ledger = t.run, t.ledger
+        self.electing = self.run
+
+    def step(self, fn: Callable[..., Any], *args: Any) -> None:
+        t = fn(self.run, self.ledger, *args)
+        self.run, self.ledger = t.run, t.ledger
+
+    def elect(self) -> None:
+        for i, s in enumerate(SYNCERS):
+            self.step(process_ticket, CANDIDATES[s], make_ticket(VRF_SECRETS[i], s, self.run.election.seed), 10 + i)
+        self.step(process_tick, TIMINGS.election_window_ms + 1)
+
+    def to_training(self) -> None:
+        self.elect()
+        for i, t in enumerate(TRAINERS):
+            self.step(process_enroll, t, f"did:tenzro:node:t{i}", 50, 200 + i)
+        assert self.run.status is RunStatus.TRAINING
+
+    def finalize_round(self, now: int) -> None:
+        r = self.run.round
+        for t in TRAINERS[:2]:
+            for f in range(2):
+                self.step(process_submission, t, r, f, h(f"{t.hex()}/{r}/{f}"), now)
+        outcomes = [
+            FragmentOutcome(h(f"agg/{r}/{f}"), tuple(a for a, _ in get_accepted_submissions(self.run, f)), 0, 0, h("rep"))
+            for f in range(2)
+        ]
+        syncer = get_current_syncer(self.run)
+        self.step(process_finalize, syncer, r, outcomes, h(f"model/{r}"), now + 2_000)
+
+    def ctx(self, now_ms: int = 1_000, **kw: Any) -> GossipContext:
+        run = self.run
+        kw.setdefault("chain_id", CHAIN_ID)
+        return GossipContext(get_run=lambda task: run if task == TASK else None, get_candidate=CANDIDATES.get,
+                             now_ms=now_ms, **kw)
+
+
+@pytest.fixture
+def training() -> World:
+    w = World()
+    w.to_training()
+    return w
+
+
+def payload_chunks(trainer_index: int = 0, *, round_: int = 0, fragment: int = 0, payload: bytes = b"p" * 100,
+                   key: bytes | None = None, sign_round: int | None = None, sign_fragment: int | None = None,
+                   signature: bytes | None = None) -> list[PayloadChunk]:
+    digest = hashlib.sha256(payload).digest()
+    if signature is None:
+        msg = SubmitOuterGradient(TASK, round_ if sign_round is None else sign_round,
+                                  fragment if sign_fragment is None else sign_fragment, digest)
+        signature = sign_message(msg, key or TRAINER_KEYS[trainer_index], CHAIN_ID)
+    return g.compute_payload_chunks(task_id=TASK, round=round_, fragment=fragment, trainer=TRAINERS[trainer_index],
+                                    signature=signature, payload=payload)
+
+
+def finalized_chunks(w: World, *, round_: int = 0, syncer_key: bytes | None = None, syncer: bytes | None = None,
+                     aggregate_hashes: tuple[bytes, ...] | None = None, model_hash: bytes | None = None,
+                     weights: bytes = b"\0" * 64) -> list[RoundFinalizedMsg]:
+    current = get_current_syncer(w.run)
+    if syncer_key is None:
+        syncer_key = SYNCER_KEYS[SYNCERS.index(current)] if current in SYNCERS else SYNCER_KEYS[0]
+    return g.compute_round_finalized_chunks(
+        task_id=TASK, round=round_, syncer=syncer or addr(syncer_key),
+        syncer_signature=sign_message(FinalizeRound(TASK, round_), syncer_key, CHAIN_ID),
+        aggregate_hashes=aggregate_hashes or (h(f"agg/{round_}/0"), h(f"agg/{round_}/1")),
+        model_hash=model_hash or h(f"model/{round_}"), weights=weights,
+    )
+
+
+def sample_messages() -> list[g.GossipMessage]:
+    proof_ticket = make_ticket(VRF_SECRETS[0], SYNCERS[0], b"\x01" * 32)
+    return [
+        payload_chunks(payload=os.urandom(10))[0],
+        ElectionTicketMsg(task_id=TASK, ticket=proof_ticket),
+        SyncerStatus(task_id=TASK, syncer=SYNCERS[0], round=3, status="aggregating", at_ms=123),
+        g.compute_round_finalized_chunks(task_id=TASK, round=1, syncer=SYNCERS[0], syncer_signature=b"\x01" * 65,
+                                         aggregate_hashes=(h("a"), h("b")), model_hash=h("m"), weights=b"\0" * 8)[0],
+        ModelRequest(task_id=TASK, requester=TRAINERS[0], round=2, nonce=2**64 - 1),
+        g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"), weights=b"\1" * 12)[0],
+        RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final")),
+    ]
+
+
+# --- schemas ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_canonically(msg: g.GossipMessage) -> None:
+    data = g.encode_message(msg)
+    assert data[0] == msg.KIND and data[1] == g.GOSSIP_VERSION
+    assert g.decode_message(data) == msg
+    assert g.encode_message(g.decode_message(data)) == data
+
+
+def test_topics_of_message_types() -> None:
+    topics = [g.get_topic(m) for m in sample_messages()]
+    assert topics == [TOPIC_TRAINING, TOPIC_SYNCER, TOPIC_SYNCER, TOPIC_SYNCER, TOPIC_TRAINING, TOPIC_TRAINING,
+                      TOPIC_SYNCER]
+
+
+def test_encoding_is_pinned() -> None:
+    # A reference vector: changing the layout must be a deliberate version bump.
+    msg = RunSealedMsg(task_id="t", run_root=b"\x01" * 32, final_model_hash=b"\x02" * 32)
+    assert g.encode_message(msg) == b"\x07\x01\x00\x01t" + b"\x01" * 32 + b"\x02" * 32
+    req = ModelRequest(task_id="ab", requester=b"\x03" * 20, round=1, nonce=2)
+    assert g.encode_message(req).hex() == "0501" + "0002" + "6162" + "03" * 20 + "%016x" % 1 + "%016x" % 2
+
+
+def test_full_chunk_fits_the_message_limit() -> None:
+    msg = payload_chunks(payload=b"x" * (MAX_CHUNK_BYTES + 1))[0]
+    assert len(msg.data) == MAX_CHUNK_BYTES
+    assert len(g.encode_message(msg)) <= g.MAX_MESSAGE_BYTES
+    many = g.compute_round_finalized_chunks(task_id=TASK, round=0, syncer=SYNCERS[0], syncer_signature=b"\1" * 65,
+                                            aggregate_hashes=(h("x"),) * g.MAX_AGGREGATE_HASHES, model_hash=h("m"),
+                                            weights=b"\0" * MAX_CHUNK_BYTES)
+    assert len(g.encode_message(many[0])) <= g.MAX_MESSAGE_BYTES
+
+
+def test_compute_chunks_cuts_canonically() -> None:
+    assert g.compute_chunks(b"") == [b""]
+    assert g.compute_chunks(b"abcde", 2) == [b"ab", b"cd", b"e"]
+    assert g.compute_chunks(b"abcd", 2) == [b"ab", b"cd"]
+    data = os.urandom(2 * MAX_CHUNK_BYTES + 7)
+    chunks = g.compute_chunks(data)
+    assert [len(c) for c in chunks] == [MAX_CHUNK_BYTES, MAX_CHUNK_BYTES, 7]
+    assert b"".join(chunks) == data
+    with pytest.raises(ValueError):
+        g.compute_chunks(b"x", 0)
+
+
+def _corrupt(data: bytes, offset: int, value: bytes) -> bytes:
+    return data[:offset] + value + data[offset + len(value):]
+
+
+def test_invalid_decode_unknown_type_and_version() -> None:
+    data = g.encode_message(sample_messages()[6])
+    with pytest.raises(GossipReject, match="unknown message type"):
+        g.decode_message(b"\x63" + data[1:])
+    with pytest.raises(GossipReject, match="version"):
+        g.decode_message(data[:1] + b"\x02" + data[2:])
+    with pytest.raises(GossipReject):
+        g.decode_message(b"")
+    with pytest.raises(GossipReject):
+        g.decode_message(b"\x07")
+
+
+def test_invalid_decode_truncated_and_trailing() -> None:
+    for msg in sample_messages():
+        data = g.encode_message(msg)
+        with pytest.raises(GossipReject):
+            g.decode_message(data[:-1])
+        with pytest.raises(GossipReject, match="trailing"):
+            g.decode_message(data + b"\0")
+
+
+def test_invalid_decode_oversized() -> None:
+    with pytest.raises(GossipReject, match="exceeds"):
+        g.decode_message(b"\x01\x01" + b"\0" * g.MAX_MESSAGE_BYTES)
+    # A data field announcing more than a chunk is refused before reading it.
+    msg = payload_chunks()[0]
+    data = g.encode_message(msg)
+    at = len(data) - len(msg.data) - 4
+    with pytest.raises(GossipReject, match="exceeds"):
+        g.decode_message(_corrupt(data, at, (MAX_CHUNK_BYTES + 1).to_bytes(4, "big")))
+
+
+def test_invalid_decode_non_canonical_chunking() -> None:
+    msg = payload_chunks(payload=b"x" * 10)[0]
+    for bad in (
+        dict(total_chunks=2),  # 10 bytes are one chunk
+        dict(seq=1, total_chunks=1),  # seq out of range
+    ):
+        with pytest.raises(GossipReject):
+            dataclasses.replace(msg, **bad)
+    # A short non-final chunk: declared 2 MiB + 1 in 3 chunks, but chunk 0 carries 10 bytes.
+    with pytest.raises(GossipReject, match="expected"):
+        dataclasses.replace(msg, total_size=2 * MAX_CHUNK_BYTES + 1, total_chunks=3)
+
+
+def test_invalid_fields_rejected_at_construction() -> None:
+    msg = payload_chunks()[0]
+    for bad in (dict(task_id="bad id!"), dict(trainer=b"\1" * 19), dict(signature=b"\1" * 64),
+                dict(round=-1), dict(round=True), dict(fragment=2**32), dict(payload_hash="00" * 32)):
+        with pytest.raises(GossipReject):
+            dataclasses.replace(msg, **bad)
+    with pytest.raises(GossipReject, match="status"):
+        SyncerStatus(task_id=TASK, syncer=SYNCERS[0], round=0, status="hacked", at_ms=0)
+    with pytest.raises(GossipReject, match="fp32"):
+        g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=b"\0" * 7)
+    with pytest.raises(GossipReject, match="aggregate_hashes"):
+        g.compute_round_finalized_chunks(task_id=TASK, round=0, syncer=SYNCERS[0], syncer_signature=b"\1" * 65,
+                                         aggregate_hashes=(), model_hash=h("m"), weights=b"")
+
+
+def test_invalid_decode_bad_strings() -> None:
+    msg = SyncerStatus(task_id=TASK, syncer=SYNCERS[0], round=0, status="alive", at_ms=0)
+    data = g.encode_message(msg)
+    with pytest.raises(GossipReject, match="UTF-8"):
+        g.decode_message(_corrupt(data, 4, b"\xff"))  # first task id byte
+    with pytest.raises(GossipReject, match="task_id"):
+        g.decode_message(_corrupt(data, 4, b" "))
+
+
+def test_invalid_encode_non_message() -> None:
+    with pytest.raises(GossipReject):
+        g.encode_message("not a message")  # type: ignore[arg-type]
+
+
+# --- fuzz ----------------------------------------------------------------------------------------
+
+_ENCODED = [g.encode_message(m) for m in sample_messages()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_fuzz_random_bytes_only_reject(data: bytes) -> None:
+    try:
+        msg = g.decode_message(data)
+    except GossipReject:
+        return
+    assert g.encode_message(msg) == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_ENCODED), st.integers(0, 10_000), st.binary(min_size=1, max_size=8), st.booleans())
+def test_fuzz_mutated_messages_only_reject_or_ignore(base: bytes, pos: int, patch: bytes, cut: bool) -> None:
+    pos %= len(base)
+    data = base[:pos] if cut else _corrupt(base, pos, patch)[: len(base)]
+    w = World()
+    seen = SeenCache()
+    for topic in (TOPIC_TRAINING, TOPIC_SYNCER):
+        try:
+            g.validate_gossip(topic, data, w.ctx(), seen)
+        except (GossipReject, GossipIgnore):
+            pass
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzz_random_bytes_validate_only_reject_or_ignore(data: bytes) -> None:
+    w = World()
+    for prefix in (b"\x01\x01", b"\x04\x01", b""):
+        for topic in (TOPIC_TRAINING, TOPIC_SYNCER):
+            try:
+                g.validate_gossip(topic, prefix + data, w.ctx(), SeenCache())
+            except (GossipReject, GossipIgnore):
+                pass
+
+
+# --- payload chunks ---------------------------------------------------------------------------------
+
+
+def test_payload_chunk_valid_then_duplicate_ignored(training: World) -> None:
+    seen = SeenCache()
+    chunks = payload_chunks(payload=os.urandom(MAX_CHUNK_BYTES + 10))
+    for c in chunks:
+        assert g.validate_gossip(TOPIC_TRAINING, g.encode_message(c), training.ctx(), seen) == c
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_payload_chunk_gossip(chunks[1], training.ctx(), seen)
+
+
+def test_invalid_payload_unsigned(training: World) -> None:
+    chunk = payload_chunks(signature=b"\0" * 65)[0]
+    with pytest.raises(GossipReject, match="signature"):
+        g.validate_payload_chunk_gossip(chunk, training.ctx(), SeenCache())
+
+
+def test_invalid_payload_wrongly_signed(training: World) -> None:
+    # Signed by another enrolled trainer, by an outsider, and for another round / fragment.
+    for chunks in (payload_chunks(0, key=TRAINER_KEYS[1]), payload_chunks(0, key=OUTSIDER_KEY),
+                   payload_chunks(0, sign_round=1), payload_chunks(0, sign_fragment=1)):
+        with pytest.raises(GossipReject, match="signature"):
+            g.validate_payload_chunk_gossip(chunks[0], training.ctx(), SeenCache())
+    # Signed for another chain.
+    with pytest.raises(GossipReject, match="signature"):
+        g.validate_payload_chunk_gossip(payload_chunks()[0], training.ctx(chain_id=1), SeenCache())
+
+
+def test_invalid_payload_rejected_copy_does_not_shadow_valid_one(training: World) -> None:
+    seen = SeenCache()
+    good = payload_chunks()[0]
+    bad = dataclasses.replace(good, signature=payload_chunks(key=OUTSIDER_KEY)[0].signature)
+    with pytest.raises(GossipReject):
+        g.validate_payload_chunk_gossip(bad, training.ctx(), seen)
+    g.validate_payload_chunk_gossip(good, training.ctx(), seen)
+
+
+def test_invalid_payload_not_enrolled(training: World) -> None:
+    digest = hashlib.sha256(b"x").digest()
+    sig = sign_message(SubmitOuterGradient(TASK, 0, 0, digest), OUTSIDER_KEY, CHAIN_ID)
+    chunk = g.compute_payload_chunks(task_id=TASK, round=0, fragment=0, trainer=OUTSIDER, signature=sig, payload=b"x")[0]
+    with pytest.raises(GossipReject, match="not an enrolled"):
+        g.validate_payload_chunk_gossip(chunk, training.ctx(), SeenCache())
+
+
+def test_invalid_payload_bad_fragment_and_oversized(training: World) -> None:
+    with pytest.raises(GossipReject, match="fragment_count"):
+        g.validate_payload_chunk_gossip(payload_chunks(fragment=2)[0], training.ctx(), SeenCache())
+    with pytest.raises(GossipReject, match="exceeds"):
+        g.validate_payload_chunk_gossip(payload_chunks()[0], training.ctx(max_payload_bytes=99), SeenCache())
+
+
+def test_invalid_payload_stale_future_unknown_or_not_training(training: World) -> None:
+    with pytest.raises(GossipIgnore, match="round"):
+        g.validate_payload_chunk_gossip(payload_chunks(round_=1)[0], training.ctx(), SeenCache())
+    unknown = GossipContext(get_run=lambda task: None, chain_id=CHAIN_ID)
+    with pytest.raises(GossipIgnore, match="unknown run"):
+        g.validate_payload_chunk_gossip(payload_chunks()[0], unknown, SeenCache())
+    training.finalize_round(5_000)
+    with pytest.raises(GossipIgnore, match="round"):
+        g.validate_payload_chunk_gossip(payload_chunks(round_=0)[0], training.ctx(), SeenCache())
+    w = World()
+    with pytest.raises(GossipIgnore, match="not Training"):
+        g.validate_payload_chunk_gossip(payload_chunks()[0], w.ctx(), SeenCache())
+
+
+def test_invalid_message_on_wrong_topic(training: World) -> None:
+    data = g.encode_message(payload_chunks()[0])
+    with pytest.raises(GossipReject, match="does not belong"):
+        g.validate_gossip(TOPIC_SYNCER, data, training.ctx(), SeenCache())
+
+
+# --- election tickets --------------------------------------------------------------------------------
+
+
+def test_ticket_valid_then_duplicate_ignored() -> None:
+    w = World()
+    msg = ElectionTicketMsg(task_id=TASK, ticket=make_ticket(VRF_SECRETS[0], SYNCERS[0], w.run.election.seed))
+    seen = SeenCache()
+    g.validate_gossip(TOPIC_SYNCER, g.encode_message(msg), w.ctx(now_ms=50), seen)
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_election_ticket_gossip(msg, w.ctx(now_ms=50), seen)
+
+
+def test_invalid_ticket_unregistered_bad_proof_or_key() -> None:
+    w = World()
+    seed = w.run.election.seed
+    outsider = make_ticket(b"\x33" * 32, OUTSIDER, seed)
+    with pytest.raises(GossipReject, match="not a registered"):
+        g.validate_election_ticket_gossip(ElectionTicketMsg(task_id=TASK, ticket=outsider), w.ctx(50), SeenCache())
+    wrong_seed = make_ticket(VRF_SECRETS[0], SYNCERS[0], b"\x09" * 32)
+    with pytest.raises(GossipReject, match="invalid ticket"):
+        g.validate_election_ticket_gossip(ElectionTicketMsg(task_id=TASK, ticket=wrong_seed), w.ctx(50), SeenCache())
+    other_key = make_ticket(VRF_SECRETS[1], SYNCERS[0], seed)  # syncer 0's address, syncer 1's VRF key
+    with pytest.raises(GossipReject, match="invalid ticket"):
+        g.validate_election_ticket_gossip(ElectionTicketMsg(task_id=TASK, ticket=other_key), w.ctx(50), SeenCache())
+    forged = Ticket(SYNCERS[0], CANDIDATES[SYNCERS[0]].vrf_public_key, b"\x05" * 80)
+    with pytest.raises(GossipReject, match="invalid ticket"):
+        g.validate_election_ticket_gossip(ElectionTicketMsg(task_id=TASK, ticket=forged), w.ctx(50), SeenCache())
+
+
+def test_invalid_ticket_after_election_closed(training: World) -> None:
+    w = World()
+    msg = ElectionTicketMsg(task_id=TASK, ticket=make_ticket(VRF_SECRETS[0], SYNCERS[0], w.run.election.seed))
+    with pytest.raises(GossipIgnore, match="closed"):
+        g.validate_election_ticket_gossip(msg, w.ctx(now_ms=TIMINGS.election_window_ms + 1), SeenCache())
+    with pytest.raises(GossipIgnore, match="closed"):
+        g.validate_election_ticket_gossip(msg, training.ctx(now_ms=50), SeenCache())
+
+
+# --- syncer status -------------------------------------------------------------------------------------
+
+
+def test_syncer_status_rules(training: World) -> None:
+    current = get_current_syncer(training.run)
+    other = next(s for s in SYNCERS if s != current)
+    ok = SyncerStatus(task_id=TASK, syncer=current, round=0, status="alive", at_ms=1_000)
+    seen = SeenCache()
+    g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000), seen)
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000), seen)
+
+
+def test_invalid_syncer_status_not_current_stale_or_future(training: World) -> None:
+    current = get_current_syncer(training.run)
+    other = next(s for s in SYNCERS if s != current)
+    msg = SyncerStatus(task_id=TASK, syncer=other, round=0, status="alive", at_ms=1_000)
+    with pytest.raises(GossipReject, match="current syncer"):
+        g.validate_syncer_status_gossip(msg, training.ctx(now_ms=1_000), SeenCache())
+    ok = dataclasses.replace(msg, syncer=current)
+    with pytest.raises(GossipIgnore, match="stale"):
+        g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000 + 200_000), SeenCache())
+    with pytest.raises(GossipReject, match="future"):
+        g.validate_syncer_status_gossip(ok, training.ctx(now_ms=0, max_clock_skew_ms=10), SeenCache())
+
+
+# --- round finalized -----------------------------------------------------------------------------------
+
+
+def test_round_finalized_in_progress_and_after_commit(training: World) -> None:
+    chunks = finalized_chunks(training, weights=b"\1" * (MAX_CHUNK_BYTES + 8))
+    seen = SeenCache()
+    for c in chunks:  # the receiver has not finalized yet
+        g.validate_gossip(TOPIC_SYNCER, g.encode_message(c), training.ctx(), seen)
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_round_finalized_gossip(chunks[0], training.ctx(), seen)
+    training.finalize_round(5_000)  # now the receiver holds the record: fields must match it
+    g.validate_round_finalized_gossip(chunks[0], training.ctx(), SeenCache())
+
+
+def test_invalid_round_finalized_wrong_signature_or_syncer(training: World) -> None:
+    current = get_current_syncer(training.run)
+    other_key = next(k for k in SYNCER_KEYS if addr(k) != current)
+    # Not the current syncer (validly self-signed).
+    with pytest.raises(GossipReject, match="current syncer"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, syncer_key=other_key)[0], training.ctx(), SeenCache())
+    # Names the current syncer but is signed by someone else.
+    forged = finalized_chunks(training, syncer_key=other_key, syncer=current)[0]
+    with pytest.raises(GossipReject, match="signature"):
+        g.validate_round_finalized_gossip(forged, training.ctx(), SeenCache())
+    unsigned = dataclasses.replace(finalized_chunks(training)[0], syncer_signature=b"\0" * 65)
+    with pytest.raises(GossipReject, match="signature"):
+        g.validate_round_finalized_gossip(unsigned, training.ctx(), SeenCache())
+    # Signed for another round.
+    sig_r1 = sign_message(FinalizeRound(TASK, 1), SYNCER_KEYS[SYNCERS.index(current)], CHAIN_ID)
+    with pytest.raises(GossipReject, match="signature"):
+        g.validate_round_finalized_gossip(dataclasses.replace(finalized_chunks(training)[0], syncer_signature=sig_r1),
+                                          training.ctx(), SeenCache())
+
+
+def test_invalid_round_finalized_contradicts_record_or_layout(training: World) -> None:
+    with pytest.raises(GossipReject, match="aggregate hashes"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, aggregate_hashes=(h("x"),))[0], training.ctx(),
+                                          SeenCache())
+    training.finalize_round(5_000)
+    with pytest.raises(GossipReject, match="differs"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, model_hash=h("evil"))[0], training.ctx(), SeenCache())
+    with pytest.raises(GossipReject, match="differs"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, aggregate_hashes=(h("a"), h("b")))[0],
+                                          training.ctx(), SeenCache())
+    with pytest.raises(GossipReject, match="exceed"):
+        g.validate_round_finalized_gossip(finalized_chunks(training)[0], training.ctx(max_model_bytes=8), SeenCache())
+
+
+def test_invalid_round_finalized_stale_or_future(training: World) -> None:
+    with pytest.raises(GossipIgnore, match="not the round in progress"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, round_=1)[0], training.ctx(), SeenCache())
+    training.finalize_round(5_000)
+    training.finalize_round(9_000)  # sealed after max_rounds = 2
+    assert training.run.status is RunStatus.SEALED
+    with pytest.raises(GossipIgnore, match="stale"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, round_=0)[0], training.ctx(), SeenCache())
+
+
+# --- model request / model chunk / run sealed ---------------------------------------------------------
+
+
+def test_model_request_rules(training: World) -> None:
+    req = ModelRequest(task_id=TASK, requester=TRAINERS[0], round=0, nonce=7)
+    seen = SeenCache()
+    g.validate_gossip(TOPIC_TRAINING, g.encode_message(req), training.ctx(), seen)
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_model_request_gossip(req, training.ctx(), seen)
+    with pytest.raises(GossipReject, match="not enrolled"):
+        g.validate_model_request_gossip(dataclasses.replace(req, requester=OUTSIDER), training.ctx(), SeenCache())
+    with pytest.raises(GossipIgnore):
+        g.validate_model_request_gossip(req, World().ctx(), SeenCache())
+
+
+def test_model_chunk_rules(training: World) -> None:
+    chunks = g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=b"\0" * 16)
+    g.validate_gossip(TOPIC_TRAINING, g.encode_message(chunks[0]), training.ctx(), SeenCache())
+    wrong = g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("evil"), weights=b"\0" * 16)
+    with pytest.raises(GossipReject, match="committed"):
+        g.validate_model_chunk_gossip(wrong[0], training.ctx(), SeenCache())
+    future = g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("model/0"), weights=b"\0" * 16)
+    with pytest.raises(GossipIgnore, match="not finalized"):
+        g.validate_model_chunk_gossip(future[0], training.ctx(), SeenCache())
+    training.finalize_round(5_000)
+    g.validate_model_chunk_gossip(future[0], training.ctx(), SeenCache())
+    with pytest.raises(GossipIgnore, match="stale"):
+        g.validate_model_chunk_gossip(chunks[0], training.ctx(), SeenCache())
+
+
+def test_run_sealed_rules(training: World) -> None:
+    msg = RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("model/1"))
+    with pytest.raises(GossipIgnore, match="not sealed"):
+        g.validate_run_sealed_gossip(msg, training.ctx(), SeenCache())
+    training.finalize_round(5_000)
+    training.finalize_round(9_000)
+    run = training.run
+    assert run.run_root is not None and run.final_record is not None
+    good = RunSealedMsg(task_id=TASK, run_root=run.run_root, final_model_hash=run.final_record.final_model_hash)
+    seen = SeenCache()
+    g.validate_gossip(TOPIC_SYNCER, g.encode_message(good), training.ctx(), seen)
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_run_sealed_gossip(good, training.ctx(), seen)
+    with pytest.raises(GossipReject, match="differs"):
+        g.validate_run_sealed_gossip(dataclasses.replace(good, run_root=h("other")), training.ctx(), SeenCache())
+
+
+def test_seen_cache_is_bounded() -> None:
+    seen = SeenCache(max_entries=3)
+    for i in range(5):
+        seen.add(("k", i))
+    assert len(seen) == 3 and ("k", 0) not in seen and ("k", 4) in seen
+
+
+# --- assembler ---------------------------------------------------------------------------------------
+
+
+def test_assembler_out_of_order_and_duplicates() -> None:
+    data = os.urandom(3 * MAX_CHUNK_BYTES + 1)
+    chunks = payload_chunks(payload=data)
+    asm = ChunkAssembler(max_total_bytes=16 << 20, max_pending=4)
+    order = [2, 0, 2, 3, 0]
+    assert [asm.add(chunks[i]) for i in order] == [None] * 5
+    assert asm.pending_bytes == len(data)
+    assert asm.add(chunks[1]) == data
+    assert asm.pending_bytes == 0 and len(asm) == 0 and asm.completed == 1
+    assert asm.add(chunks[1]) is None  # late duplicate of a delivered stream
+    assert len(asm) == 0
+
+
+def test_assembler_empty_and_single_chunk() -> None:
+    asm = ChunkAssembler(max_total_bytes=1 << 20, max_pending=1)
+    assert asm.add(payload_chunks(payload=b"")[0]) == b""
+    assert asm.add(g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=b"\1" * 8)[0]) == b"\1" * 8
+
+
+def test_invalid_assembler_hash_mismatch() -> None:
+    chunks = payload_chunks(payload=b"a" * (MAX_CHUNK_BYTES + 1))
+    tampered = dataclasses.replace(chunks[1], data=b"b")
+    asm = ChunkAssembler(max_total_bytes=4 << 20, max_pending=2)
+    assert asm.add(chunks[0]) is None
+    with pytest.raises(GossipReject, match="hash"):
+        asm.add(tampered)
+    assert len(asm) == 0 and asm.pending_bytes == 0
+    weights = g.compute_round_finalized_chunks(task_id=TASK, round=0, syncer=SYNCERS[0], syncer_signature=b"\1" * 65,
+                                               aggregate_hashes=(h("a"),), model_hash=h("m"), weights=b"\0" * 8)[0]
+    with pytest.raises(GossipReject, match="hash"):
+        asm.add(dataclasses.replace(weights, data=b"\1" * 8))
+
+
+def test_invalid_assembler_stream_larger_than_buffer() -> None:
+    asm = ChunkAssembler(max_total_bytes=MAX_CHUNK_BYTES, max_pending=2)
+    with pytest.raises(GossipReject, match="exceeds the buffer"):
+        asm.add(payload_chunks(payload=b"x" * (MAX_CHUNK_BYTES + 1))[0])
+
+
+def test_assembler_bounds_evict_oldest() -> None:
+    asm = ChunkAssembler(max_total_bytes=5 * MAX_CHUNK_BYTES, max_pending=2)
+    streams = [payload_chunks(payload=bytes([i]) * (2 * MAX_CHUNK_BYTES), fragment=i % 2) for i in range(3)]
+    asm.add(streams[0][0])
+    asm.add(streams[1][0])
+    assert len(asm) == 2
+    asm.add(streams[2][0])  # max_pending reached: stream 0 is evicted
+    assert len(asm) == 2 and asm.evicted == 1 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
+    assert asm.add(streams[1][1]) == streams[1][0].data + streams[1][1].data
+    big = payload_chunks(payload=b"z" * (4 * MAX_CHUNK_BYTES), trainer_index=1)
+    asm.add(big[0])  # 2 MiB pending + 4 MiB > 5 MiB: stream 2 is evicted for it
+    assert asm.evicted == 2 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
+    assert asm.add(streams[0][1]) is None  # an evicted stream restarts from scratch
+
+
+def test_assembler_keeps_streams_with_different_headers_apart() -> None:
+    a = payload_chunks(payload=b"q" * 10)[0]
+    b = dataclasses.replace(a, signature=payload_chunks(payload=b"q" * 10, key=OUTSIDER_KEY)[0].signature)
+    asm = ChunkAssembler(max_total_bytes=1 << 20, max_pending=4)
+    assert asm.add(a) == b"q" * 10
+    assert asm.add(b) == b"q" * 10  # another stream (other signature), delivered on its own
+    assert g.compute_stream_key(a) != g.compute_stream_key(b)
