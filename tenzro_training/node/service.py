@@ -158,6 +158,7 @@ class NodeService:
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
+        self._layout_views: dict[str, list[dict[str, Any]]] = {}
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round), kept in memory only so the p2p
         # bridge can forward it in RoundFinalized gossip (lost on restart: a late trainer then
@@ -617,8 +618,13 @@ class NodeService:
     def get_run(self, task_id: str) -> dict[str, Any]:
         self._check_open()
         run = self._run(task_id)
-        view = compute_run_view(run, self._now())
-        view["fragments"] = self._model(task_id).to_view()
+        now = self._now()
+        view = compute_run_view(run, now)
+        # The syncer daemon's trigger, computed by the same core rule finalize enforces.
+        view["accepted_set_closed"] = is_accepted_set_closed(run, max(now, run.updated_at_ms))
+        if task_id not in self._layout_views:  # layout hashes never change within a run
+            self._layout_views[task_id] = self._model(task_id).to_view()
+        view["fragments"] = self._layout_views[task_id]  # shared, read-only: only serialised
         view["has_receipt"] = self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
         return view
 
