@@ -508,3 +508,18 @@ def test_dataclass_replace_receipts_still_roundtrip() -> None:
     receipt = build_receipt(2)
     changed = dataclasses.replace(receipt, sealed_at=receipt.sealed_at + 1)
     assert encode_receipt(changed) != encode_receipt(receipt)
+
+
+def test_documented_limit_spec_grammar_is_not_rechecked_under_a_forged_root(verifier: Any) -> None:
+    """docs/solidity-verifier.md "The spec": with a root recomputed by the forger over a
+    non-canonical spec (trailing bytes), Python refuses and Solidity accepts. Under the trusted
+    root both refuse. This pins the one known disagreement class so a change is noticed."""
+    receipt = RECEIPTS["mean-2"]()
+    v = list(_abi_value(receipt))
+    v[2] = v[2] + b" "
+    forged_root = reroot(v)
+    data = encode_value(v)
+    assert not py_verify(forged_root, data)
+    assert sol_verify(verifier, forged_root, data)
+    assert not py_verify(receipt.run_root, data)
+    assert not sol_verify(verifier, receipt.run_root, data)
