@@ -194,3 +194,30 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
     assert "Traceback" not in node.stderr(), node.stderr()[-4000:]
     for child in children:
         assert "Traceback" not in child.err(), f"{child.name}:\n{child.err()[-4000:]}"
+
+
+def test_trainer_sigterm_exits_cleanly(tmp_path: Path, tiny_model: TinyModel) -> None:
+    """A trainer enrolled and waiting for training stops on SIGTERM: exit 0, no traceback."""
+    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
+
+    node, p2p_addr = start_p2p_node(tmp_path)
+    child = None
+    try:
+        dataset_hash = "0x" + compute_dataset_hash(load_corpus(DATASET_REF)).hex()
+        task = new_task(tiny_model, node, "gossip-sigterm", dataset_ref=DATASET_REF, dataset_hash=dataset_hash)
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(task.spec))
+        task.post()
+        child = Child("trainer", trainer_argv(node, task.task_id, spec_path, "trainer:0", p2p_addr,
+                                              tmp_path / "t.key"), tmp_path)
+        # Enrolled (1 of 3 trainers): the run stays Enrolling and the trainer waits for Training.
+        task.wait_for(lambda v: len(v["trainers"]) == 1, "the trainer's enrollment", timeout=60)
+        child.proc.terminate()
+        assert child.wait(30) == 0, child.err()[-4000:]
+        assert "trainer stopped" in child.err()
+        assert "Traceback" not in child.err(), child.err()[-4000:]
+    finally:
+        if child is not None:
+            child.stop()
+        code = node.stop()
+    assert code == 0, node.stderr()[-4000:]
