@@ -1,0 +1,183 @@
+"""Transport tests: real OS processes (tests/p2p/peer.py) on 127.0.0.1, real libp2p gossipsub.
+
+Every wait is on an event a peer printed, with a generous but bounded timeout; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PEER = Path(__file__).with_name("peer.py")
+ROOT = PEER.parents[2]
+TIMEOUT = 45.0
+TOPIC = "tenzro/training/1.0.0"
+RAW = "tenzro/test/raw"
+
+
+class Peer:
+    """One peer process; its stdout JSON lines are collected by a reader thread."""
+
+    def __init__(self, tmp: Path, name: str, mode: str, bootstrap: tuple[str, ...] = ()) -> None:
+        args = [sys.executable, str(PEER), "--key", str(tmp / f"{name}.key"), "--mode", mode]
+        for addr in bootstrap:
+            args += ["--bootstrap", addr]
+        self.name = name
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.stderr = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+        ready = self.expect("ready")
+        self.peer_id: str = ready["peer_id"]
+        self.addr: str = ready["addrs"][0]
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+        self.events.put({"event": "eof"})
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, event: str, pred: Callable[[dict[str, Any]], bool] = lambda e: True,
+               seen: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Next event named ``event`` satisfying ``pred``; other events are appended to ``seen``."""
+        while True:
+            try:
+                e = self.events.get(timeout=TIMEOUT)
+            except queue.Empty:
+                raise AssertionError(f"{self.name}: no {event!r} within {TIMEOUT} s; stderr:\n{self.stderr[-3000:]}")
+            if e["event"] == event and pred(e):
+                return e
+            if e["event"] == "eof":
+                raise AssertionError(f"{self.name} exited waiting for {event!r}; stderr:\n{self.stderr[-3000:]}")
+            if seen is not None:
+                seen.append(e)
+
+    def stats(self) -> dict[str, Any]:
+        self.send(cmd="stats")
+        return self.expect("stats")
+
+    def quit(self) -> int:
+        if self.proc.poll() is None:
+            self.send(cmd="quit")
+        return self.proc.wait(timeout=TIMEOUT)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=TIMEOUT)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Peer]]:
+    peers: list[Peer] = []
+
+    def make(name: str, mode: str, bootstrap: tuple[str, ...] = ()) -> Peer:
+        peers.append(Peer(tmp_path, name, mode, bootstrap))
+        return peers[-1]
+
+    yield make
+    for p in peers:
+        p.kill()
+
+
+def test_line_a_to_c_through_b_and_invalid_messages_are_not_relayed(spawn: Callable[..., Peer]) -> None:
+    b = spawn("b", "relay")
+    a = spawn("a", "pub", (b.addr,))
+    c = spawn("c", "sub", (b.addr,))
+    assert a.stats()["peers"] == 1 and c.stats()["peers"] == 1  # C knows only B
+    a.send(cmd="wait_peers", topic=TOPIC, count=1)
+    a.expect("peers")
+    c.send(cmd="wait_peers", topic=TOPIC, count=1)
+    c.expect("peers")
+    b.send(cmd="wait_peers", topic=TOPIC, count=1)  # C is in B's mesh (A publishes via fanout): the line is formed
+    b.expect("peers")
+    for kind in ("malformed", "unsigned", "wrong_signer"):
+        a.send(cmd="publish_payload", size=2_000, kind=kind)
+        a.expect("published")
+    a.send(cmd="publish_payload", size=3 * (1 << 20) + 5, kind="good")
+    a.expect("published")
+    before: list[dict[str, Any]] = []
+    got = c.expect("payload", seen=before)
+    assert got["size"] == 3 * (1 << 20) + 5
+    assert [e for e in before if e["event"] in ("payload", "bad")] == []  # none of the invalid ones arrived
+    stats_b, stats_c = b.stats(), c.stats()
+    # 3 malformed + 1 unsigned chunk + 1 wrongly signed chunk, rejected by B before relay: C never saw them.
+    assert stats_b["rejected"] == 5
+    assert stats_c["rejected"] == 0 and stats_c["delivered"] == 4  # the 4 good chunks only
+    assert stats_b["dropped"] == stats_c["dropped"] == 0
+
+
+def test_thousand_back_to_back_messages_and_a_16_mib_payload(spawn: Callable[..., Peer]) -> None:
+    s = spawn("s", "sub")
+    p = spawn("p", "pub", (s.addr,))
+    for topic in (RAW, TOPIC):
+        p.send(cmd="wait_peers", topic=topic, count=1)
+        p.expect("peers")
+    p.send(cmd="publish_raw", count=1000, size=64)
+    p.expect("published")
+    got = [s.expect("raw")["i"] for _ in range(1000)]
+    assert sorted(got) == list(range(1000))
+    p.send(cmd="publish_payload", size=16 << 20, kind="good")
+    p.expect("published")
+    payload = s.expect("payload")
+    assert payload["size"] == 16 << 20
+    stats = s.stats()
+    assert stats["delivered"] == 1000 + 16 and stats["dropped"] == 0 and stats["rejected"] == 0
+    assert p.stats()["dropped"] == 0
+    assert p.quit() == 0 and s.quit() == 0
+
+
+def test_sigkilled_peer_does_not_stall_the_others(spawn: Callable[..., Peer]) -> None:
+    a = spawn("a", "pub")
+    b = spawn("b", "relay", (a.addr,))
+    c = spawn("c", "sub", (a.addr, b.addr))
+    a.send(cmd="wait_peers", topic=RAW, count=2)
+    a.expect("peers")
+    b.kill()  # SIGKILL
+    a.send(cmd="publish_raw", count=400, size=2_000)
+    a.expect("published")
+    got = {c.expect("raw")["i"] for _ in range(400)}
+    assert got == set(range(400))
+    assert c.stats()["delivered"] == 400
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_cleanly_without_traceback(spawn: Callable[..., Peer], sig: signal.Signals) -> None:
+    a = spawn("a", "sub")
+    b = spawn("b", "pub", (a.addr,))
+    os.kill(a.proc.pid, sig)
+    assert a.proc.wait(timeout=TIMEOUT) == 0
+    a.expect("stopped")
+    b.quit()
+    assert "Traceback" not in a.stderr
+
+
+def test_peer_identity_is_persisted(spawn: Callable[..., Peer]) -> None:
+    first = spawn("same", "pub")
+    first_id = first.peer_id
+    assert first.quit() == 0
+    again = spawn("same", "pub")
+    assert again.peer_id == first_id
