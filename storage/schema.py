@@ -465,3 +465,35 @@ def round_reports_key(task_id: str, round: int) -> bytes:
 def round_reports_prefix(task_id: str) -> bytes:
     """Prefix of every round-report key of one task (rounds in ascending order)."""
     return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_REPORTS_KIND
+
+
+# --- finalize signatures (appended for the offline receipt verifier) -------------------------
+#
+# The syncer's FinalizeRound signature of each finalized round, so a sealed run's receipt can be
+# shown with every signature behind it (docs/receipt.md "Offline verification"). Another per-task
+# record kind in CF_META behind TASK_RECORD_MARK: no existing key changes, SCHEMA_VERSION stays 1.
+
+__all__ += ["finalize_signature_key", "finalize_signature_prefix", "parse_finalize_signature_key"]
+
+_FINALIZE_SIGNATURE_KIND: Final = b"f"
+
+
+def finalize_signature_key(task_id: str, round: int) -> bytes:
+    """Key in :data:`CF_META` of a finalized round's syncer signature record:
+    b"T" || lp(task_id) || b"f" || round u32."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _FINALIZE_SIGNATURE_KIND + _u32("round", round)
+
+
+def finalize_signature_prefix(task_id: str) -> bytes:
+    """Prefix of every finalize-signature key of one task (rounds in ascending order)."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _FINALIZE_SIGNATURE_KIND
+
+
+def parse_finalize_signature_key(key: bytes) -> tuple[str, int]:
+    """The (task_id, round) of a :func:`finalize_signature_key`; KeyFormatError otherwise."""
+    if not isinstance(key, bytes) or key[:1] != TASK_RECORD_MARK:
+        raise KeyFormatError(f"not a finalize-signature key: {key!r}", key)
+    task_id, rest = _split_task_field(key[1:], "finalize-signature")
+    if len(rest) != 1 + 4 or rest[:1] != _FINALIZE_SIGNATURE_KIND:
+        raise KeyFormatError(f"not a finalize-signature key: {key!r}", key)
+    return task_id, int(_U32.unpack(rest[1:])[0])

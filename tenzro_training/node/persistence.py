@@ -19,7 +19,10 @@ Encodings (docs/node.md "What is stored where"):
   (``RunState.to_dict`` / ``TrainingReceipt.to_dict`` are lossless and deterministic, so equal
   values give equal bytes);
 - a submission record: 0x01 || payload_hash (32) || signature (65); the payload bytes are stored
-  once per (task, hash) under ``schema.payload_key``;
+  once per (task, hash) under ``schema.payload_key`` (the key carries task, round, fragment and
+  trainer, so the record plus its key is the whole signed SubmitOuterGradient);
+- a finalize record: 0x01 || syncer (20) || signature (65), the syncer's FinalizeRound
+  signature of one round under ``schema.finalize_signature_key``;
 - round reports: a JSON array of the per-fragment ``AggregationReport.canonical_bytes()``
   (RFC 8785, so hashing an element's canonical form gives its FragmentOutcome.report_hash).
 """
@@ -45,11 +48,13 @@ from tenzro_training.run_state import RunState
 
 __all__ = [
     "EVIDENCE_VERSION",
+    "FinalizeRecord",
     "SubmissionRecord",
     "compute_genesis_ops",
     "compute_report_canonical",
     "compute_transition_ops",
     "decode_escrow",
+    "decode_finalize_record",
     "decode_json",
     "decode_receipt",
     "decode_run",
@@ -58,6 +63,7 @@ __all__ = [
     "decode_u256",
     "encode_escrow",
     "encode_evidence",
+    "encode_finalize_record",
     "encode_json",
     "encode_receipt",
     "encode_round_reports",
@@ -71,6 +77,7 @@ __all__ = [
 
 _U256: Final = 2**256
 _SUBMISSION_RECORD_VERSION: Final = 1
+_FINALIZE_RECORD_VERSION: Final = 1
 EVIDENCE_VERSION: Final = 1
 
 
@@ -182,6 +189,29 @@ def decode_submission_record(raw: bytes) -> SubmissionRecord:
     if not isinstance(raw, bytes) or len(raw) != 98 or raw[0] != _SUBMISSION_RECORD_VERSION:
         raise StorageError("stored submission record is malformed")
     return SubmissionRecord(raw[1:33], raw[33:98])
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeRecord:
+    """A finalized round's syncer signature, kept for the receipt's attestations (and the
+    RoundFinalized gossip after a restart)."""
+
+    syncer: bytes
+    """The 20-byte address the signature recovers to (the round record's syncer)."""
+    signature: bytes
+    """The syncer's 65-byte EIP-712 signature over FinalizeRound(task, round)."""
+
+
+def encode_finalize_record(record: FinalizeRecord) -> bytes:
+    if len(record.syncer) != 20 or len(record.signature) != 65:
+        raise ValueError("finalize record needs a 20-byte syncer and a 65-byte signature")
+    return bytes((_FINALIZE_RECORD_VERSION,)) + record.syncer + record.signature
+
+
+def decode_finalize_record(raw: bytes) -> FinalizeRecord:
+    if not isinstance(raw, bytes) or len(raw) != 86 or raw[0] != _FINALIZE_RECORD_VERSION:
+        raise StorageError("stored finalize record is malformed")
+    return FinalizeRecord(raw[1:21], raw[21:86])
 
 
 def encode_evidence(

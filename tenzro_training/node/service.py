@@ -111,6 +111,13 @@ from tenzro_training.run_state import (
 )
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
+from tenzro_training.receipt_check import (
+    Attestations,
+    AttestedTicket,
+    ElectionAttestation,
+    RoundAttestation,
+    SubmissionAttestation,
+)
 from tenzro_training.spec import TrainingTaskSpec
 
 __all__ = ["NodeService", "wall_clock_ms"]
@@ -160,12 +167,13 @@ class NodeService:
         self._models: dict[str, ModelLayout] = {}
         self._layout_views: dict[str, list[dict[str, Any]]] = {}
         self._ticket_failures: set[tuple[str, bytes]] = set()
-        # The syncer's FinalizeRound signature per (task, round), kept in memory only so the p2p
-        # bridge can forward it in RoundFinalized gossip (lost on restart: a late trainer then
-        # recovers over ModelRequest, which needs no syncer signature).
+        # The syncer's FinalizeRound signature per (task, round): written with the round's batch
+        # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
+        # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
         self._ledger = self._open_ledger()
         self._load_runs()
+        self._load_finalize_signatures()
         self._restore_model_files()
 
     # --- startup ---------------------------------------------------------------------------
@@ -206,6 +214,12 @@ class NodeService:
                 raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
             self._runs[task_id] = run
             self._stored_runs[task_id] = raw
+
+    def _load_finalize_signatures(self) -> None:
+        for task_id in sorted(self._runs):
+            for key, raw in self._store.iterate(schema.CF_META, schema.finalize_signature_prefix(task_id)):
+                _, round = schema.parse_finalize_signature_key(key)
+                self._finalize_signatures[(task_id, round)] = persistence.decode_finalize_record(raw).signature
 
     def _restore_model_files(self) -> None:
         """A sealed run's model file is written after its batch committed; a crash in between
@@ -551,6 +565,8 @@ class NodeService:
         extra += _fragment_ops(task_id, schema.MODEL_MOMENTUM, update.momentum)
         reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
         extra.append((BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports))
+        finalize_record = persistence.encode_finalize_record(persistence.FinalizeRecord(signer, bytes(signature)))
+        extra.append((BatchOp.PUT, schema.CF_META, schema.finalize_signature_key(task_id, round), finalize_record))
         sealed = t.run.status is RunStatus.SEALED
         if sealed:
             extra += _fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
@@ -665,11 +681,39 @@ class NodeService:
             raise InvalidState(task_id, run.status.value, "issue a receipt")
         receipt = persistence.decode_receipt(raw)
         # "abi": abi.encode(ReceiptV1) (docs/receipt.md), what TRAINING_VERIFY and the escrow read.
+        # "attestations": the election and every signature behind the transcript, what
+        # `tenzro train verify-receipt` checks (receipt_check.py).
         return {
             "receipt": receipt.to_dict(),
             "run_root": _hex(receipt.run_root),
             "abi": "0x" + encode_receipt_abi(receipt).hex(),
+            "attestations": self._attestations(run).to_dict(),
         }
+
+    def _attestations(self, run: RunState) -> Attestations:
+        """The stored election and signatures of a sealed run (receipt_check.Attestations)."""
+        task_id = run.task_id
+        election = ElectionAttestation(
+            seed=run.election.seed,
+            tickets=tuple(AttestedTicket(e.candidate, e.ticket.proof) for e in run.election.entries),
+            ranking=run.election.ranking or (),
+        )
+        rounds = []
+        for record in run.records:
+            submissions = []
+            for key, value in self._store.iterate(schema.CF_SUBMISSIONS, schema.submission_prefix(task_id, record.round)):
+                parsed = schema.parse_submission_key(key)
+                sub = persistence.decode_submission_record(value)
+                submissions.append(SubmissionAttestation(parsed.trainer, parsed.fragment, sub.payload_hash, sub.signature))
+            rounds.append(
+                RoundAttestation(
+                    round=record.round,
+                    syncer=record.syncer,
+                    finalize_signature=self._finalize_signatures.get((task_id, record.round)),
+                    submissions=tuple(submissions),
+                )
+            )
+        return Attestations(chain_id=self._config.chain_id, election=election, rounds=tuple(rounds))
 
     def get_round_reports(self, task_id: str, round: int) -> dict[str, Any]:
         """The full aggregation reports (Krum scores included) of a finalized round, with each
@@ -753,7 +797,8 @@ class NodeService:
         return run.round, run.model_hash, weights
 
     def get_finalize_signature(self, task_id: str, round: int) -> bytes | None:
-        """The syncer's FinalizeRound signature of a round this process finalized (else None)."""
+        """The syncer's FinalizeRound signature of a finalized round (else None; also None for
+        rounds finalized by a node version that did not store them)."""
         return self._finalize_signatures.get((task_id, round))
 
     # --- the final model ------------------------------------------------------------------------

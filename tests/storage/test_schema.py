@@ -359,3 +359,36 @@ def test_invalid_node_record_keys() -> None:
         schema.round_reports_key("ab", 2**32)
     with pytest.raises(KeyFormatError):
         schema.tensor_specs_key("")
+
+
+# --- finalize signatures ------------------------------------------------------------------
+
+
+def test_finalize_signature_key_vectors() -> None:
+    assert schema.finalize_signature_key("ab", 3) == b"T\x02abf\x00\x00\x00\x03"
+    assert schema.finalize_signature_prefix("ab") == b"T\x02abf"
+    # Distinct from the other per-task records of CF_META.
+    others = {schema.tensor_specs_key("ab"), schema.round_reports_key("ab", 3), schema.round_reports_prefix("ab")}
+    assert not any(k.startswith(schema.finalize_signature_prefix("ab")) for k in others)
+
+
+@given(task_ids, u32s, u32s)
+def test_finalize_signature_keys_round_trip_and_order(task_id: str, a: int, b: int) -> None:
+    key_a, key_b = schema.finalize_signature_key(task_id, a), schema.finalize_signature_key(task_id, b)
+    assert schema.parse_finalize_signature_key(key_a) == (task_id, a)
+    assert key_a.startswith(schema.finalize_signature_prefix(task_id))
+    assert (key_a < key_b) == (a < b)  # byte order is round order
+    assert not key_a.startswith(schema.round_reports_prefix(task_id))
+
+
+def test_invalid_finalize_signature_keys() -> None:
+    with pytest.raises(KeyFormatError):
+        schema.finalize_signature_key("ab", 2**32)
+    with pytest.raises(KeyFormatError):
+        schema.finalize_signature_key("a/b", 0)
+    with pytest.raises(KeyFormatError):
+        schema.parse_finalize_signature_key(schema.round_reports_key("ab", 0))
+    with pytest.raises(KeyFormatError):
+        schema.parse_finalize_signature_key(schema.finalize_signature_key("ab", 0) + b"x")
+    with pytest.raises(KeyFormatError):
+        schema.parse_finalize_signature_key(b"")
