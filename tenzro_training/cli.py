@@ -1,7 +1,8 @@
 """The ``tenzro`` command line: a SHELL over the JSON-RPC API and the node service.
 
 ``tenzro node`` runs the node (``node/main.py``); ``tenzro train <verb>`` wraps the seven
-``tenzro_training_*`` methods plus ``cancel-task``, and offline helpers (``make-gradient`` writes a
+``tenzro_training_*`` methods plus ``cancel-task``, ``verify-receipt`` (re-checks a receipt, its
+election and its signatures: ``receipt_check.py``), and offline helpers (``make-gradient`` writes a
 random OuterGradient payload, ``export-model`` copies a sealed run's final model out of a node's
 data dir, ``address``); ``tenzro syncer run`` is the syncer daemon (``node/syncer.py``).
 Every signing command takes ``--key-file`` (hex, ``{"private_key"}`` JSON, or a dev-accounts.json
@@ -268,6 +269,32 @@ def cmd_get_receipt(args: argparse.Namespace) -> None:
         return "\n".join(lines)
 
     _emit(args, result, human)
+
+
+def cmd_verify_receipt(args: argparse.Namespace) -> None:
+    """Offline verification (receipt_check.py): one line per check; exit 1 if any fails."""
+    from tenzro_training.receipt_check import check_receipt_document
+
+    if args.file is not None:
+        try:
+            document = json.loads(Path(args.file).read_text())
+        except OSError as exc:
+            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        except ValueError:
+            document = None  # not JSON: reported as a failed "decode" check
+    else:
+        document = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
+    result = check_receipt_document(document, args.chain_id)
+    if args.json:
+        checks = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in result.checks]
+        print(json.dumps({"ok": result.ok, "checks": checks}, indent=2, sort_keys=True))
+    else:
+        width = max(len(c.name) for c in result.checks)
+        for c in result.checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}")
+    if not result.ok:
+        failed = ", ".join(result.failed)
+        raise CliError(f"receipt verification failed: {failed}", EXIT_RPC_ERROR)
 
 
 def cmd_enroll(args: argparse.Namespace) -> None:
@@ -601,9 +628,17 @@ def build_parser() -> argparse.ArgumentParser:
         p = train.add_parser(verb)
         p.add_argument("--task-id", required=True)
         if verb == "get-receipt":
-            p.add_argument("--out", help="also write the receipt JSON to this file")
+            p.add_argument("--out", help="also write the whole result (receipt, abi, attestations) to this file")
         _client_flags(p, signing=False)
         p.set_defaults(func=func)
+
+    p = train.add_parser("verify-receipt", help="re-check a receipt, its election and its signatures offline")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--task-id", help="fetch the receipt with getReceipt from --rpc")
+    source.add_argument("--file", help="a file written by get-receipt --out")
+    p.add_argument("--chain-id", type=int, help="EIP-712 chain id to verify under (default: the attestations')")
+    _client_flags(p, signing=False)
+    p.set_defaults(func=cmd_verify_receipt)
 
     p = train.add_parser("enroll-trainer")
     p.add_argument("--task-id", required=True)

@@ -1,0 +1,396 @@
+"""receipt_check: a real sealed run passes every check; each tampering fails the check named for it.
+
+The documents are real getReceipt results of in-process node runs (tests/chain/conftest.py
+``run_to_sealed``), round-tripped through JSON as the CLI reads them; tampering edits that JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenzro_training import auth
+from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.receipt_check import (
+    CHECK_NAMES,
+    Attestations,
+    ReceiptCheck,
+    check_receipt,
+    check_receipt_document,
+)
+from tests.chain.conftest import run_to_sealed, trainer_party
+from tests.node.conftest import SYNCERS, TRAINERS
+
+Doc = dict[str, Any]
+
+
+def _document(tmp: Path, **kwargs: Any) -> Doc:
+    run = run_to_sealed(tmp, **kwargs)
+    return json.loads(json.dumps(run.service.get_receipt(run.task_id)))
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Doc:
+    """Three trainers, trainer 2 skips round 1 (unequal weights), two rounds."""
+    return _document(tmp_path_factory.mktemp("good"), skip=lambda i, r: i == 2 and r == 1)
+
+
+@pytest.fixture(scope="module")
+def slashed(tmp_path_factory: pytest.TempPathFactory) -> Doc:
+    """Trainer 1 equivocates in round 0 and is slashed."""
+    return _document(tmp_path_factory.mktemp("slashed"), task_id="run-slashed", equivocate=1)
+
+
+def failed(doc: object, chain_id: int | None = None) -> tuple[str, ...]:
+    return check_receipt_document(doc, chain_id).failed
+
+
+def tampered(doc: Doc, edit: Any) -> Doc:
+    out = copy.deepcopy(doc)
+    edit(out)
+    return out
+
+
+def flip_hex(text: str, at: int = -3) -> str:
+    """Change one hex digit (position ``at`` counted in the hex string)."""
+    digits = list(text)
+    digits[at] = "0" if digits[at] != "0" else "1"
+    return "".join(digits)
+
+
+def sign_hex(party: Any, msg: auth.SignedMessageType) -> str:
+    return "0x" + party.sign(msg).hex()
+
+
+# --- valid ---------------------------------------------------------------------------------------
+
+
+def test_a_sealed_run_passes_every_check(good: Doc) -> None:
+    result = check_receipt_document(good)
+    assert result.ok, result.checks
+    assert tuple(c.name for c in result.checks) == CHECK_NAMES
+    assert all(c.detail for c in result.checks)
+    # Every accepted submission of the transcript was checked: 3 trainers x 2 fragments in
+    # round 0, 2 trainers x 2 fragments in round 1.
+    sub = result.get("submission_signatures")
+    assert sub is not None and sub.detail.startswith("10 ")
+
+
+def test_a_run_with_a_slashed_trainer_passes(slashed: Doc) -> None:
+    assert check_receipt_document(slashed).ok
+    trainers = {t["address"]: t for t in slashed["receipt"]["trainers"]}
+    slashed_trainer = trainer_party(1).text
+    assert trainers[slashed_trainer]["slashed"] and trainers[slashed_trainer]["accepted_submissions"] == 0
+    # Its first (accepted, then superseded by the equivocation) submission is still attested
+    # and verifies, though it is in no accepted list.
+    round0 = slashed["attestations"]["rounds"][0]["submissions"]
+    assert any(s["trainer"] == slashed_trainer for s in round0)
+
+
+def test_attestations_round_trip(good: Doc) -> None:
+    att = Attestations.from_dict(good["attestations"])
+    assert att.to_dict() == good["attestations"]
+    assert att.chain_id == auth.DEFAULT_CHAIN_ID
+    assert [r.round for r in att.rounds] == [0, 1]
+    assert len(att.election.tickets) == len(SYNCERS) == len(att.election.ranking)
+
+
+def test_check_receipt_on_values(good: Doc) -> None:
+    receipt = TrainingReceipt.from_dict(good["receipt"])
+    att = Attestations.from_dict(good["attestations"])
+    result = check_receipt(receipt, att, auth.DEFAULT_CHAIN_ID)
+    assert result.ok and result.get("abi") is None  # no ABI bytes given: that check does not run
+    assert len(result.checks) == len(CHECK_NAMES) - 1
+
+
+def test_an_explicit_matching_chain_id_passes(good: Doc) -> None:
+    assert check_receipt_document(good, auth.DEFAULT_CHAIN_ID).ok
+
+
+# --- the election ---------------------------------------------------------------------------------
+
+
+def test_invalid_ticket_proof(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        ticket = d["attestations"]["election"]["tickets"][0]
+        ticket["proof"] = flip_hex(ticket["proof"], 10)
+
+    names = failed(tampered(good, edit))
+    assert "tickets" in names and "ranking" in names  # the recomputed ranking loses that candidate
+    assert "election_seed" not in names and "finalize_signatures" not in names
+
+
+def test_invalid_ticket_stake(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["attestations"]["election"]["tickets"][0]["stake"] = "999"
+
+    # The proof still verifies; the ranking recomputed with that stake differs from the stored one.
+    names = failed(tampered(good, edit))
+    assert "ranking" in names and "tickets" not in names
+
+
+def test_invalid_ranking_order(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        ranking = d["attestations"]["election"]["ranking"]
+        ranking[0], ranking[1] = ranking[1], ranking[0]
+        ranking[0]["rank"], ranking[1]["rank"] = 1, 2
+
+    # Round syncers are checked against the RECOMPUTED ranking, so only "ranking" fails.
+    assert failed(tampered(good, edit)) == ("ranking",)
+
+
+def test_invalid_ranking_entry_score(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["attestations"]["election"]["ranking"][2]["score"] = "1"
+
+    assert failed(tampered(good, edit)) == ("ranking",)
+
+
+def test_invalid_ranking_truncated(good: Doc) -> None:
+    assert failed(tampered(good, lambda d: d["attestations"]["election"]["ranking"].pop())) == ("ranking",)
+
+
+def test_invalid_election_seed(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        election = d["attestations"]["election"]
+        election["seed"] = flip_hex(election["seed"])
+
+    # Tickets and ranking are checked over the seed the spec determines, not the stored one.
+    assert failed(tampered(good, edit)) == ("election_seed",)
+
+
+# --- signatures -----------------------------------------------------------------------------------
+
+
+def test_invalid_finalize_signature_tampered(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        r = d["attestations"]["rounds"][1]
+        r["finalize_signature"] = flip_hex(r["finalize_signature"], 20)
+
+    assert failed(tampered(good, edit)) == ("finalize_signatures",)
+
+
+def test_invalid_finalize_signature_by_another_syncer(good: Doc) -> None:
+    syncer = good["receipt"]["transcript"][0]["syncer"]
+    other = next(s for s in SYNCERS if s.text != syncer)
+    task_id = good["receipt"]["task_id"]
+
+    def edit(d: Doc) -> None:
+        d["attestations"]["rounds"][0]["finalize_signature"] = sign_hex(other, auth.FinalizeRound(task_id=task_id, round=0))
+
+    result = check_receipt_document(tampered(good, edit))
+    assert result.failed == ("finalize_signatures",)
+    detail = result.get("finalize_signatures")
+    assert detail is not None and other.text in detail.detail
+
+
+def test_invalid_finalize_signature_for_another_round(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        rounds = d["attestations"]["rounds"]
+        rounds[0]["finalize_signature"] = rounds[1]["finalize_signature"]
+
+    assert failed(tampered(good, edit)) == ("finalize_signatures",)
+
+
+def test_invalid_finalize_signature_missing(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["attestations"]["rounds"][0]["finalize_signature"] = None
+
+    assert failed(tampered(good, edit)) == ("finalize_signatures",)
+
+
+def test_invalid_attested_rounds_missing(good: Doc) -> None:
+    names = failed(tampered(good, lambda d: d["attestations"]["rounds"].pop()))
+    assert names == ("finalize_signatures", "submission_signatures")
+
+
+def test_invalid_submission_signature_tampered(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        sub = d["attestations"]["rounds"][0]["submissions"][0]
+        sub["signature"] = flip_hex(sub["signature"], 30)
+
+    assert failed(tampered(good, edit)) == ("submission_signatures",)
+
+
+def test_invalid_submission_payload_hash(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        sub = d["attestations"]["rounds"][1]["submissions"][-1]
+        sub["payload_hash"] = flip_hex(sub["payload_hash"])
+
+    # The signature now recovers to some other address.
+    assert failed(tampered(good, edit)) == ("submission_signatures",)
+
+
+def test_invalid_submission_missing(good: Doc) -> None:
+    assert failed(tampered(good, lambda d: d["attestations"]["rounds"][1]["submissions"].pop())) == (
+        "submission_signatures",
+    )
+
+
+def test_invalid_submission_signed_by_another_trainer(good: Doc) -> None:
+    task_id = good["receipt"]["task_id"]
+
+    def edit(d: Doc) -> None:
+        sub = d["attestations"]["rounds"][0]["submissions"][0]
+        msg = auth.SubmitOuterGradient(
+            task_id=task_id, round=0, fragment=sub["fragment"], payload_hash=bytes.fromhex(sub["payload_hash"][2:])
+        )
+        signer = next(p for p in (trainer_party(i) for i in range(3)) if p.text != sub["trainer"])
+        sub["signature"] = sign_hex(signer, msg)
+
+    assert failed(tampered(good, edit)) == ("submission_signatures",)
+
+
+def test_invalid_chain_id(good: Doc) -> None:
+    # Verifying for another chain: the chain-id check and every signature fail.
+    names = failed(good, chain_id=1)
+    assert names == ("chain_id", "finalize_signatures", "submission_signatures")
+
+
+# --- the receipt itself ---------------------------------------------------------------------------
+
+
+def test_invalid_round_record_aggregate_hash(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        fragment = d["receipt"]["transcript"][1]["fragments"][0]
+        fragment["aggregate_hash"] = flip_hex(fragment["aggregate_hash"])
+
+    names = failed(tampered(good, edit))
+    assert "run_root" in names and "abi" in names
+    assert "round_records" not in names and "finalize_signatures" not in names
+
+
+def test_invalid_round_record_model_hash(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        last = d["receipt"]["transcript"][-1]
+        last["model_hash"] = flip_hex(last["model_hash"])
+
+    names = failed(tampered(good, edit))
+    assert "round_records" in names and "run_root" in names
+
+
+def test_invalid_round_record_rule_differs_from_spec(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["receipt"]["spec"]["aggregation"] = "CoordinateMedian"
+
+    names = failed(tampered(good, edit))
+    assert "round_records" in names and "run_root" in names and "election_seed" in names
+
+
+def test_invalid_round_record_removed(good: Doc) -> None:
+    names = failed(tampered(good, lambda d: d["receipt"]["transcript"].pop()))
+    assert {"round_records", "run_root", "trainer_weights"} <= set(names)
+
+
+def test_invalid_spec(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["receipt"]["spec"]["dataset_ref"] = "ipfs://another"
+
+    # The spec is leaf 0 and its hash seeds the election.
+    names = failed(tampered(good, edit))
+    assert {"run_root", "election_seed", "tickets", "ranking", "abi"} <= set(names)
+    assert "finalize_signatures" not in names and "submission_signatures" not in names
+
+
+def test_invalid_trainer_weight(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["receipt"]["trainers"][0]["accepted_submissions"] += 1
+
+    names = failed(tampered(good, edit))
+    assert "trainer_weights" in names and "run_root" not in names
+
+
+def test_invalid_syncer_list(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["receipt"]["syncers"].append(TRAINERS[0].text)
+
+    assert "syncer_list" in failed(tampered(good, edit))
+
+
+def test_invalid_run_root_claimed(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["run_root"] = flip_hex(d["run_root"])
+
+    assert failed(tampered(good, edit)) == ("run_root",)
+
+
+def test_invalid_abi_bytes(good: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["abi"] = flip_hex(d["abi"], 200)
+
+    assert failed(tampered(good, edit)) == ("abi",)
+
+
+# --- malformed documents never raise --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.pop("attestations"),
+        lambda d: d.pop("receipt"),
+        lambda d: d["attestations"].update(version=2),
+        lambda d: d["attestations"]["election"].pop("ranking"),
+        lambda d: d["attestations"]["election"]["tickets"][0].update(proof="0x12"),
+        lambda d: d["attestations"]["rounds"][0].update(round=-1),
+        lambda d: d["attestations"]["rounds"][0]["submissions"][0].update(fragment=True),
+        lambda d: d["attestations"].update(chain_id=0),
+        lambda d: d["receipt"].update(version=9),
+        lambda d: d.update(abi="not hex"),
+    ],
+)
+def test_invalid_document_is_a_failed_decode(good: Doc, edit: Any) -> None:
+    result = check_receipt_document(tampered(good, edit))
+    assert not result.ok and result.failed == ("decode",)
+
+
+@pytest.mark.parametrize("doc", [None, 1, "x", [], {}, {"receipt": None, "attestations": None}])
+def test_invalid_non_documents(doc: object) -> None:
+    result = check_receipt_document(doc)
+    assert isinstance(result, ReceiptCheck) and not result.ok
+
+
+def test_invalid_values_to_check_receipt(good: Doc) -> None:
+    att = Attestations.from_dict(good["attestations"])
+    receipt = TrainingReceipt.from_dict(good["receipt"])
+    assert not check_receipt("receipt", att, 1337).ok  # type: ignore[arg-type]
+    assert not check_receipt(receipt, att, "1337").ok  # type: ignore[arg-type]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=6), value=json_values)
+def test_invalid_random_replacement_never_raises(good: Doc, path: list[int], value: object) -> None:
+    """Replace one node of the document (walked by ``path``) with a random JSON value."""
+    doc = copy.deepcopy(good)
+    parent: Any = doc
+    key: Any = None
+    for step in path:
+        container = parent if key is None else parent[key]
+        if isinstance(container, dict) and container:
+            next_key = sorted(container)[step % len(container)]
+        elif isinstance(container, list) and container:
+            next_key = step % len(container)
+        else:
+            break
+        parent, key = container, next_key
+    if key is None:
+        return
+    original = parent[key]
+    parent[key] = value
+    result = check_receipt_document(doc)  # must not raise
+    optional = parent is doc and key in ("abi", "run_root") and value is None  # those checks are skipped
+    if value != original and not optional:
+        assert not result.ok
