@@ -14,10 +14,11 @@ that derives it from a Sealed :class:`~tenzro_training.run_state.RunState`, its 
   by the run root (SPEC.md fixes the leaves); they are vouched for by the node's sealed-receipt
   record (the TRAINING_VERIFY precompile checks the node holds it).
 
-ABI encoding: reserved. The Ethereum-ABI serialization the contracts and TRAINING_VERIFY decode
-comes with a later issue; it will be added here as ``encode_receipt``/``decode_receipt`` next to
-``to_dict``, and docs/lifecycle.md has a matching "ABI encoding: reserved" section. Payee
-weights for a contract are :attr:`ReceiptTrainer.reward_weight` (0 for a slashed trainer).
+ABI encoding: the Ethereum-ABI form the contracts and TRAINING_VERIFY decode (ReceiptV1) is
+``receipt_abi.py`` (``encode_receipt``/``decode_receipt``/``verify_receipt_bytes``), specified in
+docs/receipt.md; payee weights are :attr:`ReceiptTrainer.reward_weight` (0 for a slashed
+trainer). The offline check of a receipt against its election and signatures is
+``receipt_check.py``.
 
 What it is NOT: the run lifecycle (``run.py``), storage, or the precompile. No I/O.
 """
