@@ -613,3 +613,15 @@ def test_invalid_mean_overflow_is_reported() -> None:
         aggregate(AggregationRule.mean(), torch.full((3, 2), big))
     # The same inputs have a finite median.
     assert aggregate(AggregationRule.coordinate_median(), torch.full((3, 2), big)).tensor.tolist() == [big, big]
+
+
+def test_median_midpoint_rounding_to_zero_is_plus_zero() -> None:
+    """Regression (found by hypothesis): the midpoint of -min_subnormal and -0.0 rounds to -0.0
+    in float32; the pinned result is +0.0, so the sign fix must come after the final rounding."""
+    tiny = float(np.float32(-1.401298464324817e-45))
+    x = torch.full((8, 3), -2.0)
+    x[:, 1] = torch.tensor([-2.0, -2.0, -2.0, tiny, -0.0, -0.0, -0.0, -0.0])
+    out = aggregate(AggregationRule.coordinate_median(), x).tensor
+    assert out[1].item() == 0.0 and not bool(torch.signbit(out[1]))
+    ref = ref_median([to_numpy32(row) for row in x])
+    assert np.array_equal(out.numpy().view(np.int32), ref.view(np.int32))
