@@ -1,6 +1,7 @@
 """A standalone gossip peer for transport tests and the benchmark: one OS process, one P2PHost.
 
 Usage: python tests/p2p/peer.py --key KEYFILE [--listen MA] [--bootstrap MA ...] --mode pub|sub|relay
+       [--run RUN_JSON] [--trainer-key HEX --outsider-key HEX]
 
 Prints one JSON object per line on stdout (``{"event": ...}``) and reads JSON commands from stdin:
 
@@ -12,7 +13,9 @@ Prints one JSON object per line on stdout (``{"event": ...}``) and reads JSON co
   {"cmd": "quit"}                                      clean stop (SIGINT / SIGTERM do the same)
 
 Modes: ``sub`` and ``relay`` subscribe to both topics and install the real gossip validator on
-TOPIC_TRAINING (over a Training run built by tests.test_gossip.World, whose trainers hold real keys);
+TOPIC_TRAINING over the RunState in ``--run`` (``RunState.to_dict`` JSON; the tests write the
+Training run of tests.test_gossip.World, whose trainers hold real keys). ``pub`` signs payloads with
+``--trainer-key`` (enrolled trainer 0 of that run) or, for ``wrong_signer``, ``--outsider-key``;
 ``sub`` also reports what it receives: {"event": "raw", "i": ...} and, for reassembled payloads,
 {"event": "payload", "sha256": ..., "size": ...}. ``pub`` subscribes to nothing and validates nothing.
 """
@@ -27,13 +30,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from eth_account import Account  # noqa: E402
+
 from tenzro_training import gossip as g  # noqa: E402
+from tenzro_training.auth import SubmitOuterGradient, sign_message  # noqa: E402
 from tenzro_training.errors import GossipReject  # noqa: E402
 from tenzro_training.p2p import P2PConfig, P2PHost  # noqa: E402
+from tenzro_training.run_state import RunState  # noqa: E402
 
 RAW_TOPIC = "tenzro/test/raw"
 
@@ -43,31 +51,34 @@ def emit(event: str, **fields: object) -> None:
     sys.stdout.flush()
 
 
-def make_validator():  # type: ignore[no-untyped-def]
-    from tests.test_gossip import World  # real run state with real trainer keys
-
-    world = World()
-    world.to_training()
+def make_validator(run_path: str, chain_id: int) -> Callable[[bytes, str], None]:
+    run = RunState.from_dict(json.loads(Path(run_path).read_text()))
     seen = g.SeenCache()
 
     def validator(data: bytes, from_peer: str) -> None:
-        g.validate_gossip(g.TOPIC_TRAINING, data, world.ctx(now_ms=int(time.time() * 1000)), seen)
+        ctx = g.GossipContext(get_run=lambda task: run if task == run.task_id else None, chain_id=chain_id,
+                              now_ms=int(time.time() * 1000))
+        g.validate_gossip(g.TOPIC_TRAINING, data, ctx, seen)
 
     return validator
 
 
-def payload_messages(size: int, kind: str) -> list[bytes]:
-    from tests.test_gossip import OUTSIDER_KEY, payload_chunks
-
+def payload_messages(args: argparse.Namespace, size: int, kind: str) -> list[bytes]:
+    """Chunks of one outer-gradient payload for round 0, fragment 0 of the run's first trainer."""
     payload = os.urandom(size)
     if kind == "malformed":
         return [b"\x01\x01" + os.urandom(64), b"\x63garbage", b""]
+    trainer_key = bytes.fromhex(args.trainer_key)
+    trainer = bytes.fromhex(Account.from_key(trainer_key).address[2:])
+    digest = hashlib.sha256(payload).digest()
+    signed = SubmitOuterGradient(args.task_id, 0, 0, digest)
     if kind == "unsigned":
-        chunks = payload_chunks(payload=payload, signature=b"\0" * 65)
-    elif kind == "wrong_signer":
-        chunks = payload_chunks(payload=payload, key=OUTSIDER_KEY)
+        signature = b"\0" * 65
     else:
-        chunks = payload_chunks(payload=payload)
+        signer = bytes.fromhex(args.outsider_key) if kind == "wrong_signer" else trainer_key
+        signature = sign_message(signed, signer, args.chain_id)
+    chunks = g.compute_payload_chunks(task_id=args.task_id, round=0, fragment=0, trainer=trainer,
+                                      signature=signature, payload=payload)
     return [g.encode_message(c) for c in chunks]
 
 
@@ -90,7 +101,7 @@ async def consume(topic: str, queue: asyncio.Queue, report: bool) -> None:
             emit("payload", sha256=hashlib.sha256(whole).hexdigest(), size=len(whole))
 
 
-async def handle(host: P2PHost, cmd: dict) -> bool:
+async def handle(host: P2PHost, cmd: dict, args: argparse.Namespace) -> bool:
     name = cmd.get("cmd")
     if name == "quit":
         return False
@@ -106,7 +117,7 @@ async def handle(host: P2PHost, cmd: dict) -> bool:
             await host.publish(RAW_TOPIC, data + b"\0" * max(0, size - len(data)))
         emit("published", count=cmd["count"])
     elif name == "publish_payload":
-        messages = payload_messages(cmd["size"], cmd.get("kind", "good"))
+        messages = payload_messages(args, cmd["size"], cmd.get("kind", "good"))
         start = time.perf_counter()
         for data in messages:
             await host.publish(g.TOPIC_TRAINING, data)
@@ -122,6 +133,11 @@ async def main() -> int:
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[])
     p.add_argument("--mode", choices=("pub", "sub", "relay"), required=True)
+    p.add_argument("--run", help="RunState JSON the validator checks against (sub/relay)")
+    p.add_argument("--task-id", default="run-test")
+    p.add_argument("--chain-id", type=int, default=1337)
+    p.add_argument("--trainer-key", help="hex secp256k1 key of an enrolled trainer (pub)")
+    p.add_argument("--outsider-key", help="hex secp256k1 key of a non-enrolled account (pub)")
     args = p.parse_args()
 
     loop = asyncio.get_running_loop()
@@ -133,7 +149,7 @@ async def main() -> int:
     tasks: list[asyncio.Task] = []
     try:
         if args.mode != "pub":
-            host.set_validator(g.TOPIC_TRAINING, make_validator())
+            host.set_validator(g.TOPIC_TRAINING, make_validator(args.run, args.chain_id))
         await host.start()
         if args.mode != "pub":
             for topic in (RAW_TOPIC, g.TOPIC_TRAINING):
@@ -153,7 +169,7 @@ async def main() -> int:
             line = line_task.result()
             if not line:
                 break
-            if not await handle(host, json.loads(line)):
+            if not await handle(host, json.loads(line), args):
                 break
     finally:
         for t in tasks:

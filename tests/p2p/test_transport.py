@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.test_gossip import OUTSIDER_KEY, TRAINER_KEYS, World
+
 pytestmark = pytest.mark.slow
 
 PEER = Path(__file__).with_name("peer.py")
@@ -27,11 +29,22 @@ TOPIC = "tenzro/training/1.0.0"
 RAW = "tenzro/test/raw"
 
 
+def write_run(tmp: Path) -> Path:
+    """The Training run (real trainer keys) every validating peer checks against, as JSON."""
+    path = tmp / "run.json"
+    if not path.exists():
+        world = World()
+        world.to_training()
+        path.write_text(json.dumps(world.run.to_dict()))
+    return path
+
+
 class Peer:
     """One peer process; its stdout JSON lines are collected by a reader thread."""
 
     def __init__(self, tmp: Path, name: str, mode: str, bootstrap: tuple[str, ...] = ()) -> None:
-        args = [sys.executable, str(PEER), "--key", str(tmp / f"{name}.key"), "--mode", mode]
+        args = [sys.executable, str(PEER), "--key", str(tmp / f"{name}.key"), "--mode", mode,
+                "--run", str(write_run(tmp)), "--trainer-key", TRAINER_KEYS[0].hex(), "--outsider-key", OUTSIDER_KEY.hex()]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
         self.name = name
