@@ -1,0 +1,123 @@
+"""Gossip payload throughput, one peer process to another, against a raw TCP transfer on loopback.
+
+For each payload size (1 MiB and 16 MiB) a publisher process (tests/p2p/peer.py --mode pub) sends
+one outer-gradient payload as signed PayloadChunks; a subscriber process validates every chunk
+(real gossip rules, EIP-712 signature), reassembles and hash-checks it. Time = from the publisher's
+"publishing" event to the subscriber's "payload" event (both CLOCK_MONOTONIC, system-wide on Linux).
+The baseline is the same number of bytes through a plain TCP socket on 127.0.0.1 in this run.
+Target: gossip >= 0.3x raw TCP for 16 MiB.
+
+Usage: .venv/bin/python scripts/bench_gossip.py [--repeat N]
+
+Hook for more measurements (e.g. "finalize to 8 trainers holding the new model"): append a
+function ``fn(tmp: Path) -> dict`` to ``EXTRA_MEASUREMENTS``; main() runs each after the payload
+benchmark and prints its dict as one JSON line. ``spawn_peers`` and ``Peer`` are reusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.p2p.test_transport import Peer  # noqa: E402  (spawns tests/p2p/peer.py, reads its JSON events)
+
+SIZES = (1 << 20, 16 << 20)
+TOPIC = "tenzro/training/1.0.0"
+
+EXTRA_MEASUREMENTS: list[Callable[[Path], dict]] = []
+"""More measurements to run after the payload benchmark (integration: finalize -> 8 trainers)."""
+
+
+def spawn_peers(tmp: Path) -> tuple[Peer, Peer]:
+    """A validating subscriber and a publisher connected to it, with the topic mesh formed."""
+    sub = Peer(tmp, "sub", "sub")
+    pub = Peer(tmp, "pub", "pub", (sub.addr,))
+    pub.send(cmd="wait_peers", topic=TOPIC, count=1)
+    pub.expect("peers")
+    return sub, pub
+
+
+def measure_gossip(sub: Peer, pub: Peer, size: int) -> float:
+    """Seconds from the first publish to the verified, reassembled payload at the subscriber."""
+    pub.send(cmd="publish_payload", size=size, kind="good")
+    start = pub.expect("publishing")["t"]
+    done = sub.expect("payload", lambda e: e["size"] == size)
+    pub.expect("published")
+    return done["t"] - start
+
+
+def measure_raw_tcp(size: int) -> float:
+    """Seconds to push ``size`` bytes through a loopback TCP socket to a reader that consumes them."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    finished = threading.Event()
+    result: list[float] = []
+
+    def reader() -> None:
+        conn, _ = server.accept()
+        got = 0
+        while got < size:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        result.append(time.monotonic())
+        conn.close()
+        finished.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    data = b"\xab" * size
+    client = socket.create_connection(("127.0.0.1", port))
+    start = time.monotonic()
+    client.sendall(data)
+    finished.wait(60)
+    client.close()
+    server.close()
+    return result[0] - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        sub, pub = spawn_peers(tmp)
+        try:
+            for size in SIZES:
+                gossip = statistics.median(measure_gossip(sub, pub, size) for _ in range(args.repeat))
+                raw = statistics.median(measure_raw_tcp(size) for _ in range(args.repeat))
+                mib = size / (1 << 20)
+                print(json.dumps({
+                    "measurement": "payload_throughput",
+                    "size_mib": mib,
+                    "gossip_s": round(gossip, 4),
+                    "gossip_mib_s": round(mib / gossip, 1),
+                    "raw_tcp_s": round(raw, 4),
+                    "raw_tcp_mib_s": round(mib / raw, 1),
+                    "ratio": round(raw / gossip, 4),
+                }), flush=True)
+            stats = sub.stats()
+            print(json.dumps({"measurement": "subscriber_stats", **{k: stats[k] for k in (
+                "delivered", "rejected", "ignored", "dropped")}}), flush=True)
+        finally:
+            pub.quit()
+            sub.quit()
+        for fn in EXTRA_MEASUREMENTS:
+            print(json.dumps({"measurement": fn.__name__, **fn(tmp)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
