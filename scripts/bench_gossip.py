@@ -35,8 +35,22 @@ from tests.p2p.test_transport import Peer  # noqa: E402  (spawns tests/p2p/peer.
 SIZES = (1 << 20, 16 << 20)
 TOPIC = "tenzro/training/1.0.0"
 
-EXTRA_MEASUREMENTS: list[Callable[[Path], dict]] = []
-"""More measurements to run after the payload benchmark (integration: finalize -> 8 trainers)."""
+def finalize_to_8_trainers(tmp: Path) -> dict:
+    """Time from the node publishing RoundFinalized (1M-parameter model, chunked weights) to the
+    last of 8 trainers holding the new global model with its hash verified."""
+    import asyncio
+    import statistics
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_gossip_finalize import bench_finalize_to_trainers
+
+    times = asyncio.run(bench_finalize_to_trainers(8, 1_000_000, 3))
+    return {"trainers": 8, "params": 1_000_000, "median_ms": round(statistics.median(times) * 1000),
+            "rounds": len(times)}
+
+
+EXTRA_MEASUREMENTS: list[Callable[[Path], dict]] = [finalize_to_8_trainers]
+"""More measurements to run after the payload benchmark."""
 
 
 def spawn_peers(tmp: Path) -> tuple[Peer, Peer]:
