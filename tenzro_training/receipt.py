@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.addresses import Address, AddressError, format_address, parse_address
+from tenzro_training.jsonfields import decode_address, decode_hex
+from tenzro_training.addresses import Address, format_address
 from tenzro_training.errors import EncodingError, InvalidState, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
 from tenzro_training.records import HASH_LENGTH, FinalModelRecord, RoundRecord, compute_run_leaves
@@ -76,22 +77,11 @@ def _check_bytes(path: str, value: object, length: int) -> bytes:
 
 
 def _unhex(path: str, value: object) -> bytes:
-    if not isinstance(value, str) or len(value) != 2 + 2 * HASH_LENGTH or not value.startswith("0x"):
-        raise _fail(path, f"expected 0x + 64 hex digits, got {value!r}")
-    try:
-        raw = bytes.fromhex(value[2:])
-    except ValueError:
-        raise _fail(path, f"not hex: {value!r}") from None
-    if value != "0x" + raw.hex():
-        raise _fail(path, "hex must be lowercase")
-    return raw
+    return decode_hex(f"receipt {path}", value, HASH_LENGTH)
 
 
 def _unaddress(path: str, value: object) -> Address:
-    try:
-        return parse_address(value)
-    except AddressError as exc:
-        raise _fail(path, exc.reason) from None
+    return decode_address(f"receipt {path}", value)
 
 
 def _obj(path: str, value: object, keys: tuple[str, ...]) -> Mapping[str, Any]:

@@ -39,8 +39,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tenzro_training.jsonfields import decode_address, decode_amount, decode_hex, encode_hex
 from tenzro_training import auth
-from tenzro_training.addresses import Address, AddressError, format_address, parse_address
+from tenzro_training.addresses import Address, format_address, parse_address
 from tenzro_training.election import RankedCandidate, compute_election_seed, rank_candidates, validate_ticket
 from tenzro_training.errors import EncodingError, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
@@ -117,35 +118,19 @@ def _int(path: str, value: object, maximum: int = 2**64 - 1, minimum: int = 0) -
 
 
 def _unhex(path: str, value: object, length: int) -> bytes:
-    if not isinstance(value, str) or len(value) != 2 + 2 * length or not value.startswith("0x"):
-        raise _fail(path, f"expected 0x + {2 * length} hex digits")
-    try:
-        raw = bytes.fromhex(value[2:])
-    except ValueError:
-        raise _fail(path, "not hex") from None
-    if value != "0x" + raw.hex():
-        raise _fail(path, "hex must be lowercase")
-    return raw
+    return decode_hex(f"attestations {path}", value, length)
 
 
 def _unaddress(path: str, value: object) -> Address:
-    try:
-        return parse_address(value)
-    except AddressError as exc:
-        raise _fail(path, exc.reason) from None
+    return decode_address(f"attestations {path}", value)
 
 
 def _unamount(path: str, value: object) -> int:
-    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or (len(value) > 1 and value[0] == "0"):
-        raise _fail(path, f"expected a decimal string, got {value!r}")
-    amount = int(value)
-    if amount >= _U256:
-        raise _fail(path, "exceeds uint256")
-    return amount
+    return decode_amount(f"attestations {path}", value)
 
 
 def _hex(value: bytes) -> str:
-    return "0x" + value.hex()
+    return encode_hex(value)
 
 
 # --- the attestations --------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.addresses import Address, AddressError, format_address, parse_address
+from tenzro_training.jsonfields import decode_address, decode_hex
+from tenzro_training.addresses import Address, format_address
 from tenzro_training.election import RankedCandidate
 from tenzro_training.errors import EncodingError, TenzroError
 from tenzro_training.records import (
@@ -143,9 +144,7 @@ def _opt_hex(value: bytes | None) -> str | None:
 
 
 def _unhex(path: str, value: object, length: int) -> bytes:
-    if not isinstance(value, str) or not re.fullmatch(r"0x[0-9a-f]*", value) or len(value) != 2 + 2 * length:
-        raise _fail(path, f"expected 0x + {2 * length} lowercase hex digits, got {value!r}")
-    return bytes.fromhex(value[2:])
+    return decode_hex(f"run state {path}", value, length)
 
 
 def _opt_unhex(path: str, value: object, length: int) -> bytes | None:
@@ -153,10 +152,7 @@ def _opt_unhex(path: str, value: object, length: int) -> bytes | None:
 
 
 def _unaddress(path: str, value: object) -> Address:
-    try:
-        return parse_address(value)
-    except AddressError as exc:
-        raise _fail(path, exc.reason) from None
+    return decode_address(f"run state {path}", value)
 
 
 def _amount_str(value: int) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from storage.files import write_file_atomically
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.addresses import Address, format_address, parse_address
@@ -841,25 +842,7 @@ class NodeService:
 
     def _write_model_file(self, task_id: str) -> None:
         """Write the final model file atomically: temporary file, fsync, rename, fsync dir."""
-        data = self.export_final_model(task_id)
-        path = self._model_file(task_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_file_atomically(self._model_file(task_id), self.export_final_model(task_id))
 
     # --- lifecycle ------------------------------------------------------------------------------
 

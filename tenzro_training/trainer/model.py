@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from torch import Tensor, nn
 
+from storage.files import write_file_atomically
 from tenzro_training.errors import CheckpointError, SpecError
 from tenzro_training.trainer import TrainerError
 
@@ -367,17 +367,7 @@ def save_checkpoint(
     """
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
     data = safetensors.torch.save(tensors, metadata=dict(metadata) if metadata else None)
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomically(path, data)
     return _sha256_hex(data)
 
 
