@@ -61,22 +61,33 @@ def _reset_peak() -> bool:
         return False
 
 
-def measure(fn: Callable[[], object], reps: int) -> tuple[float, float | None]:
-    """(best wall seconds over ``reps`` calls, peak extra bytes during the first call or None)."""
+def measure_once(fn: Callable[[], object], with_memory: bool) -> tuple[float, float | None]:
+    """(wall seconds of one call, peak extra resident bytes during it or None)."""
     gc.collect()
-    can_reset = _reset_peak()
+    can_reset = with_memory and _reset_peak()
     base = _status_kib("VmRSS")
-    best = float("inf")
-    peak: float | None = None
-    for rep in range(reps):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-        if rep == 0 and can_reset:
-            peak = max(0, _status_kib("VmHWM") - base) * 1024.0
-        del result
-        gc.collect()
-    return best, peak
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+    peak = max(0, _status_kib("VmHWM") - base) * 1024.0 if can_reset else None
+    del result
+    gc.collect()
+    return seconds, peak
+
+
+def measure_interleaved(cases: list[tuple[str, Callable[[], object], int]]) -> dict[str, tuple[float, float | None]]:
+    """Best time per case, repeats interleaved round-robin so a burst of load on the (shared)
+    machine hits every case alike instead of one; memory from each case's first call."""
+    best: dict[str, float] = {}
+    memory: dict[str, float | None] = {}
+    for rep in range(max(r for _, _, r in cases)):
+        for label, fn, reps in cases:
+            if rep < reps:
+                seconds, peak = measure_once(fn, with_memory=rep == 0)
+                best[label] = min(best.get(label, float("inf")), seconds)
+                if rep == 0:
+                    memory[label] = peak
+    return {label: (best[label], memory[label]) for label, _, _ in cases}
 
 
 # --- naive torch baselines -----------------------------------------------------------------------
@@ -118,27 +129,12 @@ def run_case(k: int, n: int, dtype_name: str, reps: int, naive_reps: int, naive_
     alpha = 2500
     f = min(2, (k - 3) // 2)
     t = AggregationRule.trimmed_mean(alpha).trimmed_per_side(k)
-    rows: list[tuple] = []
-
-    floor, floor_mem = measure(lambda: x.clone(), max(reps, 5))
-    rows.append(("floor: clone of stacked inputs", None, floor, floor_mem))
-
     krum_inputs = xs if naive_krum_n is None else [r[:naive_krum_n] for r in xs]
     krum_scale = 1.0 if naive_krum_n is None else n / naive_krum_n
-    naive = [
-        ("naive: stack + mean", lambda: naive_mean(xs)),
-        ("naive: torch.median (lower)", lambda: naive_median(xs)),
-        (f"naive: sort trimmed mean t={t}", lambda: naive_trimmed_mean(xs, t)),
-        (f"naive: pairwise-loop Krum f={f}", lambda: naive_krum(krum_inputs, f)),
-    ]
-    for label, fn in naive:
-        seconds, mem = measure(fn, naive_reps)
-        if "Krum" in label and naive_krum_n is not None:
-            label += f" (N={naive_krum_n}, time x{krum_scale:.0f})"
-            seconds *= krum_scale
-            mem = None
-        rows.append((label, None, seconds, mem))
-
+    naive_krum_label = f"naive: pairwise-loop Krum f={f}"
+    if naive_krum_n is not None:
+        naive_krum_label += f" (N={naive_krum_n:,}, time x{krum_scale:.0f})"
+    detail = {"TrimmedMean": f" alpha={alpha} (t={t})", "Krum": f" f={f}", "Multi-Krum": f" f={f} m={k - f}"}
     ours = [
         ("Mean", AggregationRule.mean(), None),
         ("CoordinateMedian", AggregationRule.coordinate_median(), None),
@@ -146,10 +142,26 @@ def run_case(k: int, n: int, dtype_name: str, reps: int, naive_reps: int, naive_
         ("Krum", AggregationRule.krum(f), None),
         ("Multi-Krum", AggregationRule.krum(f), k - f),
     ]
+    cases: list[tuple[str, Callable[[], object], int]] = [
+        ("floor: clone of stacked inputs", lambda: x.clone(), reps),
+        ("naive: stack + mean", lambda: naive_mean(xs), naive_reps),
+        ("naive: torch.median (lower)", lambda: naive_median(xs), naive_reps),
+        (f"naive: sort trimmed mean t={t}", lambda: naive_trimmed_mean(xs, t), naive_reps),
+        (naive_krum_label, lambda: naive_krum(krum_inputs, f), naive_reps),
+    ]
+    names: dict[str, str] = {}
     for name, rule, m in ours:
-        seconds, mem = measure(lambda: aggregate(rule, x, multi_krum_m=m), reps)
-        detail = {"TrimmedMean": f" alpha={alpha} (t={t})", "Krum": f" f={f}", "Multi-Krum": f" f={f} m={m}"}
-        rows.append((f"ours: {name}{detail.get(name, '')}", name, seconds, mem))
+        label = f"ours: {name}{detail.get(name, '')}"
+        names[label] = name
+        cases.append((label, lambda rule=rule, m=m: aggregate(rule, x, multi_krum_m=m), reps))
+    measured = measure_interleaved(cases)
+    floor = measured[cases[0][0]][0]
+    rows: list[tuple] = []
+    for label, _, _ in cases:
+        seconds, mem = measured[label]
+        if label == naive_krum_label and naive_krum_n is not None:
+            seconds, mem = seconds * krum_scale, None
+        rows.append((label, names.get(label), seconds, mem))
 
     lines = []
     for label, name, seconds, mem in rows:
@@ -180,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=200_000_000 // 12, help="coordinates per input")
     parser.add_argument("--ks", type=int, nargs="+", default=[8, 6, 32])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
-    parser.add_argument("--reps", type=int, default=5, help="repeats of our rules (best is kept)")
+    parser.add_argument("--reps", type=int, default=4, help="repeats of our rules (best is kept)")
     parser.add_argument("--naive-reps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's, i.e. all cores); results never depend on it")
     parser.add_argument("--naive-krum-max-pairs", type=int, default=120,
                         help="above this many pairs the pairwise-loop Krum runs on a prefix of N and is scaled")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     for k in args.ks:
