@@ -35,6 +35,7 @@ to :func:`validate_signer`. Pure core: no I/O.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
@@ -338,10 +339,43 @@ def compute_signable(msg: SignedMessageType, chain_id: int = DEFAULT_CHAIN_ID) -
 def compute_digest(msg: SignedMessageType, chain_id: int = DEFAULT_CHAIN_ID) -> bytes:
     """The 32-byte EIP-712 digest that is signed: keccak256(0x1901 || domainSeparator || hashStruct).
 
-    Exposed so that other implementations (Solidity, Rust) can be checked against it.
+    Computed directly from the EIP-712 rules for our fixed, flat message types (string ->
+    keccak of its UTF-8, bytes32 as is, address left-padded, uint big-endian in 32 bytes), with
+    the type hashes and the domain separator cached: eth-account's general ``encode_typed_data``
+    costs ~0.6 ms a call, which was a tenth of a 1 MiB submitOuterGradient. A test checks this
+    against eth-account's encoder for every type (``compute_signable``). Exposed so that other
+    implementations (Solidity, Rust) can be checked against it.
     """
-    signable = compute_signable(msg, chain_id)
-    return keccak(b"\x19" + bytes(signable.version) + signable.header + signable.body)
+    if not isinstance(msg, _MESSAGE_TYPES):
+        raise MalformedMessage("msg", f"not a signed message type: {type(msg).__name__}")
+    words = [_type_hash(type(msg))]
+    for _, kind, attr in msg._FIELDS:
+        value = getattr(msg, attr)
+        if kind == "string":
+            words.append(keccak(value.encode("utf-8")))
+        elif kind == "bytes32":
+            words.append(value)
+        elif kind == "address":
+            words.append(bytes(12) + value)
+        else:
+            words.append(value.to_bytes(32, "big"))
+    return keccak(b"\x19\x01" + _domain_separator(_validate_chain_id(chain_id)) + keccak(b"".join(words)))
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hash(cls: type) -> bytes:
+    return keccak(cls.eip712_type().encode("ascii"))
+
+
+@functools.lru_cache(maxsize=64)
+def _domain_separator(chain_id: int) -> bytes:
+    domain_type = "EIP712Domain(" + ",".join(f"{d['type']} {d['name']}" for d in _DOMAIN_TYPE) + ")"
+    return keccak(
+        keccak(domain_type.encode("ascii"))
+        + keccak(DOMAIN_NAME.encode("utf-8"))
+        + keccak(DOMAIN_VERSION.encode("utf-8"))
+        + chain_id.to_bytes(32, "big")
+    )
 
 
 def _split_signature(signature: object) -> tuple[int, int, int]:
@@ -411,9 +445,9 @@ def recover_signer(msg: SignedMessageType, signature: bytes, chain_id: int = DEF
     :func:`validate_signer`.
     """
     v, r, s = _split_signature(signature)
-    signable = compute_signable(msg, chain_id)
+    digest = compute_digest(msg, chain_id)
     try:
-        return str(Account.recover_message(signable, vrs=(v, r, s)))
+        return str(Account._recover_hash(digest, vrs=(v, r, s)))
     except (BadSignature, ValidationError) as exc:
         # r passed the range check but is not the x-coordinate of a curve point (or the point
         # recovers to infinity): there is no signer.

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenzro_training.addresses import format_address, parse_address
+from tenzro_training import auth
 from tenzro_training.auth import (
     DEFAULT_CHAIN_ID,
     SECP256K1_N,
@@ -431,3 +432,29 @@ def test_validate_signer_rejects_malformed_expected_address() -> None:
 def test_format_of_recovered_address_is_eip55() -> None:
     recovered = recover_signer(MESSAGES[3], GOOD)
     assert recovered == format_address(parse_address(recovered))
+
+
+@given(
+    task_id=st.text(min_size=1, max_size=40),
+    round_=st.integers(min_value=0, max_value=2**64 - 1),
+    fragment=st.integers(min_value=0, max_value=2**32 - 1),
+    payload_hash=st.binary(min_size=32, max_size=32),
+    stake=st.integers(min_value=0, max_value=2**256 - 1),
+    trainer=st.binary(min_size=20, max_size=20),
+    chain_id=st.integers(min_value=1, max_value=2**64),
+)
+def test_direct_digest_equals_eth_account_encoder(task_id, round_, fragment, payload_hash, stake, trainer, chain_id) -> None:
+    """compute_digest is a hand-written fast path; eth-account's general encoder is the reference."""
+    from eth_hash.auto import keccak as _keccak
+
+    msgs = [
+        auth.PostTask(task_id=task_id, spec_hash=payload_hash),
+        auth.EnrollTrainer(task_id=task_id, did="did:tenzro:machine:x", trainer=trainer, stake=stake),
+        auth.SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=payload_hash),
+        auth.FinalizeRound(task_id=task_id, round=round_),
+        auth.CancelTask(task_id=task_id),
+    ]
+    for msg in msgs:
+        signable = auth.compute_signable(msg, chain_id)
+        reference = _keccak(b"\x19" + bytes(signable.version) + signable.header + signable.body)
+        assert auth.compute_digest(msg, chain_id) == reference
