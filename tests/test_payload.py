@@ -609,3 +609,22 @@ def test_fuzz_mutated_json_headers_raise_only_payload_error(which, path, value) 
         node[key] = value
         break
     _decode_or_payload_error(join(doc, body), which[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_zero_copy_decode_equals_copying_decode(dtype: str) -> None:
+    """zero_copy=True gives a view for float32 payloads and a copy otherwise; values are identical."""
+    import numpy as np
+
+    from tenzro_training.fragments import compute_fragment_layouts
+    from tenzro_training.payload import PayloadHeader, decode_payload, encode_payload
+
+    state = {"a": torch.randn(3, 5), "b": torch.randn(7), "c": torch.randn(2, 2)}
+    for layout in compute_fragment_layouts(state, 2):
+        header = PayloadHeader("t", 0, layout.index, "raw", layout.layout_hash())
+        data = encode_payload(header, layout, torch.randn(layout.numel), dtype=dtype)
+        copied = decode_payload(data, layout, max_bytes=1 << 20).flat_fp32()
+        viewed = decode_payload(data, layout, max_bytes=1 << 20, zero_copy=True).flat_fp32()
+        assert torch.equal(copied, viewed)
+        shares = np.shares_memory(viewed.numpy(), np.frombuffer(data, dtype=np.uint8))
+        assert shares == (dtype == "float32")
