@@ -190,7 +190,10 @@ def compute_round_update(
     for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
         header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
         grads = [
-            decode_payload(data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True).flat_fp32()
+            # No second NaN/Inf scan here: aggregate() scans its inputs and raises on any.
+            decode_payload(
+                data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True, check_finite=False
+            ).flat_fp32()
             for _, data in subs
         ]
         result = aggregate(rule, grads)

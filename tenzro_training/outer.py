@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tenzro_training.fragments import is_all_finite
 from tenzro_training.errors import AggregationError, SpecError
 
 if TYPE_CHECKING:
@@ -178,6 +179,6 @@ def apply_outer_step(
     new_b = torch.add(torch.mul(b, mu), g)
     step = torch.mul(torch.add(g, torch.mul(new_b, mu)), lr)
     new_w = torch.sub(w, step)
-    if not bool(torch.isfinite(new_w).all()) or not bool(torch.isfinite(new_b).all()):
+    if not is_all_finite(new_w) or not is_all_finite(new_b):
         raise OuterStepError("outer step produced a non-finite weight or momentum value")
     return new_w, new_b

@@ -73,3 +73,30 @@ def test_round_update_is_reproducible_bit_for_bit() -> None:
     assert a.model_hash == b.model_hash
     assert a.outcomes == b.outcomes
     assert [bytes(w.numpy().tobytes()) for w in a.weights] == [bytes(w.numpy().tobytes()) for w in b.weights]
+
+
+def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> None:
+    """The round update skips the decoder's NaN scan; aggregation must still refuse the input."""
+    import pytest
+
+    from tenzro_training.aggregation import NonFiniteInputError
+
+    spec = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    inputs = _inputs(spec, initial.model, 0)
+    lay = initial.model.layouts[0]
+    bad = torch.zeros(lay.numel)
+    bad[1] = float("nan")
+    # Built by hand: encode_payload itself refuses NaN, as a trainer's honest encoder would.
+    import struct, json as _json
+
+    good = inputs[0][0][1]
+    n = struct.unpack("<Q", good[:8])[0]
+    header = _json.loads(good[8 : 8 + n])
+    body = bytearray(good[8 + n :])
+    first = min(v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    body[first + 4 : first + 8] = struct.pack("<f", float("nan"))
+    inputs[0][0] = (inputs[0][0][0], good[: 8 + n] + bytes(body))
+    momentum = [compute_initial_momentum(l.numel) for l in initial.model.layouts]
+    with pytest.raises(NonFiniteInputError):
+        compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
