@@ -273,9 +273,9 @@ def aggregate(
             _selection.median_into(rows, out)
         else:
             _selection.trimmed_mean_into(rows, out, trimmed)
-    if n and rule.kind is not RuleKind.COORDINATE_MEDIAN and (multi_krum_m or rule.kind is not RuleKind.KRUM):
-        # Sums of finite float32 values can overflow; medians and Krum's pick cannot.
-        if not _is_all_finite(out):
-            raise AggregationOverflowError(rule)
+    # Sums of finite float32 values can overflow; a median or Krum's single pick cannot.
+    sums = rule.kind in (RuleKind.MEAN, RuleKind.TRIMMED_MEAN) or multi_krum_m is not None
+    if n and sums and not _is_all_finite(out):
+        raise AggregationOverflowError(rule)
     report = AggregationReport(rule, k, trimmed, selected, selected_set, scores)
     return AggregationResult(out.reshape(shape), report)
