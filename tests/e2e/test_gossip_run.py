@@ -12,11 +12,8 @@ trainer ends holding the receipt's final model hash.
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,13 +22,12 @@ import pytest
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
     REPO,
-    STARTUP_TIMEOUT_S,
     NodeProcess,
     TinyModel,
     _child_env,
     new_task,
-    node_command,
     rpc,
+    start_node,
     write_config,
 )
 
@@ -42,42 +38,12 @@ RUN_TIMEOUT_S = 90.0
 
 
 def start_p2p_node(tmp_path: Path) -> tuple[NodeProcess, str]:
-    """A dev node with gossip on; returns it and its p2p multiaddr (read from stdout)."""
-    data_dir = tmp_path / "node" / "data"
-    data_dir.mkdir(parents=True)
+    """A dev node with gossip on; returns it and its p2p multiaddr (printed before "listening")."""
     config = write_config(tmp_path / "node.json")
-    stderr_path = tmp_path / "node.stderr"
-    err = stderr_path.open("w")
-    cmd = node_command(data_dir, config) + ["--p2p-listen", "/ip4/127.0.0.1/tcp/0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
-    err.close()
-    lines: queue.Queue[str | None] = queue.Queue()
-    collected: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            collected.append(line)
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    p2p_addr = None
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            proc.kill()
-            raise AssertionError(f"node did not start:\n{stderr_path.read_text()}") from None
-        if line is None:
-            raise AssertionError(f"node exited with {proc.wait()}:\n{stderr_path.read_text()}")
-        if line.startswith("tenzro node p2p "):
-            p2p_addr = line.split()[3]
-        if line.startswith("tenzro node listening on "):
-            assert p2p_addr is not None, "the p2p line must come before the listening line"
-            url = line.split(" on ", 1)[1].split(" ", 1)[0] + "/"
-            return NodeProcess(data_dir, config, proc, url, stderr_path, collected), p2p_addr
+    node = start_node(tmp_path / "node" / "data", config, extra_args=("--p2p-listen", "/ip4/127.0.0.1/tcp/0"))
+    addrs = [line.split()[3] for line in list(node.stdout_lines) if line.startswith("tenzro node p2p ")]
+    assert addrs, "the node printed no p2p address before listening"
+    return node, addrs[0]
 
 
 class Child:
