@@ -21,15 +21,17 @@ same fp32 state (docs/node.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from tenzro_training.aggregation import AggregationReport, aggregate
+from tenzro_training.errors import FragmentError
 from tenzro_training.fragments import (
     FragmentLayout,
+    ModelHashStream,
     TensorSpec,
     compute_aggregate_hash,
     compute_fragment_layouts,
@@ -44,10 +46,16 @@ from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
 from tenzro_training.records import FragmentOutcome
 from tenzro_training.spec import TrainingTaskSpec
 
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
 __all__ = [
+    "INLINE",
     "InitialModel",
     "ModelLayout",
+    "Pending",
     "RoundUpdate",
+    "Worker",
     "compute_full_state",
     "compute_initial_model",
     "compute_model_file_bytes",
@@ -115,8 +123,22 @@ def compute_full_state(model: ModelLayout, fragments: Sequence[torch.Tensor]) ->
 
 
 def compute_state_model_hash(model: ModelLayout, fragments: Sequence[torch.Tensor]) -> bytes:
-    """The global model hash of these fragment weights (over the full scattered fp32 state)."""
-    return compute_model_hash(compute_full_state(model, fragments))
+    """The global model hash of these fragment weights: ``compute_model_hash`` of the fp32 state
+    they scatter into, streamed fragment by fragment without building that state."""
+    if len(fragments) != len(model.layouts):
+        raise ValueError(f"{len(fragments)} fragments for {len(model.layouts)} layouts")
+    stream = ModelHashStream(model.specs)
+    for lay, flat in zip(model.layouts, fragments):
+        _check_fragment_length(lay, flat)
+        stream.update(flat)
+    return stream.digest()
+
+
+def _check_fragment_length(layout: FragmentLayout, flat: torch.Tensor) -> None:
+    # The stream only counts elements; a wrong split must not hash like the right one.
+    if not isinstance(flat, torch.Tensor) or flat.numel() != layout.numel:
+        got = flat.numel() if isinstance(flat, torch.Tensor) else type(flat).__name__
+        raise FragmentError(f"fragment {layout.index} has {got} elements, its layout {layout.numel}")
 
 
 def compute_model_file_bytes(
@@ -162,6 +184,41 @@ class RoundUpdate:
     """Hash of the new global model."""
 
 
+class Pending(Protocol[_T_co]):
+    """A job's eventual result (``concurrent.futures.Future`` is one)."""
+
+    def result(self) -> _T_co: ...
+
+
+class Worker(Protocol):
+    """Where :func:`compute_round_update` runs each fragment's tail (aggregate hash, outer step,
+    model-hash feed). ``concurrent.futures.ThreadPoolExecutor`` is one; :data:`INLINE` runs
+    each job at once. Results are the same bits whichever runs them: only the overlap differs."""
+
+    def submit(self, fn: Callable[[], _T], /) -> Pending[_T]: ...
+
+
+class _Done(Generic[_T]):
+    __slots__ = ("_value",)
+
+    def __init__(self, value: _T) -> None:
+        self._value = value
+
+    def result(self) -> _T:
+        return self._value
+
+
+class _InlineWorker:
+    """Runs a job when it is submitted, on the caller's thread (a job's error raises there)."""
+
+    def submit(self, fn: Callable[[], _T], /) -> Pending[_T]:
+        return _Done(fn())
+
+
+INLINE: Worker = _InlineWorker()
+"""The default worker: no concurrency at all."""
+
+
 def compute_round_update(
     spec: TrainingTaskSpec,
     model: ModelLayout,
@@ -171,6 +228,7 @@ def compute_round_update(
     momentum: Sequence[torch.Tensor],
     *,
     max_payload_bytes: int,
+    worker: Worker = INLINE,
 ) -> RoundUpdate:
     """Aggregate and step every fragment of ``round``.
 
@@ -178,13 +236,19 @@ def compute_round_update(
     (``run_state.get_accepted_submissions``). Payloads are decoded against the fragment's
     layout and the expected header (task, round, f, raw, layout hash). Raises PayloadError,
     AggregationError or OuterStepError (the round cannot be finalized from these inputs).
+
+    ``worker`` runs the aggregate hashes while the caller streams the new model's hash: the
+    two SHA-256 passes over the model are a large share of a finalize, and hashlib releases
+    the GIL, so a one-thread executor halves their wall time on two cores. They run after
+    every torch kernel, not alongside: on a small machine torch's intra-op threads already
+    fill every core (measured: overlapping made a finalize slower, not faster).
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)
     if not len(inputs) == len(weights) == len(momentum) == len(model.layouts):
         raise ValueError("one input list, weight and momentum vector per fragment expected")
-    outcomes: list[FragmentOutcome] = []
     reports: list[AggregationReport] = []
+    aggregates: list[torch.Tensor] = []
     new_weights: list[torch.Tensor] = []
     new_momentum: list[torch.Tensor] = []
     for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
@@ -197,21 +261,26 @@ def compute_round_update(
             for _, data in subs
         ]
         result = aggregate(rule, grads)
-        report = result.report
-        outcomes.append(
-            FragmentOutcome(
-                aggregate_hash=compute_aggregate_hash(lay, result.tensor),
-                accepted=tuple(trainer for trainer, _ in subs),
-                selected=report.selected if report.selected is not None else 0,
-                trimmed=report.trimmed_per_side,
-                report_hash=report.report_hash(),
-            )
-        )
-        reports.append(report)
+        reports.append(result.report)
+        aggregates.append(result.tensor)
         w2, m2 = apply_outer_step(w, m, result.tensor, cfg)
         new_weights.append(w2)
         new_momentum.append(m2)
-    return RoundUpdate(
-        tuple(outcomes), tuple(reports), tuple(new_weights), tuple(new_momentum),
-        compute_state_model_hash(model, new_weights),
+    aggregate_hashes = worker.submit(
+        lambda: [compute_aggregate_hash(lay, agg) for lay, agg in zip(model.layouts, aggregates)]
     )
+    try:
+        model_hash = compute_state_model_hash(model, new_weights)
+    finally:
+        hashes = aggregate_hashes.result()  # the job has returned before anything leaves
+    outcomes = tuple(
+        FragmentOutcome(
+            aggregate_hash=aggregate_hash,
+            accepted=tuple(trainer for trainer, _ in subs),
+            selected=report.selected if report.selected is not None else 0,
+            trimmed=report.trimmed_per_side,
+            report_hash=report.report_hash(),
+        )
+        for aggregate_hash, subs, report in zip(hashes, inputs, reports)
+    )
+    return RoundUpdate(outcomes, tuple(reports), tuple(new_weights), tuple(new_momentum), model_hash)

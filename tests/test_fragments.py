@@ -23,6 +23,7 @@ from tenzro_training.fragments import (
     compute_aggregate_hash,
     compute_fragment_layouts,
     compute_model_hash,
+    ModelHashStream,
     compute_raw_le_bytes,
     compute_tensor_hash,
     compute_tensor_specs,
@@ -342,6 +343,52 @@ def test_model_hash_is_independent_of_insertion_order(model, seed) -> None:
     items = list(state.items())
     random.Random(seed).shuffle(items)
     assert compute_model_hash(dict(items)) == compute_model_hash(state) == reference_model_hash(state)
+
+
+@settings(max_examples=80, deadline=None)
+@given(model=model_st, data=st.data())
+def test_model_hash_stream_equals_the_hash_of_the_scattered_state(model, data) -> None:
+    """Fed fragment by fragment (cuts inside tensors, empty tensors anywhere), the stream hashes
+    exactly the records compute_model_hash does over the fp32 state."""
+    specs = compute_tensor_specs([TensorSpec(n, s, "float32") for n, (s, _) in model.items()])
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))
+    state = {s.name: torch.randn(s.shape, generator=gen) for s in specs}
+    layouts = compute_fragment_layouts(state, data.draw(st.integers(1, sum(s.numel for s in specs))))
+    stream = ModelHashStream(specs)
+    for lay in layouts:
+        stream.update(gather_fragment(state, lay))
+    assert stream.digest() == compute_model_hash(state) == reference_model_hash(state)
+    assert stream.digest() == stream.digest()  # digest() does not consume the stream
+
+
+def test_model_hash_stream_accepts_any_cut_of_the_flat_model() -> None:
+    specs = compute_tensor_specs([TensorSpec("a", (2, 3), "float32"), TensorSpec("b", (0,), "float32"),
+                                  TensorSpec("c", (5,), "float32"), TensorSpec("d", (0, 2), "float32")])
+    flat = torch.arange(11, dtype=torch.float32) - 4.5
+    state = {"a": flat[:6].reshape(2, 3), "b": torch.zeros(0), "c": flat[6:], "d": torch.zeros(0, 2)}
+    for cuts in ([11], [6, 5], [1, 10], [3, 3, 1, 4], [0, 11, 0], [1] * 11):
+        stream, pos = ModelHashStream(specs), 0
+        for n in cuts:
+            stream.update(flat[pos : pos + n])
+            pos += n
+        assert stream.digest() == compute_model_hash(state), cuts
+
+
+def test_invalid_model_hash_stream_inputs() -> None:
+    specs = compute_tensor_specs([TensorSpec("a", (4,), "float32")])
+    stream = ModelHashStream(specs)
+    stream.update(torch.zeros(3))
+    with pytest.raises(FragmentError, match="3 of the model's 4"):
+        stream.digest()
+    with pytest.raises(FragmentError, match="more than the model's 4"):
+        stream.update(torch.zeros(2))
+    for bad in (torch.zeros(1, dtype=torch.float64), torch.zeros(1, 1), [0.0]):
+        with pytest.raises(FragmentError, match="1-D float32"):
+            stream.update(bad)  # type: ignore[arg-type]
+    with pytest.raises(FragmentError, match="ascending"):
+        ModelHashStream([TensorSpec("b", (1,), "float32"), TensorSpec("a", (1,), "float32")])
+    with pytest.raises(FragmentError, match="ascending"):
+        ModelHashStream([TensorSpec("a", (1,), "float32"), TensorSpec("a", (1,), "float32")])
 
 
 def test_model_hash_changes_with_any_byte() -> None:

@@ -100,3 +100,23 @@ def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> No
     momentum = [compute_initial_momentum(l.numel) for l in initial.model.layouts]
     with pytest.raises(NonFiniteInputError):
         compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+
+
+def test_round_update_on_a_thread_worker_gives_the_inline_bits() -> None:
+    """The node hashes on a one-thread executor; the result must not depend on it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = _spec({"TrimmedMean": {"alpha_bps": 3400}})
+    initial = compute_initial_model(_state(), 2)
+    inputs = _inputs(spec, initial.model, 0)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    inline = compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        threaded = compute_round_update(
+            spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20, worker=pool
+        )
+    assert threaded.model_hash == inline.model_hash
+    assert threaded.outcomes == inline.outcomes
+    assert all(torch.equal(a, b) for a, b in zip(threaded.weights, inline.weights))
+    assert all(torch.equal(a, b) for a, b in zip(threaded.momentum, inline.momentum))
+

@@ -27,6 +27,7 @@ import os
 from hashlib import sha256
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,9 @@ class NodeService:
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
+        # Finalize hashes and steps fragment f here while the caller aggregates f+1
+        # (global_model.compute_round_update); its one thread starts at the first finalize.
+        self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
@@ -557,6 +561,7 @@ class NodeService:
             update = compute_round_update(
                 ticked.spec, model, round, inputs, weights, momentum,
                 max_payload_bytes=max(largest, self._config.max_payload_bytes),
+                worker=self._finalize_worker,
             )
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
@@ -849,3 +854,4 @@ class NodeService:
     def close(self) -> None:
         """Refuse further calls. The store belongs to the caller and is not closed here."""
         self._closed = True
+        self._finalize_worker.shutdown(wait=True)
