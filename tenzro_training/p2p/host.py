@@ -76,7 +76,7 @@ class P2PConfig:
     """How a node or trainer joins the gossip network."""
 
     key_path: Path
-    """File holding the persisted ed25519 peer identity (created on first start, mode 0600)."""
+    """File holding the persisted peer identity key (secp256k1; created on first start, mode 0600)."""
     listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     """Multiaddrs to listen on (tcp/0 picks a free port; ``addrs`` reports the real ones)."""
     bootstrap: tuple[str, ...] = ()
@@ -196,7 +196,9 @@ class _TunedGossipSub(GossipSub):
 
     def _check_equivocation(self, msg: Any) -> bool:
         key = msg.from_id + msg.seqno
-        digest = hashlib.sha256(msg.data + b"\0" + "\0".join(msg.topicIDs).encode()).digest()
+        h = hashlib.sha256(msg.data)  # no msg.data + ... concatenation: that copies a 1 MiB chunk
+        h.update(b"\0" + "\0".join(msg.topicIDs).encode())
+        digest = h.digest()
         seen = self.equivocation_detection.get(key)
         if seen is None:
             self.equivocation_detection[key] = digest  # type: ignore[assignment]
