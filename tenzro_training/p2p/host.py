@@ -20,6 +20,9 @@ py-libp2p 0.8.1 loses messages silently with its defaults (see dependencies.md).
    task into an asyncio queue bounded by bytes (``max_inbox_bytes``; overflow counted as dropped);
 5. shutdown: ``stop`` waits (bounded) until every outbound queue is empty and no write is in flight.
 
+Bootstrap peers that are lost or unreachable are redialed every ``redial_interval_s`` (past
+py-libp2p's negative dial cache), so trainers find their node again after it restarts.
+
 Counters (``stats()``): published, delivered, rejected, ignored, dropped (outbound drops reported
 by the router + inbox overflows). Own messages are never delivered back to the publisher and never
 pass through the validators (validate before publishing if in doubt: the rules are pure).
@@ -91,6 +94,9 @@ class P2PConfig:
     """Longest ``stop`` waits for queued messages to be written."""
     connect_timeout_s: float = 10.0
     """Longest one dial (bootstrap or ``connect``) may take."""
+    redial_interval_s: float = 5.0
+    """How often a bootstrap peer without a pubsub stream is dialed again: a node that restarts
+    (or a dropped connection) must not strand the trainers that bootstrapped from it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key_path", Path(self.key_path))
@@ -105,7 +111,7 @@ class P2PConfig:
             raise ValueError("max_rpc_bytes must be an int in (1 MiB, 64 MiB]")
         if type(self.max_inbox_bytes) is not int or self.max_inbox_bytes < self.max_rpc_bytes:
             raise ValueError("max_inbox_bytes must be an int >= max_rpc_bytes")
-        for name in ("publish_timeout_s", "stop_timeout_s", "connect_timeout_s"):
+        for name in ("publish_timeout_s", "stop_timeout_s", "connect_timeout_s", "redial_interval_s"):
             if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive number")
 
@@ -131,6 +137,7 @@ class _Counters:
     ignored: int = 0  # trio
     dropped_outbound: int = 0  # trio
     dropped_inbox: int = 0  # asyncio
+    redials: int = 0  # trio: bootstrap peers reconnected after being lost or unreachable
 
 
 class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
@@ -294,11 +301,15 @@ class P2PHost:
                     self._nursery = nursery
                     self.peer_id = host.get_id().to_base58()
                     self.addrs = tuple(self._full_addrs())
+                    unreachable: set[str] = set()
                     for addr in cfg.bootstrap:
                         try:
                             await self._connect(addr)
                         except Exception as exc:  # noqa: BLE001 - a dead bootstrap peer is not fatal
-                            log.warning("bootstrap %s failed: %r", addr, exc)
+                            log.warning("bootstrap %s failed (retrying every %.1f s): %r", addr, cfg.redial_interval_s, exc)
+                            unreachable.add(addr)
+                    if cfg.bootstrap:
+                        nursery.start_soon(self._keep_bootstrap_connected, unreachable)
                     self._running = True
                     self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
                         lambda: ready.done() or ready.set_result(None)
@@ -492,6 +503,38 @@ class P2PHost:
             await self._host.connect(info)
             await self._pubsub.wait_for_peer(info.peer_id, timeout=self.config.connect_timeout_s)
 
+    async def _keep_bootstrap_connected(self, unreachable: set[str]) -> None:
+        """Every ``redial_interval_s``, dial each bootstrap peer that has no pubsub stream.
+        One warning when a peer is lost, one info line when it is back (no log flood)."""
+        pubsub = self._pubsub
+        assert pubsub is not None
+        targets = []
+        for addr in self.config.bootstrap:
+            try:
+                targets.append((addr, info_from_p2p_addr(multiaddr.Multiaddr(addr)).peer_id))
+            except Exception as exc:  # noqa: BLE001 - already reported by the first dial
+                log.warning("bootstrap %s is not a dialable /p2p/ multiaddr, not retried: %r", addr, exc)
+        while True:
+            await trio.sleep(self.config.redial_interval_s)
+            for addr, peer_id in targets:
+                if peer_id in pubsub.peers:
+                    unreachable.discard(addr)
+                    continue
+                if addr not in unreachable:
+                    log.warning("lost bootstrap peer %s; redialing every %.1f s", addr, self.config.redial_interval_s)
+                    unreachable.add(addr)
+                # py-libp2p's swarm refuses to dial a peer whose addresses all failed recently
+                # (a "negative cache"); a configured bootstrap peer is retried on our schedule.
+                self._host.get_network().unblock_peer(peer_id)
+                try:
+                    await self._connect(addr)
+                except Exception as exc:  # noqa: BLE001 - still down; try again next time
+                    log.debug("redial %s failed: %r", addr, exc)
+                    continue
+                unreachable.discard(addr)
+                self._counters.redials += 1
+                log.info("reconnected to bootstrap peer %s", addr)
+
     async def wait_for_peers(self, topic: str, count: int = 1, timeout: float = 10.0) -> None:
         """Wait until ``count`` peers would receive our publishes on ``topic`` (mesh members if we
         are subscribed, else peers subscribed to it). Raises P2PError on timeout."""
@@ -519,7 +562,8 @@ class P2PHost:
         self._counters.dropped_outbound += n
 
     def stats(self) -> dict[str, int]:
-        """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts."""
+        """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts,
+        and redials (bootstrap peers reconnected)."""
         c = self._counters
         return {
             "published": c.published,
@@ -529,4 +573,5 @@ class P2PHost:
             "dropped": c.dropped_outbound + c.dropped_inbox,
             "dropped_outbound": c.dropped_outbound,
             "dropped_inbox": c.dropped_inbox,
+            "redials": c.redials,
         }

@@ -133,6 +133,7 @@ async def main() -> int:
     p.add_argument("--key", required=True)
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--redial-interval", type=float, default=5.0, help="P2PConfig.redial_interval_s")
     p.add_argument("--mode", choices=("pub", "sub", "relay"), required=True)
     p.add_argument("--run", help="RunState JSON the validator checks against (sub/relay)")
     p.add_argument("--task-id", default="run-test")
@@ -146,7 +147,8 @@ async def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    host = P2PHost(P2PConfig(key_path=Path(args.key), listen=(args.listen,), bootstrap=tuple(args.bootstrap)))
+    host = P2PHost(P2PConfig(key_path=Path(args.key), listen=(args.listen,), bootstrap=tuple(args.bootstrap),
+                             redial_interval_s=args.redial_interval))
     tasks: list[asyncio.Task] = []
     try:
         if args.mode != "pub":

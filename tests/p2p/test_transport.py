@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,11 +43,13 @@ def write_run(tmp: Path) -> Path:
 class Peer:
     """One peer process; its stdout JSON lines are collected by a reader thread."""
 
-    def __init__(self, tmp: Path, name: str, mode: str, bootstrap: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, name: str, mode: str, bootstrap: tuple[str, ...] = (), *,
+                 extra: tuple[str, ...] = ()) -> None:
         args = [sys.executable, str(PEER), "--key", str(tmp / f"{name}.key"), "--mode", mode,
                 "--run", str(write_run(tmp)), "--trainer-key", TRAINER_KEYS[0].hex(), "--outsider-key", OUTSIDER_KEY.hex()]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
+        args += extra
         self.name = name
         self.proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
@@ -107,8 +110,8 @@ class Peer:
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Peer]]:
     peers: list[Peer] = []
 
-    def make(name: str, mode: str, bootstrap: tuple[str, ...] = ()) -> Peer:
-        peers.append(Peer(tmp_path, name, mode, bootstrap))
+    def make(name: str, mode: str, bootstrap: tuple[str, ...] = (), *extra: str) -> Peer:
+        peers.append(Peer(tmp_path, name, mode, bootstrap, extra=extra))
         return peers[-1]
 
     yield make
@@ -175,6 +178,29 @@ def test_sigkilled_peer_does_not_stall_the_others(spawn: Callable[..., Peer]) ->
     got = {c.expect("raw")["i"] for _ in range(400)}
     assert got == set(range(400))
     assert c.stats()["delivered"] == 400
+
+
+def test_a_restarted_bootstrap_peer_is_redialed(spawn: Callable[..., Peer]) -> None:
+    """A node that restarts (same key, same address) gets its trainers back without their help:
+    each one redials its bootstrap peer and gossip flows again."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = ("--listen", f"/ip4/127.0.0.1/tcp/{port}")
+    a = spawn("a", "pub", (), *listen)
+    b = spawn("b", "sub", (a.addr,), "--redial-interval", "0.2")
+    a.send(cmd="wait_peers", topic=RAW, count=1)
+    a.expect("peers")
+    assert b.stats()["redials"] == 0
+    a.kill()  # SIGKILL: no goodbye
+    again = spawn("a", "pub", (), *listen)  # same key file: same peer id, same address
+    assert again.addr == a.addr
+    again.send(cmd="wait_peers", topic=RAW, count=1)  # A dials no one: B must come back by itself
+    again.expect("peers")
+    again.send(cmd="publish_raw", count=50, size=100)
+    again.expect("published")
+    assert {b.expect("raw")["i"] for _ in range(50)} == set(range(50))
+    assert b.stats()["redials"] >= 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
