@@ -83,6 +83,7 @@ __all__ = [
     "compute_payload_chunks",
     "compute_round_finalized_chunks",
     "compute_model_chunks",
+    "check_signature_cached",
     "compute_stream_key",
     "get_topic",
     "validate_chunk_geometry",
@@ -786,13 +787,15 @@ def _get_run(ctx: GossipContext, task_id: str) -> RunState:
     return run
 
 
-def _check_signature(msg: SubmitOuterGradient | FinalizeRound, signature: bytes, signer: bytes, ctx: GossipContext,
-                     seen: SeenCache) -> None:
-    sig_key = ("sig", msg, signature, signer, ctx.chain_id)
+def check_signature_cached(msg: SubmitOuterGradient | FinalizeRound, signature: bytes, signer: bytes,
+                           chain_id: int, seen: SeenCache) -> None:
+    """[REJECT] unless ``signature`` over ``msg`` recovers to ``signer``; a good one is remembered
+    in ``seen``, so a stream's later chunks (same signature) cost no second recovery."""
+    sig_key = ("sig", msg, signature, signer, chain_id)
     if sig_key in seen:
         return  # recovered once already (every chunk of a stream carries the same signature)
     try:
-        validate_signer(msg, signature, signer, ctx.chain_id)
+        validate_signer(msg, signature, signer, chain_id)
     except AuthError as exc:
         raise GossipReject(f"bad signature: {exc}") from None
     seen.add(sig_key)
@@ -829,7 +832,7 @@ def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: S
         raise GossipReject(f"0x{msg.trainer.hex()} is not an enrolled, unslashed trainer of {msg.task_id}")
     # [REJECT] the trainer signed SubmitOuterGradient{taskId, round, fragment, payloadHash}.
     signed = SubmitOuterGradient(msg.task_id, msg.round, msg.fragment, msg.payload_hash)
-    _check_signature(signed, msg.signature, msg.trainer, ctx, seen)
+    check_signature_cached(signed, msg.signature, msg.trainer, ctx.chain_id, seen)
     seen.add(key)
 
 
@@ -978,7 +981,7 @@ def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, 
         if get_current_syncer(run) != msg.syncer:
             raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
     # [REJECT] the syncer signed FinalizeRound{taskId, round}.
-    _check_signature(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, ctx, seen)
+    check_signature_cached(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, ctx.chain_id, seen)
     seen.add(key)
 
 

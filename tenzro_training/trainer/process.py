@@ -23,7 +23,7 @@ function of (global model, round, shard). A trainer restarted after it submitted
 SAME payload, and the resubmission is an idempotent replay, never an equivocation.
 
 What it is NOT: the training math (``trainer/``), the protocol rules or message validation
-(``tenzro_training.gossip``), the libp2p host (``p2p/host.py``) or the node side
+(``tenzro_training.gossip``, ``gossip_trainer``), the libp2p host (``p2p/host.py``) or the node side
 (``node/gossip_bridge.py``).
 """
 
@@ -47,10 +47,12 @@ import numpy as np
 import torch
 
 from tenzro_training import auth
-from tenzro_training.errors import GossipReject, TenzroError
+from tenzro_training.errors import TenzroError
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
-from tenzro_training.payload import compute_payload_hash
+from tenzro_training.gossip import SeenCache
+from tenzro_training.gossip_trainer import TrainerGossipView, validate_gossip_as_trainer
+from tenzro_training.payload import compute_max_header_bytes, compute_payload_hash
 from tenzro_training.trainer import TrainerError
 
 __all__ = [
@@ -191,6 +193,11 @@ class _Inbox:
             self.sealed = msg
             self.changed.set()
 
+    def discard_finalized(self, round_: int) -> None:
+        """Forget a RoundFinalized that turned out not to match the round record, so another
+        (the real syncer's) can be reassembled for that round."""
+        self.finalized.pop(round_, None)
+
     async def wait(self, timeout: float) -> None:
         self.changed.clear()
         try:
@@ -215,12 +222,21 @@ class _Trainer:
         self.addr_bytes = _unhex(self.address)
         self.weights: list[torch.Tensor] | None = None
         self.held_hash: bytes | None = None
+        self.gossip_limits: tuple[int, int] | None = None
+        self.gossip_view: TrainerGossipView | None = None
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         return await asyncio.to_thread(self.client.call, method, params)
 
     async def get_run(self) -> dict[str, Any]:
-        return await self.call("tenzro_training_getRun", {"task_id": self.cfg.task_id})
+        view = await self.call("tenzro_training_getRun", {"task_id": self.cfg.task_id})
+        if self.gossip_limits is not None:
+            # What the topic validators (trio thread) read: swapped whole, never mutated.
+            max_payload, max_model = self.gossip_limits
+            self.gossip_view = TrainerGossipView.from_run_view(
+                view, chain_id=self.cfg.chain_id, max_payload_bytes=max_payload, max_model_bytes=max_model
+            )
+        return view
 
     def sign(self, msg: auth.SignedMessageType) -> bytes:
         return auth.sign_message(msg, self.cfg.private_key, self.cfg.chain_id)
@@ -364,24 +380,23 @@ class _Trainer:
                 msg, data = got
                 view = await self.get_run()
                 records = view["round_records"]
-                if len(records) <= round_:
-                    raise TrainerProcessError(f"RoundFinalized for round {round_} but the run has no record of it")
-                committed = _unhex(records[round_]["model_hash"])
-                syncer = _unhex(records[round_]["syncer"])
-                # The trainer holds getRun's view, not a RunState, so the checks
-                # validate_round_finalized_gossip makes on a node are made here, on the whole message.
-                if msg.syncer != syncer:
-                    raise TrainerProcessError(f"RoundFinalized round {round_} from {_hex(msg.syncer)}, the record names {_hex(syncer)}")
-                try:
-                    auth.validate_signer(auth.FinalizeRound(task_id=self.cfg.task_id, round=round_),
-                                         msg.syncer_signature, syncer, self.cfg.chain_id)
-                except auth.AuthError as exc:
-                    raise TrainerProcessError(f"RoundFinalized round {round_}: bad syncer signature: {exc}") from None
-                if msg.model_hash != committed:
-                    raise TrainerProcessError(f"RoundFinalized round {round_} names {_hex(msg.model_hash)}, committed {_hex(committed)}")
-                self.accept_weights(data, committed, f"RoundFinalized round {round_}")
-                self.say(f"round {round_} finalized model {_hex(committed)} verified")
-                return view
+                # Until the node has a record of the round the notice cannot be checked: it is held
+                # (a ranked candidate could sign one early) and the deadline below still runs.
+                if len(records) > round_:
+                    committed = _unhex(records[round_]["model_hash"])
+                    syncer = _unhex(records[round_]["syncer"])
+                    problem = _round_finalized_problem(msg, round_, syncer, committed, self.cfg)
+                    if problem is None:
+                        self.accept_weights(data, committed, f"RoundFinalized round {round_}")
+                        self.say(f"round {round_} finalized model {_hex(committed)} verified")
+                        return view
+                    # A ranked candidate that is not this round's syncer can sign a well-formed
+                    # notice the topic validator passes. Never crash on it: drop it and fetch the
+                    # committed model (the real notice may have been skipped while it was held).
+                    log.warning("discarded a RoundFinalized for round %d: %s", round_, problem)
+                    self.inbox.discard_finalized(round_)
+                    await self.request_model(view, stop)
+                    return view
             now = time.monotonic()
             if now - last_poll > 1.0:
                 last_poll = now
@@ -415,6 +430,12 @@ class _Trainer:
         view = await self.enroll(view, stop)
         self.layouts = compute_layouts_from_view(view)
         self.model = compute_model_layout_from_layouts(self.layouts)
+        # The largest payload an honest trainer can send (fp32, canonical header) and the model size.
+        self.gossip_limits = (
+            max(8 + compute_max_header_bytes(lay) + 4 * lay.numel for lay in self.layouts),
+            4 * sum(lay.numel for lay in self.layouts),
+        )
+        view = await self.get_run()
         self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
         self.inner_cfg = InnerConfig.from_spec(spec, batch_size=cfg.batch_size)
         self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
@@ -428,7 +449,7 @@ class _Trainer:
             self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts))
             drains = []
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
-                self.host.set_validator(topic, _trainer_validator(g, topic))
+                self.host.set_validator(topic, _trainer_validator(topic, lambda: self.gossip_view))
                 drains.append(asyncio.create_task(self.inbox.drain(await self.host.subscribe(topic))))
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
                 # Publishing before the mesh has a peer would send into the void.
@@ -485,19 +506,31 @@ class _Trainer:
         return 0
 
 
-def _trainer_validator(g: Any, topic: str) -> Callable[[bytes, str], None]:
-    """A trainer's topic validator: the message decodes canonically and belongs on the topic.
+def _round_finalized_problem(msg: Any, round_: int, syncer: bytes, committed: bytes,
+                             cfg: TrainerProcessConfig) -> str | None:
+    """Why this RoundFinalized is not the one the round record commits to, or None.
 
-    A trainer holds getRun's JSON view, not a RunState, so it cannot run the node's
-    ``validate_*_gossip`` rules; what it USES is checked on the whole message instead (model hash
-    against the committed one, syncer and its FinalizeRound signature against the round record).
-    """
+    The trainer holds getRun's view, not a RunState, so the checks validate_round_finalized_gossip
+    makes on a node against the round record are made here, on the whole message."""
+    if msg.syncer != syncer:
+        return f"from {_hex(msg.syncer)}, the record names {_hex(syncer)}"
+    try:
+        auth.validate_signer(auth.FinalizeRound(task_id=cfg.task_id, round=round_), msg.syncer_signature,
+                             syncer, cfg.chain_id)
+    except auth.AuthError as exc:
+        return f"bad syncer signature: {exc}"
+    if msg.model_hash != committed:
+        return f"names model {_hex(msg.model_hash)}, the record commits {_hex(committed)}"
+    return None
+
+
+def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None]) -> Callable[[bytes, str], None]:
+    """A trainer's topic validator: ``gossip_trainer.validate_gossip_as_trainer`` against the
+    latest view of the run (runs on the p2p thread; its seen cache is its own)."""
+    seen = SeenCache()
 
     def validate(data: bytes, from_peer: str) -> None:
-        msg = g.decode_message(data)
-        # [REJECT] the message type belongs to the topic it arrived on.
-        if g.get_topic(msg) != topic:
-            raise GossipReject(f"{type(msg).__name__} does not belong on {topic}")
+        validate_gossip_as_trainer(topic, data, get_view(), seen)
 
     return validate
 

@@ -13,7 +13,7 @@ Prints one JSON object per line on stdout (``{"event": ...}``) and reads JSON co
   {"cmd": "quit"}                                      clean stop (SIGINT / SIGTERM do the same)
 
 Modes: ``sub`` and ``relay`` subscribe to both topics and install the real gossip validator on
-TOPIC_TRAINING over the RunState in ``--run`` (``RunState.to_dict`` JSON; the tests write the
+TOPIC_TRAINING (``--rules node``: the node's rules; ``--rules trainer``: a trainer's) over the RunState in ``--run`` (``RunState.to_dict`` JSON; the tests write the
 Training run of tests.test_gossip.World, whose trainers hold real keys). ``pub`` signs payloads with
 ``--trainer-key`` (enrolled trainer 0 of that run) or, for ``wrong_signer``, ``--outsider-key``;
 ``sub`` also reports what it receives: {"event": "raw", "i": ...} and, for reassembled payloads,
@@ -51,9 +51,21 @@ def emit(event: str, **fields: object) -> None:
     sys.stdout.flush()
 
 
-def make_validator(run_path: str, chain_id: int) -> Callable[[bytes, str], None]:
+def make_validator(run_path: str, chain_id: int, rules: str = "node") -> Callable[[bytes, str], None]:
     run = RunState.from_dict(json.loads(Path(run_path).read_text()))
     seen = g.SeenCache()
+    if rules == "trainer":
+        # What a trainer process holds: getRun's view of the run, not the RunState.
+        from tenzro_training.gossip_trainer import TrainerGossipView, validate_gossip_as_trainer
+        from tenzro_training.run_state import compute_run_view
+
+        view = TrainerGossipView.from_run_view(compute_run_view(run, int(time.time() * 1000)), chain_id=chain_id,
+                                               max_payload_bytes=64 << 20, max_model_bytes=64 << 20)
+
+        def trainer_validator(data: bytes, from_peer: str) -> None:
+            validate_gossip_as_trainer(g.TOPIC_TRAINING, data, view, seen)
+
+        return trainer_validator
 
     def validator(data: bytes, from_peer: str) -> None:
         ctx = g.GossipContext(get_run=lambda task: run if task == run.task_id else None, chain_id=chain_id,
@@ -133,6 +145,8 @@ async def main() -> int:
     p.add_argument("--key", required=True)
     p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0")
     p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--rules", choices=("node", "trainer"), default="node",
+                   help="validator rule set on TOPIC_TRAINING: the node's (RunState) or a trainer's (getRun view)")
     p.add_argument("--redial-interval", type=float, default=5.0, help="P2PConfig.redial_interval_s")
     p.add_argument("--mode", choices=("pub", "sub", "relay"), required=True)
     p.add_argument("--run", help="RunState JSON the validator checks against (sub/relay)")
@@ -152,7 +166,7 @@ async def main() -> int:
     tasks: list[asyncio.Task] = []
     try:
         if args.mode != "pub":
-            host.set_validator(g.TOPIC_TRAINING, make_validator(args.run, args.chain_id))
+            host.set_validator(g.TOPIC_TRAINING, make_validator(args.run, args.chain_id, args.rules))
         await host.start()
         if args.mode != "pub":
             for topic in (RAW_TOPIC, g.TOPIC_TRAINING):

@@ -119,8 +119,11 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Peer]]:
         p.kill()
 
 
-def test_line_a_to_c_through_b_and_invalid_messages_are_not_relayed(spawn: Callable[..., Peer]) -> None:
-    b = spawn("b", "relay")
+@pytest.mark.parametrize("relay_rules", ["node", "trainer"])
+def test_line_a_to_c_through_b_and_invalid_messages_are_not_relayed(spawn: Callable[..., Peer], relay_rules: str) -> None:
+    """B relays with the node's rules, or with a trainer's (a trainer in the mesh must not forward
+    what it cannot vouch for either)."""
+    b = spawn("b", "relay", (), "--rules", relay_rules)
     a = spawn("a", "pub", (b.addr,))
     c = spawn("c", "sub", (b.addr,))
     assert a.stats()["peers"] == 1 and c.stats()["peers"] == 1  # C knows only B

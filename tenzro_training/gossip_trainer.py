@@ -1,0 +1,192 @@
+"""The gossip rules a TRAINER applies before it delivers or relays a message.
+
+Why a second rule set: a trainer holds getRun's JSON view of its run, not a ``RunState``, so
+it cannot run the node's ``gossip.validate_*_gossip`` rules, yet in a gossipsub mesh it relays
+whatever its validator passes. Before these rules it relayed anything that decoded, so an
+outsider connected to one trainer could have every trainer forward forged payload chunks and
+finalize notices. These rules check every SIGNED claim a trainer can check from its view, and
+nothing that a stale view could get wrong:
+
+- REJECT (the sender is penalised, nothing relayed) only for what is wrong whatever the run's
+  state: a message that does not decode or is on the wrong topic, a fragment index or size
+  beyond the run's, a signature that does not recover to the claimed signer, a VRF proof that
+  does not verify under the ticket's own key;
+- IGNORE (not relayed, no penalty) for what the view cannot vouch for: another run, a signer
+  that is not (yet) among the run's trainers or ranked syncer candidates, a duplicate.
+
+What the trainer USES is checked again on the whole message (weights against the committed
+model hash, trainer/process.py). The node applies the full rules (gossip.py).
+
+Pure core: no I/O. ``TrainerGossipView.from_run_view`` parses the getRun JSON; the trainer's
+shell swaps in a new view each time it polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tenzro_training import vrf
+from tenzro_training.addresses import parse_address
+from tenzro_training.auth import FinalizeRound, SubmitOuterGradient
+from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError, VRFError
+from tenzro_training.gossip import (
+    ElectionTicketMsg,
+    GossipMessage,
+    ModelChunk,
+    ModelRequest,
+    PayloadChunk,
+    RoundFinalizedMsg,
+    RunSealedMsg,
+    SeenCache,
+    SyncerStatus,
+    check_signature_cached,
+    compute_stream_key,
+    decode_message,
+    get_topic,
+)
+
+__all__ = ["TrainerGossipView", "validate_gossip_as_trainer"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerGossipView:
+    """What a trainer knows about its run, as its validators need it."""
+
+    task_id: str
+    fragment_count: int
+    trainers: frozenset[bytes]
+    """20-byte addresses of the run's enrolled, unslashed trainers."""
+    syncers: frozenset[bytes]
+    """20-byte addresses of every ranked syncer candidate: failover can make any of them the syncer."""
+    election_seed: bytes
+    chain_id: int
+    max_payload_bytes: int
+    max_model_bytes: int
+
+    @classmethod
+    def from_run_view(
+        cls, view: Mapping[str, Any], *, chain_id: int, max_payload_bytes: int, max_model_bytes: int
+    ) -> TrainerGossipView:
+        """From ``tenzro_training_getRun``'s result (ValueError if it is not one)."""
+        try:
+            ranking = view["election"]["ranking"] or []
+            seed_hex = view["election"]["seed"]
+            return cls(
+                task_id=str(view["task_id"]),
+                fragment_count=int(view["fragment_count"]),
+                trainers=frozenset(
+                    parse_address(t["address"]) for t in view["trainers"] if not t["slashed"]
+                ),
+                syncers=frozenset(parse_address(c["address"]) for c in ranking),
+                election_seed=bytes.fromhex(seed_hex[2:] if seed_hex.startswith("0x") else seed_hex),
+                chain_id=chain_id,
+                max_payload_bytes=max_payload_bytes,
+                max_model_bytes=max_model_bytes,
+            )
+        except (KeyError, TypeError, AttributeError, ValueError, TenzroError) as exc:
+            raise ValueError(f"not a getRun view: {exc!r}") from None
+
+
+def validate_gossip_as_trainer(
+    topic: str, data: bytes, view: TrainerGossipView | None, seen: SeenCache
+) -> GossipMessage:
+    """Decode ``data`` from ``topic`` and apply the trainer rules; GossipReject or GossipIgnore.
+
+    ``view`` None (the trainer has not read its run yet) ignores everything that decodes.
+    """
+    msg = decode_message(data)
+    # [REJECT] the message type belongs to the topic it arrived on.
+    if get_topic(msg) != topic:
+        raise GossipReject(f"{type(msg).__name__} does not belong on {topic}")
+    # [IGNORE] it is about this trainer's run (the trainer knows no other).
+    if view is None or msg.task_id != view.task_id:
+        raise GossipIgnore(f"not this trainer's run: {msg.task_id}")
+    if isinstance(msg, PayloadChunk):
+        _payload_chunk(msg, view, seen)
+    elif isinstance(msg, RoundFinalizedMsg):
+        _round_finalized(msg, view, seen)
+    elif isinstance(msg, ModelChunk):
+        key = ("model-chunk", compute_stream_key(msg), msg.seq)
+        _dedup(key, seen)
+        # [REJECT] the weights are not larger than a model the trainer accepts.
+        if msg.total_size > view.max_model_bytes:
+            raise GossipReject(f"model of {msg.total_size} bytes exceeds {view.max_model_bytes}")
+        seen.add(key)  # the hash is checked against the committed one on the whole model
+    elif isinstance(msg, ModelRequest):
+        key = ("model-request", msg.task_id, msg.requester, msg.round, msg.nonce)
+        _dedup(key, seen)
+        # [IGNORE] the requester is one of the run's trainers.
+        if msg.requester not in view.trainers:
+            raise GossipIgnore(f"0x{msg.requester.hex()} is not a trainer of {msg.task_id} here")
+        seen.add(key)
+    elif isinstance(msg, ElectionTicketMsg):
+        _ticket(msg, view, seen)
+    elif isinstance(msg, SyncerStatus):
+        key = ("status", msg.task_id, msg.syncer, msg.round, msg.status, msg.at_ms)
+        _dedup(key, seen)
+        # [IGNORE] it is about one of the run's syncer candidates.
+        if msg.syncer not in view.syncers:
+            raise GossipIgnore(f"0x{msg.syncer.hex()} is not a ranked syncer of {msg.task_id} here")
+        seen.add(key)
+    elif isinstance(msg, RunSealedMsg):
+        key = ("sealed", msg.task_id, msg.run_root, msg.final_model_hash)
+        _dedup(key, seen)
+        seen.add(key)  # unsigned: the trainer re-reads the sealed run over JSON-RPC before using it
+    return msg
+
+
+def _dedup(key: tuple[object, ...], seen: SeenCache) -> None:
+    # [IGNORE] not seen before.
+    if key in seen:
+        raise GossipIgnore("duplicate")
+
+
+def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) -> None:
+    key = ("payload", compute_stream_key(msg), msg.seq)
+    _dedup(key, seen)
+    # [REJECT] the fragment exists.
+    if msg.fragment >= view.fragment_count:
+        raise GossipReject(f"fragment {msg.fragment} >= fragment_count {view.fragment_count}")
+    # [REJECT] the payload is not larger than the node accepts.
+    if msg.total_size > view.max_payload_bytes:
+        raise GossipReject(f"payload of {msg.total_size} bytes exceeds {view.max_payload_bytes}")
+    # [REJECT] the signature recovers to the trainer it names (checked before membership, so a
+    # forged chunk is penalised even when it names a stranger).
+    signed = SubmitOuterGradient(msg.task_id, msg.round, msg.fragment, msg.payload_hash)
+    check_signature_cached(signed, msg.signature, msg.trainer, view.chain_id, seen)
+    # [IGNORE] that trainer is enrolled and unslashed as far as this view knows.
+    if msg.trainer not in view.trainers:
+        raise GossipIgnore(f"0x{msg.trainer.hex()} is not a trainer of {msg.task_id} here")
+    seen.add(key)
+
+
+def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: SeenCache) -> None:
+    key = ("finalized", compute_stream_key(msg), msg.seq)
+    _dedup(key, seen)
+    # [REJECT] one aggregate hash per fragment.
+    if len(msg.aggregate_hashes) != view.fragment_count:
+        raise GossipReject(f"{len(msg.aggregate_hashes)} aggregate hashes for {view.fragment_count} fragments")
+    # [REJECT] the weights are not larger than a model the trainer accepts.
+    if msg.total_size > view.max_model_bytes:
+        raise GossipReject(f"weights of {msg.total_size} bytes exceed {view.max_model_bytes}")
+    # [REJECT] the syncer it names signed FinalizeRound{taskId, round}.
+    check_signature_cached(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, view.chain_id, seen)
+    # [IGNORE] that syncer is one of the run's ranked candidates.
+    if msg.syncer not in view.syncers:
+        raise GossipIgnore(f"0x{msg.syncer.hex()} is not a ranked syncer of {msg.task_id} here")
+    seen.add(key)
+
+
+def _ticket(msg: ElectionTicketMsg, view: TrainerGossipView, seen: SeenCache) -> None:
+    ticket = msg.ticket
+    key = ("ticket", msg.task_id, ticket.address, ticket.vrf_public_key, ticket.proof)
+    _dedup(key, seen)
+    # [REJECT] the proof verifies over the run's election seed under the ticket's own key (whether
+    # that key is the candidate's REGISTERED key only the node knows: it checks again).
+    try:
+        vrf.verify(ticket.vrf_public_key, view.election_seed, ticket.proof)
+    except VRFError as exc:
+        raise GossipReject(f"invalid ticket proof: {exc}") from None
+    seen.add(key)
