@@ -191,9 +191,9 @@ class Pending(Protocol[_T_co]):
 
 
 class Worker(Protocol):
-    """Where :func:`compute_round_update` runs each fragment's tail (aggregate hash, outer step,
-    model-hash feed). ``concurrent.futures.ThreadPoolExecutor`` is one; :data:`INLINE` runs
-    each job at once. Results are the same bits whichever runs them: only the overlap differs."""
+    """Where :func:`compute_round_update` runs the round's aggregate hashes while the caller
+    hashes the new model. ``concurrent.futures.ThreadPoolExecutor`` is one; :data:`INLINE`
+    runs the job at once. The bits are the same whichever runs it: only the overlap differs."""
 
     def submit(self, fn: Callable[[], _T], /) -> Pending[_T]: ...
 

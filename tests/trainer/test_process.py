@@ -1,0 +1,101 @@
+"""Unit tests of the trainer process's gossip side (the whole process runs in tests/e2e):
+the inbox that reassembles what it waits for, the RoundFinalized check against the round record,
+and the topic validator wiring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tenzro_training import gossip as g
+from tenzro_training.auth import FinalizeRound, sign_message
+from tenzro_training.errors import GossipIgnore, GossipReject
+from tenzro_training.trainer.process import (
+    TrainerProcessConfig,
+    _Inbox,
+    _round_finalized_problem,
+    _trainer_validator,
+)
+from tests.test_gossip import CHAIN_ID, OUTSIDER_KEY, SYNCER_KEYS, SYNCERS, TASK, h, payload_chunks
+
+WEIGHTS = bytes(range(256)) * 4
+
+
+def cfg() -> TrainerProcessConfig:
+    return TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:1", private_key=b"\x61" * 32,
+                                spec_path=Path("spec.json"), p2p_key=Path("p2p.key"),
+                                bootstrap=("/ip4/127.0.0.1/tcp/1/p2p/x",), chain_id=CHAIN_ID)
+
+
+def notice(round_: int = 0, *, key: bytes = SYNCER_KEYS[0], syncer: bytes = SYNCERS[0], model: bytes = h("model"),
+           task: str = TASK, weights: bytes = WEIGHTS) -> list[g.RoundFinalizedMsg]:
+    return g.compute_round_finalized_chunks(
+        task_id=task, round=round_, syncer=syncer, syncer_signature=sign_message(FinalizeRound(task, round_), key, CHAIN_ID),
+        aggregate_hashes=(h("a0"), h("a1")), model_hash=model, weights=weights,
+    )
+
+
+def feed(inbox: _Inbox, messages: list[g.GossipMessage]) -> None:
+    for m in messages:
+        inbox._on_message(g.encode_message(m))
+
+
+def test_round_finalized_matching_the_record_has_no_problem() -> None:
+    msg = notice()[0]
+    assert _round_finalized_problem(msg, 0, SYNCERS[0], h("model"), cfg()) is None
+
+
+@pytest.mark.parametrize(
+    "msg, record_syncer, committed, problem",
+    [
+        (notice()[0], SYNCERS[1], h("model"), "the record names"),  # a ranked candidate, not this round's syncer
+        (notice(key=OUTSIDER_KEY)[0], SYNCERS[0], h("model"), "bad syncer signature"),
+        (notice(model=h("other"))[0], SYNCERS[0], h("model"), "the record commits"),
+        (notice(1)[0], SYNCERS[0], h("model"), "bad syncer signature"),  # signed for round 1, checked as round 0
+    ],
+)
+def test_invalid_round_finalized_against_the_record(msg: g.RoundFinalizedMsg, record_syncer: bytes, committed: bytes,
+                                                    problem: str) -> None:
+    assert problem in (_round_finalized_problem(msg, 0, record_syncer, committed, cfg()) or "")
+
+
+def test_inbox_reassembles_notices_models_and_sealed_for_its_run_only() -> None:
+    inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
+    feed(inbox, notice(task="another-run"))
+    assert inbox.finalized == {}
+    feed(inbox, notice(0))
+    msg, data = inbox.finalized[0]
+    assert data == WEIGHTS and msg.model_hash == h("model")
+    feed(inbox, g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m1"), weights=WEIGHTS))
+    assert inbox.models[(1, h("m1"))] == WEIGHTS
+    feed(inbox, [g.RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final"))])
+    assert inbox.sealed.run_root == h("root")
+    assert inbox.changed.is_set()
+
+
+def test_inbox_keeps_the_first_notice_until_it_is_discarded() -> None:
+    inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
+    feed(inbox, notice(0, key=SYNCER_KEYS[1], syncer=SYNCERS[1], model=h("early")))  # held first
+    feed(inbox, notice(0))
+    assert inbox.finalized[0][0].model_hash == h("early")
+    inbox.discard_finalized(0)
+    feed(inbox, notice(0))
+    assert inbox.finalized[0][0].model_hash == h("model")
+
+
+def test_trainer_validator_uses_the_latest_view() -> None:
+    from tests.test_gossip_trainer import make_view
+    from tests.test_gossip import World
+
+    w = World()
+    w.to_training()
+    current: list[object] = [None]
+    validate = _trainer_validator(g.TOPIC_TRAINING, lambda: current[0])  # type: ignore[arg-type, return-value]
+    good = g.encode_message(payload_chunks(0)[0])
+    with pytest.raises(GossipIgnore, match="not this trainer's run"):
+        validate(good, "peer")  # no view yet
+    current[0] = make_view(w)
+    validate(good, "peer")
+    with pytest.raises(GossipReject, match="bad signature"):
+        validate(g.encode_message(payload_chunks(1, key=OUTSIDER_KEY)[0]), "peer")
