@@ -137,7 +137,7 @@ class _Counters:
     ignored: int = 0  # trio
     dropped_outbound: int = 0  # trio
     dropped_inbox: int = 0  # asyncio
-    redials: int = 0  # trio: bootstrap peers reconnected after being lost or unreachable
+    reconnects: int = 0  # trio: bootstrap peers connected again after being lost or unreachable
 
 
 class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
@@ -245,6 +245,7 @@ class P2PHost:
         self._router: _TunedGossipSub | None = None
         self._publish_lock: trio.Lock | None = None
         self._my_id: bytes = b""
+        self._unreachable: set[str] = set()  # bootstrap addrs without a stream (trio thread writes)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -301,7 +302,7 @@ class P2PHost:
                     self._nursery = nursery
                     self.peer_id = host.get_id().to_base58()
                     self.addrs = tuple(self._full_addrs())
-                    unreachable: set[str] = set()
+                    unreachable = self._unreachable
                     for addr in cfg.bootstrap:
                         try:
                             await self._connect(addr)
@@ -309,7 +310,7 @@ class P2PHost:
                             log.warning("bootstrap %s failed (retrying every %.1f s): %r", addr, cfg.redial_interval_s, exc)
                             unreachable.add(addr)
                     if cfg.bootstrap:
-                        nursery.start_soon(self._keep_bootstrap_connected, unreachable)
+                        nursery.start_soon(self._keep_bootstrap_connected)
                     self._running = True
                     self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
                         lambda: ready.done() or ready.set_result(None)
@@ -503,9 +504,10 @@ class P2PHost:
             await self._host.connect(info)
             await self._pubsub.wait_for_peer(info.peer_id, timeout=self.config.connect_timeout_s)
 
-    async def _keep_bootstrap_connected(self, unreachable: set[str]) -> None:
+    async def _keep_bootstrap_connected(self) -> None:
         """Every ``redial_interval_s``, dial each bootstrap peer that has no pubsub stream.
         One warning when a peer is lost, one info line when it is back (no log flood)."""
+        unreachable = self._unreachable
         pubsub = self._pubsub
         assert pubsub is not None
         targets = []
@@ -518,7 +520,8 @@ class P2PHost:
             await trio.sleep(self.config.redial_interval_s)
             for addr, peer_id in targets:
                 if peer_id in pubsub.peers:
-                    unreachable.discard(addr)
+                    if addr in unreachable:  # back, dialed by libp2p's own auto-connector or by it
+                        self._bootstrap_back(addr)
                     continue
                 if addr not in unreachable:
                     log.warning("lost bootstrap peer %s; redialing every %.1f s", addr, self.config.redial_interval_s)
@@ -531,9 +534,12 @@ class P2PHost:
                 except Exception as exc:  # noqa: BLE001 - still down; try again next time
                     log.debug("redial %s failed: %r", addr, exc)
                     continue
-                unreachable.discard(addr)
-                self._counters.redials += 1
-                log.info("reconnected to bootstrap peer %s", addr)
+                self._bootstrap_back(addr)
+
+    def _bootstrap_back(self, addr: str) -> None:
+        self._unreachable.discard(addr)
+        self._counters.reconnects += 1
+        log.info("reconnected to bootstrap peer %s", addr)
 
     async def wait_for_peers(self, topic: str, count: int = 1, timeout: float = 10.0) -> None:
         """Wait until ``count`` peers would receive our publishes on ``topic`` (mesh members if we
@@ -563,7 +569,8 @@ class P2PHost:
 
     def stats(self) -> dict[str, int]:
         """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts,
-        and redials (bootstrap peers reconnected)."""
+        reconnects (bootstrap peers connected again after being lost or unreachable) and
+        bootstrap_unreachable (bootstrap peers without a stream at the last check)."""
         c = self._counters
         return {
             "published": c.published,
@@ -573,5 +580,6 @@ class P2PHost:
             "dropped": c.dropped_outbound + c.dropped_inbox,
             "dropped_outbound": c.dropped_outbound,
             "dropped_inbox": c.dropped_inbox,
-            "redials": c.redials,
+            "reconnects": c.reconnects,
+            "bootstrap_unreachable": len(self._unreachable),
         }
