@@ -13,8 +13,9 @@ Prints one JSON object per line on stdout (``{"event": ...}``) and reads JSON co
   {"cmd": "quit"}                                      clean stop (SIGINT / SIGTERM do the same)
 
 Modes: ``sub`` and ``relay`` subscribe to both topics and install the real gossip validator on
-TOPIC_TRAINING (``--rules node``: the node's rules; ``--rules trainer``: a trainer's) over the RunState in ``--run`` (``RunState.to_dict`` JSON; the tests write the
-Training run of tests.test_gossip.World, whose trainers hold real keys). ``pub`` signs payloads with
+TOPIC_TRAINING (``--rules node``: the node's rules; ``--rules trainer``: a trainer's) over the
+RunState in ``--run`` (``RunState.to_dict`` JSON; the tests write the Training run of
+tests.test_gossip.World, whose trainers hold real keys). ``pub`` signs payloads with
 ``--trainer-key`` (enrolled trainer 0 of that run) or, for ``wrong_signer``, ``--outsider-key``;
 ``sub`` also reports what it receives: {"event": "raw", "i": ...} and, for reassembled payloads,
 {"event": "payload", "sha256": ..., "size": ...}. ``pub`` subscribes to nothing and validates nothing.
