@@ -3,6 +3,9 @@ aggregates, outcomes and model hash, whatever the order the caller built them in
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 import torch
 
 from tenzro_training.fragments import compute_model_hash
@@ -63,22 +66,30 @@ def test_round_update_matches_a_direct_recomputation() -> None:
     assert [o.accepted for o in update.outcomes] == [tuple(t for t, _ in subs) for subs in inputs]
 
 
-def test_round_update_is_reproducible_bit_for_bit() -> None:
-    spec = _spec({"Krum": {"f": 0}})
+@pytest.mark.parametrize("rule", [{"Krum": {"f": 0}}, {"TrimmedMean": {"alpha_bps": 3400}}])
+def test_round_update_is_reproducible_bit_for_bit_on_any_worker(rule: object) -> None:
+    """Twice inline, and once on the one-thread executor the node hashes on: the same bits."""
+    spec = _spec(rule)
     initial = compute_initial_model(_state(), 2)
     inputs = _inputs(spec, initial.model, 0)
     momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
-    a = compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
-    b = compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
-    assert a.model_hash == b.model_hash
-    assert a.outcomes == b.outcomes
-    assert [bytes(w.numpy().tobytes()) for w in a.weights] == [bytes(w.numpy().tobytes()) for w in b.weights]
+
+    def update(**kw: object):  # type: ignore[no-untyped-def]
+        return compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum,
+                                    max_payload_bytes=1 << 20, **kw)
+
+    a, b = update(), update()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        c = update(worker=pool)
+    for other in (b, c):
+        assert other.model_hash == a.model_hash
+        assert other.outcomes == a.outcomes
+        assert [w.numpy().tobytes() for w in other.weights] == [w.numpy().tobytes() for w in a.weights]
+        assert [m.numpy().tobytes() for m in other.momentum] == [m.numpy().tobytes() for m in a.momentum]
 
 
 def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> None:
     """The round update skips the decoder's NaN scan; aggregation must still refuse the input."""
-    import pytest
-
     from tenzro_training.aggregation import NonFiniteInputError
 
     spec = _spec("Mean")
@@ -100,23 +111,4 @@ def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> No
     momentum = [compute_initial_momentum(l.numel) for l in initial.model.layouts]
     with pytest.raises(NonFiniteInputError):
         compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
-
-
-def test_round_update_on_a_thread_worker_gives_the_inline_bits() -> None:
-    """The node hashes on a one-thread executor; the result must not depend on it."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    spec = _spec({"TrimmedMean": {"alpha_bps": 3400}})
-    initial = compute_initial_model(_state(), 2)
-    inputs = _inputs(spec, initial.model, 0)
-    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
-    inline = compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        threaded = compute_round_update(
-            spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20, worker=pool
-        )
-    assert threaded.model_hash == inline.model_hash
-    assert threaded.outcomes == inline.outcomes
-    assert all(torch.equal(a, b) for a, b in zip(threaded.weights, inline.weights))
-    assert all(torch.equal(a, b) for a, b in zip(threaded.momentum, inline.momentum))
 
