@@ -94,6 +94,26 @@ class ModelLayout:
             for lay in self.layouts
         ]
 
+    def to_empty_tensors_view(self) -> list[dict[str, Any]]:
+        """The getRun JSON of the zero-element tensors (``{name, shape}``): no fragment names
+        them, yet each has a record in the model hash, so a trainer needs them to check it."""
+        return [{"name": s.name, "shape": list(s.shape)} for s in self.specs if s.numel == 0]
+
+    @classmethod
+    def from_views(cls, layouts: Sequence[FragmentLayout], empty_tensors: Sequence[TensorSpec] = ()) -> ModelLayout:
+        """The model a node serves in getRun: every tensor some fragment slices, plus the empty
+        ones it lists apart, in name order (fp32). FragmentError on a duplicate or a non-empty
+        "empty" tensor."""
+        specs: dict[str, TensorSpec] = {}
+        for lay in layouts:
+            for e in lay.entries:
+                specs.setdefault(e.name, TensorSpec(e.name, tuple(e.shape), "float32"))
+        for spec in empty_tensors:
+            if spec.numel != 0 or spec.name in specs:
+                raise FragmentError(f"{spec.name!r} is listed as an empty tensor but is not one")
+            specs[spec.name] = TensorSpec(spec.name, tuple(spec.shape), "float32")
+        return cls(tuple(sorted(specs.values(), key=lambda s: s.name.encode("utf-8"))), tuple(layouts))
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class InitialModel:

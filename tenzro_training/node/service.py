@@ -167,7 +167,7 @@ class NodeService:
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
-        self._layout_views: dict[str, list[dict[str, Any]]] = {}
+        self._layout_views: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round): written with the round's batch
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
@@ -645,8 +645,9 @@ class NodeService:
         # The syncer daemon's trigger, computed by the same core rule finalize enforces.
         view["accepted_set_closed"] = is_accepted_set_closed(run, max(now, run.updated_at_ms))
         if task_id not in self._layout_views:  # layout hashes never change within a run
-            self._layout_views[task_id] = self._model(task_id).to_view()
-        view["fragments"] = self._layout_views[task_id]  # shared, read-only: only serialised
+            model = self._model(task_id)
+            self._layout_views[task_id] = (model.to_view(), model.to_empty_tensors_view())
+        view["fragments"], view["empty_tensors"] = self._layout_views[task_id]  # shared, read-only
         view["has_receipt"] = self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
         return view
 

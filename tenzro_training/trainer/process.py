@@ -58,7 +58,7 @@ from tenzro_training.trainer import TrainerError
 __all__ = [
     "TrainerProcessConfig",
     "TrainerProcessError",
-    "compute_model_layout_from_layouts",
+    "compute_model_layout_from_view",
     "decode_fragment_weights",
     "run_trainer",
     "run_trainer_from_args",
@@ -111,15 +111,14 @@ class TrainerProcessConfig:
 # --- pure helpers -----------------------------------------------------------------------------------
 
 
-def compute_model_layout_from_layouts(layouts: tuple[FragmentLayout, ...]) -> ModelLayout:
-    """The ModelLayout the node serves in getRun's ``fragments``: every tensor named by a slice,
-    in name order. (A zero-element tensor has no slice; the model hash check then fails loudly.)"""
-    specs: dict[str, TensorSpec] = {}
-    for lay in layouts:
-        for e in lay.entries:
-            specs.setdefault(e.name, TensorSpec(e.name, tuple(e.shape), "float32"))
-    ordered = tuple(sorted(specs.values(), key=lambda s: s.name.encode("utf-8")))
-    return ModelLayout(ordered, layouts)
+def compute_model_layout_from_view(view: dict[str, Any], layouts: tuple[FragmentLayout, ...]) -> ModelLayout:
+    """The ModelLayout a node serves in getRun: the tensors its ``fragments`` slice plus its
+    ``empty_tensors`` (zero-element ones: in the model hash, in no fragment)."""
+    try:
+        empty = [TensorSpec(t["name"], tuple(t["shape"]), "float32") for t in view.get("empty_tensors") or ()]
+        return ModelLayout.from_views(layouts, empty)
+    except (TenzroError, KeyError, TypeError, ValueError) as exc:
+        raise TrainerProcessError(f"the node's empty_tensors are malformed: {exc}") from None
 
 
 def decode_fragment_weights(data: bytes, layouts: tuple[FragmentLayout, ...]) -> list[torch.Tensor]:
@@ -429,7 +428,7 @@ class _Trainer:
         spec = self.load_spec(view)
         view = await self.enroll(view, stop)
         self.layouts = compute_layouts_from_view(view)
-        self.model = compute_model_layout_from_layouts(self.layouts)
+        self.model = compute_model_layout_from_view(view, self.layouts)
         # The largest payload an honest trainer can send (fp32, canonical header) and the model size.
         self.gossip_limits = (
             max(8 + compute_max_header_bytes(lay) + 4 * lay.numel for lay in self.layouts),

@@ -184,6 +184,25 @@ class TestWholeRun:
         assert view["has_receipt"] is False and view["status"] == "Training"
         json.dumps(view)  # JSON-able as the transport needs
 
+    def test_get_run_serves_what_a_trainer_needs_to_check_the_model_hash(self, net: Net,
+                                                                        checkpoint: tuple[str, str]) -> None:
+        """The zero-element tensor is in no fragment but has a record in the model hash: getRun
+        lists it apart, and a trainer that rebuilds the model from the view gets the committed hash."""
+        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.fragments import gather_fragment
+        from tenzro_training.global_model import ModelLayout, compute_state_model_hash
+        from tenzro_training.trainer.process import compute_model_layout_from_view
+
+        start(net, checkpoint)
+        view = json.loads(json.dumps(net.service.get_run(net.task_id)))  # as it crosses the wire
+        assert view["empty_tensors"] == [{"name": "empty", "shape": [0]}]
+        layouts = compute_layouts_from_view(view)
+        weights = [gather_fragment(initial_state(), lay) for lay in layouts]
+        model = compute_model_layout_from_view(view, layouts)
+        assert "0x" + compute_state_model_hash(model, weights).hex() == view["model_hash"]
+        without = ModelLayout.from_views(layouts)  # what trainers rebuilt before empty_tensors
+        assert "0x" + compute_state_model_hash(without, weights).hex() != view["model_hash"]
+
     def test_list_runs_is_ordered_paged_and_filtered(self, net: Net, checkpoint: tuple[str, str]) -> None:
         for task_id in ("b-run", "a-run", "c-run"):
             net.post(spec_dict(*checkpoint, task_id=task_id, reward_pool="10"))

@@ -99,3 +99,18 @@ def test_trainer_validator_uses_the_latest_view() -> None:
     validate(good, "peer")
     with pytest.raises(GossipReject, match="bad signature"):
         validate(g.encode_message(payload_chunks(1, key=OUTSIDER_KEY)[0]), "peer")
+
+
+def test_invalid_empty_tensors_in_the_view_stop_the_trainer() -> None:
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.trainer.process import TrainerProcessError, compute_model_layout_from_view
+
+    layouts = compute_fragment_layouts([TensorSpec("w", (4,), "float32")], 2)
+    assert [s.name for s in compute_model_layout_from_view({"empty_tensors": [{"name": "e", "shape": [0, 3]}]},
+                                                           layouts).specs] == ["e", "w"]
+    for bad in ([{"name": "w", "shape": [0]}],  # also a sliced tensor
+                [{"name": "x", "shape": [2]}],  # not empty
+                [{"name": "x"}],
+                "nope"):
+        with pytest.raises(TrainerProcessError, match="empty_tensors are malformed"):
+            compute_model_layout_from_view({"empty_tensors": bad}, layouts)
