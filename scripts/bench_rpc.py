@@ -33,7 +33,6 @@ import base64
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import tempfile
 import threading

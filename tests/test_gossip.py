@@ -30,7 +30,6 @@ from tenzro_training.gossip import (
     ChunkAssembler,
     ElectionTicketMsg,
     GossipContext,
-    ModelChunk,
     ModelRequest,
     PayloadChunk,
     RoundFinalizedMsg,
@@ -48,7 +47,7 @@ from tenzro_training.run import (
     process_tick,
     process_ticket,
 )
-from tenzro_training.run_state import RunState, RunStatus, RunTimings, get_accepted_submissions, get_current_syncer
+from tenzro_training.run_state import RunStatus, RunTimings, get_accepted_submissions, get_current_syncer
 from tests.test_run import make_spec
 
 TASK = "run-test"
@@ -453,7 +452,6 @@ def test_invalid_ticket_after_election_closed(training: World) -> None:
 
 def test_syncer_status_rules(training: World) -> None:
     current = get_current_syncer(training.run)
-    other = next(s for s in SYNCERS if s != current)
     ok = SyncerStatus(task_id=TASK, syncer=current, round=0, status="alive", at_ms=1_000)
     seen = SeenCache()
     g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000), seen)

@@ -23,7 +23,6 @@ A node killed at any instant restarts from exactly the last acknowledged call.
 from __future__ import annotations
 
 import logging
-import os
 from hashlib import sha256
 import time
 from collections.abc import Callable, Sequence

@@ -418,7 +418,7 @@ class _Trainer:
         from tenzro_training import gossip as g
         from tenzro_training.cli import compute_layouts_from_view
         from tenzro_training.p2p.host import P2PConfig, P2PHost
-        from tenzro_training.trainer.data import load_corpus, shard_windows, validate_dataset_hash
+        from tenzro_training.trainer.data import load_corpus, validate_dataset_hash
         from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig
         from tenzro_training.trainer.model import get_adapter
 

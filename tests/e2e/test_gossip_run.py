@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
 

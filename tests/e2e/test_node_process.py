@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +24,6 @@ from tests.e2e.conftest import (
     REPO,
     TRAINERS,
     NodeProcess,
-    RpcFailure,
     Task,
     TinyModel,
     _child_env,

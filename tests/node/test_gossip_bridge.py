@@ -1,0 +1,167 @@
+"""The node's gossip bridge against the real NodeService (memory and RocksDB stores) and a fake
+host that records what it is given: validators, subscriptions, publishes. The libp2p host itself
+is tested in tests/p2p, the whole path with real processes in tests/e2e/test_gossip_run.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tenzro_training import auth
+from tenzro_training import gossip as g
+from tenzro_training.errors import GossipIgnore, GossipReject, PayloadUnavailable
+from tenzro_training.global_model import compute_state_model_hash
+from tenzro_training.node.gossip_bridge import GossipBridge, compute_weights_bytes
+from tenzro_training.payload import compute_payload_hash
+from tenzro_training.trainer.process import decode_fragment_weights
+from tests.node.conftest import TRAINERS, Net, Party
+from tests.node.test_service import start
+
+
+@dataclass
+class Item:
+    data: bytes
+    from_peer: str = "peer"
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.validators: dict[str, Callable[[bytes, str], None]] = {}
+        self.queues: dict[str, asyncio.Queue[Item]] = {}
+        self.published: list[tuple[str, g.GossipMessage]] = []
+        self.changed = asyncio.Event()
+
+    def set_validator(self, topic: str, fn: Callable[[bytes, str], None]) -> None:
+        self.validators[topic] = fn
+
+    async def subscribe(self, topic: str) -> asyncio.Queue[Item]:
+        self.queues[topic] = asyncio.Queue()
+        return self.queues[topic]
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self.published.append((topic, g.decode_message(data)))
+        self.changed.set()
+
+    def deliver(self, msg: g.GossipMessage) -> None:
+        """What the real host does with an inbound message: validate, then queue it."""
+        data = g.encode_message(msg)
+        topic = g.get_topic(msg)
+        self.validators[topic](data, "peer")
+        self.queues[topic].put_nowait(Item(data))
+
+    async def wait_for(self, kind: type, count: int = 1) -> list[Any]:
+        async def until() -> list[Any]:
+            while True:
+                got = [m for _, m in self.published if isinstance(m, kind)]
+                if len(got) >= count:
+                    return got
+                self.changed.clear()
+                await self.changed.wait()
+
+        return await asyncio.wait_for(until(), 10)
+
+
+async def _inline(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+@pytest.fixture
+def bridged(net: Net, checkpoint: tuple[str, str]) -> Iterator[tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop]]:
+    start(net, checkpoint)
+    loop = asyncio.new_event_loop()
+    host = FakeHost()
+    config = net.service._config
+    bridge = GossipBridge(net.service, host, _inline, chain_id=config.chain_id, get_candidate=config.get_candidate,
+                          max_payload_bytes=config.max_payload_bytes, clock_ms=net.clock)
+    net.service.on_event = bridge.on_event
+    loop.run_until_complete(bridge.start())
+    yield net, host, bridge, loop
+    loop.run_until_complete(bridge.stop())
+    loop.close()
+
+
+def chunks_of(net: Net, i: int, round_: int, fragment: int, *, signer: Party | None = None) -> tuple[bytes, list[g.PayloadChunk]]:
+    data = net.payload(i, round_, fragment)
+    digest = compute_payload_hash(data)
+    sig = (signer or TRAINERS[i]).sign(auth.SubmitOuterGradient(task_id=net.task_id, round=round_, fragment=fragment,
+                                                                payload_hash=digest))
+    return data, g.compute_payload_chunks(task_id=net.task_id, round=round_, fragment=fragment,
+                                          trainer=TRAINERS[i].address, signature=sig, payload=data)
+
+
+async def settle() -> None:
+    for _ in range(20):  # let the drain tasks run
+        await asyncio.sleep(0)
+
+
+def test_a_gossiped_payload_makes_the_hash_only_submission_succeed(bridged) -> None:  # type: ignore[no-untyped-def]
+    net, host, bridge, loop = bridged
+    with pytest.raises(PayloadUnavailable):
+        net.submit(0, 0, 0, hash_only=True)  # nothing gossiped yet
+    _, chunks = chunks_of(net, 0, 0, 0)
+    for c in chunks:
+        host.deliver(c)
+    loop.run_until_complete(settle())
+    assert bridge.counters["payloads_stored"] == 1
+    assert net.submit(0, 0, 0, hash_only=True)["accepted_count"] == 1
+
+
+def test_invalid_gossip_is_refused_by_the_validator_before_anything_is_stored(bridged) -> None:  # type: ignore[no-untyped-def]
+    net, host, bridge, loop = bridged
+    _, forged = chunks_of(net, 0, 0, 0, signer=TRAINERS[1])  # names trainer 0, signed by trainer 1
+    with pytest.raises(GossipReject, match="bad signature"):
+        host.deliver(forged[0])
+    _, wrong_round = chunks_of(net, 0, 5, 0)
+    with pytest.raises(GossipIgnore):
+        host.deliver(wrong_round[0])
+    with pytest.raises(GossipReject):
+        host.validators[g.TOPIC_TRAINING](b"\x01garbage", "peer")
+    loop.run_until_complete(settle())
+    assert bridge.counters["payloads_stored"] == 0
+
+
+def test_model_request_is_answered_once_per_interval_with_the_committed_model(bridged) -> None:  # type: ignore[no-untyped-def]
+    net, host, bridge, loop = bridged
+    request = g.ModelRequest(task_id=net.task_id, requester=TRAINERS[0].address, round=0, nonce=1)
+    host.deliver(request)
+    chunks = loop.run_until_complete(host.wait_for(g.ModelChunk))
+    view = net.service.get_run(net.task_id)
+    assert "0x" + chunks[0].model_hash.hex() == view["model_hash"]
+    whole = g.ChunkAssembler(max_total_bytes=1 << 20, max_pending=1)
+    data = next(d for d in (whole.add(c) for c in chunks) if d is not None)
+    weights = decode_fragment_weights(data, net.layouts)
+    model = net.service._model(net.task_id)
+    assert compute_state_model_hash(model, weights) == chunks[0].model_hash
+    host.deliver(g.ModelRequest(task_id=net.task_id, requester=TRAINERS[1].address, round=0, nonce=2))
+    loop.run_until_complete(settle())
+    assert bridge.counters["model_answers"] == 1  # the broadcast just sent answers both
+
+
+def test_finalize_publishes_round_finalized_then_sealed(bridged) -> None:  # type: ignore[no-untyped-def]
+    net, host, bridge, loop = bridged
+    for round_ in range(2):
+        for i in range(3):
+            for f in range(2):
+                net.submit(i, round_, f)
+        result = net.finalize(round_)
+        notices = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, round_ + 1))
+        notice = notices[-1]
+        assert notice.round == round_ and "0x" + notice.model_hash.hex() == result["model_hash"]
+        auth.validate_signer(auth.FinalizeRound(task_id=net.task_id, round=round_), notice.syncer_signature,
+                             notice.syncer, net.service._config.chain_id)
+        assert ["0x" + a.hex() for a in notice.aggregate_hashes] == [f["aggregate_hash"] for f in result["fragments"]]
+    sealed = loop.run_until_complete(host.wait_for(g.RunSealedMsg))[0]
+    view = net.service.get_run(net.task_id)
+    assert view["status"] == "Sealed" and "0x" + sealed.run_root.hex() == view["run_root"]
+    assert bridge.counters["finalized_published"] == 2
+
+
+def test_weights_bytes_are_the_fragments_little_endian_in_order() -> None:
+    import torch
+
+    a, b = torch.tensor([1.0, -2.0]), torch.tensor([0.5])
+    assert compute_weights_bytes([a, b]) == a.numpy().astype("<f4").tobytes() + b.numpy().astype("<f4").tobytes()
