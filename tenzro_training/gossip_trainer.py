@@ -55,6 +55,8 @@ class TrainerGossipView:
     """What a trainer knows about its run, as its validators need it."""
 
     task_id: str
+    round: int
+    """The round in progress as of the view (it only grows, so an older message is stale)."""
     fragment_count: int
     trainers: frozenset[bytes]
     """20-byte addresses of the run's enrolled, unslashed trainers."""
@@ -75,6 +77,7 @@ class TrainerGossipView:
             seed_hex = view["election"]["seed"]
             return cls(
                 task_id=str(view["task_id"]),
+                round=int(view["round"]),
                 fragment_count=int(view["fragment_count"]),
                 trainers=frozenset(
                     parse_address(t["address"]) for t in view["trainers"] if not t["slashed"]
@@ -146,6 +149,9 @@ def _dedup(key: tuple[object, ...], seen: SeenCache) -> None:
 def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) -> None:
     key = ("payload", compute_stream_key(msg), msg.seq)
     _dedup(key, seen)
+    # [IGNORE] not for a round that had ended when the view was read (a replay of old chunks).
+    if msg.round < view.round:
+        raise GossipIgnore(f"payload for round {msg.round}, round {view.round} is in progress")
     # [REJECT] the fragment exists.
     if msg.fragment >= view.fragment_count:
         raise GossipReject(f"fragment {msg.fragment} >= fragment_count {view.fragment_count}")
@@ -165,6 +171,9 @@ def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) 
 def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: SeenCache) -> None:
     key = ("finalized", compute_stream_key(msg), msg.seq)
     _dedup(key, seen)
+    # [IGNORE] not older than the last finalized round as of the view (late joiners use ModelRequest).
+    if msg.round + 1 < view.round:
+        raise GossipIgnore(f"round {msg.round} is stale, round {view.round} is in progress")
     # [REJECT] one aggregate hash per fragment.
     if len(msg.aggregate_hashes) != view.fragment_count:
         raise GossipReject(f"{len(msg.aggregate_hashes)} aggregate hashes for {view.fragment_count} fragments")

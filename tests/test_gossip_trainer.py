@@ -62,7 +62,7 @@ def check(topic: str, msg: g.GossipMessage, view: TrainerGossipView | None, seen
 
 
 def test_view_is_read_from_get_run(view: TrainerGossipView) -> None:
-    assert view.task_id == TASK and view.fragment_count == 2
+    assert view.task_id == TASK and view.fragment_count == 2 and view.round == 0
     assert view.trainers == frozenset(TRAINERS)
     assert view.syncers == frozenset(SYNCERS)
     assert len(view.election_seed) == 32
@@ -105,6 +105,20 @@ def test_payload_chunk_from_a_signer_the_view_does_not_know_is_ignored(view: Tra
     stale = replace(view, trainers=frozenset(TRAINERS[:1]))
     with pytest.raises(GossipIgnore, match="not a trainer"):
         check(TOPIC_TRAINING, payload_chunks(2)[0], stale)
+
+
+def test_stale_payload_chunks_and_notices_are_ignored(view: TrainerGossipView) -> None:
+    from dataclasses import replace
+
+    later = replace(view, round=2)
+    with pytest.raises(GossipIgnore, match="round 2 is in progress"):
+        check(TOPIC_TRAINING, payload_chunks(0, round_=1)[0], later)
+    check(TOPIC_TRAINING, payload_chunks(0, round_=2)[0], later)
+    w = World()
+    w.to_training()
+    with pytest.raises(GossipIgnore, match="stale"):
+        check(TOPIC_SYNCER, finalized_chunks(w, round_=0)[0], replace(make_view(w), round=2))
+    check(TOPIC_SYNCER, finalized_chunks(w, round_=1)[0], replace(make_view(w), round=2))
 
 
 def test_invalid_payload_chunk_fragment_or_size(view: TrainerGossipView) -> None:
