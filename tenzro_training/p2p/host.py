@@ -61,6 +61,18 @@ log = logging.getLogger("tenzro.p2p")
 # `import libp2p` detaches its logger; let its records reach the application's handlers.
 logging.getLogger("libp2p").propagate = True
 
+
+class _QuietFailedDials(logging.Filter):
+    """py-libp2p logs every refused TCP dial at ERROR, and raises it too. A node that is down
+    would cost each of its trainers an ERROR line per redial; the redial loop reports the outage
+    once instead (warning when lost, info when back), and ``connect`` raises to its caller."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to open TCP stream")
+
+
+logging.getLogger("libp2p.transport.tcp.tcp").addFilter(_QuietFailedDials())
+
 OUTBOUND_QUEUE_RPCS = 1024
 """Per-peer outbound RPC queue length (libp2p's default is 32). Relays need room beyond what
 publish backpressure keeps free: a publisher waits above a quarter of it."""
