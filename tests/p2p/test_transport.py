@@ -107,6 +107,14 @@ class Peer:
         self.proc.wait(timeout=TIMEOUT)
 
 
+def poll_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll a peer's state (not a guess at a duration) until ``condition`` holds, within TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {TIMEOUT} s: {what}"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Peer]]:
     peers: list[Peer] = []
@@ -197,10 +205,7 @@ def test_a_restarted_bootstrap_peer_is_redialed(spawn: Callable[..., Peer]) -> N
     a.expect("peers")
     assert b.stats()["reconnects"] == 0
     a.kill()  # SIGKILL: no goodbye
-    deadline = time.monotonic() + TIMEOUT  # B notices the loss (and its first redial fails)
-    while b.stats()["bootstrap_unreachable"] != 1:
-        assert time.monotonic() < deadline, "B never noticed that its bootstrap peer was gone"
-        time.sleep(0.05)  # a poll of B's state, not a guess at a duration
+    poll_until(lambda: b.stats()["bootstrap_unreachable"] == 1, "B noticed its bootstrap peer is gone")
     again = spawn("a", "pub", (), *listen)  # same key file: same peer id, same address
     assert again.addr == a.addr
     again.send(cmd="wait_peers", topic=RAW, count=1, timeout=TIMEOUT)  # A dials no one: B comes back by itself
@@ -208,8 +213,9 @@ def test_a_restarted_bootstrap_peer_is_redialed(spawn: Callable[..., Peer]) -> N
     again.send(cmd="publish_raw", count=50, size=100)
     again.expect("published")
     assert {b.expect("raw")["i"] for _ in range(50)} == set(range(50))
-    stats = b.stats()
-    assert stats["reconnects"] == 1 and stats["bootstrap_unreachable"] == 0
+    # B's redial loop counts the return at its next tick (libp2p's auto-connector may have won the dial).
+    poll_until(lambda: b.stats()["bootstrap_unreachable"] == 0, "B counted its bootstrap peer back")
+    assert b.stats()["reconnects"] == 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
