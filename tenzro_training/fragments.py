@@ -464,8 +464,8 @@ class ModelHashStream:
     fragments are consecutive ranges of the name-ordered flat model, so the hash input is the
     same stream of tensor records, and a record's header goes in when its first element (or,
     for an empty tensor, its position) is reached. Why it exists: the node hashes a new model
-    after every round without first building the full state dict (a 48 MB copy for a 12M-param
-    model), and can feed fragment f while fragment f+1 is still being aggregated.
+    after every round, and trainers every model they receive, without first building the full
+    state dict (a 48 MB zero-fill and copy for a 12M-param model).
 
     Not thread-safe: one caller feeds it, in order.
     """
