@@ -9,11 +9,21 @@ accepted spelling everywhere. ``path`` names the field in the EncodingError.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from tenzro_training.addresses import Address, AddressError, parse_address
 from tenzro_training.errors import EncodingError
 
-__all__ = ["decode_address", "decode_amount", "decode_hex", "encode_hex"]
+__all__ = [
+    "decode_address",
+    "decode_amount",
+    "decode_array",
+    "decode_hex",
+    "decode_int",
+    "decode_object",
+    "encode_hex",
+]
 
 _LOWER_HEX = re.compile(r"0x[0-9a-f]*")
 _U256 = 2**256
@@ -47,3 +57,24 @@ def decode_amount(path: str, value: object) -> int:
     if amount >= _U256:
         raise EncodingError(f"{path}: exceeds uint256")
     return amount
+
+
+def decode_object(path: str, value: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    """A JSON object with exactly the fields ``keys`` (no missing, no extra)."""
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        raise EncodingError(f"{path}: expected an object with exactly the fields {list(keys)}")
+    return value
+
+
+def decode_array(path: str, value: object) -> list[Any]:
+    """A JSON array."""
+    if not isinstance(value, list):
+        raise EncodingError(f"{path}: expected an array, got {type(value).__name__}")
+    return value
+
+
+def decode_int(path: str, value: object, maximum: int, minimum: int = 0) -> int:
+    """An integer (not a bool) in ``minimum..maximum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise EncodingError(f"{path}: expected an int in {minimum}..{maximum}, got {value!r}")
+    return value

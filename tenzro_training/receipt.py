@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.jsonfields import decode_address, decode_hex
+from tenzro_training.jsonfields import decode_address, decode_array, decode_hex, decode_int, decode_object
 from tenzro_training.addresses import Address, format_address
 from tenzro_training.errors import EncodingError, InvalidState, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
@@ -65,9 +65,7 @@ def _fail(path: str, reason: str) -> EncodingError:
 
 
 def _check_int(path: str, value: object, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-        raise _fail(path, f"expected an int in 0..{maximum}, got {value!r}")
-    return value
+    return decode_int(f"receipt {path}", value, maximum)
 
 
 def _check_bytes(path: str, value: object, length: int) -> bytes:
@@ -85,15 +83,11 @@ def _unaddress(path: str, value: object) -> Address:
 
 
 def _obj(path: str, value: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping) or set(value) != set(keys):
-        raise _fail(path, f"expected an object with exactly the fields {list(keys)}")
-    return value
+    return decode_object(f"receipt {path}", value, keys)
 
 
 def _arr(path: str, value: object) -> list[Any]:
-    if not isinstance(value, list):
-        raise _fail(path, f"expected an array, got {type(value).__name__}")
-    return value
+    return decode_array(f"receipt {path}", value)
 
 
 @dataclass(frozen=True, slots=True)

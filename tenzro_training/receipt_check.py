@@ -39,7 +39,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.jsonfields import decode_address, decode_amount, decode_hex, encode_hex
+from tenzro_training.jsonfields import (
+    decode_address,
+    decode_amount,
+    decode_array,
+    decode_hex,
+    decode_int,
+    decode_object,
+    encode_hex,
+)
 from tenzro_training import auth
 from tenzro_training.addresses import Address, format_address, parse_address
 from tenzro_training.election import RankedCandidate, compute_election_seed, rank_candidates, validate_ticket
@@ -100,21 +108,15 @@ def _fail(path: str, reason: str) -> EncodingError:
 
 
 def _obj(path: str, value: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping) or set(value) != set(keys):
-        raise _fail(path, f"expected an object with exactly the fields {list(keys)}")
-    return value
+    return decode_object(f"attestations {path}", value, keys)
 
 
 def _arr(path: str, value: object) -> list[Any]:
-    if not isinstance(value, list):
-        raise _fail(path, f"expected an array, got {type(value).__name__}")
-    return value
+    return decode_array(f"attestations {path}", value)
 
 
 def _int(path: str, value: object, maximum: int = 2**64 - 1, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise _fail(path, f"expected an int in {minimum}..{maximum}, got {value!r}")
-    return value
+    return decode_int(f"attestations {path}", value, maximum, minimum)
 
 
 def _unhex(path: str, value: object, length: int) -> bytes:
