@@ -42,7 +42,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar, TypeVar, Union
 
 from tenzro_training.auth import (
     DEFAULT_CHAIN_ID,
@@ -208,6 +208,11 @@ class _Chunked:
         _check_data(self.data)
         validate_chunk_geometry(self.seq, self.total_chunks, self.total_size, len(self.data))
 
+    def _check_fp32_total(self) -> None:
+        # [REJECT] fp32 weights come in whole 4-byte elements.
+        if self.total_size % 4:
+            raise _reject(f"total_size {self.total_size} is not a whole number of fp32 values")
+
 
 # --- messages ------------------------------------------------------------------------------------
 
@@ -326,9 +331,7 @@ class RoundFinalizedMsg(_Chunked):
         _check_bytes("model_hash", self.model_hash, _HASH)
         _check_bytes("data_hash", self.data_hash, _HASH)
         self._check_chunk_fields()
-        # [REJECT] fp32 weights come in whole 4-byte elements.
-        if self.total_size % 4:
-            raise _reject(f"total_size {self.total_size} is not a whole number of fp32 values")
+        self._check_fp32_total()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -375,9 +378,7 @@ class ModelChunk(_Chunked):
         _check_bytes("model_hash", self.model_hash, _HASH)
         _check_bytes("data_hash", self.data_hash, _HASH)
         self._check_chunk_fields()
-        # [REJECT] fp32 weights come in whole 4-byte elements.
-        if self.total_size % 4:
-            raise _reject(f"total_size {self.total_size} is not a whole number of fp32 values")
+        self._check_fp32_total()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -572,19 +573,26 @@ def compute_chunks(data: bytes, max_chunk: int = MAX_CHUNK_BYTES) -> list[bytes]
     return [bytes(view[i * max_chunk:(i + 1) * max_chunk]) for i in range(count)]
 
 
+_C = TypeVar("_C", PayloadChunk, RoundFinalizedMsg, ModelChunk)
+
+
+def _chunk_stream(cls: type[_C], data: bytes, hash_field: str, **header: object) -> list[_C]:
+    """Every chunk of ``data`` as ``cls`` messages: the same header on each, ``hash_field`` set to
+    SHA-256(data), canonical pieces with their seq/total_chunks/total_size."""
+    digest = hashlib.sha256(data).digest()
+    pieces = compute_chunks(data)
+    return [
+        cls(**header, **{hash_field: digest}, seq=i, total_chunks=len(pieces), total_size=len(data), data=piece)
+        for i, piece in enumerate(pieces)
+    ]
+
+
 def compute_payload_chunks(
     *, task_id: str, round: int, fragment: int, trainer: bytes, signature: bytes, payload: bytes
 ) -> list[PayloadChunk]:
     """Every PayloadChunk of one signed outer-gradient payload (payload_hash = SHA-256(payload))."""
-    digest = hashlib.sha256(payload).digest()
-    pieces = compute_chunks(payload)
-    return [
-        PayloadChunk(
-            task_id=task_id, round=round, fragment=fragment, trainer=trainer, payload_hash=digest,
-            signature=signature, seq=i, total_chunks=len(pieces), total_size=len(payload), data=piece,
-        )
-        for i, piece in enumerate(pieces)
-    ]
+    return _chunk_stream(PayloadChunk, payload, "payload_hash", task_id=task_id, round=round, fragment=fragment,
+                         trainer=trainer, signature=signature)
 
 
 def compute_round_finalized_chunks(
@@ -598,29 +606,14 @@ def compute_round_finalized_chunks(
     weights: bytes,
 ) -> list[RoundFinalizedMsg]:
     """Every RoundFinalizedMsg chunk carrying ``weights`` (concatenated fp32 fragments, fragment order)."""
-    digest = hashlib.sha256(weights).digest()
-    pieces = compute_chunks(weights)
-    return [
-        RoundFinalizedMsg(
-            task_id=task_id, round=round, syncer=syncer, syncer_signature=syncer_signature,
-            aggregate_hashes=tuple(aggregate_hashes), model_hash=model_hash, seq=i, total_chunks=len(pieces),
-            total_size=len(weights), data_hash=digest, data=piece,
-        )
-        for i, piece in enumerate(pieces)
-    ]
+    return _chunk_stream(RoundFinalizedMsg, weights, "data_hash", task_id=task_id, round=round, syncer=syncer,
+                         syncer_signature=syncer_signature, aggregate_hashes=tuple(aggregate_hashes),
+                         model_hash=model_hash)
 
 
 def compute_model_chunks(*, task_id: str, round: int, model_hash: bytes, weights: bytes) -> list[ModelChunk]:
     """Every ModelChunk of the full fp32 global model weights after ``round`` finalized rounds."""
-    digest = hashlib.sha256(weights).digest()
-    pieces = compute_chunks(weights)
-    return [
-        ModelChunk(
-            task_id=task_id, round=round, model_hash=model_hash, seq=i, total_chunks=len(pieces),
-            total_size=len(weights), data_hash=digest, data=piece,
-        )
-        for i, piece in enumerate(pieces)
-    ]
+    return _chunk_stream(ModelChunk, weights, "data_hash", task_id=task_id, round=round, model_hash=model_hash)
 
 
 def compute_stream_key(msg: ChunkedMessage) -> tuple[object, ...]:

@@ -72,6 +72,7 @@ from tenzro_training.records import (
     Ticket,
     compute_run_leaves,
 )
+from tenzro_training import run_events as _run_events
 from tenzro_training.run_events import (
     ElectionOpened,
     EquivocationDetected,
@@ -118,24 +119,7 @@ __all__ = [
     "NotSyncer",
     "StragglerWindowOpen",
     # events (defined in run_events, re-exported)
-    "RunEvent",
-    "RunPosted",
-    "ElectionOpened",
-    "TicketAccepted",
-    "SyncerElected",
-    "TrainerEnrolled",
-    "TrainingStarted",
-    "RoundStarted",
-    "SubmissionAccepted",
-    "QuorumReached",
-    "QuorumLost",
-    "EquivocationDetected",
-    "TrainerSlashed",
-    "SyncerFailover",
-    "RoundFinalized",
-    "RunSealed",
-    "RunCancelled",
-    "RunFailed",
+    *_run_events.__all__,
     # state values and readers (defined in run_state, re-exported for the shell's convenience)
     "RunState",
     "RunStatus",
