@@ -109,6 +109,7 @@ from tenzro_training.run_state import (
     get_submission_counts,
     get_trainer,
     is_terminal,
+    round_record_to_dict,
 )
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
@@ -586,24 +587,15 @@ class NodeService:
         return self._finalize_result(t.run, round)
 
     def _finalize_result(self, run: RunState, round: int) -> dict[str, Any]:
-        record = run.records[round]
+        record = round_record_to_dict(run.records[round])  # the committed record's JSON form
         return {
             "task_id": run.task_id,
             "round": round,
-            "model_hash": _hex(record.model_hash),
+            "model_hash": record["model_hash"],
             "status": run.status.value,
-            "syncer": format_address(record.syncer),
-            "syncer_rank": record.syncer_rank,
-            "fragments": [
-                {
-                    "aggregate_hash": _hex(o.aggregate_hash),
-                    "accepted": [format_address(a) for a in o.accepted],
-                    "selected": o.selected,
-                    "trimmed": o.trimmed,
-                    "report_hash": _hex(o.report_hash),
-                }
-                for o in record.fragments
-            ],
+            "syncer": record["syncer"],
+            "syncer_rank": record["syncer_rank"],
+            "fragments": record["fragments"],
             "sealed": run.status is RunStatus.SEALED,
             "run_root": None if run.run_root is None else _hex(run.run_root),
             "next_round": run.current_round.round if run.current_round is not None else None,
