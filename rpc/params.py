@@ -28,7 +28,7 @@ import binascii
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Self
 
 from rpc.errors import InvalidParams
 
@@ -248,31 +248,27 @@ class ListRunsParams:
 
 
 @dataclass(frozen=True, slots=True)
-class GetRunParams:
-    """``tenzro_training_getRun{task_id}``."""
+class _TaskIdParams:
+    """Params that are exactly ``{task_id}``."""
 
     task_id: str
 
     _REQUIRED = frozenset({"task_id"})
 
     @classmethod
-    def parse(cls, params: Mapping[str, object]) -> GetRunParams:
+    def parse(cls, params: Mapping[str, object]) -> Self:
         _check_names(params, cls._REQUIRED, cls._REQUIRED)
         return cls(_task_id(params["task_id"]))
 
 
 @dataclass(frozen=True, slots=True)
-class GetReceiptParams:
+class GetRunParams(_TaskIdParams):
+    """``tenzro_training_getRun{task_id}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetReceiptParams(_TaskIdParams):
     """``tenzro_training_getReceipt{task_id}``."""
-
-    task_id: str
-
-    _REQUIRED = frozenset({"task_id"})
-
-    @classmethod
-    def parse(cls, params: Mapping[str, object]) -> GetReceiptParams:
-        _check_names(params, cls._REQUIRED, cls._REQUIRED)
-        return cls(_task_id(params["task_id"]))
 
 
 @dataclass(frozen=True, slots=True)
