@@ -29,7 +29,7 @@ from typing import Any
 
 from tenzro_training import vrf
 from tenzro_training.addresses import parse_address
-from tenzro_training.auth import FinalizeRound, SubmitOuterGradient
+from tenzro_training.auth import AuthError, FinalizeRound, SubmitOuterGradient, validate_signer
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError, VRFError
 from tenzro_training.gossip import (
     ElectionTicketMsg,
@@ -47,7 +47,7 @@ from tenzro_training.gossip import (
     get_topic,
 )
 
-__all__ = ["TrainerGossipView", "validate_gossip_as_trainer"]
+__all__ = ["TrainerGossipView", "find_round_finalized_mismatch", "validate_gossip_as_trainer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,3 +199,24 @@ def _ticket(msg: ElectionTicketMsg, view: TrainerGossipView, seen: SeenCache) ->
     except VRFError as exc:
         raise GossipReject(f"invalid ticket proof: {exc}") from None
     seen.add(key)
+
+
+def find_round_finalized_mismatch(
+    msg: RoundFinalizedMsg, record_syncer: bytes, committed_model_hash: bytes, chain_id: int
+) -> str | None:
+    """Why a reassembled RoundFinalized is not the one the run's round record commits to, or None.
+
+    The node makes these checks in ``gossip.validate_round_finalized_gossip`` against its
+    RunState; a trainer makes them here, once the round record is in its getRun view, before it
+    applies the weights (a ranked candidate that is not the round's syncer passes the relay rules).
+    """
+    if msg.syncer != record_syncer:
+        return f"from 0x{msg.syncer.hex()}, the record names 0x{record_syncer.hex()}"
+    try:
+        validate_signer(FinalizeRound(task_id=msg.task_id, round=msg.round), msg.syncer_signature,
+                        record_syncer, chain_id)
+    except AuthError as exc:
+        return f"bad syncer signature: {exc}"
+    if msg.model_hash != committed_model_hash:
+        return f"names model 0x{msg.model_hash.hex()}, the record commits 0x{committed_model_hash.hex()}"
+    return None

@@ -51,7 +51,11 @@ from tenzro_training.errors import TenzroError
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
 from tenzro_training.gossip import SeenCache
-from tenzro_training.gossip_trainer import TrainerGossipView, validate_gossip_as_trainer
+from tenzro_training.gossip_trainer import (
+    TrainerGossipView,
+    find_round_finalized_mismatch,
+    validate_gossip_as_trainer,
+)
 from tenzro_training.payload import compute_max_header_bytes, compute_payload_hash
 from tenzro_training.trainer import TrainerError
 
@@ -384,7 +388,7 @@ class _Trainer:
                 if len(records) > round_:
                     committed = _unhex(records[round_]["model_hash"])
                     syncer = _unhex(records[round_]["syncer"])
-                    problem = _round_finalized_problem(msg, round_, syncer, committed, self.cfg)
+                    problem = find_round_finalized_mismatch(msg, syncer, committed, self.cfg.chain_id)
                     if problem is None:
                         self.accept_weights(data, committed, f"RoundFinalized round {round_}")
                         self.say(f"round {round_} finalized model {_hex(committed)} verified")
@@ -503,24 +507,6 @@ class _Trainer:
             raise TrainerProcessError(f"final model {_hex(self.held_hash or b'')} differs from {_hex(final)}")
         self.say(f"sealed final model {_hex(final)} verified")
         return 0
-
-
-def _round_finalized_problem(msg: Any, round_: int, syncer: bytes, committed: bytes,
-                             cfg: TrainerProcessConfig) -> str | None:
-    """Why this RoundFinalized is not the one the round record commits to, or None.
-
-    The trainer holds getRun's view, not a RunState, so the checks validate_round_finalized_gossip
-    makes on a node against the round record are made here, on the whole message."""
-    if msg.syncer != syncer:
-        return f"from {_hex(msg.syncer)}, the record names {_hex(syncer)}"
-    try:
-        auth.validate_signer(auth.FinalizeRound(task_id=cfg.task_id, round=round_), msg.syncer_signature,
-                             syncer, cfg.chain_id)
-    except auth.AuthError as exc:
-        return f"bad syncer signature: {exc}"
-    if msg.model_hash != committed:
-        return f"names model {_hex(msg.model_hash)}, the record commits {_hex(committed)}"
-    return None
 
 
 def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None]) -> Callable[[bytes, str], None]:

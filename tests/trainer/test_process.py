@@ -4,34 +4,22 @@ and the topic validator wiring."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tenzro_training import gossip as g
 from tenzro_training.auth import FinalizeRound, sign_message
 from tenzro_training.errors import GossipIgnore, GossipReject
-from tenzro_training.trainer.process import (
-    TrainerProcessConfig,
-    _Inbox,
-    _round_finalized_problem,
-    _trainer_validator,
-)
+from tenzro_training.gossip_trainer import find_round_finalized_mismatch
+from tenzro_training.trainer.process import _Inbox, _trainer_validator
 from tests.test_gossip import CHAIN_ID, OUTSIDER_KEY, SYNCER_KEYS, SYNCERS, TASK, h, payload_chunks
 
 WEIGHTS = bytes(range(256)) * 4
 
 
-def cfg() -> TrainerProcessConfig:
-    return TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:1", private_key=b"\x61" * 32,
-                                spec_path=Path("spec.json"), p2p_key=Path("p2p.key"),
-                                bootstrap=("/ip4/127.0.0.1/tcp/1/p2p/x",), chain_id=CHAIN_ID)
-
-
 def notice(round_: int = 0, *, key: bytes = SYNCER_KEYS[0], syncer: bytes = SYNCERS[0], model: bytes = h("model"),
-           task: str = TASK, weights: bytes = WEIGHTS) -> list[g.RoundFinalizedMsg]:
+           task: str = TASK, weights: bytes = WEIGHTS, chain_id: int = CHAIN_ID) -> list[g.RoundFinalizedMsg]:
     return g.compute_round_finalized_chunks(
-        task_id=task, round=round_, syncer=syncer, syncer_signature=sign_message(FinalizeRound(task, round_), key, CHAIN_ID),
+        task_id=task, round=round_, syncer=syncer, syncer_signature=sign_message(FinalizeRound(task, round_), key, chain_id),
         aggregate_hashes=(h("a0"), h("a1")), model_hash=model, weights=weights,
     )
 
@@ -43,7 +31,7 @@ def feed(inbox: _Inbox, messages: list[g.GossipMessage]) -> None:
 
 def test_round_finalized_matching_the_record_has_no_problem() -> None:
     msg = notice()[0]
-    assert _round_finalized_problem(msg, 0, SYNCERS[0], h("model"), cfg()) is None
+    assert find_round_finalized_mismatch(msg, SYNCERS[0], h("model"), CHAIN_ID) is None
 
 
 @pytest.mark.parametrize(
@@ -52,12 +40,12 @@ def test_round_finalized_matching_the_record_has_no_problem() -> None:
         (notice()[0], SYNCERS[1], h("model"), "the record names"),  # a ranked candidate, not this round's syncer
         (notice(key=OUTSIDER_KEY)[0], SYNCERS[0], h("model"), "bad syncer signature"),
         (notice(model=h("other"))[0], SYNCERS[0], h("model"), "the record commits"),
-        (notice(1)[0], SYNCERS[0], h("model"), "bad syncer signature"),  # signed for round 1, checked as round 0
+        (notice(chain_id=1)[0], SYNCERS[0], h("model"), "bad syncer signature"),  # signed for another chain
     ],
 )
 def test_invalid_round_finalized_against_the_record(msg: g.RoundFinalizedMsg, record_syncer: bytes, committed: bytes,
                                                     problem: str) -> None:
-    assert problem in (_round_finalized_problem(msg, 0, record_syncer, committed, cfg()) or "")
+    assert problem in (find_round_finalized_mismatch(msg, record_syncer, committed, CHAIN_ID) or "")
 
 
 def test_inbox_reassembles_notices_models_and_sealed_for_its_run_only() -> None:
