@@ -236,9 +236,12 @@ class _Trainer:
         if self.gossip_limits is not None:
             # What the topic validators (trio thread) read: swapped whole, never mutated.
             max_payload, max_model = self.gossip_limits
-            self.gossip_view = TrainerGossipView.from_run_view(
-                view, chain_id=self.cfg.chain_id, max_payload_bytes=max_payload, max_model_bytes=max_model
-            )
+            try:
+                self.gossip_view = TrainerGossipView.from_run_view(
+                    view, chain_id=self.cfg.chain_id, max_payload_bytes=max_payload, max_model_bytes=max_model
+                )
+            except ValueError as exc:
+                raise TrainerProcessError(f"the node's getRun answer is malformed: {exc}") from None
         return view
 
     def sign(self, msg: auth.SignedMessageType) -> bytes:
