@@ -701,6 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, help="stop after training this many rounds")
     p.add_argument("--did", help="default did:tenzro:trainer:<address>")
     p.add_argument("--stake", default=str(10**18), help="attoTNZO (default 1e18)")
+    p.add_argument("--device", default="auto",
+                   help="inner-loop device: auto (CUDA, else MPS, else CPU; the default), cpu, cuda, cuda:N, mps")
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_trainer_run)
 

@@ -16,6 +16,14 @@ Randomness: batch indices come from a local ``torch.Generator`` seeded with
 :func:`compute_inner_seed` ``(seed, round, shard_index)``; dropout (off by default) draws from
 the global CPU RNG inside ``torch.random.fork_rng``, seeded with the same value, so the caller's
 RNG state is restored afterwards. The torch thread count is left as the caller set it.
+
+Devices: ``run_inner_loop(..., device=)`` trains on any torch device (:func:`resolve_device`
+turns ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` into one and refuses a device this
+machine lacks). The batch indices are still drawn on the CPU generator, so every device sees the
+same batches; the returned weights are CPU fp32 whatever the device. Bit-for-bit reproducibility
+holds on the CPU only: GPU kernels (cuBLAS, atomics in backward) may differ run to run. Nothing
+the node verifies depends on that: the node aggregates the outer gradients it is given and
+recomputes everything after that on its own CPU.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ __all__ = [
     "compute_outer_gradients",
     "evaluate",
     "make_payloads",
+    "resolve_device",
     "run_inner_loop",
 ]
 
@@ -146,6 +155,37 @@ def compute_inner_seed(seed: int, round: int, shard_index: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def resolve_device(name: str | torch.device = "cpu") -> torch.device:
+    """The torch device for a ``--device`` value. ``"auto"``: the first CUDA device if there is
+    one, else Apple's MPS if available, else the CPU. A device this machine lacks (no CUDA, an
+    index past the device count) or a malformed name is a :class:`TrainerError`, checked here so
+    a trainer fails before it enrolls rather than in its first round."""
+    if isinstance(name, str) and name.strip().lower() == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        mps = getattr(torch.backends, "mps", None)
+        return torch.device("mps") if mps is not None and mps.is_available() else torch.device("cpu")
+    try:
+        device = name if isinstance(name, torch.device) else torch.device(name.strip().lower())
+    except (RuntimeError, TypeError, AttributeError):
+        raise TrainerError(f"unknown device {name!r} (expected auto, cpu, cuda, cuda:N or mps)") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TrainerError(f"device {name!r}: this machine (or this torch build) has no CUDA device")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if not 0 <= index < torch.cuda.device_count():
+            raise TrainerError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    if device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise TrainerError(f"device {name!r}: MPS is not available on this machine")
+        return device
+    raise TrainerError(f"unsupported device {name!r} (expected auto, cpu, cuda, cuda:N or mps)")
+
+
 def _check_round(round: int, shard: Shard, shard_index: int) -> None:
     if isinstance(round, bool) or not isinstance(round, int) or not 0 <= round < 2**64:
         raise TrainerError(f"round must be an integer in [0, 2**64), got {round!r}")
@@ -165,16 +205,21 @@ def run_inner_loop(
     shard_index: int,
     *,
     optimizer_state: Mapping[str, Any] | None = None,
+    device: str | torch.device = "cpu",
 ) -> InnerResult:
     """Load the round's global weights into a fresh model and run ``cfg.inner_steps`` AdamW steps.
 
     ``model_state`` (any float dtype) and ``optimizer_state`` are not modified. ``model_cfg`` is
-    the family config (its ``family`` selects the adapter). Raises :class:`InnerLoopDiverged` on
-    a non-finite loss.
+    the family config (its ``family`` selects the adapter). ``device``: where the model, the
+    batches and the optimizer live (see :func:`resolve_device`); the result's ``state`` is on the
+    CPU, its ``optimizer_state`` on ``device``. Raises :class:`InnerLoopDiverged` on a non-finite
+    loss.
     """
     _check_round(round, shard, shard_index)
+    dev = resolve_device(device)
     model = get_adapter(model_cfg.family).build_model(model_cfg)
     load_state(model, model_state)
+    model.to(dev)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     if optimizer_state is not None:
@@ -183,13 +228,16 @@ def run_inner_loop(
         opt.load_state_dict(copy.deepcopy(dict(optimizer_state)))
     seed = compute_inner_seed(cfg.seed, round, shard_index)
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    windows = shard.windows.to(dev)  # once per round, not once per step
     losses: list[float] = []
-    with torch.random.fork_rng(devices=[]):
+    # fork_rng restores the CPU RNG and, on CUDA, this device's RNG (dropout draws from it).
+    with torch.random.fork_rng(devices=[dev.index] if dev.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout only; batches use `gen`
         for step in range(cfg.inner_steps):
-            batch = shard.windows[torch.randint(len(shard), (cfg.batch_size,), generator=gen)]
-            losses.append(_step(model, opt, batch, cfg.grad_clip, step))
-    state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+            index = torch.randint(len(shard), (cfg.batch_size,), generator=gen)
+            losses.append(_step(model, opt, windows[index.to(dev)], cfg.grad_clip, step))
+    # .to(copy=True): fresh CPU tensors on every device (a clone on the CPU).
+    state = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
     return InnerResult(state, tuple(losses), opt.state_dict())
 
 
@@ -229,13 +277,17 @@ def make_payloads(
     ]
 
 
-def evaluate(state: Mapping[str, Tensor], model_cfg: Any, batch: Tensor) -> float:
+def evaluate(
+    state: Mapping[str, Tensor], model_cfg: Any, batch: Tensor, *, device: str | torch.device = "cpu"
+) -> float:
     """Mean normalised MSE of the model with weights ``state`` on ``batch`` (eval mode, no grad)."""
+    dev = resolve_device(device)
     model = get_adapter(model_cfg.family).build_model(model_cfg)
     load_state(model, state)
+    model.to(dev)
     model.eval()
     with torch.no_grad():
-        return float(model.loss(batch))
+        return float(model.loss(batch.to(dev)))
 
 
 def apply_global_fragments(

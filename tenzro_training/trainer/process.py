@@ -94,6 +94,8 @@ class TrainerProcessConfig:
     did: str | None = None
     stake: int = 10**18
     batch_size: int = 16
+    device: str = "auto"
+    """Where the inner loop runs: auto (CUDA if present, else MPS, else CPU), cpu, cuda, cuda:N, mps."""
     submit_timeout_s: float = 60.0
     """How long a hash-only submission is retried while the node lacks the payload."""
     model_timeout_s: float = 60.0
@@ -137,6 +139,12 @@ def decode_fragment_weights(data: bytes, layouts: tuple[FragmentLayout, ...]) ->
         out.append(flat[at : at + lay.numel].clone())
         at += lay.numel
     return out
+
+
+def _describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
 
 
 def _hex(value: bytes) -> str:
@@ -325,7 +333,9 @@ class _Trainer:
         assert self.weights is not None
         state = compute_full_state(self.model, self.weights)
         # optimizer_state=None: see "Restart safety" in the module docstring.
-        res = run_inner_loop(state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index)
+        res = run_inner_loop(
+            state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index, device=self.device
+        )
         grads = compute_outer_gradients(state, res.state, self.layouts)
         self.last_loss = res.train_loss
         return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype)
@@ -426,11 +436,15 @@ class _Trainer:
         from tenzro_training.cli import compute_layouts_from_view
         from tenzro_training.p2p.host import P2PConfig, P2PHost
         from tenzro_training.trainer.data import load_corpus, validate_dataset_hash
-        from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig
+        from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig, resolve_device
         from tenzro_training.trainer.model import get_adapter
 
         self.g = g
         cfg = self.cfg
+        try:  # before anything is staked: a trainer asked for a GPU it lacks stops here
+            self.device = resolve_device(cfg.device)
+        except TrainerError as exc:
+            raise TrainerProcessError(str(exc)) from None
         view = await self.get_run()
         spec = self.load_spec(view)
         view = await self.enroll(view, stop)
@@ -452,6 +466,7 @@ class _Trainer:
         await self.host.start()
         try:
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
+            self.say(f"inner loop on {_describe_device(self.device)}")
             self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts))
             drains = []
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
@@ -559,7 +574,7 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args), spec_path=Path(args.spec),
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
-        did=args.did, stake=_parse_amount(args.stake, "--stake"),
+        did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device,
     )
     try:
         asyncio.run(run_trainer(cfg, announce=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)))

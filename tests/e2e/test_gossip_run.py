@@ -112,7 +112,8 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         keys = {i: tmp_path / f"trainer{i}.p2p-key" for i in range(3)}
         trainers = {
             i: Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, keys[i],
-                                                 *(["--rounds", "1"] if i == 2 else [])), tmp_path)
+                                                 *(["--rounds", "1"] if i == 2 else []),
+                                                 *(["--device", "cpu"] if i == 0 else [])), tmp_path)
             for i in range(3)
         }
         children.extend(trainers.values())
@@ -147,6 +148,7 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
             assert f"round 1 finalized model {final} verified" in child.out()
         for i in (0, 1):
             assert f"round 0 finalized model {round1} verified" in trainers[i].out()
+        assert "inner loop on cpu" in trainers[0].out()
         # All 12 payloads (3 trainers x 2 fragments x 2 rounds) reached the node as gossip; every
         # accepted submission named one of them by hash.
         held = [line for line in node.stderr().splitlines() if "(from gossip)" in line]

@@ -25,6 +25,7 @@ from tenzro_training.trainer.inner import (
     compute_outer_gradients,
     evaluate,
     make_payloads,
+    resolve_device,
     run_inner_loop,
 )
 from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint
@@ -105,6 +106,50 @@ def test_inner_loop_is_deterministic(init: dict, shards: list[Shard]) -> None:
     other_shard = run_inner_loop(init, FAST, MODEL, shards[2], 2, 2)
     h = compute_model_hash(a.state)
     assert compute_model_hash(other_round.state) != h and compute_model_hash(other_shard.state) != h
+
+
+def test_inner_loop_on_an_explicit_cpu_device_is_the_same_bits(init: dict, shards: list[Shard]) -> None:
+    default = run_inner_loop(init, FAST, MODEL, shards[0], 1, 0)
+    for device in ("cpu", "CPU", torch.device("cpu"), "auto" if not torch.cuda.is_available() else "cpu"):
+        res = run_inner_loop(init, FAST, MODEL, shards[0], 1, 0, device=device)
+        assert res.losses == default.losses
+        assert compute_model_hash(res.state) == compute_model_hash(default.state)
+        assert all(t.device.type == "cpu" for t in res.state.values())
+    val = validation_batch(load_corpus(), MODEL.context_len, MODEL.horizon)[:8]
+    assert evaluate(default.state, MODEL, val, device="cpu") == evaluate(default.state, MODEL, val)
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" Cpu ") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") in (torch.device("cpu"), torch.device("mps"))
+
+
+@pytest.mark.parametrize("name", ["gpu", "", "cuda:x", "meta", "xla:0", 7])
+def test_invalid_device_names(name: object) -> None:
+    with pytest.raises(TrainerError, match="device"):
+        resolve_device(name)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_invalid_cuda_device_without_cuda(init: dict, shards: list[Shard]) -> None:
+    for name in ("cuda", "cuda:0", "CUDA:1"):
+        with pytest.raises(TrainerError, match="no CUDA device"):
+            resolve_device(name)
+    with pytest.raises(TrainerError, match="no CUDA device"):
+        run_inner_loop(init, FAST, MODEL, shards[0], 0, 0, device="cuda")
+
+
+def test_auto_prefers_cuda_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(TrainerError, match="only 2 CUDA device"):
+        resolve_device("cuda:2")
 
 
 def test_inner_loop_with_dropout_is_deterministic(init: dict, shards: list[Shard]) -> None:

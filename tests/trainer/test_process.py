@@ -102,3 +102,20 @@ def test_invalid_empty_tensors_in_the_view_stop_the_trainer() -> None:
                 "nope"):
         with pytest.raises(TrainerProcessError, match="empty_tensors are malformed"):
             compute_model_layout_from_view({"empty_tensors": bad}, layouts)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_invalid_device_stops_the_trainer_before_it_calls_the_node(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenzro_training.cli import main
+
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    # Nothing listens on port 9: had the trainer called the node first, the error would be a connection error.
+    code = main(["trainer", "run", "--task-id", "t", "--spec", str(spec), "--p2p-key", str(tmp_path / "k"),
+                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9", "--device", "cuda:0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "no CUDA device" in err and "Traceback" not in err
+    assert not (tmp_path / "k").exists()  # no identity made, nothing staked
