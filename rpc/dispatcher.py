@@ -29,12 +29,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 
 from rpc.errors import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
     InternalError,
     InvalidParams,
     InvalidRequest,
@@ -53,6 +56,7 @@ from rpc.params import (
     PostTaskParams,
     SubmitOuterGradientParams,
 )
+from rpc.metrics import RpcMetrics
 from rpc.service import TrainingService
 from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
 from tenzro_training.errors import TenzroError
@@ -217,19 +221,26 @@ def _is_valid_id(value: object) -> bool:
 class Dispatcher:
     """JSON-RPC 2.0 over a :class:`~rpc.service.TrainingService`; see the module docstring."""
 
-    __slots__ = ("_service", "_methods")
+    __slots__ = ("_service", "_methods", "_metrics")
 
     def __init__(
-        self, service: TrainingService, *, methods: Mapping[str, Method] = METHODS
+        self,
+        service: TrainingService,
+        *,
+        methods: Mapping[str, Method] = METHODS,
+        metrics: RpcMetrics | None = None,
     ) -> None:
         self._service = service
         self._methods = methods
+        self._metrics = metrics
 
     def handle(self, raw: bytes | str) -> bytes | None:
         """Answer one request body; ``None`` when nothing must be sent (notifications only)."""
         try:
             obj = parse_json(raw)
         except ParseError as exc:
+            if self._metrics is not None:
+                self._metrics.record(None, PARSE_ERROR, None)
             return serialize_json(compute_error_response(exc, None))
         out = self.handle_obj(obj)
         return None if out is None else self._serialize(out)
@@ -238,29 +249,39 @@ class Dispatcher:
         """Answer one parsed request or batch; ``None`` when nothing must be sent."""
         if type(obj) is list:
             if not obj:
+                if self._metrics is not None:
+                    self._metrics.record(None, INVALID_REQUEST, None)
                 return _invalid(None, "empty batch")
             responses = [r for r in map(self._handle_one, obj) if r is not None]
             return responses or None
         return self._handle_one(obj)
 
     def _handle_one(self, request: object) -> dict[str, Any] | None:
+        response, name, code, seconds = self._answer_one(request)
+        if self._metrics is not None:
+            self._metrics.record(name, code, seconds)
+        return response
+
+    def _answer_one(self, request: object) -> tuple[dict[str, Any] | None, object, int, float | None]:
+        """(response or None, the method name for metrics, outcome code, seconds in the call)."""
         if type(request) is not dict:
-            return _invalid(None, "a request must be a JSON object")
+            return _invalid(None, "a request must be a JSON object"), None, INVALID_REQUEST, None
         request_id = request.get("id", _ABSENT)
         if request_id is not _ABSENT and not _is_valid_id(request_id):
-            return _invalid(None, "id must be a string, an integer or null")
+            return _invalid(None, "id must be a string, an integer or null"), None, INVALID_REQUEST, None
         answer_id = None if request_id is _ABSENT else request_id
         if request.get("jsonrpc") != "2.0":
-            return _invalid(answer_id, 'jsonrpc must be "2.0"')
+            return _invalid(answer_id, 'jsonrpc must be "2.0"'), None, INVALID_REQUEST, None
         name = request.get("method")
         if type(name) is not str:
-            return _invalid(answer_id, "method must be a string")
+            return _invalid(answer_id, "method must be a string"), None, INVALID_REQUEST, None
         if not request.keys() <= _REQUEST_MEMBERS:
-            return _invalid(answer_id, "unknown request member")
+            return _invalid(answer_id, "unknown request member"), None, INVALID_REQUEST, None
         params = request.get("params", _ABSENT)
         if params is not _ABSENT and type(params) is not dict and type(params) is not list:
-            return _invalid(answer_id, "params must be an object or an array")
+            return _invalid(answer_id, "params must be an object or an array"), None, INVALID_REQUEST, None
 
+        started = time.perf_counter()
         try:
             result = self._call(name, params)
         except TenzroError as exc:
@@ -270,12 +291,14 @@ class Dispatcher:
             log.exception("internal error in JSON-RPC method %s", name[:128])
             error = compute_error_object(InternalError())
         else:
+            seconds = time.perf_counter() - started
             if request_id is _ABSENT:
-                return None
-            return {"jsonrpc": "2.0", "result": result, "id": request_id}
+                return None, name, 0, seconds
+            return {"jsonrpc": "2.0", "result": result, "id": request_id}, name, 0, seconds
+        seconds = time.perf_counter() - started
         if request_id is _ABSENT:
-            return None  # a notification's failure is not answered
-        return {"jsonrpc": "2.0", "error": error, "id": request_id}
+            return None, name, error["code"], seconds  # a notification's failure is not answered
+        return {"jsonrpc": "2.0", "error": error, "id": request_id}, name, error["code"], seconds
 
     def _call(self, name: str, params: object) -> Any:
         method = self._methods.get(name)

@@ -9,7 +9,8 @@ writes the bytes back; params, errors and batches are the dispatcher's.
 HTTP behaviour:
 - ``POST /`` with any content type: the JSON-RPC body. 200 with a JSON body, or 204 (no body)
   when the request held only notifications.
-- ``GET /``: ``{"ok": true}`` (health). Other paths/methods: 404/405 with a JSON-RPC-shaped error
+- ``GET /``: ``{"ok": true}`` (health). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
+  the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a JSON-RPC-shaped error
   body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
   ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
@@ -36,7 +37,7 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from rpc.dispatcher import Dispatcher, serialize_json
+from rpc.dispatcher import METHODS, Dispatcher, serialize_json
 from rpc.errors import (
     INVALID_REQUEST,
     InternalError,
@@ -44,6 +45,8 @@ from rpc.errors import (
     RequestTooLarge,
     compute_error_response,
 )
+from rpc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rpc.metrics import Registry, RpcMetrics
 from rpc.service import TrainingService
 
 __all__ = [
@@ -66,12 +69,18 @@ DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
 _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
 _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
+_METRICS: Final = web.AppKey("rpc_metrics", Registry)
+_REJECTED: Final = web.AppKey("rpc_rejected_bodies", object)
 _JSON: Final = "application/json"
 _HEALTH: Final = serialize_json({"ok": True})
 
 
 def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
     return web.Response(body=serialize_json(body), status=status, content_type=_JSON)
+
+
+def _count_rejected(app: web.Application, reason: str) -> None:
+    app[_REJECTED].inc(reason)  # type: ignore[attr-defined]
 
 
 def _too_large(limit: int) -> web.Response:
@@ -88,6 +97,7 @@ async def _catch_all(
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
+        _count_rejected(request.app, "too_large")
         return _too_large(request.app[_MAX_BODY])
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -111,12 +121,14 @@ async def _post(request: web.Request) -> web.StreamResponse:
     app = request.app
     limit = app[_MAX_BODY]
     if request.content_length is not None and request.content_length > limit:
+        _count_rejected(app, "too_large")
         return _too_large(limit)
     try:
         body = await request.read()  # bounded by client_max_size == limit, with or without a length
     except (HttpProcessingError, ConnectionError):
         # Broken chunked framing, a body shorter than its Content-Length, a client that went away.
         log.debug("JSON-RPC request body could not be read", exc_info=True)
+        _count_rejected(app, "unreadable")
         error = compute_error_response(InvalidRequest("request body could not be read"), None)
         response = _json_response(error, status=400)
         response.force_close()
@@ -132,22 +144,38 @@ async def _health(_request: web.Request) -> web.StreamResponse:
     return web.Response(body=_HEALTH, content_type=_JSON)
 
 
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    response = web.Response(body=request.app[_METRICS].render())
+    response.headers["Content-Type"] = METRICS_CONTENT_TYPE  # the version parameter is part of the format
+    return response
+
+
 def create_app(
     service: TrainingService,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     executor: Executor | None = None,
+    metrics: Registry | None = None,
 ) -> web.Application:
     """The aiohttp application serving JSON-RPC for ``service`` at ``/``.
 
     ``executor``: where the dispatcher runs; it must run one job at a time (a
     ``ThreadPoolExecutor(max_workers=1)``) and is then NOT shut down by the app. Without it the
     app creates its own single-thread executor and shuts it down on cleanup.
+    ``metrics``: the registry ``GET /metrics`` renders, to which the app adds the JSON-RPC
+    request metrics (a fresh one when omitted); the node adds its own to the same registry.
     """
     if type(max_body_bytes) is not int or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
+    registry = Registry() if metrics is None else metrics
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_catch_all])
-    app[_DISPATCHER] = Dispatcher(service)
+    app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS))
+    app[_METRICS] = registry
+    app[_REJECTED] = registry.counter(
+        "tenzro_rpc_rejected_bodies_total",
+        "HTTP request bodies refused before JSON-RPC parsing: too_large (413) or unreadable (400).",
+        ("reason",),
+    )
     app[_MAX_BODY] = max_body_bytes
     if executor is None:
         owned = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-rpc")
@@ -162,6 +190,7 @@ def create_app(
         app[_EXECUTOR] = executor
     app.router.add_post("/", _post)
     app.router.add_get("/", _health)
+    app.router.add_get("/metrics", _metrics)
     return app
 
 
@@ -191,9 +220,10 @@ async def start_server(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     executor: Executor | None = None,
     shutdown_timeout: float = 10.0,
+    metrics: Registry | None = None,
 ) -> RunningServer:
     """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
-    app = create_app(service, max_body_bytes=max_body_bytes, executor=executor)
+    app = create_app(service, max_body_bytes=max_body_bytes, executor=executor, metrics=metrics)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:

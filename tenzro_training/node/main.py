@@ -113,7 +113,7 @@ def _tick(service: Any) -> int | None:
     return service.next_deadline_ms()
 
 
-async def _tick_forever(service: Any, executor: ThreadPoolExecutor) -> None:
+async def _tick_forever(service: Any, executor: ThreadPoolExecutor, metrics: Any) -> None:
     loop = asyncio.get_running_loop()
     while True:
         try:
@@ -122,6 +122,7 @@ async def _tick_forever(service: Any, executor: ThreadPoolExecutor) -> None:
             raise
         except Exception:  # a failing tick must not kill the node; it is retried
             log.exception("tick failed")
+            metrics.tick_failures.inc()
             deadline = None
         delay = TICK_INTERVAL_S
         if deadline is not None:
@@ -178,9 +179,11 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
     NodeStartupError before anything is served. ``p2p`` (``listen``, ``key``, ``bootstrap``)
     turns on gossip."""
+    from rpc.metrics import Registry
     from rpc.server import start_server
     from storage import open_store
     from storage.interface import StorageError
+    from tenzro_training.node.metrics import NodeMetrics, register_gossip_metrics
     from tenzro_training.node.service import NodeService
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -202,19 +205,28 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
             service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
         except TenzroError as exc:
             raise NodeStartupError(f"cannot start the node service: {exc}") from None
-        service.on_event = _log_event
+        registry = Registry()
+        metrics = NodeMetrics(registry, chain_id=config.chain_id)
+        metrics.attach(service)
+        listeners = [_log_event, metrics.on_event]
         if p2p:
             host, bridge = await _start_p2p(p2p, data_dir, service, config, executor)
-
-            def _on_event(event: Any) -> None:
-                _log_event(event)
-                bridge.on_event(event)
-
-            service.on_event = _on_event
+            register_gossip_metrics(registry, host, bridge)
+            listeners.append(bridge.on_event)
             announce(f"tenzro node p2p {host.addrs[0]}")
+
+        def _on_event(event: Any) -> None:
+            for listener in listeners:
+                try:
+                    listener(event)
+                except Exception:  # one listener's bug must not starve the others
+                    log.exception("event listener %r failed for %s", listener, type(event).__name__)
+
+        service.on_event = _on_event
         try:
             server = await start_server(
-                service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes, executor=executor
+                service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes, executor=executor,
+                metrics=registry,
             )
         except OSError as exc:
             raise NodeStartupError(
@@ -222,7 +234,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
             ) from None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        tick_task = asyncio.create_task(_tick_forever(service, executor), name="tenzro-tick")
+        tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
         announce(f"tenzro node listening on http://{server.host}:{server.port} (data dir {data_dir})")
         await stop.wait()
         log.info("shutting down")

@@ -642,6 +642,14 @@ class NodeService:
         view["has_receipt"] = self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
         return view
 
+    def count_runs_by_status(self) -> dict[str, int]:
+        """Status name -> number of runs. Safe from any thread (it is what ``GET /metrics`` reads
+        from the event loop): one copy of the run table's values, which are immutable."""
+        counts: dict[str, int] = {}
+        for run in list(self._runs.values()):
+            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        return counts
+
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:
         self._check_open()
         if status is not None and status not in {s.value for s in RunStatus}:

@@ -91,6 +91,20 @@ def rpc(url: str, method: str, params: Any) -> Any:
     return reply["result"]
 
 
+def scrape_metrics(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``GET /metrics`` parsed by prometheus_client: sample name -> {sorted labels: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
 def rpc_error(url: str, method: str, params: Any) -> dict[str, Any]:
     """The error object of a call that must fail."""
     reply = rpc_reply(url, method, params)

@@ -21,6 +21,7 @@ import pytest
 
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
+    scrape_metrics,
     REPO,
     NodeProcess,
     TinyModel,
@@ -154,6 +155,14 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         held = [line for line in node.stderr().splitlines() if "(from gossip)" in line]
         assert len(held) == 12, "\n".join(held)
         assert all(t.accepted_submissions == 4 for t in receipt.trainers), receipt.trainers
+        # The operator's view of the same: nothing dropped, every payload stored from gossip.
+        m = scrape_metrics(node.url)
+        messages = {labels[0][1]: v for labels, v in m["tenzro_gossip_messages_total"].items()}
+        assert messages["delivered"] > 0 and messages["published"] > 0
+        assert messages["dropped_outbound"] == messages["dropped_inbox"] == 0, messages
+        bridge = {labels[0][1]: v for labels, v in m["tenzro_gossip_bridge_total"].items()}
+        assert bridge["payloads_stored"] == 12 and bridge["finalized_published"] >= 2, bridge
+        assert () in m["tenzro_gossip_peers"] and () in m["tenzro_gossip_bootstrap_unreachable"]
     finally:
         for child in children:
             child.stop()

@@ -34,6 +34,7 @@ from tests.e2e.conftest import (
     rpc,
     rpc_error,
     run_to_training,
+    scrape_metrics,
     tenzro,
     write_config,
 )
@@ -135,6 +136,20 @@ def test_full_run_to_a_verified_receipt_with_error_cases(node: NodeProcess, tiny
 
     model_file = node.data_dir / "models" / f"{task.task_id}.safetensors"
     assert compute_model_hash(safetensors.torch.load(model_file.read_bytes())) == receipt.final_model_hash
+
+    # What an operator's Prometheus sees (the node is shared with other tests: at least).
+    m = scrape_metrics(task.url)
+    assert m["tenzro_runs"][(("status", "Sealed"),)] >= 1
+    assert m["tenzro_run_events_total"][(("event", "RunSealed"),)] >= 1
+    assert m["tenzro_run_events_total"][(("event", "RoundFinalized"),)] >= ROUNDS
+    requests = m["tenzro_rpc_requests_total"]
+    assert requests[(("code", "0"), ("method", "tenzro_training_submitOuterGradient"))] >= ROUNDS * FRAGMENTS * 3
+    assert requests[(("code", "1305"), ("method", "tenzro_training_submitOuterGradient"))] >= 1  # the late one
+    finalize = (("method", "tenzro_training_finalizeRound"),)
+    assert m["tenzro_rpc_request_duration_seconds_count"][finalize] >= ROUNDS
+    import tenzro_training
+
+    assert m["tenzro_node_info"][(("chain_id", str(task.chain_id)), ("version", tenzro_training.__version__))] == 1
 
 
 def test_invalid_requests_get_json_rpc_errors(node: NodeProcess) -> None:

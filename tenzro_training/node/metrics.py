@@ -1,0 +1,97 @@
+"""The node's own metrics on the registry ``GET /metrics`` renders (``rpc/metrics.py``): runs by
+status, run events, tick failures and, with gossip on, the libp2p host's and the gossip
+bridge's counters. docs/node.md "Metrics" lists every name.
+
+Why these are read at scrape time instead of pushed: the host and the bridge already keep
+counters (their ``stats()``/``counters``), and the run table is the service's dict of immutable
+RunStates, so a scrape reads the current values without adding work to the paths that change
+them. Every read here is a snapshot safe from the event-loop thread (a dict copy or int reads
+under the GIL); nothing here calls into the service's executor, so a scrape answers at once even
+during a long finalizeRound.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rpc.metrics import Counter, Registry
+from tenzro_training import __version__
+from tenzro_training.run_state import RunStatus
+
+__all__ = ["NodeMetrics", "register_gossip_metrics"]
+
+_GOSSIP_KINDS = ("published", "delivered", "rejected", "ignored", "dropped_outbound", "dropped_inbox")
+
+
+class NodeMetrics:
+    """Node-wide metrics: registered once per process, fed by ``run_node``."""
+
+    def __init__(self, registry: Registry, *, chain_id: int) -> None:
+        self.registry = registry
+        self._service: Any = None
+        started = time.time()
+        registry.gauge_callback(
+            "tenzro_node_info", "Always 1; the labels say which software serves which chain.",
+            lambda: {(__version__, str(chain_id)): 1}, ("version", "chain_id"),
+        )
+        registry.gauge_callback(
+            "tenzro_node_start_time_seconds", "Unix time the node process started.", lambda: {(): started},
+        )
+        registry.gauge_callback(
+            "tenzro_runs", "Runs held by the node, by status (every status listed, 0 included).",
+            self._runs_by_status, ("status",),
+        )
+        self.events: Counter = registry.counter(
+            "tenzro_run_events_total", "Run events committed (RunPosted, RoundFinalized, RunSealed...), by type.",
+            ("event",),
+        )
+        self.tick_failures: Counter = registry.counter(
+            "tenzro_tick_failures_total", "Clock ticks that raised (logged; the tick is retried).",
+        )
+
+    def attach(self, service: Any) -> None:
+        """Read run counts from ``service`` (a NodeService) from now on."""
+        self._service = service
+
+    def _runs_by_status(self) -> dict[tuple[str, ...], float]:
+        counts = dict.fromkeys((s.value for s in RunStatus), 0)
+        if self._service is not None:
+            for status, n in self._service.count_runs_by_status().items():
+                counts[status] = n
+        return {(status,): n for status, n in counts.items()}
+
+    def on_event(self, event: object) -> None:
+        self.events.inc(type(event).__name__)
+
+
+def register_gossip_metrics(registry: Registry, host: Any, bridge: Any) -> None:
+    """The libp2p host's message counters and peer counts, and the bridge's work counters."""
+
+    def messages() -> dict[tuple[str, ...], float]:
+        stats = host.stats()
+        return {(kind,): stats[kind] for kind in _GOSSIP_KINDS}
+
+    registry.counter_callback(
+        "tenzro_gossip_messages_total",
+        "Gossip messages by fate: published, delivered (to a subscription), rejected/ignored (by a "
+        "validator), dropped_outbound/dropped_inbox (lost to a full queue: should stay 0).",
+        messages, ("kind",),
+    )
+    registry.counter_callback(
+        "tenzro_gossip_reconnects_total", "Bootstrap peers connected again after being lost or unreachable.",
+        lambda: {(): host.stats()["reconnects"]},
+    )
+    registry.gauge_callback(
+        "tenzro_gossip_bootstrap_unreachable", "Bootstrap peers without a stream at the last check.",
+        lambda: {(): host.stats()["bootstrap_unreachable"]},
+    )
+    registry.gauge_callback(
+        "tenzro_gossip_peers", "Peers with an open pubsub stream.", lambda: {(): len(host.connected_peers())},
+    )
+    registry.counter_callback(
+        "tenzro_gossip_bridge_total",
+        "Gossip bridge work: payloads_stored/payloads_refused (reassembled outer gradients), tickets, "
+        "model_answers (ModelRequest answers), finalized_published (RoundFinalized notices).",
+        lambda: {(name,): n for name, n in dict(bridge.counters).items()}, ("what",),
+    )
