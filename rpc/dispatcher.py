@@ -9,8 +9,9 @@ batch semantics, notifications, params parsing (``rpc/params.py``), the call int
 (``rpc/errors.py``).
 
 What it is NOT: HTTP (``rpc/server.py`` reads bodies, enforces size limits and picks statuses)
-or thread management. The dispatcher holds no mutable state, but it calls the service on the
-caller's thread: the server runs ``handle`` on one worker thread so service calls never overlap.
+or thread management. The dispatcher holds no mutable state (an optional :class:`RpcMetrics`
+counts requests, thread-safely), but it calls the service on the caller's thread: the server
+runs ``handle`` on one worker thread so service calls never overlap.
 
 Why not jsonrpcserver: measured here, its dispatch costs ~33 us per request even with schema
 validation off (this whole dispatcher adds ~4.5 us to a bare json.loads + json.dumps of a getRun),

@@ -241,8 +241,8 @@ class RpcMetrics:
     (``"0"`` for a result, else the JSON-RPC error code) and the latency by method.
 
     Method labels are bounded: a name outside ``methods`` is counted as ``"unknown"`` and a
-    request too malformed to name one (bad JSON, not an object, no string method) as
-    ``"invalid"``, so a client cannot grow the label set.
+    request refused before its method is looked up (bad JSON, not a valid request object, an
+    empty batch) as ``"invalid"``, so a client cannot grow the label set.
     """
 
     def __init__(self, registry: Registry, methods: Iterable[str]) -> None:

@@ -50,11 +50,13 @@ from tenzro_training.trainer.data import (
     shard_windows,
     validation_batch,
 )
+from tenzro_training.trainer import TrainerError
 from tenzro_training.trainer.inner import (
     InnerConfig,
     compute_outer_gradients,
     evaluate,
     make_payloads,
+    resolve_device,
     run_inner_loop,
 )
 from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint, save_checkpoint
@@ -112,7 +114,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--inner-steps", type=int, default=16)
     ap.add_argument("--keep", action="store_true", help="keep the node's data dir")
+    ap.add_argument("--device", default="cpu",
+                    help="where the trainers' inner loops run: cpu (default: the printed hashes are reproducible), "
+                         "cuda, cuda:N, mps or auto")
     args = ap.parse_args()
+    try:
+        resolve_device(args.device)  # before the node starts: a missing GPU is a one-line error
+    except TrainerError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
 
     work = Path(tempfile.mkdtemp(prefix="tenzro-demo-"))
@@ -208,7 +218,8 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
         payloads: dict[bytes, list[bytes]] = {}
         for t in trainers:
             addr = t["address"].lower()
-            result = run_inner_loop(global_state, inner_cfg, model_cfg, shards[addr], r, shard_of[addr])
+            result = run_inner_loop(global_state, inner_cfg, model_cfg, shards[addr], r, shard_of[addr],
+                                    device=args.device)
             grads = compute_outer_gradients(global_state, result.state, layouts)
             payloads[parse_address(t["address"])] = make_payloads(task_id, r, layouts, grads, "float32")
             for f, payload in enumerate(payloads[parse_address(t["address"])]):
