@@ -562,6 +562,37 @@ def _parse_amount(text: str, flag: str) -> int:
     return value
 
 
+def cmd_keys_new_account(args: argparse.Namespace) -> None:
+    from tenzro_training.keyfiles import create_private_file, new_account_document
+
+    doc = new_account_document()
+    create_private_file(args.out, json.dumps(doc, indent=2) + "\n")
+    _emit(args, {"address": doc["address"], "key_file": str(args.out)},
+          lambda r: f"{r['address']}\nkey written to {r['key_file']} (mode 600); use it with --key-file")
+
+
+def cmd_keys_new_vrf(args: argparse.Namespace) -> None:
+    from tenzro_training.keyfiles import create_private_file, new_vrf_document
+
+    stake = _parse_amount(args.stake, "--stake")
+    doc = new_vrf_document(args.address)
+    out = Path(args.out).absolute()
+    create_private_file(out, json.dumps(doc, indent=2) + "\n")
+    result = {
+        "candidate": {"address": doc["address"], "vrf_public_key": doc["vrf_public_key"], "stake": str(stake)},
+        "syncer_identity": {"address": doc["address"], "vrf_secret_file": str(out)},
+    }
+
+    def human(r: dict[str, Any]) -> str:
+        return (f"VRF secret for {doc['address']} written to {out} (mode 600)\n"
+                "every node's config registers the candidate under \"candidates\":\n"
+                f"  {json.dumps(r['candidate'])}\n"
+                "the node that tickets for it lists it under \"syncer_identities\":\n"
+                f"  {json.dumps(r['syncer_identity'])}")
+
+    _emit(args, result, human)
+
+
 def cmd_node(args: argparse.Namespace) -> None:
     from tenzro_training.node.main import run_node_from_args
 
@@ -705,6 +736,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inner-loop device: auto (CUDA, else MPS, else CPU; the default), cpu, cuda, cuda:N, mps")
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_trainer_run)
+
+    keys = top.add_parser("keys", help="create account keys and syncer VRF secrets").add_subparsers(
+        dest="verb", required=True
+    )
+    p = keys.add_parser("new-account", help="a new secp256k1 account key file (mode 600, never overwritten)")
+    p.add_argument("--out", required=True, help="the key file to create")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_keys_new_account)
+    p = keys.add_parser("new-vrf", help="a new ECVRF secret for a syncer candidate, and its config entries")
+    p.add_argument("--address", required=True, help="the candidate's account address")
+    p.add_argument("--stake", required=True, help="the candidate's registered stake (attoTNZO)")
+    p.add_argument("--out", required=True, help="the secret file to create (mode 600, never overwritten)")
+    p.add_argument("--json", action="store_true", help="print the config entries as JSON")
+    p.set_defaults(func=cmd_keys_new_vrf)
 
     syncer = top.add_parser("syncer", help="syncer daemon").add_subparsers(dest="verb", required=True)
     p = syncer.add_parser("run", help="finalize rounds as soon as quorum and the grace window allow")

@@ -604,3 +604,49 @@ def test_format_event() -> None:
         "RoundFinalized task_id=t at_ms=5 round=0 syncer=0x0101010101010101010101010101010101010101 "
         "syncer_rank=1 model_hash=0x" + "02" * 32
     )
+
+
+# --- tenzro keys ---------------------------------------------------------------------------------
+
+
+def test_keys_new_account_then_sign_with_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "operator" / "account.json"
+    assert cli.main(["keys", "new-account", "--out", str(out), "--json"]) == EXIT_OK
+    made = json.loads(capsys.readouterr().out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert cli.main(["train", "address", "--key-file", str(out), "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["address"] == made["address"]
+    # A second run must not replace the key (that would lose the account).
+    before = out.read_bytes()
+    assert cli.main(["keys", "new-account", "--out", str(out)]) == EXIT_USAGE
+    assert "refusing to overwrite" in capsys.readouterr().err and out.read_bytes() == before
+
+
+def test_keys_new_vrf_gives_config_entries_a_node_accepts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tenzro_training.node.config import NodeConfig
+
+    out = tmp_path / "syncer0.vrf"
+    assert cli.main(["keys", "new-vrf", "--address", KEY_ADDRESS, "--stake", "5000", "--out", str(out), "--json"]) == EXIT_OK
+    entries = json.loads(capsys.readouterr().out)
+    assert entries["candidate"]["stake"] == "5000" and "vrf_secret" not in json.dumps(entries["candidate"])
+    assert entries["syncer_identity"] == {"address": KEY_ADDRESS, "vrf_secret_file": str(out)}
+    config = NodeConfig.from_dict(
+        {"candidates": [entries["candidate"]], "syncer_identities": [entries["syncer_identity"]]}, data_dir=None
+    )
+    assert config.syncer_identities[0].vrf_public_key == config.candidates[0].vrf_public_key
+    # The human form names the file and both entries.
+    other = tmp_path / "syncer1.vrf"
+    assert cli.main(["keys", "new-vrf", "--address", KEY_ADDRESS, "--stake", "1", "--out", str(other)]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert str(other) in text and '"candidates"' in text and '"syncer_identities"' in text
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--address", "0x12", "--stake", "1"], "invalid address"),
+    (["--address", KEY_ADDRESS, "--stake", "-1"], "--stake"),
+])
+def test_invalid_keys_new_vrf_writes_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
+                                             match: str) -> None:
+    out = tmp_path / "v.vrf"
+    assert cli.main(["keys", "new-vrf", *argv, "--out", str(out)]) == EXIT_USAGE
+    assert match in capsys.readouterr().err and not out.exists()

@@ -16,7 +16,7 @@ import tenzro_training
 
 PACKAGE_DIR = Path(tenzro_training.__file__).parent
 # Shell modules and subpackages: they wrap the core with I/O and may import anything.
-SHELLS = {"cli", "node", "p2p", "trainer", "chain"}
+SHELLS = {"cli", "node", "p2p", "trainer", "chain", "keyfiles"}
 FORBIDDEN = {
     "asyncio", "aiohttp", "rocksdict", "libp2p", "trio", "subprocess", "socket", "threading", "pybase64",
     "multiprocessing", "jsonrpcserver", "web3", "eth_tester", "requests", "urllib", "http",

@@ -357,8 +357,22 @@ def _candidate_from_dict(path: str, value: object) -> Candidate:
 
 
 def _identity_from_dict(path: str, value: object) -> SyncerIdentity:
-    keys = ("address", "vrf_secret")
-    d = _obj(path, value, keys, keys)
-    return SyncerIdentity(
-        address=_address(f"{path}.address", d["address"]), vrf_secret=_hex32(f"{path}.vrf_secret", d["vrf_secret"])
-    )
+    """``{"address", "vrf_secret"}`` (the secret inline, as the dev genesis writes it) or
+    ``{"address", "vrf_secret_file"}`` (an absolute path to a 0600 file ``tenzro keys new-vrf``
+    wrote, so the config itself holds no secret)."""
+    d = _obj(path, value, ("address", "vrf_secret", "vrf_secret_file"), ("address",))
+    address = _address(f"{path}.address", d["address"])
+    if ("vrf_secret" in d) == ("vrf_secret_file" in d):
+        raise ConfigError(path, "give exactly one of vrf_secret and vrf_secret_file")
+    if "vrf_secret" in d:
+        return SyncerIdentity(address=address, vrf_secret=_hex32(f"{path}.vrf_secret", d["vrf_secret"]))
+    file = d["vrf_secret_file"]
+    if not isinstance(file, str) or not file or not Path(file).is_absolute():
+        raise ConfigError(f"{path}.vrf_secret_file", "expected an absolute path")
+    from tenzro_training.keyfiles import KeyFileError, parse_vrf_document, read_private_file
+
+    try:
+        secret = parse_vrf_document(file, read_private_file(file), address)
+    except KeyFileError as exc:
+        raise ConfigError(f"{path}.vrf_secret_file", str(exc)) from None
+    return SyncerIdentity(address=address, vrf_secret=secret)

@@ -113,3 +113,64 @@ def test_invalid_not_an_object() -> None:
         NodeConfig.from_dict([], data_dir=None)
     with pytest.raises(ConfigError):
         SyncerIdentity(address=b"\x01" * 20, vrf_secret=b"\x01" * 31)
+
+
+# --- syncer VRF secrets in files (tenzro keys new-vrf) ---------------------------------------------
+
+
+def _vrf_file(tmp_path: Path, text: str, mode: int = 0o600, name: str = "syncer0.vrf") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def _with_file(path: object) -> dict[str, Any]:
+    obj = _base()
+    obj["syncer_identities"] = [{"address": SYNCERS[0].text, "vrf_secret_file": str(path)}]
+    return obj
+
+
+@pytest.mark.parametrize("content", [
+    '{"address": "%s", "vrf_secret": "0x%s"}' % (SYNCERS[0].text.lower(), VRF_SECRETS[0].hex()),
+    '{"vrf_secret": "%s"}' % VRF_SECRETS[0].hex(),
+    "0x%s\n" % VRF_SECRETS[0].hex(),
+])
+def test_vrf_secret_from_a_file(tmp_path: Path, content: str) -> None:
+    config = NodeConfig.from_dict(_with_file(_vrf_file(tmp_path, content)), data_dir=None)
+    assert config.syncer_identities == (SyncerIdentity(address=SYNCERS[0].address, vrf_secret=VRF_SECRETS[0]),)
+    inline = _base()
+    inline["syncer_identities"] = inline["syncer_identities"][:1]
+    assert config == NodeConfig.from_dict(inline, data_dir=None)  # the same node as with the secret inline
+
+
+@pytest.mark.parametrize(("content", "mode", "reason"), [
+    ("0x" + "11" * 32, 0o644, "allows group/other access"),
+    ("0x" + "11" * 31, 0o600, "must be 32 bytes"),
+    ("zz", 0o600, "not hex"),
+    ('{"address": "0x' + "22" * 20 + '", "vrf_secret": "0x' + "11" * 32 + '"}', 0o600, "not 0x"),
+    ("{nope", 0o600, "not valid JSON"),
+    ('{"secret": 1}', 0o600, "vrf_secret"),
+])
+def test_invalid_vrf_secret_file(tmp_path: Path, content: str, mode: int, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as info:
+        NodeConfig.from_dict(_with_file(_vrf_file(tmp_path, content, mode)), data_dir=None)
+    assert info.value.path == "syncer_identities[0].vrf_secret_file"
+
+
+def test_invalid_vrf_secret_file_references(tmp_path: Path) -> None:
+    for path in ("relative/syncer0.vrf", "", 7, str(tmp_path / "missing")):
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_dict(_with_file(path), data_dir=None)
+        assert info.value.path == "syncer_identities[0].vrf_secret_file"
+    both = _with_file(_vrf_file(tmp_path, VRF_SECRETS[0].hex()))
+    both["syncer_identities"][0]["vrf_secret"] = "0x" + VRF_SECRETS[0].hex()
+    neither = _base()
+    del neither["syncer_identities"][0]["vrf_secret"]
+    for obj in (both, neither):
+        with pytest.raises(ConfigError, match="exactly one of vrf_secret and vrf_secret_file"):
+            NodeConfig.from_dict(obj, data_dir=None)
+    # A secret that is not the registered candidate's key is refused as inline ones are.
+    wrong = _with_file(_vrf_file(tmp_path, VRF_SECRETS[1].hex(), name="other.vrf"))
+    with pytest.raises(ConfigError, match="public key differs"):
+        NodeConfig.from_dict(wrong, data_dir=None)
