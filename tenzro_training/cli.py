@@ -135,8 +135,12 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
     if key_file:
         try:
             text = Path(key_file).read_text().strip()
+            mode = Path(key_file).stat().st_mode
         except OSError as exc:
             raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
+        if mode & 0o077:  # warn, not refuse: the key works, but the operator should know
+            print(f"tenzro: warning: key file {key_file} is accessible to other users (mode {mode & 0o777:o}; "
+                  "chmod 600 it)", file=sys.stderr)
         if text.startswith("{"):
             try:
                 doc = json.loads(text)

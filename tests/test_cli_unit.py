@@ -171,6 +171,17 @@ def test_key_from_hex_file_json_and_env(tmp_path: Path, key_file: Path, monkeypa
     assert cli.key_address(KEY) == KEY_ADDRESS
 
 
+def test_a_key_file_others_can_read_works_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "k"
+    path.write_text(KEY.hex())
+    path.chmod(0o644)
+    assert cli.load_private_key(str(path)) == KEY
+    assert "mode 644; chmod 600 it" in capsys.readouterr().err
+    path.chmod(0o600)
+    assert cli.load_private_key(str(path)) == KEY
+    assert capsys.readouterr().err == ""
+
+
 def test_key_from_dev_accounts_file(tmp_path: Path) -> None:
     keys = {("sponsor", 0): "11" * 32, ("trainer", 0): "22" * 32, ("trainer", 1): "33" * 32}
     doc = {
