@@ -46,7 +46,7 @@ from rpc.errors import (
     compute_error_response,
 )
 from rpc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rpc.metrics import Registry, RpcMetrics
+from rpc.metrics import Counter, Registry, RpcMetrics
 from rpc.service import TrainingService
 
 __all__ = [
@@ -70,7 +70,7 @@ _DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
 _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
 _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
-_REJECTED: Final = web.AppKey("rpc_rejected_bodies", object)
+_REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
 _JSON: Final = "application/json"
 _HEALTH: Final = serialize_json({"ok": True})
 
@@ -80,7 +80,7 @@ def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
 
 
 def _count_rejected(app: web.Application, reason: str) -> None:
-    app[_REJECTED].inc(reason)  # type: ignore[attr-defined]
+    app[_REJECTED].inc(reason)
 
 
 def _too_large(limit: int) -> web.Response:
