@@ -729,7 +729,8 @@ def build_parser() -> argparse.ArgumentParser:
     trainer = top.add_parser("trainer", help="trainer process").add_subparsers(dest="verb", required=True)
     p = trainer.add_parser("run", help="enroll, then train and submit every round over gossip until Sealed")
     p.add_argument("--task-id", required=True)
-    p.add_argument("--spec", required=True, help="the task's spec JSON (checked against the run's spec hash)")
+    p.add_argument("--spec", help="the task's spec JSON (default: the one the node serves); checked against the "
+                                  "run's spec hash either way")
     p.add_argument("--p2p-key", required=True, help="libp2p identity key file (created 0600 if missing)")
     p.add_argument("--bootstrap", action="append", required=True, metavar="MULTIADDR", help="the node's p2p address")
     p.add_argument("--p2p-listen", action="append", metavar="MULTIADDR", help="default /ip4/127.0.0.1/tcp/0")

@@ -886,6 +886,9 @@ def compute_run_view(run: RunState, now_ms: int) -> dict[str, Any]:
     return {
         "task_id": run.task_id,
         "spec_hash": _hex(run.spec_hash),
+        # The whole spec: a trainer needs its model, dataset and inner-loop settings, and checks
+        # them against spec_hash (which the receipt commits) rather than trusting the node.
+        "spec": run.spec.to_dict(),
         "status": run.status.value,
         "round": run.round,
         "max_rounds": run.spec.max_rounds,

@@ -319,6 +319,11 @@ def test_view_while_training_shows_counts_deadlines_and_election() -> None:
     assert view["round_deadline_ms"] == 220 + TIMINGS.round_timeout_ms
     assert view["tick_due"] is False
     assert compute_run_view(env.run, 220 + TIMINGS.round_timeout_ms + 1)["tick_due"] is True
+    # The served spec is the posted one: it hashes to the view's spec_hash.
+    from tenzro_training.spec import TrainingTaskSpec
+
+    served = TrainingTaskSpec.from_dict(json.loads(json.dumps(view["spec"])))
+    assert served == env.run.spec and "0x" + served.spec_hash().hex() == view["spec_hash"]
 
 
 # --- named invalid cases ------------------------------------------------------------------------

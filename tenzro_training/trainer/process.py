@@ -84,7 +84,8 @@ class TrainerProcessConfig:
     task_id: str
     rpc_url: str
     private_key: bytes
-    spec_path: Path
+    spec_path: Path | None
+    """The task's spec JSON; None: use the spec getRun serves (checked against spec_hash either way)."""
     p2p_key: Path
     bootstrap: tuple[str, ...]
     listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
@@ -258,16 +259,29 @@ class _Trainer:
     # --- setup ---
 
     def load_spec(self, view: dict[str, Any]) -> Any:
+        """The run's spec: from ``--spec`` if given, else the one getRun serves; either way it
+        must hash to the run's spec_hash, which the receipt commits (so a node cannot make a
+        trainer train on a spec other than the one it is paid under)."""
         from tenzro_training.spec import TrainingTaskSpec
 
+        if self.cfg.spec_path is None:
+            where, obj = "the node's spec", view.get("spec")
+        else:
+            where = f"spec {self.cfg.spec_path}"
+            try:
+                obj = json.loads(self.cfg.spec_path.read_text())
+            except OSError as exc:
+                raise TrainerProcessError(f"cannot read {where}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise TrainerProcessError(f"{where} is not valid JSON: {exc}") from None
         try:
-            spec = TrainingTaskSpec.from_dict(json.loads(self.cfg.spec_path.read_text()))
-        except OSError as exc:
-            raise TrainerProcessError(f"cannot read spec {self.cfg.spec_path}: {exc.strerror}") from None
+            spec = TrainingTaskSpec.from_dict(obj)
+        except TenzroError as exc:
+            raise TrainerProcessError(f"{where} is invalid: {exc}") from None
         if spec.task_id != self.cfg.task_id:
-            raise TrainerProcessError(f"the spec is for {spec.task_id!r}, not {self.cfg.task_id!r}")
+            raise TrainerProcessError(f"{where} is for {spec.task_id!r}, not {self.cfg.task_id!r}")
         if _hex(spec.spec_hash()) != view["spec_hash"]:
-            raise TrainerProcessError(f"the spec's hash {_hex(spec.spec_hash())} differs from the run's {view['spec_hash']}")
+            raise TrainerProcessError(f"{where} hashes to {_hex(spec.spec_hash())}, the run's is {view['spec_hash']}")
         return spec
 
     async def enroll(self, view: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
@@ -571,7 +585,8 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
     logging.basicConfig(level=os.environ.get("TENZRO_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainerProcessConfig(
-        task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args), spec_path=Path(args.spec),
+        task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args),
+        spec_path=None if args.spec is None else Path(args.spec),
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
         did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device,

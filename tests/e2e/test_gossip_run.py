@@ -85,10 +85,12 @@ class Child:
                 self.proc.wait()
 
 
-def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path, who: str, p2p_addr: str, key: Path,
+def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path | None, who: str, p2p_addr: str, key: Path,
                  *extra: str) -> list[str]:
+    """``spec_path=None``: the trainer takes the spec getRun serves (checked against spec_hash)."""
+    spec = [] if spec_path is None else ["--spec", str(spec_path)]
     return ["trainer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"), "--account", who,
-            "--task-id", task_id, "--spec", str(spec_path), "--rpc", node.url, "--p2p-key", str(key),
+            "--task-id", task_id, *spec, "--rpc", node.url, "--p2p-key", str(key),
             "--bootstrap", p2p_addr, *extra]
 
 
@@ -112,7 +114,9 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
                                           "--account", syncer, "--rpc", node.url, "--poll-interval", "0.1"], tmp_path))
         keys = {i: tmp_path / f"trainer{i}.p2p-key" for i in range(3)}
         trainers = {
-            i: Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, keys[i],
+            # Trainer 1 has no --spec file: it trains on the spec the node serves.
+            i: Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path if i != 1 else None, f"trainer:{i}",
+                                                 p2p_addr, keys[i],
                                                  *(["--rounds", "1"] if i == 2 else []),
                                                  *(["--device", "cpu"] if i == 0 else [])), tmp_path)
             for i in range(3)

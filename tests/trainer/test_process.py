@@ -119,3 +119,43 @@ def test_invalid_device_stops_the_trainer_before_it_calls_the_node(
     err = capsys.readouterr().err
     assert code != 0 and "no CUDA device" in err and "Traceback" not in err
     assert not (tmp_path / "k").exists()  # no identity made, nothing staked
+
+
+def _trainer_for(spec_path, task_id: str):  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from tenzro_training.trainer.process import TrainerProcessConfig, _Trainer
+
+    cfg = TrainerProcessConfig(task_id=task_id, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32,
+                               spec_path=spec_path, p2p_key=Path("unused"), bootstrap=("/ip4/127.0.0.1/tcp/9",))
+    return _Trainer(cfg, print)
+
+
+def test_the_spec_comes_from_the_file_or_the_node_and_must_match_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.process import TrainerProcessError
+    from tests.test_spec import example
+
+    obj = example()
+    spec = TrainingTaskSpec.from_dict(obj)
+    view = {"spec": obj, "spec_hash": "0x" + spec.spec_hash().hex()}
+    assert _trainer_for(None, spec.task_id).load_spec(view) == spec  # served by the node
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(obj))
+    assert _trainer_for(path, spec.task_id).load_spec({"spec_hash": view["spec_hash"]}) == spec  # from --spec
+
+    tampered = json.loads(json.dumps(obj))
+    tampered["max_rounds"] = spec.max_rounds + 1  # a node serving another spec than the run committed to
+    with pytest.raises(TrainerProcessError, match="the node's spec hashes to 0x"):
+        _trainer_for(None, spec.task_id).load_spec({**view, "spec": tampered})
+    with pytest.raises(TrainerProcessError, match="is for"):
+        _trainer_for(None, "another-task").load_spec(view)
+    with pytest.raises(TrainerProcessError, match="the node's spec is invalid"):
+        _trainer_for(None, spec.task_id).load_spec({"spec_hash": view["spec_hash"]})  # an old node: no spec
+    path.write_text("{not json")
+    with pytest.raises(TrainerProcessError, match="is not valid JSON"):
+        _trainer_for(path, spec.task_id).load_spec(view)
+    with pytest.raises(TrainerProcessError, match="cannot read"):
+        _trainer_for(tmp_path / "missing.json", spec.task_id).load_spec(view)
