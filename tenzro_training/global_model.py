@@ -41,7 +41,7 @@ from tenzro_training.fragments import (
     gather_fragment,
     scatter_fragment,
 )
-from tenzro_training.outer import OuterConfig, apply_outer_step
+from tenzro_training.outer import OuterConfig, apply_outer_step, apply_outer_step_
 from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
 from tenzro_training.records import FragmentOutcome
 from tenzro_training.spec import TrainingTaskSpec
@@ -249,6 +249,7 @@ def compute_round_update(
     *,
     max_payload_bytes: int,
     worker: Worker = INLINE,
+    in_place: bool = False,
 ) -> RoundUpdate:
     """Aggregate and step every fragment of ``round``.
 
@@ -262,6 +263,11 @@ def compute_round_update(
     the GIL, so a one-thread executor halves their wall time on two cores. They run after
     every torch kernel, not alongside: on a small machine torch's intra-op threads already
     fill every core (measured: overlapping made a finalize slower, not faster).
+
+    ``in_place``: the new weights and momentum are written over ``weights`` and ``momentum``
+    (:func:`~tenzro_training.outer.apply_outer_step_`, same bits) and returned as the update's
+    vectors; for a caller that owns those buffers, as the node does with the copies it decodes
+    from its store. They are garbage if this raises. Default: the inputs are not modified.
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)
@@ -271,6 +277,7 @@ def compute_round_update(
     aggregates: list[torch.Tensor] = []
     new_weights: list[torch.Tensor] = []
     new_momentum: list[torch.Tensor] = []
+    scratch = torch.empty(max((lay.numel for lay in model.layouts), default=0), dtype=torch.float32) if in_place else None
     for lay, subs, w, m in zip(model.layouts, inputs, weights, momentum):
         header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
         grads = [
@@ -283,7 +290,11 @@ def compute_round_update(
         result = aggregate(rule, grads)
         reports.append(result.report)
         aggregates.append(result.tensor)
-        w2, m2 = apply_outer_step(w, m, result.tensor, cfg)
+        if in_place:
+            apply_outer_step_(w, m, result.tensor, cfg, scratch=scratch)
+            w2, m2 = w, m
+        else:
+            w2, m2 = apply_outer_step(w, m, result.tensor, cfg)
         new_weights.append(w2)
         new_momentum.append(m2)
     aggregate_hashes = worker.submit(

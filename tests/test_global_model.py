@@ -81,7 +81,12 @@ def test_round_update_is_reproducible_bit_for_bit_on_any_worker(rule: object) ->
     a, b = update(), update()
     with ThreadPoolExecutor(max_workers=1) as pool:
         c = update(worker=pool)
-    for other in (b, c):
+    # In place (as the node runs it, on buffers it owns): the same bits, written into the inputs.
+    own_w, own_m = [w.clone() for w in initial.weights], [m.clone() for m in momentum]
+    d = compute_round_update(spec, initial.model, 0, inputs, own_w, own_m, max_payload_bytes=1 << 20, in_place=True)
+    assert all(x is y for x, y in zip(d.weights, own_w)) and all(x is y for x, y in zip(d.momentum, own_m))
+    assert all(torch.equal(m, torch.zeros_like(m)) for m in momentum)  # the default left the inputs alone
+    for other in (b, c, d):
         assert other.model_hash == a.model_hash
         assert other.outcomes == a.outcomes
         assert [w.numpy().tobytes() for w in other.weights] == [w.numpy().tobytes() for w in a.weights]

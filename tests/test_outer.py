@@ -20,6 +20,7 @@ from hypothesis.extra import numpy as hnp
 
 from tenzro_training.errors import AggregationError, SpecError, TenzroError
 from tenzro_training.outer import (
+    apply_outer_step_,
     OuterConfig,
     OuterStepError,
     apply_outer_step,
@@ -240,6 +241,45 @@ def test_non_contiguous_inputs_give_the_same_result() -> None:
     dense = apply_outer_step(w.clone(), grads[0].clone(), grads[1].clone(), OuterConfig())
     assert torch.equal(bits_t(strided[0]), bits_t(dense[0]))
     assert torch.equal(bits_t(strided[1]), bits_t(dense[1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=hnp.arrays(
+        np.float32,
+        st.tuples(st.just(3), st.integers(0, 40)),
+        elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=True),
+    ),
+    lr=st.floats(1e-4, 2.0),
+    mu=st.floats(0.0, 0.99),
+    spare=st.integers(0, 5),
+)
+def test_property_in_place_step_is_the_same_bits(data: np.ndarray, lr: float, mu: float, spare: int) -> None:
+    cfg = OuterConfig(lr=lr, momentum=mu)
+    w, b, g = (torch.from_numpy(row.copy()) for row in data)
+    want_w, want_b = apply_outer_step(w, b, g, cfg)
+    scratch = torch.full((w.numel() + spare,), float("nan"))  # a larger, dirty scratch is fine
+    for use in (None, scratch):
+        iw, ib = w.clone(), b.clone()
+        assert apply_outer_step_(iw, ib, g, cfg, scratch=use) is None
+        assert np.array_equal(bits(iw), bits(want_w)) and np.array_equal(bits(ib), bits(want_b))
+
+
+def test_invalid_in_place_buffers() -> None:
+    cfg = OuterConfig()
+    w, b, g = torch.ones(4), torch.zeros(4), torch.ones(4)
+    for scratch in (torch.zeros(3), torch.zeros(8)[::2], torch.zeros(4, dtype=torch.float64)):
+        with pytest.raises(OuterStepError):
+            apply_outer_step_(w, b, g, cfg, scratch=scratch)
+    with pytest.raises(OuterStepError, match="different buffers"):
+        apply_outer_step_(w, w, g, cfg)
+    with pytest.raises(OuterStepError, match="share no memory"):
+        apply_outer_step_(w, b, w, cfg)
+    with pytest.raises(OuterStepError, match="contiguous"):
+        apply_outer_step_(torch.ones(8)[::2], b, g, cfg)
+    big = torch.full((2,), 3e38)
+    with pytest.raises(OuterStepError, match="non-finite"):
+        apply_outer_step_(-big, torch.zeros(2), big, OuterConfig(lr=1.0, momentum=0.9))
 
 
 def test_empty_fragment_is_allowed() -> None:

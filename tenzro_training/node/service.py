@@ -25,10 +25,11 @@ from __future__ import annotations
 import logging
 from hashlib import sha256
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -139,6 +140,11 @@ def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
 
+_MODEL_CACHE_RUNS: Final = 4
+"""Runs whose committed fp32 model state the service keeps between finalizes (2 x 4 bytes per
+parameter each: ~100 MB for a 12.6M-parameter model)."""
+
+
 def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) -> list[Operation]:
     """Puts of one kind of model state (weights, momentum, final), one value per fragment."""
     return [
@@ -173,9 +179,13 @@ class NodeService:
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
-        # Finalize hashes and steps fragment f here while the caller aggregates f+1
+        # Finalize hashes the round's aggregates here while the caller hashes the new model
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
+        # The fp32 weights and momentum each run's last finalize committed, so the next one
+        # steps them in place instead of decoding two copies from the store (see
+        # _take_model_state). At most _MODEL_CACHE_RUNS runs, least recently finalized first out.
+        self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
@@ -288,6 +298,8 @@ class NodeService:
         self._ledger = t.ledger
         self._runs[task_id] = t.run
         self._stored_runs[task_id] = encoded
+        if is_terminal(t.run):  # no finalize will step it again
+            self._model_cache.pop(task_id, None)
         self._emit(t.events)
 
     def _emit(self, events: Sequence[RunEvent]) -> None:
@@ -554,14 +566,14 @@ class NodeService:
         for index in range(len(model.layouts)):
             accepted = get_accepted_submissions(ticked, index)
             inputs.append([(addr, self._load_payload(task_id, digest)) for addr, digest in accepted])
-        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
-        momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
+        weights, momentum = self._take_model_state(task_id, model)
         largest = max((len(data) for subs in inputs for _, data in subs), default=0)
         try:
             update = compute_round_update(
                 ticked.spec, model, round, inputs, weights, momentum,
                 max_payload_bytes=max(largest, self._config.max_payload_bytes),
                 worker=self._finalize_worker,
+                in_place=True,  # weights/momentum are this call's own decoded copies
             )
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
@@ -579,6 +591,10 @@ class NodeService:
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
                           persistence.encode_receipt(compute_receipt(t.run))))
         self._commit(t, extra)
+        if not sealed:  # committed: these are now the store's values
+            self._model_cache[task_id] = (list(update.weights), list(update.momentum))
+            while len(self._model_cache) > _MODEL_CACHE_RUNS:
+                self._model_cache.popitem(last=False)
         if sealed and self._config.data_dir is not None:
             try:
                 self._write_model_file(task_id)
@@ -606,6 +622,19 @@ class NodeService:
         if data is None:
             raise StorageError(f"accepted payload {_hex(digest)} of {task_id} is missing from the store")
         return data
+
+    def _take_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The committed weights and momentum of ``task_id`` as buffers this finalize owns and
+        steps in place: the cached ones (taken OUT of the cache, so a finalize that fails after
+        stepping them leaves no half-stepped state behind; the next one decodes the store's), or
+        fresh copies decoded from the store."""
+        cached = self._model_cache.pop(task_id, None)
+        if cached is not None:
+            return cached
+        return (
+            self._load_fragments(task_id, schema.MODEL_WEIGHTS, model),
+            self._load_fragments(task_id, schema.MODEL_MOMENTUM, model),
+        )
 
     def _load_fragments(self, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
         out = []

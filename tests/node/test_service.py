@@ -168,6 +168,34 @@ class TestWholeRun:
         assert view["status"] == "Sealed" and view["has_receipt"] is True
         assert len(view["round_records"]) == 2 and view["run_root"] == last["run_root"]
 
+    def test_a_finalize_that_fails_after_stepping_leaves_no_half_stepped_model(
+        self, net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Finalize steps the model in place (the committed state of the previous round is kept in
+        memory between finalizes); a failure after the step must not leak into the retry."""
+        from storage.interface import StorageError
+
+        spec = spec_dict(*checkpoint)
+        start(net, checkpoint)
+        play_round(net, 0)
+        for i in (0, 1, 2):
+            for f in range(2):
+                net.submit(i, 1, f)
+        before = snapshot(net.store)
+
+        def disk_full(ops: object) -> None:
+            raise StorageError("no space left on device")
+
+        monkeypatch.setattr(net.service, "_write", disk_full)
+        with pytest.raises(StorageError):
+            net.finalize(1)
+        monkeypatch.undo()
+        assert snapshot(net.store) == before and net.service.get_run(net.task_id)["round"] == 1
+        last = net.finalize(1)
+        assert last["sealed"]
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
+
     def test_get_run_view(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)
         net.submit(0, 0, 1)
