@@ -266,8 +266,8 @@ def compute_round_update(
 
     ``in_place``: the new weights and momentum are written over ``weights`` and ``momentum``
     (:func:`~tenzro_training.outer.apply_outer_step_`, same bits) and returned as the update's
-    vectors; for a caller that owns those buffers, as the node does with the copies it decodes
-    from its store. They are garbage if this raises. Default: the inputs are not modified.
+    vectors; for a caller that owns those buffers, as the node's finalize does with its copy of
+    the committed state. They are garbage if this raises. Default: the inputs are not modified.
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)

@@ -186,9 +186,9 @@ def apply_outer_step_(
     """:func:`apply_outer_step` with the results written over ``weights`` and ``momentum_buf``
     (bit for bit the same values: the same six operations, only their destinations differ).
 
-    For a caller that owns the buffers and discards them on error, like the node, which decodes
-    a fresh copy of the stored state for every finalize: it saves the three model-sized
-    allocations per fragment whose page faults were a large share of a finalize. ``scratch``, a
+    For a caller that owns the buffers and discards them on error, like the node's finalize,
+    which holds its own copy of the committed state: it saves the three model-sized allocations
+    per fragment whose page faults were a large share of a finalize. ``scratch``, a
     contiguous float32 CPU tensor of at least ``weights.numel()`` elements, holds the step
     (reuse one across fragments); without it one is allocated. On :class:`OuterStepError` from a
     non-finite result the buffers hold that result: do not keep them.
