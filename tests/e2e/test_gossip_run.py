@@ -173,6 +173,7 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         code = node.stop()
     assert code == 0, node.stderr()[-4000:]
     assert "Traceback" not in node.stderr(), node.stderr()[-4000:]
+    assert "auto_connector" not in node.stderr()  # libp2p's every-10-s INFO lines are silenced
     for child in children:
         assert "Traceback" not in child.err(), f"{child.name}:\n{child.err()[-4000:]}"
 
