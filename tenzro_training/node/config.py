@@ -44,7 +44,7 @@ _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
 _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
-    "rpc_port", "max_body_bytes",
+    "rpc_port", "max_body_bytes", "model_cache_runs",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -186,6 +186,10 @@ class NodeConfig:
     rpc_port: int = 8545
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """Largest JSON-RPC request body (a base64 payload is 4/3 of its bytes)."""
+    model_cache_runs: int = 2
+    """Runs whose committed fp32 weights and momentum stay in memory between finalizes (8 bytes
+    per parameter each), so a finalize steps them in place instead of decoding them from the
+    store; 0 turns the cache off (every finalize decodes: slower, no memory held)."""
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
@@ -238,6 +242,7 @@ class NodeConfig:
             raise ConfigError("rpc_host", "expected a non-empty string")
         _int("rpc_port", self.rpc_port, 0, 65535)
         _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
+        _int("model_cache_runs", self.model_cache_runs, 0, 1024)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -291,7 +296,8 @@ class NodeConfig:
                     raise ConfigError(f"allowed_checkpoint_dirs[{i}]", "expected a path string")
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
-        plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes")
+        plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
+                 "model_cache_runs")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -328,6 +334,7 @@ class NodeConfig:
             "rpc_host": self.rpc_host,
             "rpc_port": self.rpc_port,
             "max_body_bytes": self.max_body_bytes,
+            "model_cache_runs": self.model_cache_runs,
         }
 
 

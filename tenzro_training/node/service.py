@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import torch
 
@@ -140,11 +140,6 @@ def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
 
-_MODEL_CACHE_RUNS: Final = 4
-"""Runs whose committed fp32 model state the service keeps between finalizes (2 x 4 bytes per
-parameter each: ~100 MB for a 12.6M-parameter model)."""
-
-
 def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) -> list[Operation]:
     """Puts of one kind of model state (weights, momentum, final), one value per fragment."""
     return [
@@ -184,7 +179,7 @@ class NodeService:
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
         # The fp32 weights and momentum each run's last finalize committed, so the next one
         # steps them in place instead of decoding two copies from the store (see
-        # _take_model_state). At most _MODEL_CACHE_RUNS runs, least recently finalized first out.
+        # _take_model_state). At most config.model_cache_runs runs, least recently finalized out.
         self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
         self._ledger = self._open_ledger()
         self._load_runs()
@@ -591,9 +586,9 @@ class NodeService:
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
                           persistence.encode_receipt(compute_receipt(t.run))))
         self._commit(t, extra)
-        if not sealed:  # committed: these are now the store's values
+        if not sealed and self._config.model_cache_runs > 0:  # committed: now the store's values
             self._model_cache[task_id] = (list(update.weights), list(update.momentum))
-            while len(self._model_cache) > _MODEL_CACHE_RUNS:
+            while len(self._model_cache) > self._config.model_cache_runs:
                 self._model_cache.popitem(last=False)
         if sealed and self._config.data_dir is not None:
             try:

@@ -196,6 +196,25 @@ class TestWholeRun:
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
 
+    def test_the_model_cache_changes_no_bit(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        """model_cache_runs=0 (every finalize decodes the store's state) seals the same model."""
+        from storage.memory import MemoryStore
+        from tests.node.conftest import FakeClock, make_config
+
+        spec = spec_dict(*checkpoint)
+        hashes = []
+        for cache_runs in (0, 2):
+            clock = FakeClock()
+            other = Net(NodeService(make_config(model_cache_runs=cache_runs), MemoryStore(), clock=clock), clock)
+            start(other, checkpoint)
+            play_round(other, 0)
+            assert len(other.service._model_cache) == min(cache_runs, 1)
+            assert play_round(other, 1)["sealed"] and not other.service._model_cache
+            receipt = TrainingReceipt.from_dict(other.service.get_receipt(other.task_id)["receipt"])
+            hashes.append(receipt.final_model_hash)
+            other.service.close()
+        assert hashes[0] == hashes[1] == compute_model_hash(reference_model(spec, 2))
+
     def test_get_run_view(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)
         net.submit(0, 0, 1)
