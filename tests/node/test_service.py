@@ -196,7 +196,7 @@ class TestWholeRun:
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
 
-    def test_the_model_cache_changes_no_bit(self, net: Net, checkpoint: tuple[str, str]) -> None:
+    def test_the_model_cache_changes_no_bit(self, checkpoint: tuple[str, str]) -> None:
         """model_cache_runs=0 (every finalize decodes the store's state) seals the same model."""
         from storage.memory import MemoryStore
         from tests.node.conftest import FakeClock, make_config
