@@ -10,8 +10,8 @@ HTTP behaviour:
 - ``POST /`` with any content type: the JSON-RPC body. 200 with a JSON body, or 204 (no body)
   when the request held only notifications.
 - ``GET /``: ``{"ok": true}`` (health). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
-  the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a JSON-RPC-shaped error
-  body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
+  the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a
+  JSON-RPC-shaped error body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
   ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
   streamed without it is cut off as soon as it passes the limit. The connection is then closed
