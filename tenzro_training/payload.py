@@ -55,6 +55,7 @@ __all__ = [
     "PayloadUnknownEncoding",
     "compute_payload_tensor_name",
     "compute_max_header_bytes",
+    "compute_max_payload_bytes",
     "compute_payload_hash",
     "encode_payload",
     "decode_payload",
@@ -223,6 +224,13 @@ def compute_max_header_bytes(layout: FragmentLayout) -> int:
         256 + 6 * (len(e.name.encode("utf-8")) + 42) + 32 * len(e.shape) for e in layout.entries
     )
     return 4096 + per_entry
+
+
+def compute_max_payload_bytes(layout: FragmentLayout) -> int:
+    """Largest payload :func:`decode_payload` can accept for ``layout``: the 8-byte length
+    prefix, the header cap and the data in the widest dtype (float32). A receiver sizes its
+    buffers by it before any byte arrives (a trainer's gossip limits)."""
+    return 8 + compute_max_header_bytes(layout) + 4 * layout.numel
 
 
 def compute_payload_hash(data: bytes | bytearray | memoryview) -> bytes:

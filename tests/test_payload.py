@@ -31,6 +31,7 @@ from tenzro_training.payload import (
     PayloadTruncated,
     PayloadUnknownEncoding,
     compute_max_header_bytes,
+    compute_max_payload_bytes,
     compute_payload_hash,
     compute_payload_tensor_name,
     decode_payload,
@@ -182,6 +183,13 @@ def test_max_header_bytes_leaves_room_for_real_headers() -> None:
     for index in range(3):
         data = valid(index)
         assert struct.unpack("<Q", data[:8])[0] * 4 < compute_max_header_bytes(LAYOUTS[index])
+
+
+def test_max_payload_bytes_bounds_every_dtype() -> None:
+    for index in range(3):
+        cap = compute_max_payload_bytes(LAYOUTS[index])
+        assert all(len(valid(index, dtype)) <= cap for dtype in ("float32", "float16", "bfloat16"))
+        assert decode(valid(index), index, max_bytes=cap).dtype == "float32"  # accepted under that bound
 
 
 # --- invalid payloads -----------------------------------------------------------------------

@@ -56,7 +56,7 @@ from tenzro_training.gossip_trainer import (
     find_round_finalized_mismatch,
     validate_gossip_as_trainer,
 )
-from tenzro_training.payload import compute_max_header_bytes, compute_payload_hash
+from tenzro_training.payload import compute_max_payload_bytes, compute_payload_hash
 from tenzro_training.trainer import TrainerError
 
 __all__ = [
@@ -464,9 +464,9 @@ class _Trainer:
         view = await self.enroll(view, stop)
         self.layouts = compute_layouts_from_view(view)
         self.model = compute_model_layout_from_view(view, self.layouts)
-        # The largest payload an honest trainer can send (fp32, canonical header) and the model size.
+        # The largest payload the node can accept for any fragment, and the model size.
         self.gossip_limits = (
-            max(8 + compute_max_header_bytes(lay) + 4 * lay.numel for lay in self.layouts),
+            max(compute_max_payload_bytes(lay) for lay in self.layouts),
             4 * sum(lay.numel for lay in self.layouts),
         )
         view = await self.get_run()
