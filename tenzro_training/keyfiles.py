@@ -6,8 +6,9 @@ group or other users can read: a VRF secret others can read lets them win electi
 the JSON documents ``tenzro keys`` writes (:func:`new_account_document`,
 :func:`new_vrf_document`, :func:`parse_vrf_document`).
 
-What it is NOT: the libp2p peer key (``p2p/keys.py``, its own one-line format) or the dev
-accounts file (``node/dev.py``, rewritten at each dev start). A shell module: it does file I/O.
+The libp2p peer key (``p2p/keys.py``) keeps its own one-line format but is written and read
+through these two functions. What it is NOT: the dev accounts file (``node/dev.py``, rewritten
+at each dev start). A shell module: it does file I/O.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from tenzro_training.errors import TenzroError
 __all__ = [
     "KeyFileError",
     "create_private_file",
+    "is_secp256k1_secret",
     "new_account_document",
+    "new_secp256k1_secret",
     "new_vrf_document",
     "parse_vrf_document",
     "read_private_file",
@@ -84,6 +87,21 @@ def read_private_file(path: Path | str) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise KeyFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise KeyFileError(path, "not UTF-8 text") from None
+
+
+def is_secp256k1_secret(secret: bytes) -> bool:
+    """A valid secp256k1 private scalar: 32 bytes, 0 < value < the group order."""
+    return len(secret) == 32 and 0 < int.from_bytes(secret, "big") < _SECP256K1_ORDER
+
+
+def new_secp256k1_secret() -> bytes:
+    """A fresh secp256k1 private scalar from the OS CSPRNG."""
+    while True:  # a 32-byte string is out of range with probability ~2^-128
+        secret = secrets.token_bytes(32)
+        if is_secp256k1_secret(secret):
+            return secret
 
 
 def new_account_document() -> dict[str, str]:
@@ -91,10 +109,7 @@ def new_account_document() -> dict[str, str]:
     form every ``--key-file`` option reads)."""
     from eth_account import Account
 
-    while True:  # out of range with probability ~2^-128
-        key = secrets.token_bytes(32)
-        if 0 < int.from_bytes(key, "big") < _SECP256K1_ORDER:
-            break
+    key = new_secp256k1_secret()
     return {"address": str(Account.from_key(key).address), "private_key": "0x" + key.hex()}
 
 

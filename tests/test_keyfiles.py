@@ -49,6 +49,11 @@ def test_invalid_private_files(tmp_path: Path) -> None:
         read_private_file(tmp_path)
     with pytest.raises(KeyFileError, match="cannot create"):
         create_private_file(open_file / "below-a-file", "x")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00key")
+    binary.chmod(0o600)
+    with pytest.raises(KeyFileError, match="not UTF-8 text"):
+        read_private_file(binary)
 
 
 def test_new_account_document_is_a_usable_key() -> None:

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import stat
 from pathlib import Path
 
 from libp2p.crypto import ed25519, secp256k1
 from libp2p.crypto.keys import KeyPair
 
 from tenzro_training.errors import TenzroError
+from tenzro_training.keyfiles import (
+    KeyFileError,
+    create_private_file,
+    is_secp256k1_secret,
+    new_secp256k1_secret,
+    read_private_file,
+)
 
 __all__ = ["KEY_FILE_PREFIX", "PeerKeyError", "load_or_create_peer_key"]
 
@@ -35,7 +40,6 @@ KEY_FILE_PREFIX = "tenzro-p2p-secp256k1-v1"
 """The prefix of keys this version creates."""
 _LEGACY_ED25519_PREFIX = "tenzro-p2p-ed25519-v1"
 _LINE = re.compile(rf"({KEY_FILE_PREFIX}|{_LEGACY_ED25519_PREFIX}) ([0-9a-f]{{64}})\n?")
-_SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
 class PeerKeyError(TenzroError, ValueError):
@@ -48,48 +52,31 @@ class PeerKeyError(TenzroError, ValueError):
 
 
 def _read(path: Path) -> KeyPair:
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        # An identity key others can read can be impersonated: refuse rather than silently chmod.
-        raise PeerKeyError(path, f"mode {stat.S_IMODE(mode):o} allows group/other access (want 600)")
-    match = _LINE.fullmatch(path.read_text(encoding="ascii", errors="replace"))
+    try:
+        # An identity key others can read can be impersonated: refused rather than silently chmod.
+        text = read_private_file(path)
+    except KeyFileError as exc:
+        raise PeerKeyError(path, exc.reason) from None
+    match = _LINE.fullmatch(text)
     if match is None:
         raise PeerKeyError(path, f"expected one line '{KEY_FILE_PREFIX} <64 hex digits>'")
     secret = bytes.fromhex(match.group(2))
     if match.group(1) == _LEGACY_ED25519_PREFIX:
         return ed25519.create_new_key_pair(secret)
-    if not 0 < int.from_bytes(secret, "big") < _SECP256K1_ORDER:
+    if not is_secp256k1_secret(secret):
         raise PeerKeyError(path, "the secp256k1 private key is 0 or not below the group order")
     return secp256k1.create_new_key_pair(secret)
-
-
-def _new_secret() -> bytes:
-    while True:  # a 32-byte string is out of range with probability ~2^-128
-        secret = secrets.token_bytes(32)
-        if 0 < int.from_bytes(secret, "big") < _SECP256K1_ORDER:
-            return secret
 
 
 def load_or_create_peer_key(path: str | os.PathLike[str]) -> KeyPair:
     """The key pair stored at ``path``; a new secp256k1 one is created (mode 0600, parent dirs
     0700) if absent. PeerKeyError if the file is malformed or readable by group/other."""
     path = Path(path)
-    if path.exists():
-        return _read(path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    secret = _new_secret()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(f"{KEY_FILE_PREFIX} {secret.hex()}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        # link() fails if another process created the key meanwhile: then both use that one.
+    if not path.exists():
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-    finally:
-        tmp.unlink(missing_ok=True)
+            create_private_file(path, f"{KEY_FILE_PREFIX} {new_secp256k1_secret().hex()}\n")
+        except KeyFileError as exc:
+            if not path.exists():
+                raise PeerKeyError(path, exc.reason) from None
+            # Another process created the key meanwhile: both use that one.
     return _read(path)
