@@ -198,7 +198,7 @@ class RocksStore(KVStore):
             raw = self._views[schema.CF_META].get(schema.SCHEMA_VERSION_KEY)
         if raw is not None:
             found = schema.decode_schema_version(raw)
-            if found != schema.SCHEMA_VERSION:
+            if found != schema.SCHEMA_VERSION and found not in schema.UPGRADABLE_SCHEMA_VERSIONS:
                 raise SchemaVersionError(self._path, found, schema.SCHEMA_VERSION)
             missing = [name for name in schema.ALL_COLUMN_FAMILIES if name not in self._views]
             if missing:
@@ -206,6 +206,8 @@ class RocksStore(KVStore):
                     f"store at {self._path!r} has schema version {found} but lacks column "
                     f"families {missing}: it is damaged"
                 )
+            if found != schema.SCHEMA_VERSION:
+                self._write_schema_version()  # an upgradable version: its data is read as it is
             return
         # No version: a brand-new database, or one whose creation was interrupted before the
         # version was written (families are created first). Anything with data is foreign.
@@ -229,6 +231,9 @@ class RocksStore(KVStore):
                 except Exception as error:
                     raise StorageError(f"cannot create column family {name!r}: {error}") from error
                 self._attach(name)
+        self._write_schema_version()
+
+    def _write_schema_version(self) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)
         batch.put(
             schema.SCHEMA_VERSION_KEY,

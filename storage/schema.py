@@ -49,6 +49,7 @@ __all__ = [
     "MODEL_WEIGHTS",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_KEY",
+    "UPGRADABLE_SCHEMA_VERSIONS",
     "EvidenceKey",
     "ModelKey",
     "SubmissionKey",
@@ -106,9 +107,20 @@ ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
 
 # --- schema version -----------------------------------------------------------------------
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Version of the layout in this module. Bump it on any incompatible change of a family, a key
-format or a value encoding stored here; a store with a newer version refuses to open."""
+format or a value encoding stored here; a store with a newer version refuses to open.
+
+History: 1, the first layout, kept every run's current weights and momentum in
+:data:`CF_MODEL_STATE`. 2 keeps them as of the run's model snapshot
+(:func:`model_snapshot_key`) and the node replays the rounds after it; a version-1 store is
+read as version 2 (a run without a snapshot record has its snapshot at its current round,
+which is what version 1 stored) and is marked 2 when opened, see
+:data:`UPGRADABLE_SCHEMA_VERSIONS`."""
+UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1})
+"""Older versions whose data this code reads as it is: opening such a store rewrites its version
+key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:
+it would take snapshot weights for current ones)."""
 SCHEMA_VERSION_KEY: Final = b"schema_version"
 """Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
 
@@ -136,9 +148,11 @@ _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _ADDRESS_LEN: Final = 20
 
 MODEL_WEIGHTS: Final = b"w"
-"""Model kind: the current global weights of a fragment."""
+"""Model kind: the global weights of a fragment as of the run's model snapshot
+(:func:`model_snapshot_key`)."""
 MODEL_MOMENTUM: Final = b"m"
-"""Model kind: the outer optimizer's (Nesterov) momentum buffer of a fragment."""
+"""Model kind: the outer optimizer's (Nesterov) momentum buffer of a fragment, as of the run's
+model snapshot."""
 MODEL_FINAL: Final = b"f"
 """Model kind: the final weights of a fragment, written when the run is sealed."""
 MODEL_KINDS: Final = frozenset({MODEL_WEIGHTS, MODEL_MOMENTUM, MODEL_FINAL})
@@ -497,3 +511,20 @@ def parse_finalize_signature_key(key: bytes) -> tuple[str, int]:
     if len(rest) != 1 + 4 or rest[:1] != _FINALIZE_SIGNATURE_KIND:
         raise KeyFormatError(f"not a finalize-signature key: {key!r}", key)
     return task_id, int(_U32.unpack(rest[1:])[0])
+
+
+# --- model snapshots (schema version 2) -------------------------------------------------------
+#
+# Which round the stored weights and momentum of a run are the state before: the node writes
+# them every ``model_snapshot_rounds`` rounds, not every round, and rebuilds the current state by
+# replaying the committed rounds after the snapshot from their stored payloads.
+
+__all__ += ["model_snapshot_key"]
+
+_MODEL_SNAPSHOT_KIND: Final = b"n"
+
+
+def model_snapshot_key(task_id: str) -> bytes:
+    """Key in :data:`CF_META` of a run's model snapshot record (the count of rounds applied to
+    the stored :data:`MODEL_WEIGHTS` and :data:`MODEL_MOMENTUM`): b"T" || lp(task_id) || b"n"."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _MODEL_SNAPSHOT_KIND

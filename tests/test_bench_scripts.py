@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "bench_aggregation": (["--n", "20000", "--ks", "4", "--dtypes", "fp32", "--reps", "1", "--naive-reps", "1"],
                           ["ours: Mean", "ours: Krum"]),
-    "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "1"],
+    "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "3"],
                   ["getRun", "submitOuterGradient", "Mean"]),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
     "bench_gossip_finalize": (["--trainers", "2", "--params", "20000", "--rounds", "1"], ["trainers verified"]),

@@ -44,7 +44,7 @@ _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
 _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
-    "rpc_port", "max_body_bytes", "model_cache_runs",
+    "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -189,7 +189,16 @@ class NodeConfig:
     model_cache_runs: int = 2
     """Runs whose committed fp32 weights and momentum stay in memory between finalizes (8 bytes
     per parameter each), so a finalize steps them in place instead of decoding them from the
-    store; 0 turns the cache off (every finalize decodes: slower, no memory held)."""
+    store; 0 turns the cache off (every finalize rebuilds them: slower, no memory held)."""
+    model_snapshot_rounds: int = 8
+    """Write a run's weights and momentum to the store every this many rounds (1 = every
+    round). Between snapshots the committed state is the snapshot plus the rounds after it,
+    replayed from their stored payloads (and checked against their committed hashes) when the
+    cache above does not hold it: after a restart, an eviction, or a failed finalize."""
+    payload_cache_bytes: int = 512 * 1024 * 1024
+    """Bytes of accepted outer-gradient payloads of open rounds kept in memory, so a finalize
+    does not read back what it was just sent (payloads past the budget are read from the
+    store); 0 turns it off."""
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
@@ -243,6 +252,8 @@ class NodeConfig:
         _int("rpc_port", self.rpc_port, 0, 65535)
         _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
+        _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
+        _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -297,7 +308,7 @@ class NodeConfig:
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
-                 "model_cache_runs")
+                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -335,6 +346,8 @@ class NodeConfig:
             "rpc_port": self.rpc_port,
             "max_body_bytes": self.max_body_bytes,
             "model_cache_runs": self.model_cache_runs,
+            "model_snapshot_rounds": self.model_snapshot_rounds,
+            "payload_cache_bytes": self.payload_cache_bytes,
         }
 
 

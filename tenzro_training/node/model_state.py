@@ -1,13 +1,15 @@
 """Stored byte encodings of a run's global model (a SHELL helper of the node service).
 
 What this module is: the stored form of a :class:`~tenzro_training.global_model.ModelLayout`
-(its tensor list, as JSON) and of fp32 fragment vectors (raw little-endian float32).
+(its tensor list, as JSON), of fp32 fragment vectors (raw little-endian float32) and of a run's
+model snapshot record (how many rounds the stored vectors include).
 What it is NOT: the model or the round update themselves, which are pure core
 (:mod:`tenzro_training.global_model`), shared with trainers and third-party verifiers.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 
 import numpy as np
@@ -19,7 +21,14 @@ from tenzro_training.fragments import TensorSpec, compute_raw_le_bytes
 from tenzro_training.global_model import ModelLayout
 from tenzro_training.node.persistence import decode_json, encode_json
 
-__all__ = ["decode_fragment", "decode_model_layout", "encode_fragment", "encode_model_layout"]
+__all__ = [
+    "decode_fragment",
+    "decode_model_layout",
+    "decode_snapshot_round",
+    "encode_fragment",
+    "encode_model_layout",
+    "encode_snapshot_round",
+]
 
 _SPECS_VERSION = 1
 
@@ -60,3 +69,19 @@ def decode_fragment(raw: bytes, numel: int, what: str = "fragment") -> torch.Ten
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
         arr = arr.byteswap().view(arr.dtype.newbyteorder())
     return torch.from_numpy(arr)
+
+
+_SNAPSHOT = struct.Struct(">Q")
+
+
+def encode_snapshot_round(rounds: int) -> bytes:
+    """Stored form of a model snapshot record (``schema.model_snapshot_key``): how many committed
+    rounds the stored weights and momentum include, as an unsigned 64-bit big-endian integer."""
+    return _SNAPSHOT.pack(rounds)
+
+
+def decode_snapshot_round(raw: bytes) -> int:
+    """Inverse of :func:`encode_snapshot_round` (StorageError on a damaged store)."""
+    if not isinstance(raw, bytes) or len(raw) != _SNAPSHOT.size:
+        raise StorageError(f"stored model snapshot record is malformed: {raw!r} (expected 8 bytes)")
+    return int(_SNAPSHOT.unpack(raw)[0])

@@ -18,6 +18,14 @@ loop or CLI (``node/main.py``), or thread-safe: the process runs every call on o
 State kept in memory, all rebuilt from the store at construction: the ledger (only
 ``compute_changes`` diffs are ever written), every run, and each run's fragment layouts.
 A node killed at any instant restarts from exactly the last acknowledged call.
+
+The global model is not written every round. The store holds each run's weights and momentum
+as of its last snapshot (every ``model_snapshot_rounds`` rounds) and, as a chain keeps blocks
+rather than states, every round's accepted payloads and committed record. The current model is
+the snapshot plus the rounds after it, replayed with the same pure round update and checked
+against each committed record (aggregate, report and model hashes), so a damaged store is found,
+never trusted. Two caches keep that replay off the common path: the committed fp32 state of the
+runs finalized last, and the accepted payloads of open rounds.
 """
 
 from __future__ import annotations
@@ -71,8 +79,10 @@ from tenzro_training.global_model import (
 from tenzro_training.node.model_state import (
     decode_fragment,
     decode_model_layout,
+    decode_snapshot_round,
     encode_fragment,
     encode_model_layout,
+    encode_snapshot_round,
 )
 from tenzro_training.payload import (
     ENCODING_RAW,
@@ -83,7 +93,7 @@ from tenzro_training.payload import (
     compute_payload_hash,
     decode_payload,
 )
-from tenzro_training.records import Ticket
+from tenzro_training.records import RoundRecord, Ticket
 from tenzro_training.run import (
     InvalidRunArgument,
     NotSponsor,
@@ -181,9 +191,15 @@ class NodeService:
         # steps them in place instead of decoding two copies from the store (see
         # _take_model_state). At most config.model_cache_runs runs, least recently finalized out.
         self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
+        # Payloads of open rounds that are already in the store, by task then payload hash, so a
+        # finalize does not read back (copying ~4 bytes per parameter each) what it was just sent.
+        # At most config.payload_cache_bytes; a run's entries go when its round moves on.
+        self._payload_cache: dict[str, dict[bytes, bytes]] = {}
+        self._payload_cache_bytes = 0
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
+        self._record_legacy_snapshots()
         self._restore_model_files()
 
     # --- startup ---------------------------------------------------------------------------
@@ -230,6 +246,19 @@ class NodeService:
             for key, raw in self._store.iterate(schema.CF_META, schema.finalize_signature_prefix(task_id)):
                 _, round = schema.parse_finalize_signature_key(key)
                 self._finalize_signatures[(task_id, round)] = persistence.decode_finalize_record(raw).signature
+
+    def _record_legacy_snapshots(self) -> None:
+        """A store of schema version 1 kept every run's current weights and momentum and has no
+        snapshot records: record each open run's snapshot at its current round, before any
+        finalize writes a round without writing the state (which would make it stale)."""
+        ops: list[Operation] = []
+        for task_id, run in sorted(self._runs.items()):
+            key = schema.model_snapshot_key(task_id)
+            if not is_terminal(run) and not self._store.contains(schema.CF_META, key):
+                ops.append((BatchOp.PUT, schema.CF_META, key, encode_snapshot_round(len(run.records))))
+        if ops:
+            log.info("recorded model snapshots of %d run(s) from a schema-1 store", len(ops))
+        self._write(ops)
 
     def _restore_model_files(self) -> None:
         """A sealed run's model file is written after its batch committed; a crash in between
@@ -290,11 +319,14 @@ class NodeService:
             self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
         )
         self._write(ops)
+        before = self._runs.get(task_id)
         self._ledger = t.ledger
         self._runs[task_id] = t.run
         self._stored_runs[task_id] = encoded
         if is_terminal(t.run):  # no finalize will step it again
             self._model_cache.pop(task_id, None)
+        if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
+            self._drop_cached_payloads(task_id)  # no finalize will read them again
         self._emit(t.events)
 
     def _emit(self, events: Sequence[RunEvent]) -> None:
@@ -373,10 +405,11 @@ class NodeService:
         extra: list[Operation] = [
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))
         ]
-        extra += _fragment_ops(task.task_id, schema.MODEL_WEIGHTS, initial.weights)
-        extra += _fragment_ops(task.task_id, schema.MODEL_MOMENTUM, [torch.zeros_like(w) for w in initial.weights])
+        momentum = [torch.zeros_like(w) for w in initial.weights]
+        extra += self._snapshot_ops(task.task_id, 0, initial.weights, momentum)
         self._commit(t, extra)
         self._models[task.task_id] = initial.model
+        self._remember_model_state(task.task_id, (list(initial.weights), momentum))  # round 0's finalize steps them
         return self._post_result(t.run)
 
     def _post_result(self, run: RunState) -> dict[str, Any]:
@@ -447,7 +480,9 @@ class NodeService:
             for e in t.events
         ):
             key = schema.payload_key(task_id, payload_hash)
-            held = self._store.get(schema.CF_SUBMISSIONS, key)
+            held = self._cached_payload(task_id, payload_hash)
+            if held is None:
+                held = self._store.get(schema.CF_SUBMISSIONS, key)
             data = payload if payload is not None else held
             if data is None:
                 raise PayloadUnavailable(task_id, _hex(payload_hash))
@@ -458,6 +493,9 @@ class NodeService:
             sub_key = schema.submission_key(task_id, round, fragment, trainer)
             extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, sub_key, persistence.encode_submission_record(record)))
         self._commit(t, extra)
+        if extra:  # accepted: the payload is in the store and this round's finalize will read it
+            assert data is not None
+            self._cache_payload(task_id, payload_hash, data)
         after = t.run
         current = after.current_round
         return {
@@ -525,6 +563,7 @@ class NodeService:
         else:
             raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
         self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
+        self._cache_payload(task_id, digest, payload)
         return digest
 
     # --- finalizeRound ------------------------------------------------------------------------
@@ -574,10 +613,8 @@ class NodeService:
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
         t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
         self._finalize_signatures[(task_id, round)] = bytes(signature)  # before the events fire
-        extra = _fragment_ops(task_id, schema.MODEL_WEIGHTS, update.weights)
-        extra += _fragment_ops(task_id, schema.MODEL_MOMENTUM, update.momentum)
         reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
-        extra.append((BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports))
+        extra = [(BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports)]
         finalize_record = persistence.encode_finalize_record(persistence.FinalizeRecord(signer, bytes(signature)))
         extra.append((BatchOp.PUT, schema.CF_META, schema.finalize_signature_key(task_id, round), finalize_record))
         sealed = t.run.status is RunStatus.SEALED
@@ -585,11 +622,11 @@ class NodeService:
             extra += _fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
                           persistence.encode_receipt(compute_receipt(t.run))))
+        elif (round + 1) % self._config.model_snapshot_rounds == 0:
+            extra += self._snapshot_ops(task_id, round + 1, update.weights, update.momentum)
         self._commit(t, extra)
-        if not sealed and self._config.model_cache_runs > 0:  # committed: now the store's values
-            self._model_cache[task_id] = (list(update.weights), list(update.momentum))
-            while len(self._model_cache) > self._config.model_cache_runs:
-                self._model_cache.popitem(last=False)
+        if not sealed:  # committed: now the run's current model
+            self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
         if sealed and self._config.data_dir is not None:
             try:
                 self._write_model_file(task_id)
@@ -613,23 +650,115 @@ class NodeService:
         }
 
     def _load_payload(self, task_id: str, digest: bytes) -> bytes:
-        data = self._store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
+        data = self._cached_payload(task_id, digest)
+        if data is None:
+            data = self._store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
         if data is None:
             raise StorageError(f"accepted payload {_hex(digest)} of {task_id} is missing from the store")
         return data
 
+    def _cached_payload(self, task_id: str, digest: bytes) -> bytes | None:
+        entries = self._payload_cache.get(task_id)
+        return None if entries is None else entries.get(digest)
+
+    def _cache_payload(self, task_id: str, digest: bytes, data: bytes) -> None:
+        """Keep a payload that is in the store for this round's finalize, within the budget."""
+        entries = self._payload_cache.get(task_id, {})
+        if digest in entries or self._payload_cache_bytes + len(data) > self._config.payload_cache_bytes:
+            return
+        entries[digest] = data
+        self._payload_cache[task_id] = entries
+        self._payload_cache_bytes += len(data)
+
+    def _drop_cached_payloads(self, task_id: str) -> None:
+        entries = self._payload_cache.pop(task_id, None)
+        if entries:
+            self._payload_cache_bytes -= sum(len(data) for data in entries.values())
+
     def _take_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The committed weights and momentum of ``task_id`` as buffers this finalize owns and
         steps in place: the cached ones (taken OUT of the cache, so a finalize that fails after
-        stepping them leaves no half-stepped state behind; the next one decodes the store's), or
-        fresh copies decoded from the store."""
+        stepping them leaves no half-stepped state behind; the next one rebuilds them), or ones
+        rebuilt from the store."""
         cached = self._model_cache.pop(task_id, None)
         if cached is not None:
             return cached
-        return (
-            self._load_fragments(task_id, schema.MODEL_WEIGHTS, model),
-            self._load_fragments(task_id, schema.MODEL_MOMENTUM, model),
-        )
+        return self._rebuild_model_state(task_id, model)
+
+    def _remember_model_state(self, task_id: str, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Cache a run's committed state (most recent last; at most config.model_cache_runs)."""
+        if self._config.model_cache_runs == 0 or is_terminal(self._run(task_id)):
+            return
+        self._model_cache[task_id] = state
+        self._model_cache.move_to_end(task_id)
+        while len(self._model_cache) > self._config.model_cache_runs:
+            self._model_cache.popitem(last=False)
+
+    def _snapshot_ops(
+        self, task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
+    ) -> list[Operation]:
+        ops = _fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
+        ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
+        ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_snapshot_round(rounds)))
+        return ops
+
+    def _rebuild_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The committed weights and momentum of ``task_id``, after its ``len(run.records)``
+        committed rounds: the stored snapshot, checked against the model hash committed for it,
+        then every committed round after it replayed from its stored payloads by the same pure
+        update a finalize runs, each checked against its round record. Any difference is a
+        damaged store (StorageError): the node never serves or steps a model it cannot prove."""
+        run = self._run(task_id)
+        raw = self._store.get(schema.CF_META, schema.model_snapshot_key(task_id))
+        if raw is None:
+            raise StorageError(f"the model snapshot record of {task_id} is missing")
+        start = decode_snapshot_round(raw)
+        if start > len(run.records):
+            raise StorageError(f"the model snapshot of {task_id} is of round {start}, after its last committed round")
+        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
+        momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
+        expected = run.records[start - 1].model_hash if start > 0 else run.initial_model_hash
+        if compute_state_model_hash(model, weights) != expected:
+            raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
+        for record in run.records[start:]:
+            self._replay_round(run, model, record, weights, momentum)
+        if start < len(run.records):
+            log.info("rebuilt the model of %s: snapshot of round %d, %d round(s) replayed",
+                     task_id, start, len(run.records) - start)
+        return weights, momentum
+
+    def _replay_round(
+        self, run: RunState, model: ModelLayout, record: RoundRecord, weights: list[torch.Tensor],
+        momentum: list[torch.Tensor],
+    ) -> None:
+        """Step ``weights`` and ``momentum`` in place by one committed round, as its finalize did."""
+        task_id = run.task_id
+        inputs = []
+        for index, outcome in enumerate(record.fragments):
+            subs = []
+            for trainer in outcome.accepted:
+                raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, record.round, index, trainer))
+                if raw is None:
+                    raise StorageError(
+                        f"the submission of {format_address(trainer)} to {task_id} round {record.round} "
+                        f"fragment {index} is missing from the store"
+                    )
+                digest = persistence.decode_submission_record(raw).payload_hash
+                subs.append((trainer, self._load_payload(task_id, digest)))
+            inputs.append(subs)
+        largest = max((len(data) for subs in inputs for _, data in subs), default=0)
+        try:
+            update = compute_round_update(
+                run.spec, model, record.round, inputs, weights, momentum,
+                max_payload_bytes=max(largest, self._config.max_payload_bytes),
+                worker=self._finalize_worker, in_place=True,
+            )
+        except TenzroError as exc:  # every stored payload was decoded when it was accepted
+            raise StorageError(f"round {record.round} of {task_id} cannot be replayed: {exc}") from None
+        if update.outcomes != record.fragments or update.model_hash != record.model_hash:
+            raise StorageError(
+                f"round {record.round} of {task_id} replayed from the store does not reproduce its committed record"
+            )
 
     def _load_fragments(self, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
         out = []
@@ -823,8 +952,16 @@ class NodeService:
         a trainer would train next (``run.round``)."""
         self._check_open()
         run = self._run(task_id)
-        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, self._model(task_id))
-        return run.round, run.model_hash, weights
+        model = self._model(task_id)
+        if run.status is RunStatus.SEALED:
+            return run.round, run.model_hash, self._load_fragments(task_id, schema.MODEL_FINAL, model)
+        state = self._model_cache.get(task_id)
+        if state is None:
+            state = self._rebuild_model_state(task_id, model)
+            self._remember_model_state(task_id, state)
+        # Copies: the cached vectors are stepped in place by the next finalize, which may run
+        # while the caller (the gossip bridge, on another thread) still encodes these.
+        return run.round, run.model_hash, [w.clone() for w in state[0]]
 
     def get_finalize_signature(self, task_id: str, round: int) -> bytes | None:
         """The syncer's FinalizeRound signature of a finalized round (else None; also None for

@@ -83,6 +83,11 @@ def _base() -> dict[str, Any]:
         ({"rpc_host": ""}, "rpc_host"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"sync_writes": "yes"}, "sync_writes"),
+        ({"model_cache_runs": -1}, "model_cache_runs"),
+        ({"model_snapshot_rounds": 0}, "model_snapshot_rounds"),
+        ({"model_snapshot_rounds": 1.5}, "model_snapshot_rounds"),
+        ({"payload_cache_bytes": -1}, "payload_cache_bytes"),
+        ({"payload_cache_bytes": "1GiB"}, "payload_cache_bytes"),
     ],
 )
 def test_invalid_config(change: dict[str, Any], path: str) -> None:

@@ -18,6 +18,7 @@ import safetensors.torch
 import torch
 
 from storage import schema
+from storage.interface import StorageError
 from tenzro_training import auth
 from tenzro_training.aggregation import aggregate
 from tenzro_training.auth import WrongSigner
@@ -38,6 +39,7 @@ from tenzro_training.errors import (
 from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
 from tenzro_training.ledger import InsufficientBalance, Ledger
 from tenzro_training.node import persistence
+from tenzro_training.node.model_state import decode_snapshot_round
 from tenzro_training.node.service import NodeService
 from tenzro_training.outer import OuterConfig, apply_outer_step
 from tenzro_training.payload import PayloadLayoutMismatch, PayloadMetadataMismatch, compute_payload_hash
@@ -57,11 +59,14 @@ from tests.node.conftest import (
     SYNCERS,
     TIMINGS,
     TRAINERS,
+    FakeClock,
     Net,
     gradient,
     initial_state,
     layouts_for,
+    make_config,
     make_payload,
+    open_test_store,
     snapshot,
     spec_dict,
 )
@@ -556,3 +561,161 @@ def test_submit_with_payload_from_another_task(net: Net, checkpoint: tuple[str, 
     with pytest.raises(PayloadMetadataMismatch):
         net.submit(0, 0, 0, payload=foreign)
     assert snapshot(net.store) == before
+
+
+class TestModelReplay:
+    """The store holds the model only every ``model_snapshot_rounds`` rounds; the rest is
+    replayed from stored payloads and checked against the committed records."""
+
+    ROUNDS = 5
+
+    @staticmethod
+    def open(store: Any, clock: FakeClock, **config: Any) -> Net:
+        return Net(NodeService(make_config(**config), store, clock=clock), clock)
+
+    @pytest.mark.parametrize(("cache_runs", "snapshot_rounds"), [(0, 1), (0, 2), (0, 8), (2, 2), (2, 8)])
+    def test_every_cache_and_snapshot_setting_seals_the_same_model(
+        self, checkpoint: tuple[str, str], cache_runs: int, snapshot_rounds: int
+    ) -> None:
+        from storage.memory import MemoryStore
+
+        spec = spec_dict(*checkpoint, max_rounds=self.ROUNDS)
+        net = self.open(MemoryStore(), FakeClock(), model_cache_runs=cache_runs, model_snapshot_rounds=snapshot_rounds)
+        start(net, checkpoint, max_rounds=self.ROUNDS)
+        for r in range(self.ROUNDS):
+            result = play_round(net, r)
+            stored = decode_snapshot_round(net.store.get(schema.CF_META, schema.model_snapshot_key(net.task_id)))
+            if not result["sealed"]:
+                # Written every snapshot_rounds rounds, never otherwise.
+                assert stored == (r + 1) // snapshot_rounds * snapshot_rounds
+                assert len(net.service._model_cache) == min(cache_runs, 1)
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
+        net.service.close()
+
+    def test_a_restarted_node_replays_to_the_committed_model(
+        self, store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]
+    ) -> None:
+        """After a restart (nothing cached) getGlobalWeights and the next finalize rebuild the
+        model from the snapshot and the stored rounds after it: the same bits as never stopping."""
+        spec = spec_dict(*checkpoint, max_rounds=self.ROUNDS)
+        clock = FakeClock()
+        store = open_test_store(store_kind, tmp_path / "db")
+        net = self.open(store, clock, model_snapshot_rounds=2)
+        start(net, checkpoint, max_rounds=self.ROUNDS)
+        for r in range(3):
+            play_round(net, r)
+        _, _, before = net.service.get_global_weights(net.task_id)
+        net.service.close()
+        if store_kind == "rocks":
+            store.close()
+            store = open_test_store(store_kind, tmp_path / "db")
+        net = self.open(store, clock, model_snapshot_rounds=2)
+        assert not net.service._model_cache
+        round_, model_hash, after = net.service.get_global_weights(net.task_id)
+        assert round_ == 3 and model_hash == net.service.get_run_state(net.task_id).model_hash
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
+        for r in range(3, self.ROUNDS):
+            play_round(net, r)
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
+        net.service.close()
+        store.close()
+
+    def test_a_tampered_payload_is_found_not_trusted(self, checkpoint: tuple[str, str]) -> None:
+        """A stored payload that no longer reproduces its round's committed record stops the
+        rebuild with StorageError; nothing is stepped or served from it."""
+        from storage.memory import MemoryStore
+
+        store = MemoryStore()
+        net = self.open(store, FakeClock(), model_cache_runs=0, model_snapshot_rounds=8)
+        start(net, checkpoint, max_rounds=self.ROUNDS)
+        play_round(net, 0)
+        for i in (0, 1, 2):
+            for f in range(2):
+                net.submit(i, 1, f)
+        digest = compute_payload_hash(net.payload(0, 0, 1))
+        key = schema.payload_key(net.task_id, digest)
+        other = net.payload(0, 0, 1, variant=1)  # a valid payload of the same round, other values
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_SUBMISSIONS, key, other)
+        before = snapshot(store)
+        with pytest.raises(StorageError, match="round 0 of run-1 .*does not reproduce its committed record"):
+            net.service.get_global_weights(net.task_id)
+        with pytest.raises(StorageError, match="does not reproduce"):
+            net.finalize(1)
+        assert snapshot(store) == before and net.service.get_run(net.task_id)["round"] == 1
+
+    def test_a_tampered_snapshot_is_found_not_trusted(self, checkpoint: tuple[str, str]) -> None:
+        from storage.memory import MemoryStore
+
+        store = MemoryStore()
+        net = self.open(store, FakeClock(), model_cache_runs=0, model_snapshot_rounds=1)
+        start(net, checkpoint, max_rounds=self.ROUNDS)
+        play_round(net, 0)
+        key = schema.model_key(net.task_id, schema.MODEL_WEIGHTS, 0)
+        raw = bytearray(store.get(schema.CF_MODEL_STATE, key))
+        raw[0] ^= 1
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_MODEL_STATE, key, bytes(raw))
+        with pytest.raises(StorageError, match=r"snapshot of run-1 \(round 1\) does not hash"):
+            net.service.get_global_weights(net.task_id)
+
+    def test_a_schema_1_run_gets_its_snapshot_recorded_at_startup(self, checkpoint: tuple[str, str]) -> None:
+        """Schema 1 stored the current state and no snapshot record; the node records one at its
+        current round before it finalizes anything, so later rounds replay from the right base."""
+        from storage.memory import MemoryStore
+
+        spec = spec_dict(*checkpoint, max_rounds=self.ROUNDS)
+        store, clock = MemoryStore(), FakeClock()
+        net = self.open(store, clock, model_snapshot_rounds=1)  # state written every round, as schema 1 did
+        start(net, checkpoint, max_rounds=self.ROUNDS)
+        play_round(net, 0)
+        play_round(net, 1)
+        net.service.close()
+        with store.atomic_batch() as batch:
+            batch.delete(schema.CF_META, schema.model_snapshot_key(net.task_id))
+        net = self.open(store, clock, model_cache_runs=0, model_snapshot_rounds=8)
+        assert decode_snapshot_round(store.get(schema.CF_META, schema.model_snapshot_key(net.task_id))) == 2
+        for r in range(2, self.ROUNDS):
+            play_round(net, r)
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
+
+    @pytest.mark.parametrize("budget", [0, 10**9])
+    def test_finalize_reads_cached_payloads_not_the_store(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch, budget: int
+    ) -> None:
+        """Accepted payloads (inline and gossip-held) stay in memory until their round is
+        finalized, within payload_cache_bytes; the sealed model is the same either way."""
+        from storage.memory import MemoryStore
+
+        spec = spec_dict(*checkpoint)
+        store = MemoryStore()
+        net = self.open(store, FakeClock(), payload_cache_bytes=budget)
+        start(net, checkpoint)
+        for i in (0, 1, 2):
+            for f in range(2):
+                if i == 2:
+                    net.service.store_payload(net.task_id, net.payload(i, 0, f))
+                    net.submit(i, 0, f, hash_only=True)
+                else:
+                    net.submit(i, 0, f)
+        held = net.service._payload_cache_bytes
+        assert held == (sum(len(net.payload(i, 0, f)) for i in (0, 1, 2) for f in range(2)) if budget else 0)
+        reads: list[bytes] = []
+        real_get = store.get
+
+        def counting_get(cf: str, key: bytes) -> bytes | None:
+            if cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK:
+                reads.append(key)
+            return real_get(cf, key)
+
+        monkeypatch.setattr(store, "get", counting_get)
+        net.finalize(0)
+        assert len(reads) == (0 if budget else 6)
+        assert net.service._payload_cache_bytes == 0 and not net.service._payload_cache
+        monkeypatch.undo()
+        play_round(net, 1)
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
