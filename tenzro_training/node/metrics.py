@@ -1,5 +1,5 @@
 """The node's own metrics on the registry ``GET /metrics`` renders (``rpc/metrics.py``): runs by
-status, run events, tick failures and, with gossip on, the libp2p host's and the gossip
+status, run events, tick failures, the model and payload caches and, with gossip on, the libp2p host's and the gossip
 bridge's counters. docs/node.md "Metrics" lists every name.
 
 Why these are read at scrape time instead of pushed: the host and the bridge already keep
@@ -46,6 +46,23 @@ class NodeMetrics:
             "tenzro_run_events_total", "Run events committed (RunPosted, RoundFinalized, RunSealed...), by type.",
             ("event",),
         )
+        registry.gauge_callback(
+            "tenzro_node_model_cache_runs", "Runs whose committed fp32 weights and momentum are held in memory.",
+            lambda: {(): self._cache_stat("model_cache_runs")},
+        )
+        registry.gauge_callback(
+            "tenzro_node_payload_cache_bytes", "Bytes of accepted payloads of open rounds held for their finalize.",
+            lambda: {(): self._cache_stat("payload_cache_bytes")},
+        )
+        registry.counter_callback(
+            "tenzro_node_model_rebuilds_total",
+            "Times a run's model was rebuilt from its stored snapshot (restart, cache eviction, failed finalize).",
+            lambda: {(): self._cache_stat("model_rebuilds")},
+        )
+        registry.counter_callback(
+            "tenzro_node_replayed_rounds_total", "Committed rounds replayed from stored payloads by those rebuilds.",
+            lambda: {(): self._cache_stat("replayed_rounds")},
+        )
         self.tick_failures: Counter = registry.counter(
             "tenzro_tick_failures_total", "Clock ticks that raised (logged; the tick is retried).",
         )
@@ -60,6 +77,9 @@ class NodeMetrics:
             for status, n in self._service.count_runs_by_status().items():
                 counts[status] = n
         return {(status,): n for status, n in counts.items()}
+
+    def _cache_stat(self, name: str) -> float:
+        return 0 if self._service is None else self._service.cache_stats()[name]
 
     def on_event(self, event: object) -> None:
         self.events.inc(type(event).__name__)

@@ -188,7 +188,7 @@ class NodeService:
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
         # The fp32 weights and momentum each run's last finalize committed, so the next one
-        # steps them in place instead of decoding two copies from the store (see
+        # steps them in place instead of rebuilding them from the store (see
         # _take_model_state). At most config.model_cache_runs runs, least recently finalized out.
         self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
         # Payloads of open rounds that are already in the store, by task then payload hash, so a
@@ -196,6 +196,8 @@ class NodeService:
         # At most config.payload_cache_bytes; a run's entries go when its round moves on.
         self._payload_cache: dict[str, dict[bytes, bytes]] = {}
         self._payload_cache_bytes = 0
+        self._model_rebuilds = 0  # for cache_stats (GET /metrics)
+        self._replayed_rounds = 0
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
@@ -720,8 +722,10 @@ class NodeService:
         expected = run.records[start - 1].model_hash if start > 0 else run.initial_model_hash
         if compute_state_model_hash(model, weights) != expected:
             raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
+        self._model_rebuilds += 1
         for record in run.records[start:]:
             self._replay_round(run, model, record, weights, momentum)
+            self._replayed_rounds += 1
         if start < len(run.records):
             log.info("rebuilt the model of %s: snapshot of round %d, %d round(s) replayed",
                      task_id, start, len(run.records) - start)
@@ -802,6 +806,16 @@ class NodeService:
         for run in list(self._runs.values()):
             counts[run.status.value] = counts.get(run.status.value, 0) + 1
         return counts
+
+    def cache_stats(self) -> dict[str, int]:
+        """The model and payload caches' sizes and how often the model was rebuilt from a
+        snapshot (and how many rounds that replayed). Safe from any thread: int reads."""
+        return {
+            "model_cache_runs": len(self._model_cache),
+            "payload_cache_bytes": self._payload_cache_bytes,
+            "model_rebuilds": self._model_rebuilds,
+            "replayed_rounds": self._replayed_rounds,
+        }
 
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:
         self._check_open()

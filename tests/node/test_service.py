@@ -615,6 +615,10 @@ class TestModelReplay:
         round_, model_hash, after = net.service.get_global_weights(net.task_id)
         assert round_ == 3 and model_hash == net.service.get_run_state(net.task_id).model_hash
         assert all(torch.equal(a, b) for a, b in zip(before, after))
+        # Snapshot of round 2, round 2 replayed; the rebuilt state is cached for the next finalize.
+        assert net.service.cache_stats() == {
+            "model_cache_runs": 1, "payload_cache_bytes": 0, "model_rebuilds": 1, "replayed_rounds": 1,
+        }
         for r in range(3, self.ROUNDS):
             play_round(net, r)
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
