@@ -9,8 +9,10 @@
    ``tenzro_training_submitOuterGradient`` with a ~1 MiB payload: every request is a FRESH
    submission (distinct trainer/fragment/run), so ours pays what a real one does: base64,
    SHA-256, EIP-712 signer recovery, payload decoding and finiteness checks, the atomic batch.
-   A bounded number of requests is sent by an asyncio aiohttp client with a few connections;
-   req/s and ours/baseline are printed. Target: >= 0.5x for both.
+   A bounded number of requests is sent by an asyncio aiohttp client with a few connections,
+   to both servers (both running) in alternating blocks (``--blocks``), so that the machine's
+   drift during the run hits both alike; req/s and ours/baseline are printed. Target: >= 0.5x
+   for both.
 2. finalizeRound latency, M = K = 8 trainers, F = 12 fragments of ~1M parameters (a 12.6M-param
    timesfm model), in process: the service's ``finalize_round`` (signer recovery, loading and
    decoding the 96 accepted payloads, aggregation, outer Nesterov step, model hash, one batch with
@@ -324,27 +326,42 @@ def _ok(reply: dict[str, Any]) -> None:
         raise RuntimeError(f"request failed: {reply.get('error')}")
 
 
+async def _interleaved(
+    urls: tuple[str, str], bodies: list[bytes], concurrency: int, blocks: int, check: Callable[[dict[str, Any]], None]
+) -> tuple[float, float]:
+    """Requests per second of each server over the same bodies, sent in alternating blocks (A's
+    block i, then B's block i, ...), so the machine's drift over the run hits both alike."""
+    size = -(-len(bodies) // blocks)
+    elapsed = [0.0, 0.0]
+    for start in range(0, len(bodies), size):
+        block = bodies[start : start + size]
+        for which, url in enumerate(urls):
+            rate = await _load(url, block, concurrency, check)
+            elapsed[which] += len(block) / rate
+    return len(bodies) / elapsed[0], len(bodies) / elapsed[1]
+
+
 def bench_throughput(args: argparse.Namespace, workdir: Path) -> list[tuple[str, float, float]]:
     ours = Server("ours", workdir / "ours", args.submit_requests)
+    info = ours.info
+    raw = Server("raw", workdir / "raw", 0, canned={"get_result": info["get_result"], "submit_result": info["submit_result"]})
     try:
-        info = ours.info
         get_bodies = [info["get_body"].encode()] * args.get_requests
         submit_bodies = [Path(p).read_bytes() for p in info["submit_files"]]
         warm = get_bodies[: 2 * args.concurrency]
-        asyncio.run(_load(ours.url, warm, args.concurrency, _ok))
-        ours_get = asyncio.run(_load(ours.url, get_bodies, args.concurrency, _ok))
-        ours_submit = asyncio.run(_load(ours.url, submit_bodies, args.submit_concurrency, _ok))
+        urls = (ours.url, raw.url)
+        for url in urls:
+            asyncio.run(_load(url, warm, args.concurrency, _ok))
+        ours_get, raw_get = asyncio.run(_interleaved(urls, get_bodies, args.concurrency, args.blocks, _ok))
+        ours_submit, raw_submit = asyncio.run(
+            _interleaved(urls, submit_bodies, args.submit_concurrency, args.blocks, _ok)
+        )
     finally:
         ours.close()
-    raw = Server("raw", workdir / "raw", 0, canned={"get_result": info["get_result"], "submit_result": info["submit_result"]})
-    try:
-        asyncio.run(_load(raw.url, warm, args.concurrency, _ok))
-        raw_get = asyncio.run(_load(raw.url, get_bodies, args.concurrency, _ok))
-        raw_submit = asyncio.run(_load(raw.url, submit_bodies, args.submit_concurrency, _ok))
-    finally:
         raw.close()
     print(f"  getRun result {info['get_result_bytes']} bytes of JSON; submit payload {info['payload_bytes'] / 2**20:.2f} MiB, "
-          f"{len(submit_bodies)} fresh submissions; {args.get_requests} getRun requests", flush=True)
+          f"{len(submit_bodies)} fresh submissions; {args.get_requests} getRun requests; "
+          f"{args.blocks} alternating blocks per server", flush=True)
     return [
         (f"getRun ({args.concurrency} conns)", raw_get, ours_get),
         (f"submitOuterGradient 1 MiB ({args.submit_concurrency} conns)", raw_submit, ours_submit),
@@ -426,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submit-requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--submit-concurrency", type=int, default=4)
+    parser.add_argument("--blocks", type=int, default=6,
+                        help="alternating blocks per server in the throughput bench (drift hits both alike)")
     parser.add_argument("--rules", default="Mean,TrimmedMean,Krum", help=f"comma-separated, of {','.join(RULES)}")
     parser.add_argument("--rounds", type=int, default=4,
                         help="finalized rounds per rule, >= 3 (plain, snapshot and seal rounds; best of each is reported)")
