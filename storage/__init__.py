@@ -34,13 +34,14 @@ __all__ = [
 
 
 def open_store(
-    path: str | os.PathLike[str] | None, *, sync: bool = False, create: bool = True
+    path: str | os.PathLike[str] | None, *, sync: bool = False, create: bool = True, read_only: bool = False
 ) -> KVStore:
     """Open the node's store: a :class:`~storage.rocks.RocksStore` in directory ``path``, or a
-    fresh :class:`MemoryStore` when ``path`` is None (``sync`` and ``create`` then do nothing)."""
+    fresh :class:`MemoryStore` when ``path`` is None (``sync``, ``create`` and ``read_only`` then
+    do nothing). ``read_only``: an existing store, read beside whoever has it open (RocksStore)."""
     if path is None:
         return MemoryStore()
     # Imported here so that using the memory store never loads the RocksDB extension.
     from storage.rocks import RocksStore
 
-    return RocksStore(path, sync=sync, create=create)
+    return RocksStore(path, sync=sync, create=create, read_only=read_only)

@@ -105,6 +105,10 @@ class RocksStore(KVStore):
     being killed, not the machine losing power. The WAL is never disabled.
     ``create``: create the directory's database if it does not exist; with False a missing store
     is a StorageError.
+    ``read_only``: open an existing store for reading only (RocksDB's read-only mode: it takes
+    no LOCK, so it works beside the node that has the store open, and sees the data as of the
+    open); every batch is a StorageError and nothing on disk changes, not even an upgradable
+    schema version. For audits (``tenzro audit``).
 
     Opening checks the schema version in :data:`storage.schema.CF_META`: a new store gets the
     current one; a different one raises :class:`~storage.interface.SchemaVersionError` naming
@@ -112,11 +116,12 @@ class RocksStore(KVStore):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True
+        self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True, read_only: bool = False
     ) -> None:
         super().__init__(schema.ALL_COLUMN_FAMILIES)
         self._path = os.fspath(path)
         self._sync = bool(sync)
+        self._read_only = bool(read_only)
         self._db: Any = None
         self._views: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}
@@ -125,14 +130,15 @@ class RocksStore(KVStore):
         self._write_options.sync = self._sync
         self._write_options.disable_wal = False
         try:
-            self._open(create)
+            self._open(create and not self._read_only)
         except BaseException:
             self._closed = True
             self._release()
             raise
 
     def __repr__(self) -> str:
-        return f"RocksStore({self._path!r}, sync={self._sync}, closed={self.closed})"
+        mode = ", read_only=True" if self._read_only else ""
+        return f"RocksStore({self._path!r}, sync={self._sync}{mode}, closed={self.closed})"
 
     @property
     def path(self) -> str:
@@ -164,6 +170,7 @@ class RocksStore(KVStore):
                 path,
                 _raw_options(create=not exists),
                 column_families={name: _raw_options() for name in families},
+                access_type=rocksdict.AccessType.read_only() if self._read_only else rocksdict.AccessType.read_write(),
             )
         except Exception as error:  # rocksdict raises bare Exception for RocksDB statuses
             raise self._open_error(error) from error
@@ -206,9 +213,11 @@ class RocksStore(KVStore):
                     f"store at {self._path!r} has schema version {found} but lacks column "
                     f"families {missing}: it is damaged"
                 )
-            if found != schema.SCHEMA_VERSION:
+            if found != schema.SCHEMA_VERSION and not self._read_only:
                 self._write_schema_version()  # an upgradable version: its data is read as it is
             return
+        if self._read_only:
+            raise StorageError(f"store at {self._path!r} has no schema version: nothing to read")
         # No version: a brand-new database, or one whose creation was interrupted before the
         # version was written (families are created first). Anything with data is foreign.
         for name in on_disk:
@@ -266,6 +275,8 @@ class RocksStore(KVStore):
         return cursor
 
     def _apply_batch(self, ops: list[Operation]) -> None:
+        if self._read_only:
+            raise StorageError(f"store at {self._path!r} is open read-only")
         if not ops:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)

@@ -597,6 +597,41 @@ def cmd_keys_new_vrf(args: argparse.Namespace) -> None:
     _emit(args, result, human)
 
 
+def cmd_audit(args: argparse.Namespace) -> None:
+    from storage import open_store
+    from storage.interface import StorageError
+    from tenzro_training.node.audit import audit_store
+
+    db = Path(args.data_dir) / "db"
+    if not db.is_dir():
+        raise CliError(f"{args.data_dir} is not a node data directory (no db/)")
+    try:
+        store = open_store(db, create=False, read_only=True)
+    except StorageError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        audits = audit_store(store, args.task_id or None,
+                             allowed_dirs=tuple(Path(d).resolve() for d in args.allow_checkpoint_dir or ()))
+    finally:
+        store.close()
+    result = {"ok": all(a.ok for a in audits), "runs": [a.to_dict() for a in audits]}
+
+    def human(r: dict[str, Any]) -> str:
+        lines = []
+        for a in r["runs"]:
+            head = f"{a['task_id']}: {a['status']}, {a['rounds_replayed']}/{a['rounds_committed']} rounds reproduced"
+            if a["ok"]:
+                lines.append(f"{head}; equal: {', '.join(a['checks'])}")
+            else:
+                lines.append(f"{head}; PROBLEM: {a['problem']}")
+        return "\n".join(lines) if lines else "no runs in the store"
+
+    _emit(args, result, human)
+    if not result["ok"]:
+        failed = [a["task_id"] for a in result["runs"] if not a["ok"]]
+        raise CliError(f"audit found problems in {len(failed)} run(s): {', '.join(failed)}", EXIT_RPC_ERROR)
+
+
 def cmd_node(args: argparse.Namespace) -> None:
     from tenzro_training.node.main import run_node_from_args
 
@@ -643,6 +678,20 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--p2p-key", help="libp2p identity key file (default <data-dir>/p2p-key, created 0600)")
     node.add_argument("--bootstrap", action="append", metavar="MULTIADDR", help="peer to dial at start (repeatable)")
     node.set_defaults(func=cmd_node)
+
+    audit = top.add_parser(
+        "audit", help="recompute a node's runs from their checkpoints and stored payloads; compare with its records",
+        description="Replays every committed round of each run from its initial checkpoint and the stored "
+                    "payloads and checks the round records, reports, snapshots, final weights, run root and "
+                    "receipt. Opens the store read-only: it can run beside the node. Exit status 1 when a "
+                    "difference is found (docs/node.md \"Auditing a store\").",
+    )
+    audit.add_argument("--data-dir", required=True, help="the node's data directory")
+    audit.add_argument("--task-id", action="append", help="audit only this run (repeatable; default: every run)")
+    audit.add_argument("--allow-checkpoint-dir", action="append", metavar="DIR",
+                       help="read init checkpoints only under DIR (repeatable; default: wherever the spec points)")
+    audit.add_argument("--json", action="store_true", help="print the result as JSON")
+    audit.set_defaults(func=cmd_audit)
 
     train = top.add_parser("train", help="sponsor, trainer and syncer calls").add_subparsers(
         dest="verb", required=True

@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import torch
 
-from storage.interface import StorageError
+from storage import schema
+from storage.interface import KVStore, StorageError
 from tenzro_training.errors import TenzroError
 from tenzro_training.fragments import TensorSpec, compute_raw_le_bytes
 from tenzro_training.global_model import ModelLayout
@@ -28,6 +29,7 @@ __all__ = [
     "encode_fragment",
     "encode_model_layout",
     "encode_snapshot_round",
+    "load_model_fragments",
 ]
 
 _SPECS_VERSION = 1
@@ -85,3 +87,16 @@ def decode_snapshot_round(raw: bytes) -> int:
     if not isinstance(raw, bytes) or len(raw) != _SNAPSHOT.size:
         raise StorageError(f"stored model snapshot record is malformed: {raw!r} (expected 8 bytes)")
     return int(_SNAPSHOT.unpack(raw)[0])
+
+
+def load_model_fragments(store: KVStore, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
+    """Every fragment of one kind of stored model state (``schema.MODEL_WEIGHTS``,
+    ``MODEL_MOMENTUM`` or ``MODEL_FINAL``) of ``task_id``, decoded; StorageError if one is
+    missing or has the wrong size."""
+    out = []
+    for layout in model.layouts:
+        raw = store.get(schema.CF_MODEL_STATE, schema.model_key(task_id, kind, layout.index))
+        if raw is None:
+            raise StorageError(f"model state {kind!r} of {task_id} fragment {layout.index} is missing")
+        out.append(decode_fragment(raw, layout.numel, f"model state {kind!r} of {task_id}"))
+    return out

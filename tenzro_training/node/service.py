@@ -77,13 +77,14 @@ from tenzro_training.global_model import (
     compute_state_model_hash,
 )
 from tenzro_training.node.model_state import (
-    decode_fragment,
     decode_model_layout,
     decode_snapshot_round,
     encode_fragment,
     encode_model_layout,
     encode_snapshot_round,
+    load_model_fragments,
 )
+from tenzro_training.node.replay import load_round_inputs, replay_round
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -93,7 +94,7 @@ from tenzro_training.payload import (
     compute_payload_hash,
     decode_payload,
 )
-from tenzro_training.records import RoundRecord, Ticket
+from tenzro_training.records import Ticket
 from tenzro_training.run import (
     InvalidRunArgument,
     NotSponsor,
@@ -727,54 +728,17 @@ class NodeService:
             raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
         self._model_rebuilds += 1
         for record in run.records[start:]:
-            self._replay_round(run, model, record, weights, momentum)
+            inputs = load_round_inputs(self._store, task_id, record, lambda digest: self._load_payload(task_id, digest))
+            replay_round(run.spec, model, record, inputs, weights, momentum,
+                         max_payload_bytes=self._config.max_payload_bytes, worker=self._finalize_worker)
             self._replayed_rounds += 1
         if start < len(run.records):
             log.info("rebuilt the model of %s: snapshot of round %d, %d round(s) replayed",
                      task_id, start, len(run.records) - start)
         return weights, momentum
 
-    def _replay_round(
-        self, run: RunState, model: ModelLayout, record: RoundRecord, weights: list[torch.Tensor],
-        momentum: list[torch.Tensor],
-    ) -> None:
-        """Step ``weights`` and ``momentum`` in place by one committed round, as its finalize did."""
-        task_id = run.task_id
-        inputs = []
-        for index, outcome in enumerate(record.fragments):
-            subs = []
-            for trainer in outcome.accepted:
-                raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, record.round, index, trainer))
-                if raw is None:
-                    raise StorageError(
-                        f"the submission of {format_address(trainer)} to {task_id} round {record.round} "
-                        f"fragment {index} is missing from the store"
-                    )
-                digest = persistence.decode_submission_record(raw).payload_hash
-                subs.append((trainer, self._load_payload(task_id, digest)))
-            inputs.append(subs)
-        largest = max((len(data) for subs in inputs for _, data in subs), default=0)
-        try:
-            update = compute_round_update(
-                run.spec, model, record.round, inputs, weights, momentum,
-                max_payload_bytes=max(largest, self._config.max_payload_bytes),
-                worker=self._finalize_worker, in_place=True,
-            )
-        except TenzroError as exc:  # every stored payload was decoded when it was accepted
-            raise StorageError(f"round {record.round} of {task_id} cannot be replayed: {exc}") from None
-        if update.outcomes != record.fragments or update.model_hash != record.model_hash:
-            raise StorageError(
-                f"round {record.round} of {task_id} replayed from the store does not reproduce its committed record"
-            )
-
     def _load_fragments(self, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
-        out = []
-        for layout in model.layouts:
-            raw = self._store.get(schema.CF_MODEL_STATE, schema.model_key(task_id, kind, layout.index))
-            if raw is None:
-                raise StorageError(f"model state {kind!r} of {task_id} fragment {layout.index} is missing")
-            out.append(decode_fragment(raw, layout.numel, f"model state {kind!r} of {task_id}"))
-        return out
+        return load_model_fragments(self._store, task_id, kind, model)
 
     # --- cancelTask ---------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from tenzro_training.fragments import compute_model_hash, gather_fragment, scatt
 from tenzro_training.ledger import InsufficientBalance, Ledger
 from tenzro_training.node import persistence
 from tenzro_training.node.model_state import decode_snapshot_round
+from tenzro_training.node.replay import ReplayMismatch
 from tenzro_training.node.service import NodeService
 from tenzro_training.outer import OuterConfig, apply_outer_step
 from tenzro_training.payload import PayloadLayoutMismatch, PayloadMetadataMismatch, compute_payload_hash
@@ -644,7 +645,7 @@ class TestModelReplay:
         with store.atomic_batch() as batch:
             batch.put(schema.CF_SUBMISSIONS, key, other)
         before = snapshot(store)
-        with pytest.raises(StorageError, match="round 0 of run-1 .*does not reproduce its committed record"):
+        with pytest.raises(ReplayMismatch, match="round 0 of run-1 .*does not reproduce its committed fragment outcomes"):
             net.service.get_global_weights(net.task_id)
         with pytest.raises(StorageError, match="does not reproduce"):
             net.finalize(1)

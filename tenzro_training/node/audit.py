@@ -1,0 +1,186 @@
+"""Recompute a node's runs from their stored inputs and compare with what it committed.
+
+What this module is: ``tenzro audit``'s work, a SHELL over a store opened read-only (it can
+run beside the node that has the store open). For each run it starts from the initial
+checkpoint the spec names (its SHA-256 and the committed initial model hash checked), replays
+every committed round from the stored payloads with the same pure round update a finalize runs
+(:mod:`.replay`), and checks, round by round: the fragment outcomes and model hash of the round
+record, the stored aggregation reports, the stored model snapshot when the replay reaches its
+round; for a sealed run, the stored final weights, the run root and the stored receipt.
+
+Why: aggregates, model hashes and run roots must be reproducible bit for bit from stored
+inputs, because third parties verify them; an operator should be able to show that their node's
+store still does, and find out when it does not, without trusting the node process. A node's
+own rebuild (``NodeService._rebuild_model_state``) checks the rounds after its last snapshot;
+this checks everything from the checkpoint on.
+
+What it is NOT: a verifier of signatures or elections (``tenzro train verify-receipt`` checks
+those, offline, from a receipt document).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from storage import schema
+from storage.interface import KVStore, StorageError
+from tenzro_training.errors import TenzroError
+from tenzro_training.global_model import ModelLayout, compute_initial_model
+from tenzro_training.node import persistence
+from tenzro_training.node.checkpoint import load_init_checkpoint
+from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
+from tenzro_training.node.model_state import decode_model_layout, decode_snapshot_round, load_model_fragments
+from tenzro_training.node.replay import load_round_inputs, replay_round
+from tenzro_training.receipt import compute_receipt
+from tenzro_training.run_state import RunState, RunStatus
+
+__all__ = ["RunAudit", "audit_run", "audit_store"]
+
+
+@dataclass(frozen=True)
+class RunAudit:
+    """The outcome of auditing one run."""
+
+    task_id: str
+    status: str
+    rounds_committed: int
+    rounds_replayed: int
+    """Rounds recomputed and found equal to their records (all of them when ``ok``)."""
+    checks: tuple[str, ...] = ()
+    """What was found equal, in order (e.g. ``snapshot of round 8``, ``receipt``)."""
+    problem: str | None = None
+    """The first difference or failure; the audit of a run stops there (later rounds build on
+    the model it could not reproduce)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id, "status": self.status, "ok": self.ok,
+            "rounds_committed": self.rounds_committed, "rounds_replayed": self.rounds_replayed,
+            "checks": list(self.checks), "problem": self.problem,
+        }
+
+
+@dataclass
+class _Progress:
+    replayed: int = 0
+    checks: list[str] = field(default_factory=list)
+
+
+def audit_store(
+    store: KVStore,
+    task_ids: Sequence[str] | None = None,
+    *,
+    allowed_dirs: Sequence[Path] = (),
+    max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[RunAudit]:
+    """Audit ``task_ids`` (default: every run in the store, in task_id order)."""
+    if task_ids is None:
+        task_ids = [schema.parse_run_key(key) for key, _ in store.iterate(schema.CF_TRAINING_RUNS)]
+    return [
+        audit_run(store, task_id, allowed_dirs=allowed_dirs, max_checkpoint_bytes=max_checkpoint_bytes,
+                  max_payload_bytes=max_payload_bytes)
+        for task_id in task_ids
+    ]
+
+
+def audit_run(
+    store: KVStore,
+    task_id: str,
+    *,
+    allowed_dirs: Sequence[Path] = (),
+    max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> RunAudit:
+    """Audit one run (see the module docstring). Never raises for what it finds: a missing run,
+    an unreadable checkpoint or a damaged store are the result's ``problem``."""
+    raw = store.get(schema.CF_TRAINING_RUNS, schema.run_key(task_id))
+    if raw is None:
+        return RunAudit(task_id, "unknown", 0, 0, problem="no such run in the store")
+    progress = _Progress()
+    try:
+        run = persistence.decode_run(raw)
+    except TenzroError as exc:
+        return RunAudit(task_id, "unknown", 0, 0, problem=str(exc))
+    try:
+        _audit(store, run, progress, allowed_dirs, max_checkpoint_bytes, max_payload_bytes)
+        problem = None
+    except TenzroError as exc:
+        problem = str(exc)
+    return RunAudit(task_id, run.status.value, len(run.records), progress.replayed, tuple(progress.checks), problem)
+
+
+def _audit(
+    store: KVStore, run: RunState, progress: _Progress, allowed_dirs: Sequence[Path], max_checkpoint_bytes: int,
+    max_payload_bytes: int,
+) -> None:
+    task_id = run.task_id
+    raw = store.get(schema.CF_META, schema.tensor_specs_key(task_id))
+    if raw is None:
+        raise StorageError(f"the tensor list of {task_id} is missing")
+    model = decode_model_layout(raw, run.spec.architecture.fragment_count)
+    state = load_init_checkpoint(run.spec, allowed_dirs=allowed_dirs, max_bytes=max_checkpoint_bytes)
+    initial = compute_initial_model(state, run.spec.architecture.fragment_count)
+    del state
+    if initial.model != model:
+        raise StorageError(f"the stored tensor list of {task_id} differs from its initial checkpoint's")
+    if initial.model_hash != run.initial_model_hash:
+        raise StorageError(f"the initial checkpoint of {task_id} does not hash to the committed initial model hash")
+    progress.checks.append("initial model")
+    weights = list(initial.weights)
+    momentum = [torch.zeros_like(w) for w in weights]
+    snapshot_raw = store.get(schema.CF_META, schema.model_snapshot_key(task_id))
+    snapshot = decode_snapshot_round(snapshot_raw) if snapshot_raw is not None else None
+    if snapshot == 0:
+        _check_snapshot(store, task_id, model, 0, weights, momentum, progress)
+
+    def load_payload(digest: bytes) -> bytes:
+        data = store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
+        if data is None:
+            raise StorageError(f"accepted payload 0x{digest.hex()} of {task_id} is missing from the store")
+        return data
+
+    for record in run.records:
+        inputs = load_round_inputs(store, task_id, record, load_payload)
+        update = replay_round(run.spec, model, record, inputs, weights, momentum, max_payload_bytes=max_payload_bytes)
+        stored = store.get(schema.CF_META, schema.round_reports_key(task_id, record.round))
+        if stored != persistence.encode_round_reports([r.canonical_bytes() for r in update.reports]):
+            raise StorageError(f"the stored aggregation reports of {task_id} round {record.round} differ from the replay's")
+        progress.replayed += 1
+        if snapshot == record.round + 1:
+            _check_snapshot(store, task_id, model, snapshot, weights, momentum, progress)
+    if run.status is RunStatus.SEALED:
+        final = load_model_fragments(store, task_id, schema.MODEL_FINAL, model)
+        if not all(torch.equal(a, b) for a, b in zip(final, weights)):
+            raise StorageError(f"the stored final weights of {task_id} differ from the replayed model")
+        progress.checks.append("final weights")
+        receipt = compute_receipt(run)
+        if receipt.run_root != run.run_root:
+            raise StorageError(f"the run root of {task_id} does not recompute from its records")
+        stored_receipt = store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+        if stored_receipt != persistence.encode_receipt(receipt):
+            raise StorageError(f"the stored receipt of {task_id} differs from the one its records give")
+        progress.checks.append("run root and receipt")
+
+
+def _check_snapshot(
+    store: KVStore, task_id: str, model: ModelLayout, rounds: int, weights: list[torch.Tensor],
+    momentum: list[torch.Tensor], progress: _Progress,
+) -> None:
+    stored_w = load_model_fragments(store, task_id, schema.MODEL_WEIGHTS, model)
+    stored_m = load_model_fragments(store, task_id, schema.MODEL_MOMENTUM, model)
+    same = all(torch.equal(a, b) for a, b in zip(stored_w, weights)) and all(
+        torch.equal(a, b) for a, b in zip(stored_m, momentum)
+    )
+    if not same:
+        raise StorageError(f"the stored model snapshot of {task_id} (round {rounds}) differs from the replayed model")
+    progress.checks.append(f"snapshot of round {rounds}")

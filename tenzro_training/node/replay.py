@@ -1,0 +1,91 @@
+"""Replaying committed rounds from a node's store (a SHELL helper: it reads the store).
+
+What this module is: loading one committed round's inputs (the stored payloads of the trainers
+its record accepted, in the record's canonical order) and re-running the pure round update
+(:func:`~tenzro_training.global_model.compute_round_update`) on them, checked against the
+record. The node uses it to rebuild a run's model from its last snapshot
+(``NodeService._rebuild_model_state``); ``tenzro audit`` uses it to recompute whole runs from
+their initial checkpoints (:mod:`.audit`).
+
+Why a replay is checked rather than trusted: the record is what the node signed off and third
+parties verify; if the stored inputs no longer reproduce it, the store is damaged, and a model
+built from it must be neither served nor stepped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from storage import schema
+from storage.interface import KVStore, StorageError
+from tenzro_training.addresses import Address, format_address
+from tenzro_training.errors import TenzroError
+from tenzro_training.global_model import INLINE, ModelLayout, RoundUpdate, Worker, compute_round_update
+from tenzro_training.node import persistence
+from tenzro_training.records import RoundRecord
+from tenzro_training.spec import TrainingTaskSpec
+
+__all__ = ["ReplayMismatch", "load_round_inputs", "replay_round"]
+
+
+class ReplayMismatch(StorageError):
+    """A committed round, replayed from the stored payloads, does not reproduce its record."""
+
+    def __init__(self, task_id: str, round: int, what: str) -> None:
+        self.task_id = task_id
+        self.round = round
+        self.what = what
+        super().__init__(f"round {round} of {task_id} replayed from the store does not reproduce its committed {what}")
+
+
+def load_round_inputs(
+    store: KVStore, task_id: str, record: RoundRecord, load_payload: Callable[[bytes], bytes]
+) -> list[list[tuple[Address, bytes]]]:
+    """Per fragment, the (trainer, payload bytes) the round aggregated: for each trainer in the
+    record's ``accepted`` (canonical order), its stored submission record names the payload
+    hash, and ``load_payload(hash)`` returns the bytes (StorageError for anything missing)."""
+    inputs = []
+    for index, outcome in enumerate(record.fragments):
+        subs = []
+        for trainer in outcome.accepted:
+            raw = store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, record.round, index, trainer))
+            if raw is None:
+                raise StorageError(
+                    f"the submission of {format_address(trainer)} to {task_id} round {record.round} "
+                    f"fragment {index} is missing from the store"
+                )
+            subs.append((trainer, load_payload(persistence.decode_submission_record(raw).payload_hash)))
+        inputs.append(subs)
+    return inputs
+
+
+def replay_round(
+    spec: TrainingTaskSpec,
+    model: ModelLayout,
+    record: RoundRecord,
+    inputs: Sequence[Sequence[tuple[Address, bytes]]],
+    weights: Sequence[torch.Tensor],
+    momentum: Sequence[torch.Tensor],
+    *,
+    max_payload_bytes: int,
+    worker: Worker = INLINE,
+) -> RoundUpdate:
+    """Step ``weights`` and ``momentum`` IN PLACE by one committed round, as its finalize did,
+    and return the update. Raises ReplayMismatch when the outcomes (aggregate, accepted,
+    selected, trimmed, report hashes) or the model hash differ from ``record``, StorageError
+    when a stored payload no longer decodes or aggregates; the vectors are garbage then."""
+    largest = max((len(data) for subs in inputs for _, data in subs), default=0)
+    try:
+        update = compute_round_update(
+            spec, model, record.round, inputs, weights, momentum,
+            max_payload_bytes=max(largest, max_payload_bytes), worker=worker, in_place=True,
+        )
+    except TenzroError as exc:  # every stored payload was decoded when it was accepted
+        raise StorageError(f"round {record.round} of {spec.task_id} cannot be replayed: {exc}") from None
+    if update.outcomes != record.fragments:
+        raise ReplayMismatch(spec.task_id, record.round, "fragment outcomes")
+    if update.model_hash != record.model_hash:
+        raise ReplayMismatch(spec.task_id, record.round, "model hash")
+    return update

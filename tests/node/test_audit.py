@@ -1,0 +1,145 @@
+"""``tenzro audit`` (node/audit.py): whole runs recomputed from the checkpoint and the stored
+payloads, on a real RocksDB store opened read-only beside the service that writes it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from storage import schema
+from storage.rocks import RocksStore
+from tenzro_training import cli
+from tenzro_training.node.audit import audit_run, audit_store
+from tenzro_training.node.service import NodeService
+from tests.node.conftest import FakeClock, Net, make_config, spec_dict
+from tests.node.test_service import play_round, start
+
+ROUNDS = 5
+
+
+@dataclass
+class Node:
+    """A node data dir with one sealed run (snapshots every 2 rounds) and one still training;
+    the service keeps the store open (read-write) until ``stop``."""
+
+    data: Path
+    service: NodeService
+    store: RocksStore
+
+    def stop(self) -> None:
+        if not self.store.closed:
+            self.service.close()
+            self.store.close()
+
+    def tamper(self, cf: str, key: bytes, change: Callable[[bytes], bytes] | bytes) -> None:
+        """Rewrite one stored value (after ``stop``: a read-write opener needs the LOCK)."""
+        self.stop()
+        with RocksStore(self.data / "db") as store:
+            raw = store.get(cf, key)
+            assert raw is not None
+            value = change(raw) if callable(change) else change
+            with store.atomic_batch() as batch:
+                batch.put(cf, key, value)
+
+    def audit(self, task_id: str) -> dict[str, object]:
+        with RocksStore(self.data / "db", read_only=True) as store:
+            return audit_run(store, task_id).to_dict()
+
+
+@pytest.fixture
+def node(tmp_path: Path, checkpoint: tuple[str, str]) -> Iterator[Node]:
+    data = tmp_path / "node"
+    store = RocksStore(data / "db")
+    clock = FakeClock()
+    service = NodeService(make_config(data, model_snapshot_rounds=2), store, clock=clock)
+    sealed = Net(service, clock)
+    start(sealed, checkpoint, max_rounds=ROUNDS)
+    for r in range(ROUNDS):
+        play_round(sealed, r)
+    training = Net(service, clock, task_id="run-2")
+    training.post(spec_dict(*checkpoint, task_id="run-2", max_rounds=ROUNDS))
+    training.elect()
+    for i in range(3):
+        training.enroll(i)
+    play_round(training, 0)
+    play_round(training, 1)
+    running = Node(data, service, store)
+    yield running
+    running.stop()
+
+
+def test_a_sealed_and_a_training_run_reproduce_bit_for_bit(node: Node) -> None:
+    with RocksStore(node.data / "db", read_only=True) as store:  # beside the running service
+        sealed, training = (a.to_dict() for a in audit_store(store))
+    assert sealed == {
+        "task_id": "run-1", "status": "Sealed", "ok": True, "rounds_committed": 5, "rounds_replayed": 5,
+        "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt"], "problem": None,
+    }
+    assert training["ok"] and training["status"] == "Training" and training["rounds_replayed"] == 2
+    assert training["checks"] == ["initial model", "snapshot of round 2"]
+
+
+def flip_last_byte(raw: bytes) -> bytes:
+    return raw[:-1] + bytes([raw[-1] ^ 1])
+
+
+class TestFindsDamage:
+    """Each kind of damage is found and named, and the audit stops at the first."""
+
+    def test_a_payload(self, node: Node) -> None:
+        with RocksStore(node.data / "db", read_only=True) as store:
+            key = next(k for k, _ in store.iterate(schema.CF_SUBMISSIONS, schema.payload_prefix("run-1")))
+        node.tamper(schema.CF_SUBMISSIONS, key, flip_last_byte)
+        result = node.audit("run-1")
+        assert not result["ok"] and result["rounds_replayed"] < 5
+        assert "does not reproduce its committed fragment outcomes" in str(result["problem"])
+
+    def test_the_aggregation_reports(self, node: Node) -> None:
+        node.tamper(schema.CF_META, schema.round_reports_key("run-1", 3), b"[]")
+        result = node.audit("run-1")
+        assert result["rounds_replayed"] == 3 and "aggregation reports of run-1 round 3" in str(result["problem"])
+
+    def test_the_snapshot(self, node: Node) -> None:
+        node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_MOMENTUM, 1), flip_last_byte)
+        assert "model snapshot of run-1 (round 4) differs" in str(node.audit("run-1")["problem"])
+
+    def test_the_final_weights(self, node: Node) -> None:
+        node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_FINAL, 0), flip_last_byte)
+        assert "final weights of run-1 differ" in str(node.audit("run-1")["problem"])
+
+    def test_the_receipt(self, node: Node) -> None:
+        def edit(raw: bytes) -> bytes:
+            doc = json.loads(raw)
+            doc["trainers"][0]["accepted_submissions"] += 1
+            return json.dumps(doc).encode()
+
+        node.tamper(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("run-1"), edit)
+        assert "stored receipt of run-1 differs" in str(node.audit("run-1")["problem"])
+
+    def test_a_missing_checkpoint(self, node: Node, checkpoint: tuple[str, str]) -> None:
+        Path(checkpoint[0].removeprefix("file://")).unlink()
+        result = node.audit("run-1")
+        assert not result["ok"] and result["rounds_replayed"] == 0 and "init.safetensors" in str(result["problem"])
+
+    def test_an_unknown_run(self, node: Node) -> None:
+        assert node.audit("nope")["problem"] == "no such run in the store"
+
+
+def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    data_dir = node.data
+    assert cli.main(["audit", "--data-dir", str(data_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and [r["task_id"] for r in out["runs"]] == ["run-1", "run-2"]
+    assert cli.main(["audit", "--data-dir", str(data_dir), "--task-id", "run-2"]) == 0
+    assert "run-2: Training, 2/2 rounds reproduced; equal: initial model, snapshot of round 2" in capsys.readouterr().out
+    node.tamper(schema.CF_META, schema.round_reports_key("run-2", 0), b"[]")
+    assert cli.main(["audit", "--data-dir", str(data_dir)]) == 1
+    captured = capsys.readouterr()
+    assert "run-2: Training, 0/2 rounds reproduced; PROBLEM:" in captured.out
+    assert "tenzro: audit found problems in 1 run(s): run-2" in captured.err
+    assert cli.main(["audit", "--data-dir", str(data_dir.parent / "nowhere")]) == 2
+    assert "not a node data directory" in capsys.readouterr().err
