@@ -320,6 +320,13 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     got = _finish_kill_run(task, syncer)
     assert receipt_without_sealed_at(got) == receipt_without_sealed_at(expected)
     assert got["run_root"] == expected["run_root"]
+    # The store the killed node left behind still reproduces every committed round from the
+    # checkpoint, audited read-only while the restarted node holds it.
+    r = tenzro("audit", "--data-dir", str(restarted.data_dir), "--json")
+    assert r.code == 0, r.out + r.err
+    [audited] = r.json()["runs"]
+    assert audited["ok"] and audited["status"] == "Sealed" and audited["rounds_replayed"] == audited["rounds_committed"]
+    assert audited["checks"][-1] == "run root and receipt"
     assert restarted.stop() == 0
     # With the node stopped and its model file gone, export-model reads the stored final weights.
     (restarted.data_dir / "models" / "e2e-kill.safetensors").unlink()
