@@ -188,7 +188,7 @@ class NodeConfig:
     """Largest JSON-RPC request body (a base64 payload is 4/3 of its bytes)."""
     model_cache_runs: int = 2
     """Runs whose committed fp32 weights and momentum stay in memory between finalizes (8 bytes
-    per parameter each), so a finalize steps them in place instead of decoding them from the
+    per parameter each), so a finalize steps them in place instead of rebuilding them from the
     store; 0 turns the cache off (every finalize rebuilds them: slower, no memory held)."""
     model_snapshot_rounds: int = 8
     """Write a run's weights and momentum to the store every this many rounds (1 = every

@@ -2,7 +2,8 @@
 
 What this module is: the stored form of a :class:`~tenzro_training.global_model.ModelLayout`
 (its tensor list, as JSON), of fp32 fragment vectors (raw little-endian float32) and of a run's
-model snapshot record (how many rounds the stored vectors include).
+model snapshot record (how many rounds the stored vectors include), and the one reader of the
+stored vectors (:func:`load_model_fragments`).
 What it is NOT: the model or the round update themselves, which are pure core
 (:mod:`tenzro_training.global_model`), shared with trainers and third-party verifiers.
 """
