@@ -15,7 +15,8 @@ Contract, in one place:
   and ``str`` are not: TypeError). The empty key and the empty value are allowed.
 - Every read and write names a column family from the store's fixed list
   (:data:`storage.schema.ALL_COLUMN_FAMILIES`); any other name is a :class:`StorageError`.
-- Reads: :meth:`KVStore.get`, :meth:`KVStore.contains`, :meth:`KVStore.iterate`. ``iterate`` yields
+- Reads: :meth:`KVStore.get`, :meth:`KVStore.contains`, :meth:`KVStore.iterate` (and
+  :meth:`KVStore.keys`, its keys without the values). ``iterate`` yields
   ``(key, value)`` pairs in ascending unsigned byte order, only keys that start with ``prefix``,
   beginning at the first key ``>= start``. The view is fixed when ``iterate`` is called: batches
   committed while the iterator is being consumed are not seen by it.
@@ -37,7 +38,7 @@ import abc
 import enum
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Final
+from typing import Final, TypeVar
 
 from tenzro_training.errors import TenzroError
 
@@ -50,6 +51,9 @@ __all__ = [
     "SchemaVersionError",
     "StorageError",
 ]
+
+
+_T = TypeVar("_T")
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -255,6 +259,15 @@ class KVStore(abc.ABC):
         seek = prefix if start is None or start < prefix else start
         return self._guard_closed(self._iterate(cf, prefix, seek))
 
+    def keys(self, cf: str, prefix: bytes = b"") -> Iterator[bytes]:
+        """The keys :meth:`iterate` would yield for ``prefix``, without reading their values
+        (what deleting a range needs: a payload scan that read values would copy megabytes
+        per key). Same order and view rules as :meth:`iterate`."""
+        self._check_open()
+        self._check_cf(cf)
+        validate_bytes("prefix", prefix)
+        return self._guard_closed(self._iterate_keys(cf, prefix))
+
     def atomic_batch(self) -> AtomicBatch:
         """A new, empty batch for this store (see :class:`AtomicBatch`)."""
         self._check_open()
@@ -278,9 +291,7 @@ class KVStore(abc.ABC):
     ) -> None:
         self.close()
 
-    def _guard_closed(
-        self, inner: Iterator[tuple[bytes, bytes]]
-    ) -> Iterator[tuple[bytes, bytes]]:
+    def _guard_closed(self, inner: Iterator[_T]) -> Iterator[_T]:
         # An iterator outliving close() must fail loudly, not end early as if the data ended.
         for item in inner:
             if self._closed:
@@ -301,6 +312,10 @@ class KVStore(abc.ABC):
     def _iterate(self, cf: str, prefix: bytes, seek: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Snapshot ``cf`` now; yield pairs from ``seek`` while keys start with ``prefix``.
         ``seek >= prefix`` is guaranteed by the caller."""
+
+    def _iterate_keys(self, cf: str, prefix: bytes) -> Iterator[bytes]:
+        """Keys of :meth:`_iterate` from ``prefix``; override where values cost a copy."""
+        return (key for key, _ in self._iterate(cf, prefix, prefix))
 
     @abc.abstractmethod
     def _apply_batch(self, ops: list[Operation]) -> None:

@@ -60,15 +60,16 @@ def _prefix_upper_bound(prefix: bytes) -> bytes | None:
 class _Cursor:
     """A prefix scan over one RocksDB iterator. The store can release it on close."""
 
-    __slots__ = ("__weakref__", "_iterator", "_prefix", "_read_options")
+    __slots__ = ("__weakref__", "_iterator", "_prefix", "_read_options", "_values")
 
-    def __init__(self, iterator: Any, read_options: Any, prefix: bytes) -> None:
+    def __init__(self, iterator: Any, read_options: Any, prefix: bytes, *, values: bool = True) -> None:
         self._iterator: Any = iterator
         # rocksdict does not copy the iterate-upper-bound out of ReadOptions: the iterator reads
         # it from there, so the options must live as long as the iterator (measured: dropping
         # them ends prefix scans after one key).
         self._read_options: Any = read_options
         self._prefix = prefix
+        self._values = values  # False: keys only, every value reads as b"" (never copied out)
 
     def __iter__(self) -> _Cursor:
         return self
@@ -88,7 +89,7 @@ class _Cursor:
         if not key.startswith(self._prefix):
             self.release()
             raise StopIteration
-        value = iterator.value()
+        value = iterator.value() if self._values else b""
         iterator.next()
         return key, value
 
@@ -263,6 +264,12 @@ class RocksStore(KVStore):
         return value
 
     def _iterate(self, cf: str, prefix: bytes, seek: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._cursor(cf, prefix, seek, values=True)
+
+    def _iterate_keys(self, cf: str, prefix: bytes) -> Iterator[bytes]:
+        return (key for key, _ in self._cursor(cf, prefix, prefix, values=False))
+
+    def _cursor(self, cf: str, prefix: bytes, seek: bytes, *, values: bool) -> _Cursor:
         read_options = rocksdict.ReadOptions()
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
@@ -270,7 +277,7 @@ class RocksStore(KVStore):
         # The RocksDB iterator reads a consistent view as of its creation, which is now.
         iterator = self._views[cf].iter(read_options)
         iterator.seek(seek)
-        cursor = _Cursor(iterator, read_options, prefix)
+        cursor = _Cursor(iterator, read_options, prefix, values=values)
         self._cursors.add(cursor)
         return cursor
 

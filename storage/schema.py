@@ -519,12 +519,22 @@ def parse_finalize_signature_key(key: bytes) -> tuple[str, int]:
 # them every ``model_snapshot_rounds`` rounds, not every round, and rebuilds the current state by
 # replaying the committed rounds after the snapshot from their stored payloads.
 
-__all__ += ["model_snapshot_key"]
+__all__ += ["PAYLOADS_PRUNED_ALL", "model_snapshot_key", "payloads_pruned_key"]
 
 _MODEL_SNAPSHOT_KIND: Final = b"n"
+_PAYLOADS_PRUNED_KIND: Final = b"p"
+PAYLOADS_PRUNED_ALL: Final = 2**64 - 1
+"""The :func:`payloads_pruned_key` value once every payload of a run is deleted (it ended)."""
 
 
 def model_snapshot_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a run's model snapshot record (the count of rounds applied to
     the stored :data:`MODEL_WEIGHTS` and :data:`MODEL_MOMENTUM`): b"T" || lp(task_id) || b"n"."""
     return TASK_RECORD_MARK + _task_field(task_id) + _MODEL_SNAPSHOT_KIND
+
+
+def payloads_pruned_key(task_id: str) -> bytes:
+    """Key in :data:`CF_META` of a run's pruning record (``prune_payloads``): the payloads of its
+    rounds before this one (u64; :data:`PAYLOADS_PRUNED_ALL`: every payload) were deleted on
+    purpose. Absent: none were. b"T" || lp(task_id) || b"p"."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _PAYLOADS_PRUNED_KIND

@@ -6,7 +6,10 @@ checkpoint the spec names (its SHA-256 and the committed initial model hash chec
 every committed round from the stored payloads with the same pure round update a finalize runs
 (:mod:`.replay`), and checks, round by round: the fragment outcomes and model hash of the round
 record, the stored aggregation reports, the stored model snapshot when the replay reaches its
-round; for a sealed run, the stored final weights, the run root and the stored receipt.
+round; for a sealed run, the stored final weights, the run root and the stored receipt. A node
+with ``prune_payloads`` deleted the payloads before its last snapshot (the replay starts from the
+snapshot, hash-checked) or, once the run ended, all of them (nothing is replayed; a sealed run's
+final weights are checked against its final model hash).
 
 Why: aggregates, model hashes and run roots must be reproducible bit for bit from stored
 inputs, because third parties verify them; an operator should be able to show that their node's
@@ -30,11 +33,11 @@ import torch
 from storage import schema
 from storage.interface import KVStore, StorageError
 from tenzro_training.errors import TenzroError
-from tenzro_training.global_model import ModelLayout, compute_initial_model
+from tenzro_training.global_model import ModelLayout, compute_initial_model, compute_state_model_hash
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
-from tenzro_training.node.model_state import decode_model_layout, decode_snapshot_round, load_model_fragments
+from tenzro_training.node.model_state import decode_model_layout, decode_round_count, load_model_fragments
 from tenzro_training.node.replay import load_round_inputs, replay_round
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.run_state import RunState, RunStatus
@@ -136,12 +139,37 @@ def _audit(
     if initial.model_hash != run.initial_model_hash:
         raise StorageError(f"the initial checkpoint of {task_id} does not hash to the committed initial model hash")
     progress.checks.append("initial model")
-    weights = list(initial.weights)
-    momentum = [torch.zeros_like(w) for w in weights]
     snapshot_raw = store.get(schema.CF_META, schema.model_snapshot_key(task_id))
-    snapshot = decode_snapshot_round(snapshot_raw) if snapshot_raw is not None else None
-    if snapshot == 0:
-        _check_snapshot(store, task_id, model, 0, weights, momentum, progress)
+    snapshot = decode_round_count(snapshot_raw) if snapshot_raw is not None else None
+    pruned_raw = store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
+    pruned = decode_round_count(pruned_raw) if pruned_raw is not None else 0
+    if pruned == 0:
+        start = 0
+        weights = list(initial.weights)
+        momentum = [torch.zeros_like(w) for w in weights]
+        if snapshot == 0:
+            _check_snapshot(store, task_id, model, 0, weights, momentum, progress)
+    elif pruned == schema.PAYLOADS_PRUNED_ALL or snapshot is None or snapshot < pruned:
+        # Every payload is gone (the run ended under prune_payloads): no round can be replayed;
+        # a sealed run's final weights must still hash to its committed model hash.
+        progress.checks.append("payloads pruned: no round replayed")
+        if run.status is RunStatus.SEALED:
+            final = load_model_fragments(store, task_id, schema.MODEL_FINAL, model)
+            if compute_state_model_hash(model, final) != run.model_hash:
+                raise StorageError(f"the stored final weights of {task_id} do not hash to its final model hash")
+            progress.checks.append("final weights hash")
+            _check_receipt(store, run, progress)
+        return
+    else:
+        # Payloads before the snapshot were pruned: start from the snapshot, hash-checked.
+        start = snapshot
+        if start > len(run.records):
+            raise StorageError(f"the model snapshot of {task_id} is of round {start}, after its last committed round")
+        weights = load_model_fragments(store, task_id, schema.MODEL_WEIGHTS, model)
+        momentum = load_model_fragments(store, task_id, schema.MODEL_MOMENTUM, model)
+        if compute_state_model_hash(model, weights) != run.records[start - 1].model_hash:
+            raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
+        progress.checks.append(f"snapshot of round {start} (payloads before it pruned)")
 
     def load_payload(digest: bytes) -> bytes:
         data = store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
@@ -149,27 +177,32 @@ def _audit(
             raise StorageError(f"accepted payload 0x{digest.hex()} of {task_id} is missing from the store")
         return data
 
-    for record in run.records:
+    for record in run.records[start:]:
         inputs = load_round_inputs(store, task_id, record, load_payload)
         update = replay_round(run.spec, model, record, inputs, weights, momentum, max_payload_bytes=max_payload_bytes)
         stored = store.get(schema.CF_META, schema.round_reports_key(task_id, record.round))
         if stored != persistence.encode_round_reports([r.canonical_bytes() for r in update.reports]):
             raise StorageError(f"the stored aggregation reports of {task_id} round {record.round} differ from the replay's")
         progress.replayed += 1
-        if snapshot == record.round + 1:
+        if snapshot == record.round + 1 and snapshot > start:
             _check_snapshot(store, task_id, model, snapshot, weights, momentum, progress)
     if run.status is RunStatus.SEALED:
         final = load_model_fragments(store, task_id, schema.MODEL_FINAL, model)
         if not all(torch.equal(a, b) for a, b in zip(final, weights)):
             raise StorageError(f"the stored final weights of {task_id} differ from the replayed model")
         progress.checks.append("final weights")
-        receipt = compute_receipt(run)
-        if receipt.run_root != run.run_root:
-            raise StorageError(f"the run root of {task_id} does not recompute from its records")
-        stored_receipt = store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
-        if stored_receipt != persistence.encode_receipt(receipt):
-            raise StorageError(f"the stored receipt of {task_id} differs from the one its records give")
-        progress.checks.append("run root and receipt")
+        _check_receipt(store, run, progress)
+
+
+def _check_receipt(store: KVStore, run: RunState, progress: _Progress) -> None:
+    task_id = run.task_id
+    receipt = compute_receipt(run)
+    if receipt.run_root != run.run_root:
+        raise StorageError(f"the run root of {task_id} does not recompute from its records")
+    stored_receipt = store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+    if stored_receipt != persistence.encode_receipt(receipt):
+        raise StorageError(f"the stored receipt of {task_id} differs from the one its records give")
+    progress.checks.append("run root and receipt")
 
 
 def _check_snapshot(

@@ -45,6 +45,7 @@ _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
+    "prune_payloads",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -199,6 +200,12 @@ class NodeConfig:
     """Bytes of accepted outer-gradient payloads of open rounds kept in memory, so a finalize
     does not read back what it was just sent (payloads past the budget are read from the
     store); 0 turns it off."""
+    prune_payloads: bool = False
+    """False (archive, the default): keep every accepted payload, so ``tenzro audit`` and third
+    parties can recompute any round of any run from its checkpoint. True: delete the payloads
+    the node no longer needs, those of an open run's rounds before its latest model snapshot
+    (deleted in the snapshot's batch) and all of a run's once it is Sealed, Cancelled or Failed
+    (in that transition's batch). The submission records (hashes and signatures) stay."""
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
@@ -254,6 +261,7 @@ class NodeConfig:
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
+        _bool("prune_payloads", self.prune_payloads)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -308,7 +316,7 @@ class NodeConfig:
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
-                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes")
+                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -348,6 +356,7 @@ class NodeConfig:
             "model_cache_runs": self.model_cache_runs,
             "model_snapshot_rounds": self.model_snapshot_rounds,
             "payload_cache_bytes": self.payload_cache_bytes,
+            "prune_payloads": self.prune_payloads,
         }
 
 

@@ -2,7 +2,7 @@
 
 What this module is: the stored form of a :class:`~tenzro_training.global_model.ModelLayout`
 (its tensor list, as JSON), of fp32 fragment vectors (raw little-endian float32) and of a run's
-model snapshot record (how many rounds the stored vectors include), and the one reader of the
+round counts (the model snapshot and pruning records), and the one reader of the
 stored vectors (:func:`load_model_fragments`).
 What it is NOT: the model or the round update themselves, which are pure core
 (:mod:`tenzro_training.global_model`), shared with trainers and third-party verifiers.
@@ -26,10 +26,10 @@ from tenzro_training.node.persistence import decode_json, encode_json
 __all__ = [
     "decode_fragment",
     "decode_model_layout",
-    "decode_snapshot_round",
+    "decode_round_count",
     "encode_fragment",
     "encode_model_layout",
-    "encode_snapshot_round",
+    "encode_round_count",
     "load_model_fragments",
 ]
 
@@ -74,20 +74,21 @@ def decode_fragment(raw: bytes, numel: int, what: str = "fragment") -> torch.Ten
     return torch.from_numpy(arr)
 
 
-_SNAPSHOT = struct.Struct(">Q")
+_ROUND_COUNT = struct.Struct(">Q")
 
 
-def encode_snapshot_round(rounds: int) -> bytes:
-    """Stored form of a model snapshot record (``schema.model_snapshot_key``): how many committed
-    rounds the stored weights and momentum include, as an unsigned 64-bit big-endian integer."""
-    return _SNAPSHOT.pack(rounds)
+def encode_round_count(rounds: int) -> bytes:
+    """Stored form of a round count, an unsigned 64-bit big-endian integer: the model snapshot
+    record (``schema.model_snapshot_key``: how many committed rounds the stored weights and
+    momentum include) and the pruning record (``schema.payloads_pruned_key``)."""
+    return _ROUND_COUNT.pack(rounds)
 
 
-def decode_snapshot_round(raw: bytes) -> int:
-    """Inverse of :func:`encode_snapshot_round` (StorageError on a damaged store)."""
-    if not isinstance(raw, bytes) or len(raw) != _SNAPSHOT.size:
-        raise StorageError(f"stored model snapshot record is malformed: {raw!r} (expected 8 bytes)")
-    return int(_SNAPSHOT.unpack(raw)[0])
+def decode_round_count(raw: bytes) -> int:
+    """Inverse of :func:`encode_round_count` (StorageError on a damaged store)."""
+    if not isinstance(raw, bytes) or len(raw) != _ROUND_COUNT.size:
+        raise StorageError(f"stored round count is malformed: {raw!r} (expected 8 bytes)")
+    return int(_ROUND_COUNT.unpack(raw)[0])
 
 
 def load_model_fragments(store: KVStore, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:

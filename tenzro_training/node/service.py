@@ -78,10 +78,10 @@ from tenzro_training.global_model import (
 )
 from tenzro_training.node.model_state import (
     decode_model_layout,
-    decode_snapshot_round,
+    decode_round_count,
     encode_fragment,
     encode_model_layout,
-    encode_snapshot_round,
+    encode_round_count,
     load_model_fragments,
 )
 from tenzro_training.node.replay import load_round_inputs, replay_round
@@ -258,7 +258,7 @@ class NodeService:
         for task_id, run in sorted(self._runs.items()):
             key = schema.model_snapshot_key(task_id)
             if not is_terminal(run) and not self._store.contains(schema.CF_META, key):
-                ops.append((BatchOp.PUT, schema.CF_META, key, encode_snapshot_round(len(run.records))))
+                ops.append((BatchOp.PUT, schema.CF_META, key, encode_round_count(len(run.records))))
         if ops:
             log.info("recorded model snapshots of %d run(s) from a schema-1 store", len(ops))
         self._write(ops)
@@ -318,11 +318,13 @@ class NodeService:
         """Write one applied transition (run, ledger diff, ``extra``) in one batch; only once it
         committed, update the in-memory state and publish the events."""
         task_id = t.run.task_id
+        before = self._runs.get(task_id)
+        if self._config.prune_payloads and is_terminal(t.run) and not (before is not None and is_terminal(before)):
+            extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
         ops, encoded = persistence.compute_transition_ops(
             self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
         )
         self._write(ops)
-        before = self._runs.get(task_id)
         self._ledger = t.ledger
         self._runs[task_id] = t.run
         self._stored_runs[task_id] = encoded
@@ -630,6 +632,8 @@ class NodeService:
                           persistence.encode_receipt(compute_receipt(t.run))))
         elif (round + 1) % self._config.model_snapshot_rounds == 0:
             extra += self._snapshot_ops(task_id, round + 1, update.weights, update.momentum)
+            if self._config.prune_payloads:  # every stored payload is of a round up to this one
+                extra += self._prune_ops(task_id, round + 1)
         self._commit(t, extra)
         if not sealed:  # committed: now the run's current model
             self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
@@ -705,7 +709,17 @@ class NodeService:
     ) -> list[Operation]:
         ops = _fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
         ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
-        ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_snapshot_round(rounds)))
+        ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_round_count(rounds)))
+        return ops
+
+    def _prune_ops(self, task_id: str, through: int) -> list[Operation]:
+        """Delete every stored payload of ``task_id`` and record up to which round they are gone
+        (``schema.payloads_pruned_key``). Keys only: the values are never read."""
+        ops: list[Operation] = [
+            (BatchOp.DELETE, schema.CF_SUBMISSIONS, key, None)
+            for key in self._store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(task_id))
+        ]
+        ops.append((BatchOp.PUT, schema.CF_META, schema.payloads_pruned_key(task_id), encode_round_count(through)))
         return ops
 
     def _rebuild_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -718,9 +732,14 @@ class NodeService:
         raw = self._store.get(schema.CF_META, schema.model_snapshot_key(task_id))
         if raw is None:
             raise StorageError(f"the model snapshot record of {task_id} is missing")
-        start = decode_snapshot_round(raw)
+        start = decode_round_count(raw)
         if start > len(run.records):
             raise StorageError(f"the model snapshot of {task_id} is of round {start}, after its last committed round")
+        pruned = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
+        if pruned is not None and decode_round_count(pruned) > start and start < len(run.records):
+            raise StorageError(
+                f"the payloads of {task_id} were pruned (prune_payloads): its model after round {start} cannot be rebuilt"
+            )
         weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
         momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
         expected = run.records[start - 1].model_hash if start > 0 else run.initial_model_hash

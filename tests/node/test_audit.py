@@ -50,12 +50,10 @@ class Node:
             return audit_run(store, task_id).to_dict()
 
 
-@pytest.fixture
-def node(tmp_path: Path, checkpoint: tuple[str, str]) -> Iterator[Node]:
-    data = tmp_path / "node"
+def make_node(data: Path, checkpoint: tuple[str, str], *, training_rounds: int = 2, **config: object) -> Node:
     store = RocksStore(data / "db")
     clock = FakeClock()
-    service = NodeService(make_config(data, model_snapshot_rounds=2), store, clock=clock)
+    service = NodeService(make_config(data, model_snapshot_rounds=2, **config), store, clock=clock)
     sealed = Net(service, clock)
     start(sealed, checkpoint, max_rounds=ROUNDS)
     for r in range(ROUNDS):
@@ -65,9 +63,14 @@ def node(tmp_path: Path, checkpoint: tuple[str, str]) -> Iterator[Node]:
     training.elect()
     for i in range(3):
         training.enroll(i)
-    play_round(training, 0)
-    play_round(training, 1)
-    running = Node(data, service, store)
+    for r in range(training_rounds):
+        play_round(training, r)
+    return Node(data, service, store)
+
+
+@pytest.fixture
+def node(tmp_path: Path, checkpoint: tuple[str, str]) -> Iterator[Node]:
+    running = make_node(tmp_path / "node", checkpoint)
     yield running
     running.stop()
 
@@ -81,6 +84,26 @@ def test_a_sealed_and_a_training_run_reproduce_bit_for_bit(node: Node) -> None:
     }
     assert training["ok"] and training["status"] == "Training" and training["rounds_replayed"] == 2
     assert training["checks"] == ["initial model", "snapshot of round 2"]
+
+
+def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """prune_payloads: the sealed run kept no payload (its final weights are checked against its
+    final model hash, its receipt against its records); the open run is replayed from its
+    hash-checked snapshot."""
+    node = make_node(tmp_path / "node", checkpoint, training_rounds=3, prune_payloads=True)
+    try:
+        sealed, training = (node.audit(t) for t in ("run-1", "run-2"))
+    finally:
+        node.stop()
+    assert sealed["ok"] and sealed["rounds_replayed"] == 0
+    assert sealed["checks"] == ["initial model", "payloads pruned: no round replayed", "final weights hash",
+                                "run root and receipt"]
+    assert training["ok"] and training["rounds_committed"] == 3 and training["rounds_replayed"] == 1
+    assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)"]
+    node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_FINAL, 1), flip_last_byte)
+    assert "final weights of run-1 do not hash to its final model hash" in str(node.audit("run-1")["problem"])
+    node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-2", schema.MODEL_WEIGHTS, 0), flip_last_byte)
+    assert "snapshot of run-2 (round 2) does not hash" in str(node.audit("run-2")["problem"])
 
 
 def flip_last_byte(raw: bytes) -> bytes:

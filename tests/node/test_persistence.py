@@ -15,10 +15,10 @@ from tenzro_training.global_model import ModelLayout
 from tenzro_training.node.model_state import (
     decode_fragment,
     decode_model_layout,
-    decode_snapshot_round,
+    decode_round_count,
     encode_fragment,
     encode_model_layout,
-    encode_snapshot_round,
+    encode_round_count,
 )
 from tenzro_training.fragments import TensorSpec
 from tenzro_training.run import process_post_task
@@ -64,7 +64,7 @@ def test_submission_record_round_trip() -> None:
         lambda: persistence.decode_json(b"[" * 10_000, "x"),
         lambda: persistence.decode_round_reports(b'{"a": 1}'),
         lambda: decode_fragment(b"\x00" * 7, 2),
-        lambda: decode_snapshot_round(b"\x00" * 4),
+        lambda: decode_round_count(b"\x00" * 4),
         lambda: decode_model_layout(b'{"version": 2, "tensors": []}', 1),
         lambda: decode_model_layout(b'{"version": 1, "tensors": [["a#b", [2], "float32"]]}', 1),
     ],
@@ -82,9 +82,9 @@ def test_fragment_bytes_are_little_endian_fp32() -> None:
 
 
 def test_snapshot_record_is_a_big_endian_u64() -> None:
-    assert encode_snapshot_round(0) == b"\x00" * 8
-    assert encode_snapshot_round(258) == b"\x00" * 6 + b"\x01\x02"
-    assert decode_snapshot_round(encode_snapshot_round(2**64 - 1)) == 2**64 - 1
+    assert encode_round_count(0) == b"\x00" * 8
+    assert encode_round_count(258) == b"\x00" * 6 + b"\x01\x02"
+    assert decode_round_count(encode_round_count(2**64 - 1)) == 2**64 - 1
 
 
 def test_model_layout_round_trip() -> None:

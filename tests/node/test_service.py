@@ -39,7 +39,7 @@ from tenzro_training.errors import (
 from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
 from tenzro_training.ledger import InsufficientBalance, Ledger
 from tenzro_training.node import persistence
-from tenzro_training.node.model_state import decode_snapshot_round
+from tenzro_training.node.model_state import decode_round_count
 from tenzro_training.node.replay import ReplayMismatch
 from tenzro_training.node.service import NodeService
 from tenzro_training.outer import OuterConfig, apply_outer_step
@@ -585,7 +585,7 @@ class TestModelReplay:
         start(net, checkpoint, max_rounds=self.ROUNDS)
         for r in range(self.ROUNDS):
             result = play_round(net, r)
-            stored = decode_snapshot_round(net.store.get(schema.CF_META, schema.model_snapshot_key(net.task_id)))
+            stored = decode_round_count(net.store.get(schema.CF_META, schema.model_snapshot_key(net.task_id)))
             if not result["sealed"]:
                 # Written every snapshot_rounds rounds, never otherwise.
                 assert stored == (r + 1) // snapshot_rounds * snapshot_rounds
@@ -681,7 +681,7 @@ class TestModelReplay:
         with store.atomic_batch() as batch:
             batch.delete(schema.CF_META, schema.model_snapshot_key(net.task_id))
         net = self.open(store, clock, model_cache_runs=0, model_snapshot_rounds=8)
-        assert decode_snapshot_round(store.get(schema.CF_META, schema.model_snapshot_key(net.task_id))) == 2
+        assert decode_round_count(store.get(schema.CF_META, schema.model_snapshot_key(net.task_id))) == 2
         for r in range(2, self.ROUNDS):
             play_round(net, r)
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
@@ -724,3 +724,73 @@ class TestModelReplay:
         play_round(net, 1)
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
+
+
+class TestPayloadPruning:
+    """prune_payloads: the store keeps only the payloads a rebuild from the latest snapshot needs."""
+
+    @staticmethod
+    def payload_keys(net: Net) -> list[bytes]:
+        return list(net.store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(net.task_id)))
+
+    @staticmethod
+    def pruned(net: Net) -> int | None:
+        raw = net.store.get(schema.CF_META, schema.payloads_pruned_key(net.task_id))
+        return None if raw is None else decode_round_count(raw)
+
+    def test_payloads_go_with_each_snapshot_and_at_the_end(
+        self, store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]
+    ) -> None:
+        """Snapshots every 2 rounds, no model cache (every finalize rebuilds from the snapshot and
+        the kept payloads), a restart in between: the same model as an archive node."""
+        rounds = 5
+        spec = spec_dict(*checkpoint, max_rounds=rounds)
+        clock = FakeClock()
+        store = open_test_store(store_kind, tmp_path / "db")
+        config = {"prune_payloads": True, "model_snapshot_rounds": 2, "model_cache_runs": 0}
+        net = TestModelReplay.open(store, clock, **config)
+        start(net, checkpoint, max_rounds=rounds)
+        play_round(net, 0)
+        assert len(self.payload_keys(net)) == 6 and self.pruned(net) is None
+        play_round(net, 1)  # snapshot of round 2: rounds 0 and 1 no longer needed
+        assert self.payload_keys(net) == [] and self.pruned(net) == 2
+        play_round(net, 2)
+        assert len(self.payload_keys(net)) == 6
+        net.service.close()
+        if store_kind == "rocks":
+            store.close()
+            store = open_test_store(store_kind, tmp_path / "db")
+        net = TestModelReplay.open(store, clock, **config)
+        for r in (3, 4):
+            play_round(net, r)
+        assert self.payload_keys(net) == [] and self.pruned(net) == schema.PAYLOADS_PRUNED_ALL
+        # The submission records (hashes, signatures) stay: the receipt's attestations need them.
+        assert len(list(net.store.keys(schema.CF_SUBMISSIONS, schema.task_prefix(net.task_id)))) == rounds * 6
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        assert receipt.final_model_hash == compute_model_hash(reference_model(spec, rounds))
+        assert net.service.cache_stats()["replayed_rounds"] == 1  # round 3's finalize replayed round 2
+        net.service.close()
+        store.close()
+
+    def test_a_failed_run_keeps_no_payload(self, checkpoint: tuple[str, str]) -> None:
+        from storage.memory import MemoryStore
+
+        net = TestModelReplay.open(MemoryStore(), FakeClock(), prune_payloads=True)
+        start(net, checkpoint)
+        net.submit(0, 0, 0)
+        net.service.store_payload(net.task_id, net.payload(1, 0, 1))  # held from gossip, never submitted
+        assert len(self.payload_keys(net)) == 2
+        net.clock.advance(TIMINGS.round_timeout_ms + GRACE_MS + 1)
+        net.service.tick()
+        assert net.service.get_run(net.task_id)["status"] == "Failed"
+        assert self.payload_keys(net) == [] and self.pruned(net) == schema.PAYLOADS_PRUNED_ALL
+        assert net.service._payload_cache_bytes == 0
+
+    def test_an_archive_node_keeps_every_payload(self, checkpoint: tuple[str, str]) -> None:
+        from storage.memory import MemoryStore
+
+        net = TestModelReplay.open(MemoryStore(), FakeClock(), model_snapshot_rounds=1)
+        start(net, checkpoint)
+        play_round(net, 0)
+        play_round(net, 1)
+        assert len(self.payload_keys(net)) == 12 and self.pruned(net) is None

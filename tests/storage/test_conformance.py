@@ -225,6 +225,22 @@ class KVStoreConformance:
         assert list(store.iterate(CF_SUBMISSIONS, b"ab")) == [(k, b"v:" + k) for k in inside]
         assert [k for k, _ in store.iterate(CF_SUBMISSIONS)] == sorted(keys)
         assert list(store.iterate(CF_SUBMISSIONS, b"zz")) == []
+        # keys(): the same keys, same order, values never read.
+        assert list(store.keys(CF_SUBMISSIONS, b"ab")) == inside
+        assert list(store.keys(CF_SUBMISSIONS)) == sorted(keys)
+        assert list(store.keys(CF_SUBMISSIONS, b"zz")) == []
+
+    def test_keys_view_and_errors(self, store: KVStore) -> None:
+        with store.atomic_batch() as batch:
+            batch.put(CF_EVIDENCE, b"k1", b"x" * 1000)
+        keys = store.keys(CF_EVIDENCE)
+        with store.atomic_batch() as batch:  # committed after keys() was called: not seen
+            batch.put(CF_EVIDENCE, b"k2", b"y")
+        assert list(keys) == [b"k1"]
+        with pytest.raises(StorageError):
+            store.keys("nope")
+        with pytest.raises(TypeError):
+            store.keys(CF_EVIDENCE, "k")  # type: ignore[arg-type]
 
     def test_prefix_of_all_ff_bytes(self, store: KVStore) -> None:
         keys = [b"\xfe", b"\xfe\xff", b"\xff", b"\xff\x00", b"\xff\xff", b"\xff\xff\xff"]

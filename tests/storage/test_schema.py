@@ -367,6 +367,7 @@ def test_invalid_node_record_keys() -> None:
 def test_finalize_signature_key_vectors() -> None:
     assert schema.finalize_signature_key("ab", 3) == b"T\x02abf\x00\x00\x00\x03"
     assert schema.model_snapshot_key("ab") == b"T\x02abn"
+    assert schema.payloads_pruned_key("ab") == b"T\x02abp"
     assert schema.finalize_signature_prefix("ab") == b"T\x02abf"
     # Distinct from the other per-task records of CF_META.
     others = {schema.tensor_specs_key("ab"), schema.round_reports_key("ab", 3), schema.round_reports_prefix("ab")}
