@@ -21,7 +21,8 @@ A node killed at any instant restarts from exactly the last acknowledged call.
 
 The global model is not written every round. The store holds each run's weights and momentum
 as of its last snapshot (every ``model_snapshot_rounds`` rounds) and, as a chain keeps blocks
-rather than states, every round's accepted payloads and committed record. The current model is
+rather than states, every round's accepted payloads (those after the snapshot at least, with
+``prune_payloads``) and committed record. The current model is
 the snapshot plus the rounds after it, replayed with the same pure round update and checked
 against each committed record (aggregate, report and model hashes), so a damaged store is found,
 never trusted. Two caches keep that replay off the common path: the committed fp32 state of the
