@@ -63,6 +63,10 @@ class NodeMetrics:
             "tenzro_node_replayed_rounds_total", "Committed rounds replayed from stored payloads by those rebuilds.",
             lambda: {(): self._cache_stat("replayed_rounds")},
         )
+        registry.counter_callback(
+            "tenzro_node_payloads_pruned_total", "Stored payloads deleted by prune_payloads.",
+            lambda: {(): self._cache_stat("payloads_pruned")},
+        )
         self.tick_failures: Counter = registry.counter(
             "tenzro_tick_failures_total", "Clock ticks that raised (logged; the tick is retried).",
         )

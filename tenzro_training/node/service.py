@@ -200,6 +200,7 @@ class NodeService:
         self._payload_cache_bytes = 0
         self._model_rebuilds = 0  # for cache_stats (GET /metrics)
         self._replayed_rounds = 0
+        self._payloads_pruned = 0
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
@@ -326,6 +327,10 @@ class NodeService:
             self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
         )
         self._write(ops)
+        self._payloads_pruned += sum(
+            1 for op, cf, key, _ in extra
+            if op is BatchOp.DELETE and cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK
+        )
         self._ledger = t.ledger
         self._runs[task_id] = t.run
         self._stored_runs[task_id] = encoded
@@ -795,13 +800,15 @@ class NodeService:
         return counts
 
     def cache_stats(self) -> dict[str, int]:
-        """The model and payload caches' sizes and how often the model was rebuilt from a
-        snapshot (and how many rounds that replayed). Safe from any thread: int reads."""
+        """The model and payload caches' sizes, how often the model was rebuilt from a snapshot
+        (and how many rounds that replayed), and how many payloads were pruned. Safe from any
+        thread: int reads."""
         return {
             "model_cache_runs": len(self._model_cache),
             "payload_cache_bytes": self._payload_cache_bytes,
             "model_rebuilds": self._model_rebuilds,
             "replayed_rounds": self._replayed_rounds,
+            "payloads_pruned": self._payloads_pruned,
         }
 
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:

@@ -619,6 +619,7 @@ class TestModelReplay:
         # Snapshot of round 2, round 2 replayed; the rebuilt state is cached for the next finalize.
         assert net.service.cache_stats() == {
             "model_cache_runs": 1, "payload_cache_bytes": 0, "model_rebuilds": 1, "replayed_rounds": 1,
+            "payloads_pruned": 0,
         }
         for r in range(3, self.ROUNDS):
             play_round(net, r)
@@ -769,6 +770,7 @@ class TestPayloadPruning:
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, rounds))
         assert net.service.cache_stats()["replayed_rounds"] == 1  # round 3's finalize replayed round 2
+        assert net.service.cache_stats()["payloads_pruned"] == 12 + 6  # since the restart: rounds 2-3, then round 4
         net.service.close()
         store.close()
 
@@ -784,7 +786,7 @@ class TestPayloadPruning:
         net.service.tick()
         assert net.service.get_run(net.task_id)["status"] == "Failed"
         assert self.payload_keys(net) == [] and self.pruned(net) == schema.PAYLOADS_PRUNED_ALL
-        assert net.service._payload_cache_bytes == 0
+        assert net.service._payload_cache_bytes == 0 and net.service.cache_stats()["payloads_pruned"] == 2
 
     def test_an_archive_node_keeps_every_payload(self, checkpoint: tuple[str, str]) -> None:
         from storage.memory import MemoryStore
