@@ -1,6 +1,6 @@
 """The node's own metrics on the registry ``GET /metrics`` renders (``rpc/metrics.py``): runs by
-status, run events, tick failures, the model and payload caches and, with gossip on, the libp2p host's and the gossip
-bridge's counters. docs/node.md "Metrics" lists every name.
+status, run events, tick failures, the model and payload caches and, with gossip on, the libp2p
+host's and the gossip bridge's counters. docs/node.md "Metrics" lists every name.
 
 Why these are read at scrape time instead of pushed: the host and the bridge already keep
 counters (their ``stats()``/``counters``), and the run table is the service's dict of immutable
