@@ -24,6 +24,7 @@ those, offline, from a receipt document).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import torch
 from storage import schema
 from storage.interface import KVStore, StorageError
 from tenzro_training.errors import TenzroError
-from tenzro_training.global_model import ModelLayout, compute_initial_model, compute_state_model_hash
+from tenzro_training.global_model import INLINE, ModelLayout, Worker, compute_initial_model, compute_state_model_hash
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
@@ -86,14 +87,16 @@ def audit_store(
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[RunAudit]:
-    """Audit ``task_ids`` (default: every run in the store, in task_id order)."""
+    """Audit ``task_ids`` (default: every run in the store, in task_id order). The round
+    replays hash each round's aggregates on a second thread, as the node's finalize does."""
     if task_ids is None:
-        task_ids = [schema.parse_run_key(key) for key, _ in store.iterate(schema.CF_TRAINING_RUNS)]
-    return [
-        audit_run(store, task_id, allowed_dirs=allowed_dirs, max_checkpoint_bytes=max_checkpoint_bytes,
-                  max_payload_bytes=max_payload_bytes)
-        for task_id in task_ids
-    ]
+        task_ids = [schema.parse_run_key(key) for key in store.keys(schema.CF_TRAINING_RUNS)]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-audit") as worker:
+        return [
+            audit_run(store, task_id, allowed_dirs=allowed_dirs, max_checkpoint_bytes=max_checkpoint_bytes,
+                      max_payload_bytes=max_payload_bytes, worker=worker)
+            for task_id in task_ids
+        ]
 
 
 def audit_run(
@@ -103,6 +106,7 @@ def audit_run(
     allowed_dirs: Sequence[Path] = (),
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    worker: Worker = INLINE,
 ) -> RunAudit:
     """Audit one run (see the module docstring). Never raises for what it finds: a missing run,
     an unreadable checkpoint or a damaged store are the result's ``problem``."""
@@ -115,7 +119,7 @@ def audit_run(
     except TenzroError as exc:
         return RunAudit(task_id, "unknown", 0, 0, problem=str(exc))
     try:
-        _audit(store, run, progress, allowed_dirs, max_checkpoint_bytes, max_payload_bytes)
+        _audit(store, run, progress, allowed_dirs, max_checkpoint_bytes, max_payload_bytes, worker)
         problem = None
     except TenzroError as exc:
         problem = str(exc)
@@ -124,7 +128,7 @@ def audit_run(
 
 def _audit(
     store: KVStore, run: RunState, progress: _Progress, allowed_dirs: Sequence[Path], max_checkpoint_bytes: int,
-    max_payload_bytes: int,
+    max_payload_bytes: int, worker: Worker,
 ) -> None:
     task_id = run.task_id
     raw = store.get(schema.CF_META, schema.tensor_specs_key(task_id))
@@ -179,7 +183,8 @@ def _audit(
 
     for record in run.records[start:]:
         inputs = load_round_inputs(store, task_id, record, load_payload)
-        update = replay_round(run.spec, model, record, inputs, weights, momentum, max_payload_bytes=max_payload_bytes)
+        update = replay_round(run.spec, model, record, inputs, weights, momentum,
+                              max_payload_bytes=max_payload_bytes, worker=worker)
         stored = store.get(schema.CF_META, schema.round_reports_key(task_id, record.round))
         if stored != persistence.encode_round_reports([r.canonical_bytes() for r in update.reports]):
             raise StorageError(f"the stored aggregation reports of {task_id} round {record.round} differ from the replay's")
