@@ -179,3 +179,20 @@ def test_invalid_vrf_secret_file_references(tmp_path: Path) -> None:
     wrong = _with_file(_vrf_file(tmp_path, VRF_SECRETS[1].hex(), name="other.vrf"))
     with pytest.raises(ConfigError, match="public key differs"):
         NodeConfig.from_dict(wrong, data_dir=None)
+
+
+def test_the_documented_example_config_is_valid() -> None:
+    """docs/node.md's example file parses, names every top-level key, and keeps the defaults it shows."""
+    import json
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "node.md").read_text()
+    section = text[text.index("## Config file format"):]
+    example = json.loads(re.search(r"```json\n(.*?)\n```", section, re.DOTALL).group(1))  # type: ignore[union-attr]
+    assert set(example) == set(NodeConfig().to_dict())  # every key is shown
+    for key in ("candidates", "syncer_identities", "genesis"):  # "0x..." placeholders
+        example[key] = []
+    NodeConfig.from_dict(example, data_dir=None)
+    defaults = NodeConfig()
+    for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads"):
+        assert example[key] == getattr(defaults, key), key
