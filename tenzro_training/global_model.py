@@ -28,7 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from tenzro_training.aggregation import AggregationReport, aggregate
-from tenzro_training.errors import FragmentError
+from tenzro_training.errors import FragmentError, TenzroError
 from tenzro_training.fragments import (
     FragmentLayout,
     ModelHashStream,
@@ -43,7 +43,7 @@ from tenzro_training.fragments import (
 )
 from tenzro_training.outer import OuterConfig, apply_outer_step, apply_outer_step_
 from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
-from tenzro_training.records import FragmentOutcome
+from tenzro_training.records import FragmentOutcome, RoundRecord
 from tenzro_training.spec import TrainingTaskSpec
 
 _T = TypeVar("_T")
@@ -54,8 +54,10 @@ __all__ = [
     "InitialModel",
     "ModelLayout",
     "Pending",
+    "RecordMismatch",
     "RoundUpdate",
     "Worker",
+    "check_round_update",
     "compute_full_state",
     "compute_initial_model",
     "compute_model_file_bytes",
@@ -315,3 +317,25 @@ def compute_round_update(
         for aggregate_hash, subs, report in zip(hashes, inputs, reports)
     )
     return RoundUpdate(outcomes, tuple(reports), tuple(new_weights), tuple(new_momentum), model_hash)
+
+
+class RecordMismatch(TenzroError):
+    """A round recomputed from its inputs does not reproduce its committed record; ``what``
+    names the first part that differs (``fragment outcomes`` or ``model hash``)."""
+
+    def __init__(self, task_id: str, round: int, what: str) -> None:
+        self.task_id = task_id
+        self.round = round
+        self.what = what
+        super().__init__(f"round {round} of {task_id} recomputed from its inputs does not reproduce its committed {what}")
+
+
+def check_round_update(task_id: str, record: RoundRecord, update: RoundUpdate) -> None:
+    """The verifier's rule for a recomputed round: every fragment outcome (aggregate hash,
+    accepted trainers, Krum's selection, TrimmedMean's trim, report hash) and the model hash
+    equal the record's. Raises RecordMismatch otherwise. The node's rebuild and ``tenzro audit``
+    apply it; a third party replaying a run from its payloads applies the same."""
+    if update.outcomes != record.fragments:
+        raise RecordMismatch(task_id, record.round, "fragment outcomes")
+    if update.model_hash != record.model_hash:
+        raise RecordMismatch(task_id, record.round, "model hash")

@@ -117,3 +117,29 @@ def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> No
     with pytest.raises(NonFiniteInputError):
         compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
 
+
+
+def test_check_round_update_names_the_first_difference() -> None:
+    """The verifier's rule: a recomputed round must equal its record, outcomes first."""
+    import dataclasses
+
+    from tenzro_training.global_model import RecordMismatch, check_round_update
+    from tenzro_training.records import RoundRecord
+
+    spec = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    update = compute_round_update(spec, initial.model, 0, _inputs(spec, initial.model, 0), initial.weights, momentum,
+                                  max_payload_bytes=1 << 20)
+    record = RoundRecord(task_id=spec.task_id, round=0, syncer=b"\x09" * 20, syncer_rank=1, rule_kind=0, rule_param=0,
+                         fragments=update.outcomes, model_hash=update.model_hash)
+    check_round_update(spec.task_id, record, update)  # equal: no error
+    other_hash = dataclasses.replace(record, model_hash=b"\x00" * 32)
+    with pytest.raises(RecordMismatch, match="round 0 of .* committed model hash") as info:
+        check_round_update(spec.task_id, other_hash, update)
+    assert info.value.what == "model hash"
+    first = dataclasses.replace(update.outcomes[0], aggregate_hash=b"\x00" * 32)
+    other_outcome = dataclasses.replace(other_hash, fragments=(first, *update.outcomes[1:]))
+    with pytest.raises(RecordMismatch) as info:
+        check_round_update(spec.task_id, other_outcome, update)
+    assert info.value.what == "fragment outcomes"

@@ -22,7 +22,15 @@ from storage import schema
 from storage.interface import KVStore, StorageError
 from tenzro_training.addresses import Address, format_address
 from tenzro_training.errors import TenzroError
-from tenzro_training.global_model import INLINE, ModelLayout, RoundUpdate, Worker, compute_round_update
+from tenzro_training.global_model import (
+    INLINE,
+    ModelLayout,
+    RecordMismatch,
+    RoundUpdate,
+    Worker,
+    check_round_update,
+    compute_round_update,
+)
 from tenzro_training.node import persistence
 from tenzro_training.records import RoundRecord
 from tenzro_training.spec import TrainingTaskSpec
@@ -31,7 +39,8 @@ __all__ = ["ReplayMismatch", "load_round_inputs", "replay_round"]
 
 
 class ReplayMismatch(StorageError):
-    """A committed round, replayed from the stored payloads, does not reproduce its record."""
+    """A committed round, replayed from the stored payloads, does not reproduce its record
+    (the core's ``check_round_update`` refused it): the store is damaged."""
 
     def __init__(self, task_id: str, round: int, what: str) -> None:
         self.task_id = task_id
@@ -84,8 +93,8 @@ def replay_round(
         )
     except TenzroError as exc:  # every stored payload was decoded when it was accepted
         raise StorageError(f"round {record.round} of {spec.task_id} cannot be replayed: {exc}") from None
-    if update.outcomes != record.fragments:
-        raise ReplayMismatch(spec.task_id, record.round, "fragment outcomes")
-    if update.model_hash != record.model_hash:
-        raise ReplayMismatch(spec.task_id, record.round, "model hash")
+    try:
+        check_round_update(spec.task_id, record, update)
+    except RecordMismatch as exc:  # the inputs came from the store: the store is damaged
+        raise ReplayMismatch(spec.task_id, record.round, exc.what) from None
     return update
