@@ -21,6 +21,19 @@ from tenzro_training.run_state import RunStatus
 
 __all__ = ["NodeMetrics", "register_gossip_metrics"]
 
+# (kind, name, help, key of NodeService.cache_stats())
+_CACHE_METRICS: tuple[tuple[str, str, str, str], ...] = (
+    ("gauge", "tenzro_node_model_cache_runs",
+     "Runs whose committed fp32 weights and momentum are held in memory.", "model_cache_runs"),
+    ("gauge", "tenzro_node_payload_cache_bytes",
+     "Bytes of accepted payloads of open rounds held for their finalize.", "payload_cache_bytes"),
+    ("counter", "tenzro_node_model_rebuilds_total",
+     "Times a run's model was rebuilt from its stored snapshot (restart, cache eviction, failed finalize).",
+     "model_rebuilds"),
+    ("counter", "tenzro_node_replayed_rounds_total",
+     "Committed rounds replayed from stored payloads by those rebuilds.", "replayed_rounds"),
+    ("counter", "tenzro_node_payloads_pruned_total", "Stored payloads deleted by prune_payloads.", "payloads_pruned"),
+)
 _GOSSIP_KINDS = ("published", "delivered", "rejected", "ignored", "dropped_outbound", "dropped_inbox")
 
 
@@ -46,27 +59,9 @@ class NodeMetrics:
             "tenzro_run_events_total", "Run events committed (RunPosted, RoundFinalized, RunSealed...), by type.",
             ("event",),
         )
-        registry.gauge_callback(
-            "tenzro_node_model_cache_runs", "Runs whose committed fp32 weights and momentum are held in memory.",
-            lambda: {(): self._cache_stat("model_cache_runs")},
-        )
-        registry.gauge_callback(
-            "tenzro_node_payload_cache_bytes", "Bytes of accepted payloads of open rounds held for their finalize.",
-            lambda: {(): self._cache_stat("payload_cache_bytes")},
-        )
-        registry.counter_callback(
-            "tenzro_node_model_rebuilds_total",
-            "Times a run's model was rebuilt from its stored snapshot (restart, cache eviction, failed finalize).",
-            lambda: {(): self._cache_stat("model_rebuilds")},
-        )
-        registry.counter_callback(
-            "tenzro_node_replayed_rounds_total", "Committed rounds replayed from stored payloads by those rebuilds.",
-            lambda: {(): self._cache_stat("replayed_rounds")},
-        )
-        registry.counter_callback(
-            "tenzro_node_payloads_pruned_total", "Stored payloads deleted by prune_payloads.",
-            lambda: {(): self._cache_stat("payloads_pruned")},
-        )
+        for kind, name, help_text, stat in _CACHE_METRICS:
+            register = registry.gauge_callback if kind == "gauge" else registry.counter_callback
+            register(name, help_text, lambda stat=stat: {(): self._cache_stat(stat)})
         self.tick_failures: Counter = registry.counter(
             "tenzro_tick_failures_total", "Clock ticks that raised (logged; the tick is retried).",
         )

@@ -1,0 +1,40 @@
+"""node/metrics.py: each cache metric reads its own NodeService.cache_stats() entry."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rpc.metrics import Registry
+from tenzro_training.node.metrics import NodeMetrics
+
+
+class FakeService:
+    def count_runs_by_status(self) -> dict[str, int]:
+        return {"Training": 2}
+
+    def cache_stats(self) -> dict[str, int]:
+        return {"model_cache_runs": 1, "payload_cache_bytes": 2048, "model_rebuilds": 3, "replayed_rounds": 7,
+                "payloads_pruned": 12}
+
+
+def samples(registry: Registry) -> dict[str, float]:
+    out = {}
+    for family in text_string_to_metric_families(registry.render().decode()):
+        for sample in family.samples:
+            if not sample.labels:
+                out[sample.name] = sample.value
+    return out
+
+
+def test_cache_metrics_read_their_own_stat() -> None:
+    registry = Registry()
+    metrics = NodeMetrics(registry, chain_id=1337)
+    before = samples(registry)
+    assert before["tenzro_node_payload_cache_bytes"] == 0  # no service attached yet
+    metrics.attach(FakeService())
+    got = samples(registry)
+    assert got["tenzro_node_model_cache_runs"] == 1
+    assert got["tenzro_node_payload_cache_bytes"] == 2048
+    assert got["tenzro_node_model_rebuilds_total"] == 3
+    assert got["tenzro_node_replayed_rounds_total"] == 7
+    assert got["tenzro_node_payloads_pruned_total"] == 12
