@@ -138,9 +138,11 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
             mode = Path(key_file).stat().st_mode
         except OSError as exc:
             raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
-        if mode & 0o077:  # warn, not refuse: the key works, but the operator should know
-            print(f"tenzro: warning: key file {key_file} is accessible to other users (mode {mode & 0o777:o}; "
-                  "chmod 600 it)", file=sys.stderr)
+        from tenzro_training.keyfiles import shared_mode_problem
+
+        problem = shared_mode_problem(mode)
+        if problem is not None:  # warn, not refuse: the key works, but the operator should know
+            print(f"tenzro: warning: key file {key_file}: {problem}", file=sys.stderr)
         if text.startswith("{"):
             try:
                 doc = json.loads(text)

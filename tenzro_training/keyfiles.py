@@ -33,6 +33,7 @@ __all__ = [
     "new_vrf_document",
     "parse_vrf_document",
     "read_private_file",
+    "shared_mode_problem",
 ]
 
 _SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
@@ -74,6 +75,14 @@ def create_private_file(path: Path | str, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def shared_mode_problem(mode: int) -> str | None:
+    """Why a secret file with ``st_mode`` ``mode`` is not private (group or other users have
+    any access), or None when only its owner has. The one spelling of that rule."""
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return f"mode {stat.S_IMODE(mode):o} allows group/other access (chmod 600 it)"
+    return None
+
+
 def read_private_file(path: Path | str) -> str:
     """The text of a secret file that only its owner can access (mode 0600 or stricter)."""
     path = Path(path)
@@ -81,9 +90,10 @@ def read_private_file(path: Path | str) -> str:
         mode = path.stat().st_mode
         if not stat.S_ISREG(mode):
             raise KeyFileError(path, "not a regular file")
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        problem = shared_mode_problem(mode)
+        if problem is not None:
             # Refuse rather than chmod: the secret may already have leaked; the operator decides.
-            raise KeyFileError(path, f"mode {stat.S_IMODE(mode):o} allows group/other access (chmod 600 it)")
+            raise KeyFileError(path, problem)
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise KeyFileError(path, f"cannot read: {exc.strerror or exc}") from None

@@ -176,7 +176,7 @@ def test_a_key_file_others_can_read_works_with_a_warning(tmp_path: Path, capsys:
     path.write_text(KEY.hex())
     path.chmod(0o644)
     assert cli.load_private_key(str(path)) == KEY
-    assert "mode 644; chmod 600 it" in capsys.readouterr().err
+    assert "mode 644 allows group/other access (chmod 600 it)" in capsys.readouterr().err
     path.chmod(0o600)
     assert cli.load_private_key(str(path)) == KEY
     assert capsys.readouterr().err == ""
