@@ -202,7 +202,19 @@ def check_against(rule: AggregationRule, x: torch.Tensor, want: np.ndarray) -> a
     assert result.tensor.dtype == torch.float32
     assert result.tensor.shape == x.shape[1:]
     assert np.array_equal(bits(result.tensor), bits(want))
+    assert_same_into_out(rule, x, result)
     return result
+
+
+def assert_same_into_out(rule: AggregationRule, x: torch.Tensor, result: aggregation.AggregationResult,
+                         multi_krum_m: int | None = None) -> None:
+    """``out=`` (a buffer full of garbage from an earlier use) gives the same bits and report,
+    as a view of that buffer."""
+    out = torch.full((x[0].numel(),), float("nan"))
+    into = aggregate(rule, x, multi_krum_m=multi_krum_m, out=out)
+    assert into.tensor.data_ptr() == out.data_ptr() and into.tensor.shape == result.tensor.shape
+    assert np.array_equal(bits(into.tensor), bits(result.tensor))
+    assert into.report == result.report
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -250,6 +262,7 @@ def test_krum_matches_reference(x: torch.Tensor, f: int, data: st.DataObject) ->
         return
     result = aggregate(rule, x, multi_krum_m=m)
     assert np.array_equal(bits(result.tensor), bits(want))
+    assert_same_into_out(rule, x, result, m)
     assert result.report.selected == selected
     assert result.report.selected_set == (None if m is None else chosen)
     assert result.report.scores == scores
@@ -543,6 +556,32 @@ def test_invalid_no_inputs() -> None:
         aggregate(AggregationRule.mean(), [])
     with pytest.raises(AggregationError):
         aggregate(AggregationRule.mean(), torch.empty(0, 4))
+
+
+def test_invalid_out_is_refused_before_anything_is_written() -> None:
+    x = [torch.arange(6, dtype=torch.float32).reshape(2, 3) + i for i in range(3)]
+    stacked = torch.stack(x)
+    cases = [
+        (torch.zeros(6, dtype=torch.float64), "float32"),
+        (torch.zeros(6, dtype=torch.float16), "float32"),
+        (torch.zeros(5), "6 elements"),
+        (torch.zeros(7), "6 elements"),
+        (torch.zeros(12)[::2], "contiguous"),
+        (x[1].reshape(-1), "overlaps input 1"),  # the output would be read while written
+        (stacked.reshape(-1)[4:10], "overlaps input 0"),  # partial overlap with a stacked input
+        ([0.0] * 6, "float32"),
+    ]
+    for out, message in cases:
+        before = [t.clone() for t in x]
+        inputs = stacked if "input 0" in message else x
+        with pytest.raises(AggregationError, match=message):
+            aggregate(AggregationRule.mean(), inputs, out=out)  # type: ignore[arg-type]
+        assert all(torch.equal(a, b) for a, b in zip(x, before))
+    # Adjacent (not overlapping) memory is fine.
+    backing = torch.zeros(12)
+    row = backing[:6]
+    row.copy_(x[0].reshape(-1))
+    assert torch.equal(aggregate(AggregationRule.mean(), [row], out=backing[6:]).tensor, x[0].reshape(-1))
 
 
 def test_invalid_shape_mismatch() -> None:

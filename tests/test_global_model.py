@@ -93,6 +93,58 @@ def test_round_update_is_reproducible_bit_for_bit_on_any_worker(rule: object) ->
         assert [m.numpy().tobytes() for m in other.momentum] == [m.numpy().tobytes() for m in a.momentum]
 
 
+@pytest.mark.parametrize("rule", ["Mean", {"Krum": {"f": 0}}, {"TrimmedMean": {"alpha_bps": 3400}}])
+def test_reused_round_buffers_change_no_bit_and_leak_into_no_update(rule: object) -> None:
+    """RoundBuffers carry garbage from one round to the next: the next round's bits must not
+    depend on it, and an update already returned must not change when the buffers are reused."""
+    from tenzro_training.global_model import RoundBuffers
+
+    spec = _spec(rule)
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    fresh = compute_round_update(spec, initial.model, 0, _inputs(spec, initial.model, 0), initial.weights, momentum,
+                                 max_payload_bytes=1 << 20)
+    snapshot = [w.clone() for w in fresh.weights], [m.clone() for m in fresh.momentum]
+    sizes = [lay.numel for lay in initial.model.layouts]
+    buffers = RoundBuffers()
+    buffers.take([sum(sizes) + max(sizes)])[0].fill_(float("nan"))  # garbage where the aggregates go
+    held = buffers.nbytes
+    own = [w.clone() for w in initial.weights], [m.clone() for m in momentum]
+    first = compute_round_update(spec, initial.model, 0, _inputs(spec, initial.model, 0), *own,
+                                 max_payload_bytes=1 << 20, in_place=True, buffers=buffers)
+    assert buffers.nbytes == held  # exactly what a round of this model needs: not regrown
+    # Round 1 on the same buffers, out of place: round 0's returned update must not move.
+    second = compute_round_update(spec, initial.model, 1, _inputs(spec, initial.model, 1), first.weights,
+                                  first.momentum, max_payload_bytes=1 << 20, buffers=buffers)
+    assert buffers.nbytes == held  # big enough already: reused, not regrown
+    for update in (first, fresh):
+        assert update.model_hash == fresh.model_hash and update.outcomes == fresh.outcomes
+        assert all(torch.equal(a, b) for a, b in zip(update.weights, snapshot[0]))
+        assert all(torch.equal(a, b) for a, b in zip(update.momentum, snapshot[1]))
+    unbuffered = compute_round_update(spec, initial.model, 1, _inputs(spec, initial.model, 1), fresh.weights,
+                                      fresh.momentum, max_payload_bytes=1 << 20)
+    assert second.model_hash == unbuffered.model_hash and second.outcomes == unbuffered.outcomes
+    assert [w.numpy().tobytes() for w in second.weights] == [w.numpy().tobytes() for w in unbuffered.weights]
+
+
+def test_round_buffers_hand_out_disjoint_vectors_and_grow_on_demand() -> None:
+    from tenzro_training.global_model import RoundBuffers
+
+    buffers = RoundBuffers()
+    assert buffers.nbytes == 0
+    a, b, c = buffers.take([3, 0, 5])
+    assert (a.numel(), b.numel(), c.numel()) == (3, 0, 5) and buffers.nbytes == 32
+    a.fill_(1.0)
+    c.fill_(2.0)
+    assert a.tolist() == [1.0] * 3 and c.tolist() == [2.0] * 5  # no overlap
+    (small,) = buffers.take([4])
+    assert buffers.nbytes == 32 and small.data_ptr() == a.data_ptr()  # reused
+    (big,) = buffers.take([20])
+    assert buffers.nbytes == 80
+    big.fill_(3.0)
+    assert c.tolist() == [2.0] * 5  # vectors from before the growth keep their (old) memory
+
+
 def test_invalid_non_finite_payload_is_still_refused_by_the_round_update() -> None:
     """The round update skips the decoder's NaN scan; aggregation must still refuse the input."""
     from tenzro_training.aggregation import NonFiniteInputError

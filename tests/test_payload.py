@@ -636,3 +636,40 @@ def test_zero_copy_decode_equals_copying_decode(dtype: str) -> None:
         assert torch.equal(copied, viewed)
         shares = np.shares_memory(viewed.numpy(), np.frombuffer(data, dtype=np.uint8))
         assert shares == (dtype == "float32")
+
+
+def test_a_remembered_header_is_still_checked_against_each_call() -> None:
+    """Header checks are memoized per (header bytes, layout): a payload whose header was already
+    accepted must still fail everything that depends on the call or on the data after it."""
+    data = valid(0)
+    first = decode_payload(data, LAYOUTS[0], expected=header_for(0), max_bytes=MAX)
+    again = decode_payload(data, LAYOUTS[0], expected=header_for(0), max_bytes=MAX)  # a cache hit
+    assert again.header == first.header and torch.equal(again.flat_fp32(), first.flat_fp32())
+    with pytest.raises(PayloadMetadataMismatch):
+        decode_payload(data, LAYOUTS[0], expected=header_for(0, round=13), max_bytes=MAX)
+    with pytest.raises(PayloadDtypeError):
+        decode_payload(data, LAYOUTS[0], max_bytes=MAX, allowed_dtypes={"float16"})
+    with pytest.raises(PayloadTruncated):
+        decode_payload(data[:-4], LAYOUTS[0], max_bytes=MAX)
+    with pytest.raises(PayloadTrailingBytes):
+        decode_payload(data + bytes(4), LAYOUTS[0], max_bytes=MAX)
+    with pytest.raises(PayloadError):
+        decode_payload(data, LAYOUTS[1], max_bytes=MAX)  # same header bytes, another layout
+    with pytest.raises(PayloadTooLarge):
+        decode_payload(data, LAYOUTS[0], max_bytes=len(data) - 1)
+    # The values are read from each call's own bytes, never from a remembered payload.
+    n = struct.unpack("<Q", data[:8])[0]
+    body = bytearray(data[8 + n :])
+    body[:4] = struct.pack("<f", 42.0)  # encode_payload lays the flat vector out in order
+    patched = data[: 8 + n] + bytes(body)  # byte-identical header: a hit
+    assert first.flat_fp32()[0] != 42.0
+    assert decode_payload(patched, LAYOUTS[0], max_bytes=MAX).flat_fp32()[0] == 42.0
+
+
+def test_a_refused_header_is_refused_every_time() -> None:
+    doc, body = split(valid(0))
+    doc["__metadata__"]["tenzro.round"] = "012"  # not canonical
+    bad = join(doc, body)
+    for _ in range(3):
+        with pytest.raises(PayloadFormatError, match="canonical"):
+            decode_payload(bad, LAYOUTS[0], max_bytes=MAX)

@@ -34,7 +34,14 @@ import torch
 from storage import schema
 from storage.interface import KVStore, StorageError
 from tenzro_training.errors import TenzroError
-from tenzro_training.global_model import INLINE, ModelLayout, Worker, compute_initial_model, compute_state_model_hash
+from tenzro_training.global_model import (
+    INLINE,
+    ModelLayout,
+    RoundBuffers,
+    Worker,
+    compute_initial_model,
+    compute_state_model_hash,
+)
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
@@ -181,10 +188,11 @@ def _audit(
             raise StorageError(f"accepted payload 0x{digest.hex()} of {task_id} is missing from the store")
         return data
 
+    buffers = RoundBuffers()
     for record in run.records[start:]:
         inputs = load_round_inputs(store, task_id, record, load_payload)
         update = replay_round(run.spec, model, record, inputs, weights, momentum,
-                              max_payload_bytes=max_payload_bytes, worker=worker)
+                              max_payload_bytes=max_payload_bytes, worker=worker, buffers=buffers)
         stored = store.get(schema.CF_META, schema.round_reports_key(task_id, record.round))
         if stored != persistence.encode_round_reports([r.canonical_bytes() for r in update.reports]):
             raise StorageError(f"the stored aggregation reports of {task_id} round {record.round} differ from the replay's")

@@ -26,6 +26,7 @@ from tenzro_training.global_model import (
     INLINE,
     ModelLayout,
     RecordMismatch,
+    RoundBuffers,
     RoundUpdate,
     Worker,
     check_round_update,
@@ -80,6 +81,7 @@ def replay_round(
     *,
     max_payload_bytes: int,
     worker: Worker = INLINE,
+    buffers: RoundBuffers | None = None,
 ) -> RoundUpdate:
     """Step ``weights`` and ``momentum`` IN PLACE by one committed round, as its finalize did,
     and return the update. Raises ReplayMismatch when the outcomes (aggregate, accepted,
@@ -90,6 +92,7 @@ def replay_round(
         update = compute_round_update(
             spec, model, record.round, inputs, weights, momentum,
             max_payload_bytes=max(largest, max_payload_bytes), worker=worker, in_place=True,
+            buffers=buffers,
         )
     except TenzroError as exc:  # every stored payload was decoded when it was accepted
         raise StorageError(f"round {record.round} of {spec.task_id} cannot be replayed: {exc}") from None

@@ -72,6 +72,7 @@ from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
 from tenzro_training.global_model import (
     ModelLayout,
+    RoundBuffers,
     compute_initial_model,
     compute_model_file_bytes,
     compute_round_update,
@@ -186,9 +187,11 @@ class NodeService:
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
-        # Finalize hashes the round's aggregates here while the caller hashes the new model
+        # Finalize hashes each fragment here while the caller computes the next one
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
+        # Scratch every round computation reuses (finalize, rebuild): fresh memory page-faults.
+        self._round_buffers = RoundBuffers()
         # The fp32 weights and momentum each run's last finalize committed, so the next one
         # steps them in place instead of rebuilding them from the store (see
         # _take_model_state). At most config.model_cache_runs runs, least recently finalized out.
@@ -622,6 +625,7 @@ class NodeService:
                 max_payload_bytes=max(largest, self._config.max_payload_bytes),
                 worker=self._finalize_worker,
                 in_place=True,  # weights/momentum are this call's own decoded copies
+                buffers=self._round_buffers,
             )
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
@@ -755,7 +759,8 @@ class NodeService:
         for record in run.records[start:]:
             inputs = load_round_inputs(self._store, task_id, record, lambda digest: self._load_payload(task_id, digest))
             replay_round(run.spec, model, record, inputs, weights, momentum,
-                         max_payload_bytes=self._config.max_payload_bytes, worker=self._finalize_worker)
+                         max_payload_bytes=self._config.max_payload_bytes, worker=self._finalize_worker,
+                         buffers=self._round_buffers)
             self._replayed_rounds += 1
         if start < len(run.records):
             log.info("rebuilt the model of %s: snapshot of round %d, %d round(s) replayed",
