@@ -33,6 +33,9 @@ _CACHE_METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("counter", "tenzro_node_replayed_rounds_total",
      "Committed rounds replayed from stored payloads by those rebuilds.", "replayed_rounds"),
     ("counter", "tenzro_node_payloads_pruned_total", "Stored payloads deleted by prune_payloads.", "payloads_pruned"),
+    ("gauge", "tenzro_node_round_buffer_bytes",
+     "Bytes of scratch kept for round computations (aggregates and the outer step; the largest model so far).",
+     "round_buffer_bytes"),
 )
 _GOSSIP_KINDS = ("published", "delivered", "rejected", "ignored", "dropped_outbound", "dropped_inbox")
 

@@ -806,14 +806,15 @@ class NodeService:
 
     def cache_stats(self) -> dict[str, int]:
         """The model and payload caches' sizes, how often the model was rebuilt from a snapshot
-        (and how many rounds that replayed), and how many payloads were pruned. Safe from any
-        thread: int reads."""
+        (and how many rounds that replayed), how many payloads were pruned, and the round
+        buffers' size. Safe from any thread: int reads."""
         return {
             "model_cache_runs": len(self._model_cache),
             "payload_cache_bytes": self._payload_cache_bytes,
             "model_rebuilds": self._model_rebuilds,
             "replayed_rounds": self._replayed_rounds,
             "payloads_pruned": self._payloads_pruned,
+            "round_buffer_bytes": self._round_buffers.nbytes,
         }
 
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:

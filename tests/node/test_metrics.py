@@ -14,7 +14,7 @@ class FakeService:
 
     def cache_stats(self) -> dict[str, int]:
         return {"model_cache_runs": 1, "payload_cache_bytes": 2048, "model_rebuilds": 3, "replayed_rounds": 7,
-                "payloads_pruned": 12}
+                "payloads_pruned": 12, "round_buffer_bytes": 4096}
 
 
 def samples(registry: Registry) -> dict[str, float]:
@@ -38,3 +38,4 @@ def test_cache_metrics_read_their_own_stat() -> None:
     assert got["tenzro_node_model_rebuilds_total"] == 3
     assert got["tenzro_node_replayed_rounds_total"] == 7
     assert got["tenzro_node_payloads_pruned_total"] == 12
+    assert got["tenzro_node_round_buffer_bytes"] == 4096

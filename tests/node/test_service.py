@@ -617,9 +617,11 @@ class TestModelReplay:
         assert round_ == 3 and model_hash == net.service.get_run_state(net.task_id).model_hash
         assert all(torch.equal(a, b) for a, b in zip(before, after))
         # Snapshot of round 2, round 2 replayed; the rebuilt state is cached for the next finalize.
+        # The replay computed a round: its scratch (every aggregate plus the step's) is kept.
+        sizes = [lay.numel for lay in net.service._model(net.task_id).layouts]
         assert net.service.cache_stats() == {
             "model_cache_runs": 1, "payload_cache_bytes": 0, "model_rebuilds": 1, "replayed_rounds": 1,
-            "payloads_pruned": 0,
+            "payloads_pruned": 0, "round_buffer_bytes": 4 * (sum(sizes) + max(sizes)),
         }
         for r in range(3, self.ROUNDS):
             play_round(net, r)
