@@ -18,7 +18,12 @@ import numpy as np
 MAX_JSON_NESTING: Final = 128
 """Deepest array/object nesting any project parser accepts (specs need ~5, RPC bodies ~8)."""
 
-_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A string runs to its closing quote or, unterminated, to the end of the text: a parser stops at
+# an unterminated string, so nothing after it can nest. Matching it to the end also keeps the
+# scan linear: a pattern that needed the closing quote failed at every quote of an unterminated
+# run of escaped quotes (b'"\\"\\"...') after scanning to the end, O(n^2): a 256 KiB spec in a
+# receipt took TRAINING_VERIFY ~240 s for ~250k gas.
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
 _NOT_OPENERS: Final = bytes(b for b in range(256) if b not in b"[{")
 

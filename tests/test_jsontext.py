@@ -25,6 +25,21 @@ def test_depth_bound_ignores_brackets_inside_strings_on_the_slow_path() -> None:
     assert compute_json_depth_bound(text) == 1
 
 
+def test_an_unterminated_string_runs_to_the_end_of_the_text() -> None:
+    """Past an unterminated string a parser reads nothing, so its brackets do not count; the
+    old pattern, which needed a closing quote, re-scanned to the end from every escaped quote
+    of such a run (quadratic: a 256 KiB receipt spec cost TRAINING_VERIFY minutes)."""
+    from tenzro_training.jsontext import _JSON_STRING
+
+    prefix = b"[" * (MAX_JSON_NESTING + 2)
+    assert _JSON_STRING.sub(b"", prefix + b'"' + b'\\"' * 100_000 + b"[[") == prefix
+    assert _JSON_STRING.sub(b"", b'["a\\\\"]["\\') == b"[]["  # escaped backslash, lone one at the end
+    assert compute_json_depth_bound(prefix + b'"' + b'\\"' * 100_000 + b"]" * 5) == len(prefix)
+    assert not is_json_depth_ok(prefix + b'"' + b'\\"' * 100_000)
+    ok = b"[" * 100 + b'"' + b'\\"' * 100_000 + b"[" * 100  # 200 openers: the slow path
+    assert compute_json_depth_bound(ok) == 100
+
+
 def test_invalid_deep_nesting_is_refused() -> None:
     assert not is_json_depth_ok("[" * (MAX_JSON_NESTING + 1))
     assert is_json_depth_ok("[" * MAX_JSON_NESTING + "]" * MAX_JSON_NESTING)
