@@ -30,6 +30,7 @@ billions).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -366,9 +367,29 @@ def save_checkpoint(
     file is written to a temporary name and renamed, so a reader never sees half a checkpoint.
     """
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
-    data = safetensors.torch.save(tensors, metadata=dict(metadata) if metadata else None)
+    data = _sort_metadata(safetensors.torch.save(tensors, metadata=dict(metadata) if metadata else None))
     write_file_atomically(path, data)
     return _sha256_hex(data)
+
+
+def _sort_metadata(data: bytes) -> bytes:
+    """The safetensors bytes with the ``__metadata__`` entries in sorted key order.
+
+    The library writes tensors in a fixed order but metadata in hash-map order, which differs
+    between processes once there are two keys (five processes gave five file hashes). Only
+    that object is reordered: the header is re-emitted in the library's own format (compact
+    JSON, UTF-8, space-padded to 8 bytes) and the data section is untouched, so a file with at
+    most one metadata key keeps its bytes, and every checkpoint hash published so far.
+    """
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n], object_pairs_hook=dict)
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or len(meta) < 2:
+        return data
+    header["__metadata__"] = dict(sorted(meta.items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n :]
 
 
 def load_checkpoint(path: str | os.PathLike[str], expected_sha256: str | bytes) -> dict[str, Tensor]:

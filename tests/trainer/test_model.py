@@ -230,6 +230,30 @@ def test_checkpoint_hash_is_the_spec_init_checkpoint(tmp_path: Path) -> None:
     assert compute_model_hash(load_checkpoint(path, ref.sha256)) == compute_model_hash(create_init_checkpoint(TINY, 1))
 
 
+def test_checkpoint_bytes_do_not_depend_on_metadata_order(tmp_path: Path) -> None:
+    """safetensors writes metadata in hash-map order (20 saves of one state gave 20 different
+    files); save_checkpoint sorts it, and leaves a file with one key as the library wrote it."""
+    import json
+    import struct
+
+    import safetensors
+    import safetensors.torch
+
+    state = create_init_checkpoint(TINY, 3)
+    metadata = {key: f"value {i} \u00e9" for i, key in enumerate(["zeta", "alpha", "mu", "beta", "omega", "k"])}
+    hashes = {save_checkpoint(state, tmp_path / f"c{i}.safetensors", metadata=metadata) for i in range(8)}
+    assert len(hashes) == 1
+    data = (tmp_path / "c0.safetensors").read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    assert n % 8 == 0 and list(json.loads(data[8 : 8 + n])["__metadata__"]) == sorted(metadata)
+    with safetensors.safe_open(str(tmp_path / "c0.safetensors"), "pt") as f:
+        assert f.metadata() == metadata
+    assert load_checkpoint(tmp_path / "c0.safetensors", hashes.pop()).keys() == state.keys()
+    save_checkpoint(state, tmp_path / "one.safetensors", metadata={"family": "timesfm"})
+    assert (tmp_path / "one.safetensors").read_bytes() == safetensors.torch.save(
+        {k: v.contiguous() for k, v in state.items()}, metadata={"family": "timesfm"})
+
+
 def test_invalid_tampered_checkpoint_rejected(tmp_path: Path) -> None:
     path = tmp_path / "init.safetensors"
     sha = save_checkpoint(create_init_checkpoint(TINY, 2), path)
