@@ -54,6 +54,7 @@ class RpcClient:
         self._next_id = 1
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
+        import http.client
         import urllib.error
         import urllib.request
 
@@ -72,6 +73,10 @@ class RpcClient:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(f"cannot reach node at {self.url}: {reason}", EXIT_UNREACHABLE) from None
+        except http.client.HTTPException as exc:  # a bad port in the URL, a server that is not HTTP
+            raise CliError(f"cannot talk to a node at {self.url}: {type(exc).__name__}", EXIT_UNREACHABLE) from None
+        except ValueError as exc:  # urllib: unknown URL type, a URL it cannot parse
+            raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
         try:
             reply = json.loads(raw)
         except ValueError:
@@ -124,6 +129,26 @@ def _select_account(doc: dict[str, Any], account: str | None, key_file: str) -> 
     raise CliError(f"no account {account!r} in {key_file} (have {', '.join(names)})")
 
 
+def _read_text(path: str, what: str) -> str:
+    """A UTF-8 text file the user named, or a CliError that says which and why."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{what} {path} is not UTF-8 text") from None
+
+
+def _write_out(path: str, data: bytes) -> None:
+    """Write an ``--out`` file whole or not at all (a reader never sees half of it)."""
+    from storage.files import write_file_atomically
+
+    try:
+        write_file_atomically(path, data)
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
     """A 32-byte secp256k1 key from ``--key-file`` or the ``TENZRO_PRIVATE_KEY`` environment variable.
 
@@ -133,8 +158,8 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
     """
     text: str | None
     if key_file:
+        text = _read_text(key_file, "key file").strip()
         try:
-            text = Path(key_file).read_text().strip()
             mode = Path(key_file).stat().st_mode
         except OSError as exc:
             raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
@@ -224,11 +249,7 @@ def _human_run(run: dict[str, Any]) -> str:
 def cmd_post_task(args: argparse.Namespace) -> None:
     from tenzro_training.spec import TrainingTaskSpec
 
-    try:
-        text = Path(args.spec).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read spec {args.spec}: {exc.strerror}") from None
-    spec = TrainingTaskSpec.from_json(text)  # SpecError -> exit 2 with the field path
+    spec = TrainingTaskSpec.from_json(_read_text(args.spec, "spec"))  # SpecError -> exit 2 with the field path
     key = load_signing_key(args)
     sig = _sign(auth.PostTask(task_id=spec.task_id, spec_hash=spec.spec_hash()), key, args.chain_id)
     result = RpcClient(args.rpc).call(
@@ -260,7 +281,7 @@ def cmd_get_run(args: argparse.Namespace) -> None:
 def cmd_get_receipt(args: argparse.Namespace) -> None:
     result = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True))
+        _write_out(args.out, json.dumps(result, indent=2, sort_keys=True).encode())
 
     def human(r: dict[str, Any]) -> str:
         receipt = r.get("receipt", r)
@@ -282,10 +303,9 @@ def cmd_verify_receipt(args: argparse.Namespace) -> None:
     from tenzro_training.receipt_check import check_receipt_document
 
     if args.file is not None:
+        text = _read_text(args.file, "receipt file")
         try:
-            document = json.loads(Path(args.file).read_text())
-        except OSError as exc:
-            raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+            document = json.loads(text)
         except ValueError:
             document = None  # not JSON: reported as a failed "decode" check
     else:
@@ -380,11 +400,7 @@ def cmd_address(args: argparse.Namespace) -> None:
 def _read_spec_file(path: str) -> Any:
     from tenzro_training.spec import TrainingTaskSpec
 
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read spec {path}: {exc.strerror}") from None
-    return TrainingTaskSpec.from_json(text, supported_only=False)
+    return TrainingTaskSpec.from_json(_read_text(path, "spec"), supported_only=False)
 
 
 def compute_layouts_from_view(view: dict[str, Any]) -> tuple[Any, ...]:
@@ -485,10 +501,7 @@ def cmd_make_gradient(args: argparse.Namespace) -> None:
     flat = compute_random_gradient(layout, args.random_seed, task_id, args.round, args.scale)
     header = PayloadHeader(task_id, args.round, layout.index, ENCODING_RAW, layout.layout_hash())
     payload = encode_payload(header, layout, flat, args.dtype)
-    try:
-        Path(args.out).write_bytes(payload)
-    except OSError as exc:
-        raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    _write_out(args.out, payload)
     result = {
         "task_id": task_id,
         "round": args.round,
@@ -549,13 +562,7 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         if expected != result["model_hash"]:
             raise CliError(f"model hash {result['model_hash']} differs from the receipt's {expected}", EXIT_RPC_ERROR)
         result["receipt_checked"] = True
-    tmp = Path(f"{args.out}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, args.out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CliError(f"cannot write {args.out}: {exc.strerror}") from None
+    _write_out(args.out, data)
     _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
 

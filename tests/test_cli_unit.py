@@ -285,6 +285,62 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
     assert code == EXIT_UNREACHABLE and "did not answer JSON-RPC" in err
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545"])
+def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, out, err = run(capsys, "train", "list-runs", "--rpc", url)
+    assert code == EXIT_UNREACHABLE and out == ""
+    assert err.startswith("tenzro: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_server_that_is_not_http_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-not-http\r\n\r\n")
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    try:
+        code, _, err = run(capsys, "train", "list-runs", "--rpc", f"http://127.0.0.1:{listener.getsockname()[1]}/")
+    finally:
+        listener.close()
+    assert code == EXIT_UNREACHABLE and err.startswith("tenzro: cannot talk to a node") and err.count("\n") == 1
+
+
+def test_invalid_non_utf8_files_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, key_file: Path, closed_url: str
+) -> None:
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    cases = [
+        ("spec", ["train", "post-task", "--spec", str(binary), "--key-file", str(key_file), "--rpc", closed_url]),
+        ("key file", ["train", "address", "--key-file", str(binary)]),
+        ("receipt file", ["train", "verify-receipt", "--file", str(binary)]),
+    ]
+    for what, argv in cases:
+        code, out, err = run(capsys, *argv)
+        assert code == EXIT_USAGE and out == "", argv
+        assert err == f"tenzro: {what} {binary} is not UTF-8 text\n"
+
+
+def test_invalid_out_path_exits_2_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode
+) -> None:
+    fake_node.replies["tenzro_training_getReceipt"] = {"receipt": {"task_id": "t1"}}
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, out, err = run(capsys, "train", "get-receipt", "--task-id", "t1", "--rpc", fake_node.url,
+                         "--out", str(blocker / "r.json"))
+    assert code == EXIT_USAGE and err.startswith(f"tenzro: cannot write {blocker / 'r.json'}") and err.count("\n") == 1
+    assert blocker.read_text() == "x"
+    code, _, _ = run(capsys, "train", "get-receipt", "--task-id", "t1", "--rpc", fake_node.url,
+                     "--out", str(tmp_path / "new" / "r.json"))
+    assert code == EXIT_OK and json.loads((tmp_path / "new" / "r.json").read_text()) == {"receipt": {"task_id": "t1"}}
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["r.json"]  # no temporary left behind
+
+
 def test_get_run_human_and_json(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
     view = {
         "task_id": "t1", "status": "Training", "round": 1, "syncer": KEY_ADDRESS, "syncer_rank": 1,
