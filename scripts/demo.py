@@ -216,12 +216,17 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
     say(f"validation MSE of the initial model: {loss0:.4f}")
     for r in range(spec.max_rounds):
         payloads: dict[bytes, list[bytes]] = {}
+        # The trainers run side by side in a real run; here one after another, so every one
+        # trains first and then all submit: submitting as each finishes would let the first K
+        # open the grace window (200 ms) while the last one is still training, and the node
+        # would rightly refuse it as late.
         for t in trainers:
             addr = t["address"].lower()
             result = run_inner_loop(global_state, inner_cfg, model_cfg, shards[addr], r, shard_of[addr],
                                     device=args.device)
             grads = compute_outer_gradients(global_state, result.state, layouts)
             payloads[parse_address(t["address"])] = make_payloads(task_id, r, layouts, grads, "float32")
+        for t in trainers:
             for f, payload in enumerate(payloads[parse_address(t["address"])]):
                 msg = auth.SubmitOuterGradient(task_id=task_id, round=r, fragment=f, payload_hash=compute_payload_hash(payload))
                 client.call("tenzro_training_submitOuterGradient", {
