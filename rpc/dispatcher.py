@@ -219,10 +219,16 @@ def _is_valid_id(value: object) -> bool:
 # --- the dispatcher ---------------------------------------------------------------------------
 
 
+DEFAULT_MAX_BATCH: Final = 1000
+"""Most requests one batch may hold (as geth's BatchRequestLimit). Why a cap: every element is
+answered, on the one service thread, so without one a 2 MiB body of ``[1,1,...]`` drew a 180 MiB
+response and ~1 GiB of memory (a 64 MiB body, tens of GiB) while every other call waited."""
+
+
 class Dispatcher:
     """JSON-RPC 2.0 over a :class:`~rpc.service.TrainingService`; see the module docstring."""
 
-    __slots__ = ("_service", "_methods", "_metrics")
+    __slots__ = ("_service", "_methods", "_metrics", "_max_batch")
 
     def __init__(
         self,
@@ -230,10 +236,14 @@ class Dispatcher:
         *,
         methods: Mapping[str, Method] = METHODS,
         metrics: RpcMetrics | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
+        if type(max_batch) is not int or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         self._service = service
         self._methods = methods
         self._metrics = metrics
+        self._max_batch = max_batch
 
     def handle(self, raw: bytes | str) -> bytes | None:
         """Answer one request body; ``None`` when nothing must be sent (notifications only)."""
@@ -253,6 +263,10 @@ class Dispatcher:
                 if self._metrics is not None:
                     self._metrics.record(None, INVALID_REQUEST, None)
                 return _invalid(None, "empty batch")
+            if len(obj) > self._max_batch:  # refused whole, before any element runs
+                if self._metrics is not None:
+                    self._metrics.record(None, INVALID_REQUEST, None)
+                return _invalid(None, f"batch of {len(obj)} requests; at most {self._max_batch}")
             responses = [r for r in map(self._handle_one, obj) if r is not None]
             return responses or None
         return self._handle_one(obj)

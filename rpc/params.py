@@ -178,13 +178,17 @@ def _payload(value: object, decode: Callable[[str], bytes] = _b64_decode) -> byt
         raise InvalidParams("payload", "empty")
     if len(value) % 4:
         raise InvalidParams("payload", "not strict base64 (length not a multiple of 4)")
+    # At most two pad characters: binascii's strict mode also takes "AAAA====" (pybase64 does
+    # not), and the two decoders must agree on what one payload is.
+    pad = len(value) - len(value.rstrip("="))
+    if pad > 2:
+        raise InvalidParams("payload", "not strict base64 (more than two '=')")
     try:
         raw = decode(value)
     except (binascii.Error, ValueError):
         raise InvalidParams("payload", "not strict base64 (standard alphabet, padded)") from None
     # binascii accepts non-zero unused bits ("QR==" decodes like "QQ=="); one payload must have
     # one encoding, so the last data character must leave them zero.
-    pad = 2 if value.endswith("==") else 1 if value.endswith("=") else 0
     if pad and _B64_VALUE[value[-pad - 1]] & (0x0F if pad == 2 else 0x03):
         raise InvalidParams("payload", "non-canonical base64 (unused bits set)")
     return raw

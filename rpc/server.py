@@ -36,8 +36,9 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
-from rpc.dispatcher import METHODS, Dispatcher, serialize_json
+from rpc.dispatcher import DEFAULT_MAX_BATCH, METHODS, Dispatcher, serialize_json
 from rpc.errors import (
     INVALID_REQUEST,
     InternalError,
@@ -125,8 +126,10 @@ async def _post(request: web.Request) -> web.StreamResponse:
         return _too_large(limit)
     try:
         body = await request.read()  # bounded by client_max_size == limit, with or without a length
-    except (HttpProcessingError, ConnectionError):
-        # Broken chunked framing, a body shorter than its Content-Length, a client that went away.
+    except (HttpProcessingError, RequestPayloadError, ConnectionError):
+        # Broken chunked framing, a body shorter than its Content-Length, a Content-Encoding
+        # body that does not decompress (RequestPayloadError is no HttpProcessingError), a
+        # client that went away.
         log.debug("JSON-RPC request body could not be read", exc_info=True)
         _count_rejected(app, "unreadable")
         error = compute_error_response(InvalidRequest("request body could not be read"), None)
@@ -154,6 +157,7 @@ def create_app(
     service: TrainingService,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
     executor: Executor | None = None,
     metrics: Registry | None = None,
 ) -> web.Application:
@@ -162,6 +166,7 @@ def create_app(
     ``executor``: where the dispatcher runs; it must run one job at a time (a
     ``ThreadPoolExecutor(max_workers=1)``) and is then NOT shut down by the app. Without it the
     app creates its own single-thread executor and shuts it down on cleanup.
+    ``max_batch``: most requests a JSON-RPC batch may hold (a larger one is one -32600).
     ``metrics``: the registry ``GET /metrics`` renders, to which the app adds the JSON-RPC
     request metrics (a fresh one when omitted); the node adds its own to the same registry.
     """
@@ -169,7 +174,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
     registry = Registry() if metrics is None else metrics
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_catch_all])
-    app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS))
+    app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS), max_batch=max_batch)
     app[_METRICS] = registry
     app[_REJECTED] = registry.counter(
         "tenzro_rpc_rejected_bodies_total",
@@ -218,12 +223,13 @@ async def start_server(
     port: int = DEFAULT_PORT,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
     executor: Executor | None = None,
     shutdown_timeout: float = 10.0,
     metrics: Registry | None = None,
 ) -> RunningServer:
     """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
-    app = create_app(service, max_body_bytes=max_body_bytes, executor=executor, metrics=metrics)
+    app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "PayloadDtypeError",
     "PayloadNonFinite",
     "PayloadUnknownEncoding",
+    "PayloadValueOutOfRange",
     "compute_payload_tensor_name",
     "compute_max_header_bytes",
     "compute_max_payload_bytes",
@@ -140,6 +142,17 @@ class PayloadNonFinite(PayloadError):
     def __init__(self, name: str, count: int) -> None:
         self.name, self.count = name, count
         super().__init__(f"payload holds {count} non-finite value(s), first in tensor {name!r}")
+
+
+class PayloadValueOutOfRange(PayloadError):
+    """A value's magnitude exceeds the caller's bound ``limit`` (``count`` of them; ``name`` is
+    the first tensor hit). Why a bound at all: finite but huge values (float32 max) pass every
+    finiteness check, then overflow a Mean's sum or the outer step, and a round nobody can
+    finalize fails the whole run."""
+
+    def __init__(self, name: str, count: int, limit: float) -> None:
+        self.name, self.count, self.limit = name, count, limit
+        super().__init__(f"payload holds {count} value(s) of magnitude above {limit:g}, first in tensor {name!r}")
 
 
 class PayloadUnknownEncoding(PayloadError):
@@ -546,6 +559,7 @@ def decode_payload(
     allowed_dtypes: Collection[str] | None = None,
     zero_copy: bool = False,
     check_finite: bool = True,
+    max_abs: float | None = None,
 ) -> DecodedPayload:
     """Validate and decode one payload for ``layout`` (docs/payload.md, "Decoding").
 
@@ -558,6 +572,10 @@ def decode_payload(
     ``check_finite=False`` skips the NaN/Inf scan, for a caller that scans the values itself
     anyway (the round update: ``aggregation.aggregate`` rejects non-finite inputs, and every
     stored payload passed this decoder with the scan when it was accepted).
+
+    ``max_abs``: every value's magnitude must be at most this (``PayloadValueOutOfRange``); the
+    node's admission bound (``NodeConfig.max_gradient_abs``). Checked in the same pass as the
+    finiteness scan.
 
     Checks, in order: size <= ``max_bytes``; length prefix; header size <= the layout's cap;
     header JSON (UTF-8, no duplicate keys, no NaN constants); metadata (version, encoding,
@@ -597,8 +615,20 @@ def decode_payload(
         flat = _view_flat(data, 8 + header_len, starts, layout, dtype)
     if flat is None:
         flat = _read_flat(view, 8 + header_len, starts, layout, dtype)
-    if check_finite and not is_all_finite(flat):  # fast check; the slow path only names the culprit
-        finite = torch.isfinite(flat)
-        first = int((~finite).nonzero()[0, 0])
-        raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
+    if check_finite or max_abs is not None:
+        _check_values(flat, layout, check_finite, max_abs)
     return DecodedPayload(header, dtype, flat)
+
+
+def _check_values(flat: torch.Tensor, layout: FragmentLayout, check_finite: bool, max_abs: float | None) -> None:
+    if flat.numel() == 0:
+        return
+    # One read-only pass (min and max propagate NaN; any +-Inf is the min or the max); the slow
+    # paths below only name the culprit.
+    low, high = (float(v) for v in torch.aminmax(flat))
+    if check_finite and not (math.isfinite(low) and math.isfinite(high)):
+        bad = ~torch.isfinite(flat)
+        raise PayloadNonFinite(_entry_at(layout, int(bad.nonzero()[0, 0])).name, int(bad.sum()))
+    if max_abs is not None and (-low > max_abs or high > max_abs):
+        bad = flat.abs() > max_abs
+        raise PayloadValueOutOfRange(_entry_at(layout, int(bad.nonzero()[0, 0])).name, int(bad.sum()), max_abs)

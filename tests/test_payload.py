@@ -673,3 +673,24 @@ def test_a_refused_header_is_refused_every_time() -> None:
     for _ in range(3):
         with pytest.raises(PayloadFormatError, match="canonical"):
             decode_payload(bad, LAYOUTS[0], max_bytes=MAX)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_max_abs_bounds_every_value(dtype: str) -> None:
+    from tenzro_training.payload import PayloadValueOutOfRange
+
+    layout = LAYOUTS[2]
+    flat = torch.zeros(layout.numel)
+    flat[-1] = -1000.0  # the last element: norm.scale
+    data = encode_payload(header_for(2), layout, flat, dtype)
+    assert decode_payload(data, layout, max_bytes=MAX, max_abs=1000.0).flat_fp32()[-1] == -1000.0
+    with pytest.raises(PayloadValueOutOfRange) as info:
+        decode_payload(data, layout, max_bytes=MAX, max_abs=999.0)
+    assert (info.value.name, info.value.count, info.value.limit) == ("norm.scale", 1, 999.0)
+    decode_payload(data, layout, max_bytes=MAX)  # no bound: accepted
+    # A non-finite value is still named as such, bound or not.
+    doc, body = split(data)
+    nan = bytearray(body)
+    nan[:4 if dtype == "float32" else 2] = b"\xff" * (4 if dtype == "float32" else 2)
+    with pytest.raises(PayloadNonFinite):
+        decode_payload(join(doc, bytes(nan)), layout, max_bytes=MAX, max_abs=1.0)

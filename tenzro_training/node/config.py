@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rpc.dispatcher import DEFAULT_MAX_BATCH
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
 from tenzro_training.errors import EncodingError, TenzroError, VRFError
@@ -28,6 +29,7 @@ from tenzro_training.run_state import RunTimings
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_CHECKPOINT_BYTES",
+    "DEFAULT_MAX_GRADIENT_ABS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ConfigError",
     "NodeConfig",
@@ -37,6 +39,10 @@ __all__ = [
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 64 << 20
 DEFAULT_MAX_BODY_BYTES: Final = 96 << 20
 DEFAULT_MAX_CHECKPOINT_BYTES: Final = 16 << 30
+DEFAULT_MAX_GRADIENT_ABS: Final = 1e6
+"""An outer gradient is the change of a weight over H inner steps: O(lr * H), far below 1 for
+any sane run; 1e6 leaves six orders of magnitude of headroom and still cannot overflow."""
+_F32_MAX: Final = 3.4028234663852886e38
 _U256: Final = 2**256
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,77}")
 _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
@@ -45,7 +51,7 @@ _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
-    "prune_payloads",
+    "prune_payloads", "rpc_max_batch", "max_gradient_abs",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -68,6 +74,13 @@ def _int(path: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ConfigError(path, f"expected an integer in {lo}..{hi}, got {value!r}")
     return value
+
+
+def _positive_float(path: str, value: object) -> float:
+    """A finite number in (0, float32 max], as a float (JSON integers accepted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _F32_MAX:
+        raise ConfigError(path, f"expected a number in (0, {_F32_MAX:g}], got {value!r}")
+    return float(value)
 
 
 def _bool(path: str, value: object) -> bool:
@@ -187,6 +200,13 @@ class NodeConfig:
     rpc_port: int = 8545
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     """Largest JSON-RPC request body (a base64 payload is 4/3 of its bytes)."""
+    rpc_max_batch: int = DEFAULT_MAX_BATCH
+    """Most requests one JSON-RPC batch may hold; a larger batch is refused whole (-32600)."""
+    max_gradient_abs: float = DEFAULT_MAX_GRADIENT_ABS
+    """Largest magnitude of an outer-gradient value the node accepts (inline or over gossip).
+    Finite but huge values (float32 max) would overflow a Mean or the outer step, and a round
+    that no syncer can finalize fails the run with the attacker's stake refunded; within this
+    bound no round can overflow: the weights move by at most 7x the bound per round."""
     model_cache_runs: int = 2
     """Runs whose committed fp32 weights and momentum stay in memory between finalizes (8 bytes
     per parameter each), so a finalize steps them in place instead of rebuilding them from the
@@ -258,6 +278,8 @@ class NodeConfig:
             raise ConfigError("rpc_host", "expected a non-empty string")
         _int("rpc_port", self.rpc_port, 0, 65535)
         _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
+        _int("rpc_max_batch", self.rpc_max_batch, 1, 1_000_000)
+        object.__setattr__(self, "max_gradient_abs", _positive_float("max_gradient_abs", self.max_gradient_abs))
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
@@ -316,7 +338,8 @@ class NodeConfig:
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
-                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads")
+                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
+                 "rpc_max_batch", "max_gradient_abs")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -357,6 +380,8 @@ class NodeConfig:
             "model_snapshot_rounds": self.model_snapshot_rounds,
             "payload_cache_bytes": self.payload_cache_bytes,
             "prune_payloads": self.prune_payloads,
+            "rpc_max_batch": self.rpc_max_batch,
+            "max_gradient_abs": self.max_gradient_abs,
         }
 
 

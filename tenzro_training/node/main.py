@@ -225,8 +225,8 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         service.on_event = _on_event
         try:
             server = await start_server(
-                service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes, executor=executor,
-                metrics=registry,
+                service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes,
+                max_batch=config.rpc_max_batch, executor=executor, metrics=registry,
             )
         except OSError as exc:
             raise NodeStartupError(

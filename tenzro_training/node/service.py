@@ -528,7 +528,8 @@ class NodeService:
         header = PayloadHeader(task_id, round, fragment, ENCODING_RAW, layout.layout_hash())
         # Validation only: a view where the layout allows one (the values are scanned, not
         # kept), which spares a submission a fresh 4-bytes-per-value copy and its page faults.
-        decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes, zero_copy=True)
+        decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes, zero_copy=True,
+                       max_abs=self._config.max_gradient_abs)
 
     def _evidence_ops(
         self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes
@@ -573,7 +574,7 @@ class NodeService:
             header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
             try:
                 decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
-                               zero_copy=True)
+                               zero_copy=True, max_abs=self._config.max_gradient_abs)
                 break
             except (PayloadLayoutMismatch, PayloadMetadataMismatch):
                 continue

@@ -88,6 +88,13 @@ def _base() -> dict[str, Any]:
         ({"model_snapshot_rounds": 1.5}, "model_snapshot_rounds"),
         ({"payload_cache_bytes": -1}, "payload_cache_bytes"),
         ({"payload_cache_bytes": "1GiB"}, "payload_cache_bytes"),
+        ({"rpc_max_batch": 0}, "rpc_max_batch"),
+        ({"rpc_max_batch": 10.0}, "rpc_max_batch"),
+        ({"max_gradient_abs": 0}, "max_gradient_abs"),
+        ({"max_gradient_abs": -1.0}, "max_gradient_abs"),
+        ({"max_gradient_abs": 1e39}, "max_gradient_abs"),
+        ({"max_gradient_abs": True}, "max_gradient_abs"),
+        ({"max_gradient_abs": "1e6"}, "max_gradient_abs"),
     ],
 )
 def test_invalid_config(change: dict[str, Any], path: str) -> None:
@@ -194,5 +201,6 @@ def test_the_documented_example_config_is_valid() -> None:
         example[key] = []
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
-    for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads"):
+    for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
+                "rpc_max_batch", "max_gradient_abs"):
         assert example[key] == getattr(defaults, key), key

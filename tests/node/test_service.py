@@ -43,7 +43,12 @@ from tenzro_training.node.model_state import decode_round_count
 from tenzro_training.node.replay import ReplayMismatch
 from tenzro_training.node.service import NodeService
 from tenzro_training.outer import OuterConfig, apply_outer_step
-from tenzro_training.payload import PayloadLayoutMismatch, PayloadMetadataMismatch, compute_payload_hash
+from tenzro_training.payload import (
+    PayloadLayoutMismatch,
+    PayloadMetadataMismatch,
+    PayloadValueOutOfRange,
+    compute_payload_hash,
+)
 from tenzro_training.receipt import TrainingReceipt, verify_receipt, verify_receipt_root
 from tenzro_training.run import NotSponsor, NotSyncer, RunEvent, StragglerWindowOpen
 from tenzro_training.run_events import EquivocationDetected, RunSealed, SyncerFailover, TrainerSlashed
@@ -369,6 +374,32 @@ class TestRefusals:
         with pytest.raises(PayloadError):
             net.submit(0, 0, 0, payload=b"\x00" * 40)
         assert snapshot(net.store) == before
+
+    def test_invalid_huge_finite_values_are_refused_at_admission(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        """float32 max passes every finiteness check but overflows a Mean or the outer step:
+        before max_gradient_abs, one trainer sending it made a round no syncer could finalize,
+        and the run failed with that trainer's stake refunded."""
+        start(net, checkpoint)
+        lay = net.layouts[0]
+        before = snapshot(net.store)
+        for value in (3.4028234663852886e38, -2e6):
+            flat = gradient(0, 0, 0, lay.numel)
+            flat[lay.numel // 2] = value
+            bad = make_payload(net.task_id, 0, lay, flat)
+            with pytest.raises(PayloadValueOutOfRange) as info:
+                net.submit(0, 0, 0, payload=bad)
+            assert info.value.count == 1 and info.value.limit == 1e6
+            with pytest.raises(PayloadValueOutOfRange):  # nor held from gossip
+                net.service.store_payload(net.task_id, bad)
+        assert snapshot(net.store) == before
+        edge = gradient(0, 0, 0, lay.numel)
+        edge[0] = -1e6  # at the bound: accepted
+        net.submit(0, 0, 0, payload=make_payload(net.task_id, 0, lay, edge))
+        for i in (1, 2):
+            for f in range(2):
+                net.submit(i, 0, f)
+        net.submit(0, 0, 1)
+        assert net.finalize(0)["round"] == 0
 
     def test_invalid_hash_only_submission_without_bytes(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rpc.params as params_module
@@ -65,6 +65,23 @@ def test_handle_accepts_str_and_bytes() -> None:
     dispatcher = Dispatcher(FakeService())
     text = json.dumps(get_run())
     assert dispatcher.handle(text) == dispatcher.handle(text.encode())
+
+
+def test_a_batch_over_the_limit_is_refused_whole_before_any_element_runs() -> None:
+    service = FakeService()
+    dispatcher = Dispatcher(service, max_batch=3)
+    answer = json.loads(dispatcher.handle(json.dumps([get_run(id=i) for i in range(4)])))
+    assert answer["error"]["code"] == -32600 and answer["id"] is None
+    assert "4 requests; at most 3" in answer["error"]["message"]
+    assert service.calls == []
+    answer = json.loads(dispatcher.handle(json.dumps([get_run(id=i) for i in range(3)])))
+    assert [a["id"] for a in answer] == [0, 1, 2] and len(service.calls) == 3
+    # The default holds 1000, and a non-request element counts like any other.
+    assert len(json.loads(Dispatcher(FakeService()).handle(json.dumps([1] * 1000)))) == 1000
+    assert json.loads(Dispatcher(FakeService()).handle(json.dumps([1] * 1001)))["error"]["code"] == -32600
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError):
+            Dispatcher(FakeService(), max_batch=bad)  # type: ignore[arg-type]
 
 
 def test_handle_obj_is_dict_in_dict_out() -> None:
@@ -223,6 +240,9 @@ def test_b64_round_trip_every_decoder(data: bytes) -> None:
 
 @settings(max_examples=500, deadline=None)
 @given(text=st.text(alphabet="ABCDQRSTabyz0189+/=-_ \n\u00e9", max_size=16))
+@example(text="AAAA====")  # binascii's strict mode took it and the canonical-bits check crashed
+@example(text="QUJD====")
+@example(text="====")
 def test_b64_decoders_agree_and_accept_only_canonical(text: str) -> None:
     results = {name: _strict_b64(text, name) for name in params_module.B64_DECODERS}
     assert len(set(results.values())) == 1, results

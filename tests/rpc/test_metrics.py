@@ -168,6 +168,21 @@ def test_metrics_endpoint_serves_the_text_format() -> None:
     assert rejected == {"too_large": 1}
 
 
+def test_a_body_that_does_not_decompress_is_a_json_400_counted_unreadable() -> None:
+    """aiohttp raises RequestPayloadError (not an HttpProcessingError) for a gzip body that does
+    not inflate: it was answered 200/-32603 with a logged traceback."""
+    with LiveServer(FakeService(), max_body_bytes=SMALL_LIMIT) as live:
+        status, _headers, body = live.request(
+            "POST", "/", b"0123456789", {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert status == 400
+        assert json.loads(body)["error"]["code"] == -32600
+        assert live.service.calls == []
+        _status, _headers, text = live.request("GET", "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    rejected = {s.labels["reason"]: s.value for s in families["tenzro_rpc_rejected_bodies"].samples}
+    assert rejected == {"unreadable": 1}
+
+
 def test_a_shared_registry_carries_the_callers_metrics() -> None:
     reg = Registry()
     reg.gauge_callback("tenzro_test_gauge", "Added by the caller.", lambda: {(): 42})
