@@ -1,5 +1,5 @@
 """TRAINING_VERIFY, the precompile at 0x...1008 that answers whether a training receipt is valid
-and sealed on chain.
+and is exactly the receipt the chain sealed (same run root, same bytes).
 
 ``precompile.verify`` holds the pure reference semantics and the gas schedule (no EVM imports);
 ``precompile.evm`` registers it in a py-evm Prague VM for eth-tester/web3 (imported on demand,
@@ -14,7 +14,9 @@ from precompile.verify import (
     TRAINING_VERIFY_ADDRESS,
     VALID,
     SealedLookup,
+    SealedReceipt,
     compute_gas,
+    compute_sealed_receipt,
     training_verify,
 )
 
@@ -26,6 +28,8 @@ __all__ = [
     "TRAINING_VERIFY_ADDRESS",
     "VALID",
     "SealedLookup",
+    "SealedReceipt",
     "compute_gas",
+    "compute_sealed_receipt",
     "training_verify",
 ]

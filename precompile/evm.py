@@ -4,7 +4,8 @@ What this module is: :func:`make_vm_class` (a Prague computation subclass whose 
 adds ``0x...1008`` -> :func:`precompile.verify.training_verify`, with the State and VM subclasses
 around it), :func:`make_tester_backend` / :func:`make_web3` for eth-tester and web3, and
 :func:`sealed_lookup_from_store`, the ``sealed`` view wired to a node's receipt store
-(``CF_TRAINING_RECEIPTS``).
+(``CF_TRAINING_RECEIPTS``): per task, the sealed receipt's run root and the SHA-256 of its
+canonical ABI bytes.
 
 What it is NOT: the verification rules (``precompile.verify`` / ``tenzro_training.receipt_abi``)
 or a production client integration. The lookup is a Python callable captured per VM class, so
@@ -25,7 +26,14 @@ from eth_tester import EthereumTester, PyEVMBackend
 from eth_utils import to_canonical_address
 from web3 import EthereumTesterProvider, Web3
 
-from precompile.verify import TRAINING_VERIFY_ADDRESS, SealedLookup, compute_gas, training_verify
+from precompile.verify import (
+    TRAINING_VERIFY_ADDRESS,
+    SealedLookup,
+    SealedReceipt,
+    compute_gas,
+    compute_sealed_receipt,
+    training_verify,
+)
 from storage import schema
 from storage.interface import KVStore
 from tenzro_training.node import persistence
@@ -62,15 +70,18 @@ def make_web3(sealed: SealedLookup) -> Web3:
 
 
 def sealed_lookup_from_store(store: KVStore) -> SealedLookup:
-    """The ``sealed`` view of a node's storage: the run root of the stored sealed receipt of a
-    task, or None. Read-only (one ``get`` per call); an unreadable record counts as none."""
+    """The ``sealed`` view of a node's storage: the :class:`SealedReceipt` (run root and digest of
+    the canonical ABI bytes) of the stored sealed receipt of a task, or None. Read-only (one
+    ``get`` per call); an unreadable record counts as none. The digest is recomputed from the
+    stored receipt with ``encode_receipt``, the same bytes getReceipt's ``abi`` answers, so the
+    precompile accepts exactly those bytes and nothing else with the same root."""
 
-    def lookup(task_id: str) -> bytes | None:
+    def lookup(task_id: str) -> SealedReceipt | None:
         try:
             raw = store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
             if raw is None:
                 return None
-            return persistence.decode_receipt(raw).run_root
+            return compute_sealed_receipt(persistence.decode_receipt(raw))
         except Exception:  # noqa: BLE001 -- a bad task id or record means "not sealed"
             return None
 

@@ -11,15 +11,33 @@ defined way, so every failure, including an unexpected one, answers ``0x00``.
 
 Input:  runRoot (32 bytes) || receipt bytes (abi.encode(ReceiptV1)).
 Output: ``0x01`` iff the receipt is VALID, its runRoot equals the given one, and the chain holds a
-        sealed receipt for its taskId with exactly that run root; ``0x00`` otherwise (also for
-        short, oversized or malformed input). The output is always one byte.
+        sealed record for its taskId with exactly that run root AND the SHA-256 of exactly these
+        receipt bytes; ``0x00`` otherwise (also for short, oversized or malformed input). The
+        output is always one byte.
+
+Why the digest: the run root does not commit every field the escrow pays by. A trainer's
+``slashed`` flag (and its stake, DID, ``sealedAt``) lies outside the Merkle leaves, and the
+validity rules accept either ``slashed=false, weight=count`` or ``slashed=true, weight=0`` for
+any trainer. Checking only the root let anyone who claims first mark trainers slashed (the
+sponsor gets the reward back as dust) or un-slash a slashed one. Requiring the bytes to be the
+sealed receipt's canonical encoding (which is unique: ``decode_receipt`` accepts only the bytes
+``encode_receipt`` writes) binds the WHOLE receipt to what the node sealed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from tenzro_training.receipt_abi import MAX_RECEIPT_BYTES, verify_receipt_bytes
+from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.receipt_abi import (
+    MAX_RECEIPT_BYTES,
+    RECEIPT_DIGEST_LENGTH,
+    compute_receipt_digest,
+    encode_receipt,
+    verify_receipt_bytes,
+)
+from tenzro_training.records import HASH_LENGTH
 
 __all__ = [
     "TRAINING_VERIFY_ADDRESS",
@@ -29,27 +47,51 @@ __all__ = [
     "VALID",
     "INVALID",
     "SealedLookup",
+    "SealedReceipt",
     "compute_gas",
+    "compute_sealed_receipt",
     "training_verify",
 ]
 
 TRAINING_VERIFY_ADDRESS = bytes.fromhex("0000000000000000000000000000000000001008")
 """The precompile's 20-byte address."""
 
-# Gas: the work is linear in the input. Every byte is hashed about twice (once as part of a
-# Merkle leaf, and again through the tree and the re-encoding check), so the per-word price is
-# twice SHA256's 12, plus headroom for the ABI walk; the base covers the fixed decoding work
-# (spec JSON parse, the final record, the sealed-receipt lookup: a state read, cf. SLOAD's 2100).
+# Gas: the work is linear in the input. Every byte is hashed about three times: once as part of
+# a Merkle leaf, again through the tree and the re-encoding check, and once more for the
+# sealed-receipt digest that binds the bytes to the node's seal (added with that binding: one
+# more full SHA-256 pass, hence +12/word, SHA256's per-word price). So 3 x 12 plus headroom for
+# the ABI walk. The base covers the fixed decoding work (spec JSON parse, the final record, the
+# sealed-record lookup: a state read, cf. SLOAD's 2100; the digest alone identifies the sealed
+# bytes, run root included, so a native chain needs one word per task, and the base is unchanged).
 GAS_BASE = 3_000
-GAS_PER_WORD = 30
+GAS_PER_WORD = 42
 MAX_INPUT_BYTES = 32 + MAX_RECEIPT_BYTES
 """Longer inputs are refused (0x00) without being parsed; they still pay for their words."""
 
 VALID = b"\x01"
 INVALID = b"\x00"
 
-SealedLookup = Callable[[str], "bytes | None"]
-"""task_id -> the run root of the sealed receipt the chain state holds for it, or None."""
+
+@dataclass(frozen=True, slots=True)
+class SealedReceipt:
+    """What the chain state holds for one sealed task: enough to require that a submitted
+    receipt is exactly the one the node sealed, not merely one with the same run root."""
+
+    run_root: bytes
+    """The sealed receipt's run root (32 bytes)."""
+    receipt_digest: bytes
+    """``receipt_abi.compute_receipt_digest`` (SHA-256) of the sealed receipt's canonical ABI
+    bytes: ``encode_receipt`` of the stored receipt, the ``abi`` field getReceipt answers."""
+
+
+SealedLookup = Callable[[str], "SealedReceipt | None"]
+"""task_id -> the chain state's sealed record for it, or None when the chain sealed no such run."""
+
+
+def compute_sealed_receipt(receipt: TrainingReceipt) -> SealedReceipt:
+    """The sealed record the chain keeps for ``receipt`` (the node's stored, sealed receipt).
+    EncodingError if it cannot be ABI-encoded."""
+    return SealedReceipt(receipt.run_root, compute_receipt_digest(encode_receipt(receipt)))
 
 
 def compute_gas(input_len: int) -> int:
@@ -57,6 +99,18 @@ def compute_gas(input_len: int) -> int:
     if isinstance(input_len, bool) or not isinstance(input_len, int) or input_len < 0:
         raise ValueError(f"input_len must be a non-negative int, got {input_len!r}")
     return GAS_BASE + GAS_PER_WORD * (-(-input_len // 32))
+
+
+def _is_sealed_as(held: object, root: bytes, body: bytes) -> bool:
+    """``held`` is a well-formed sealed record for exactly ``root`` and exactly ``body``."""
+    if type(held) is not SealedReceipt:
+        return False
+    if type(held.run_root) is not bytes or len(held.run_root) != HASH_LENGTH or held.run_root != root:
+        return False
+    digest = held.receipt_digest
+    if type(digest) is not bytes or len(digest) != RECEIPT_DIGEST_LENGTH:
+        return False
+    return digest == compute_receipt_digest(body)
 
 
 def training_verify(data: bytes, sealed: SealedLookup) -> bytes:
@@ -69,8 +123,9 @@ def training_verify(data: bytes, sealed: SealedLookup) -> bytes:
         receipt = verify_receipt_bytes(root, body)
         if receipt is None:
             return INVALID
-        held = sealed(receipt.task_id)
-        if type(held) is not bytes or held != root:
+        # The validity rules alone leave uncommitted fields free (the slashed flag among them):
+        # only the sealed record's digest pins them.
+        if not _is_sealed_as(sealed(receipt.task_id), root, body):
             return INVALID
         return VALID
     except Exception:  # noqa: BLE001 -- never let anything escape into the EVM

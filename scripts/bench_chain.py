@@ -3,9 +3,10 @@
 For each trainer count (default 8 and 64) it drives a real in-process node (MemoryStore) to a
 Sealed run (2 rounds, every trainer submitting every fragment), then on a fresh py-evm chain
 with TRAINING_VERIFY at 0x1008 deposits an ERC-20 reward into TenzroRewardEscrow and claims it
-with the node's receipt. It prints the receipt size, the precompile's gas (compute_gas), the
-claim's total gas, and the best-of-N wall time of the pure reference ``training_verify`` and of
-``decode_receipt`` alone.
+with the node's receipt (the claim credits every payee), then withdraws one payee's credit. It
+prints the receipt size, the precompile's gas (compute_gas), the claim's total gas, one
+withdraw's total gas, and the best-of-N wall time of the pure reference ``training_verify``
+(full validity check plus the sealed-receipt digest) and of ``decode_receipt`` alone.
 
 Usage::
 
@@ -29,6 +30,7 @@ from precompile.evm import make_web3, sealed_lookup_from_store  # noqa: E402
 from tenzro_training.receipt_abi import decode_receipt  # noqa: E402
 from tests.chain.conftest import Chain, SwitchableLookup, load_build, run_to_sealed  # noqa: E402
 from tests.chain.test_escrow import make_setup  # noqa: E402
+from tests.node.conftest import STRANGER  # noqa: E402
 
 
 def best(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
@@ -48,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     artifacts = load_build().compile_contracts(("TenzroRewardEscrow.sol", "TestToken.sol"))
     print(f"{'trainers':>8} {'rounds':>6} {'receipt B':>9} {'precompile gas':>14} {'claim gas':>10} "
-          f"{'verify ms':>9} {'decode ms':>9}")
+          f"{'withdraw gas':>12} {'verify ms':>9} {'decode ms':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.trainers:
             run = run_to_sealed(Path(tmp), task_id=f"bench-{n}", n_trainers=n, rounds=args.rounds)
@@ -63,8 +65,11 @@ def main() -> None:
             assert setup.deposit(run.task_id).status == 1
             receipt = setup.claim(run.abi, run.run_root)
             assert receipt.status == 1, "claim failed"
+            payee = setup.accounts()["t0"]
+            withdrawn = chain.send(setup.escrow.functions.withdraw(setup.token.address, payee), STRANGER.key)
+            assert withdrawn.status == 1, "withdraw failed"
             print(f"{n:>8} {args.rounds:>6} {len(run.abi):>9} {compute_gas(len(data)):>14} {receipt.gasUsed:>10} "
-                  f"{verify_s * 1e3:>9.2f} {decode_s * 1e3:>9.2f}")
+                  f"{withdrawn.gasUsed:>12} {verify_s * 1e3:>9.2f} {decode_s * 1e3:>9.2f}")
 
 
 if __name__ == "__main__":

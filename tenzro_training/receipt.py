@@ -10,9 +10,11 @@ that derives it from a Sealed :class:`~tenzro_training.run_state.RunState`, its 
   transcript (one leaf per RoundRecord) and the final model record, exactly as the node did when
   sealing (``records.compute_run_leaves`` + ``merkle.run_root``);
 - :func:`verify_receipt` additionally checks what the transcript determines: every trainer's
-  ``accepted_submissions`` and the ``syncers`` list. A trainer's DID and stake are NOT committed
-  by the run root (SPEC.md fixes the leaves); they are vouched for by the node's sealed-receipt
-  record (the TRAINING_VERIFY precompile checks the node holds it).
+  ``accepted_submissions`` and the ``syncers`` list. A trainer's DID, stake and ``slashed`` flag
+  (and ``sealed_at``) are NOT committed by the run root (SPEC.md fixes the leaves); they are
+  vouched for by the chain's sealed-receipt record, whose digest of the receipt's ABI bytes the
+  TRAINING_VERIFY precompile compares (docs/receipt.md). A receipt passing these checks is
+  therefore not necessarily the one the node sealed.
 
 ABI encoding: the Ethereum-ABI form the contracts and TRAINING_VERIFY decode (ReceiptV1) is
 ``receipt_abi.py`` (``encode_receipt``/``decode_receipt``/``verify_receipt_bytes``), specified in

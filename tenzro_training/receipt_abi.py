@@ -15,6 +15,12 @@ predicate the precompile and the Solidity verifier implement (docs/receipt.md "V
 What it is NOT: it does not know which runs a chain has sealed (the precompile's ``sealed``
 lookup does), it pays nobody (contracts/src/TenzroRewardEscrow.sol does) and it does no I/O.
 
+VALID is not "the receipt the node sealed": the run root does not commit a trainer's ``slashed``
+flag, stake or DID, nor ``sealedAt``, and the weight rule accepts ``slashed=false, weight=count``
+as well as ``slashed=true, weight=0`` for any trainer. Whatever pays by a receipt must also bind
+its exact bytes to the sealed one: :func:`compute_receipt_digest` is the digest the chain's sealed
+record holds and TRAINING_VERIFY compares (docs/receipt.md "TRAINING_VERIFY precompile").
+
 Design notes:
 - ``trainers`` are written in canonical order (strictly ascending address bytes), whatever the
   order of the :class:`~tenzro_training.receipt.TrainingReceipt` (enrollment order); a decoded
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import hashlib
 
 import eth_abi
 
@@ -51,6 +59,8 @@ __all__ = [
     "RECEIPT_ABI_TYPE",
     "TRAINER_ABI_TYPE",
     "MAX_RECEIPT_BYTES",
+    "RECEIPT_DIGEST_LENGTH",
+    "compute_receipt_digest",
     "encode_receipt",
     "decode_receipt",
     "verify_receipt_bytes",
@@ -67,6 +77,9 @@ RECEIPT_ABI_TYPE = (
 
 MAX_RECEIPT_BYTES = 4 * 1024 * 1024
 """Inputs longer than this are refused before any parsing (the precompile's cap too)."""
+
+RECEIPT_DIGEST_LENGTH = 32
+"""Bytes of :func:`compute_receipt_digest` (SHA-256)."""
 
 _WORD = 32
 _U256 = 2**256
@@ -227,6 +240,18 @@ def encode_receipt(r: TrainingReceipt) -> bytes:
     if len(set(addresses)) != len(addresses):
         raise EncodingError("receipt lists a trainer address twice")
     return eth_abi.encode([RECEIPT_ABI_TYPE], [_abi_value(r)])
+
+
+def compute_receipt_digest(data: bytes) -> bytes:
+    """SHA-256 of receipt bytes: what a chain's sealed record holds for the receipt it sealed.
+
+    Since :func:`decode_receipt` accepts only the canonical encoding, one receipt has exactly one
+    byte string, so equal digests mean equal receipts, every uncommitted field included. SHA-256
+    because every other hash of the run root is SHA-256 too (one primitive for a native
+    implementation; the EVM's 0x02 precompile for a contract)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EncodingError(f"receipt must be bytes, got {type(data).__name__}")
+    return hashlib.sha256(bytes(data)).digest()
 
 
 def decode_receipt(data: bytes) -> TrainingReceipt:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,9 @@ from tenzro_training.receipt import ReceiptTrainer, TrainingReceipt, compute_rec
 from tenzro_training.receipt_abi import (
     MAX_RECEIPT_BYTES,
     RECEIPT_ABI_TYPE,
+    RECEIPT_DIGEST_LENGTH,
     _abi_value,
+    compute_receipt_digest,
     decode_receipt,
     encode_receipt,
     verify_receipt_bytes,
@@ -261,10 +264,24 @@ def test_invalid_claimed_root(receipt: TrainingReceipt, data: bytes) -> None:
 
 def test_uncommitted_fields_are_informational(receipt: TrainingReceipt) -> None:
     # stake, DID and sealedAt are not leaves of the run root: a receipt differing only there is
-    # still valid (the precompile ties it to the chain by the sealed root, the escrow pays by
-    # weight, which the transcript fixes). Documented in docs/receipt.md.
-    for mutate in (_trainer(0, 2, 7), _trainer(0, 3, "did:tenzro:node:other"), _set(10, 1)):
-        assert verify_receipt_bytes(receipt.run_root, reencode(receipt, mutate)) is not None
+    # still VALID by the rules. Validity is therefore not enough to pay by: TRAINING_VERIFY also
+    # requires the bytes' digest to be the sealed record's (tests/chain/test_sealed_binding.py),
+    # and every such edit changes the digest. Documented in docs/receipt.md.
+    first = by_address(receipt).trainers[0]
+    for mutate in (_trainer(0, 2, 7), _trainer(0, 2, first.stake + 1), _trainer(0, 3, "did:tenzro:node:other"),
+                   _set(10, 1)):
+        edited = reencode(receipt, mutate)
+        assert verify_receipt_bytes(receipt.run_root, edited) is not None
+        if edited != encode_receipt(receipt):
+            assert compute_receipt_digest(edited) != compute_receipt_digest(encode_receipt(receipt))
+
+
+def test_receipt_digest_is_sha256_of_the_bytes(data: bytes) -> None:
+    assert compute_receipt_digest(data) == hashlib.sha256(data).digest()
+    assert compute_receipt_digest(bytearray(data)) == compute_receipt_digest(memoryview(data))
+    assert len(compute_receipt_digest(b"")) == RECEIPT_DIGEST_LENGTH == 32
+    with pytest.raises(EncodingError):
+        compute_receipt_digest("0x00")  # type: ignore[arg-type]
 
 
 def test_extra_zero_weight_trainer_is_valid(receipt: TrainingReceipt) -> None:

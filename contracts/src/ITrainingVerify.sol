@@ -29,8 +29,9 @@ struct ReceiptV1 {
 /// @title TrainingVerify
 /// @notice Calls the TRAINING_VERIFY precompile at 0x...1008. Input: runRoot (32 bytes) ||
 /// receipt bytes; output: 0x01 iff the receipt is valid, its run root is `runRoot`, and the
-/// chain holds a sealed receipt of that task with that root; 0x00 otherwise. The address has
-/// no code, so only a low-level staticcall reaches it.
+/// chain's sealed record of that task holds that root and the SHA-256 of exactly these receipt
+/// bytes (so every field, the uncommitted `slashed`/stake/DID/sealedAt included, is the one the
+/// node sealed); 0x00 otherwise. The address has no code, so only a low-level staticcall reaches it.
 library TrainingVerify {
     address internal constant PRECOMPILE = address(0x1008);
 

@@ -9,11 +9,18 @@ import {ReceiptV1, ReceiptTrainer, TrainingVerify} from "./ITrainingVerify.sol";
 
 /// @title TenzroRewardEscrow
 /// @notice A sponsor escrows an ERC-20 reward for a training task; anyone may then claim it with
-/// the run's sealed receipt, which TRAINING_VERIFY (0x1008) checks. Each non-slashed trainer is
-/// paid floor(amount * weight / totalWeight); the rounding dust returns to the sponsor. A task
-/// settles exactly once: by one verified claim, or by the sponsor's refund after the deadline.
-/// @dev Deposits are keyed by keccak256(bytes(taskId)). The amount held is what the escrow
-/// actually received (balance difference), so fee-on-transfer tokens cannot over-promise.
+/// the run's sealed receipt, which TRAINING_VERIFY (0x1008) checks (valid, and exactly the bytes
+/// the chain sealed). A claim credits each non-slashed trainer floor(amount * weight /
+/// totalWeight) and the rounding dust to the sponsor; credits are paid out by `withdraw`. A
+/// deposit settles exactly once: by one verified claim, or by the sponsor's refund after the
+/// deadline.
+/// @dev Deposits are keyed by (depositor, taskId): `depositKeyOf(sponsor, taskId)`. Keying by the
+/// task id alone let anyone who saw a posted task id deposit first and lock the real sponsor out
+/// forever; now a deposit by anyone else sits under its own key, and a claim reads only the
+/// deposit of the receipt's sponsor. Payouts are pull payments: one payee whose transfer
+/// reverts (a blacklisted address, a token hook) cannot block the others' claim. The amount held
+/// is what the escrow actually received (balance difference), so fee-on-transfer tokens cannot
+/// over-promise.
 contract TenzroRewardEscrow is ReentrancyGuard {
     using SafeERC20 for IERC20;
 
@@ -32,38 +39,45 @@ contract TenzroRewardEscrow is ReentrancyGuard {
         uint256 amount;
     }
 
-    mapping(bytes32 taskKey => Deposit) private _deposits;
+    mapping(bytes32 depositKey => Deposit) private _deposits;
+    mapping(IERC20 token => mapping(address account => uint256)) private _owed;
 
-    event Deposited(bytes32 indexed taskKey, string taskId, address indexed sponsor, address indexed token, uint256 amount, uint64 deadline);
-    event Paid(bytes32 indexed taskKey, address indexed trainer, uint256 amount);
-    event Claimed(bytes32 indexed taskKey, bytes32 runRoot, uint256 paid, uint256 dust, uint256 payees);
-    event Refunded(bytes32 indexed taskKey, address indexed sponsor, uint256 amount);
+    event Deposited(bytes32 indexed depositKey, string taskId, address indexed sponsor, address indexed token, uint256 amount, uint64 deadline);
+    event Credited(bytes32 indexed depositKey, address indexed trainer, uint256 amount);
+    event Claimed(bytes32 indexed depositKey, bytes32 runRoot, uint256 paid, uint256 dust, uint256 payees);
+    event Refunded(bytes32 indexed depositKey, address indexed sponsor, uint256 amount);
+    event Withdrawn(address indexed account, address indexed token, uint256 amount);
 
     error ZeroAmount();
     error DeadlineInPast(uint64 deadline);
-    error DepositExists(bytes32 taskKey);
-    error NotOpen(bytes32 taskKey, Status status);
-    error SponsorMismatch(address receiptSponsor, address depositSponsor);
+    error DepositExists(bytes32 depositKey);
+    error NotOpen(bytes32 depositKey, Status status);
     error RootMismatch(bytes32 receiptRoot, bytes32 claimedRoot);
-    error ReceiptNotVerified(bytes32 taskKey, bytes32 runRoot);
-    error NotSponsor(address caller);
+    error ReceiptNotVerified(bytes32 depositKey, bytes32 runRoot);
     error DeadlineNotReached(uint64 deadline);
+    error NothingOwed(address token, address account);
 
-    /// @notice The key a task's deposit is stored under.
-    function taskKeyOf(string memory taskId) public pure returns (bytes32) {
-        return keccak256(bytes(taskId));
+    /// @notice The key the deposit of `sponsor` for `taskId` is stored under.
+    function depositKeyOf(address sponsor, string memory taskId) public pure returns (bytes32) {
+        return keccak256(abi.encode(sponsor, taskId));
     }
 
-    function depositOf(bytes32 taskKey) external view returns (Deposit memory) {
-        return _deposits[taskKey];
+    function depositOf(bytes32 depositKey) external view returns (Deposit memory) {
+        return _deposits[depositKey];
     }
 
-    /// @notice Escrow `amount` of `token` for `taskId`, refundable after `deadline` (unix s).
-    /// The caller must be the spec's sponsor_address for a claim to match. Needs an allowance.
+    /// @notice What `account` can withdraw in `token` (credited by claims, not yet withdrawn).
+    function owedTo(IERC20 token, address account) external view returns (uint256) {
+        return _owed[token][account];
+    }
+
+    /// @notice Escrow `amount` of `token` for `taskId` under the caller's own key, refundable
+    /// after `deadline` (unix s). Only a deposit by the spec's sponsor_address can be claimed.
+    /// Needs an allowance.
     function deposit(string calldata taskId, IERC20 token, uint256 amount, uint64 deadline) external nonReentrant {
         if (amount == 0) revert ZeroAmount();
         if (deadline <= block.timestamp) revert DeadlineInPast(deadline);
-        bytes32 key = taskKeyOf(taskId);
+        bytes32 key = depositKeyOf(msg.sender, taskId);
         if (_deposits[key].status != Status.None) revert DepositExists(key);
         uint256 before = token.balanceOf(address(this));
         token.safeTransferFrom(msg.sender, address(this), amount);
@@ -73,19 +87,20 @@ contract TenzroRewardEscrow is ReentrancyGuard {
         emit Deposited(key, taskId, msg.sender, address(token), received, deadline);
     }
 
-    /// @notice Pay the trainers of a sealed run. `receipt` = abi.encode(ReceiptV1); `runRoot`
-    /// its run root. Anyone may call; the payees and amounts come from the verified receipt.
+    /// @notice Credit the trainers of a sealed run from the deposit of the receipt's sponsor.
+    /// `receipt` = abi.encode(ReceiptV1); `runRoot` its run root. Anyone may call; the payees
+    /// and amounts come from the verified receipt. Transfers nothing: see `withdraw`.
     function claim(bytes calldata receipt, bytes32 runRoot) external nonReentrant {
         ReceiptV1 memory r = TrainingVerify.decode(receipt);
-        bytes32 key = taskKeyOf(r.taskId);
+        bytes32 key = depositKeyOf(r.sponsor, r.taskId);
         Deposit storage d = _deposits[key];
         if (d.status != Status.Open) revert NotOpen(key, d.status);
-        if (r.sponsor != d.sponsor) revert SponsorMismatch(r.sponsor, d.sponsor);
         if (r.runRoot != runRoot) revert RootMismatch(r.runRoot, runRoot);
         if (!TrainingVerify.verify(runRoot, receipt)) revert ReceiptNotVerified(key, runRoot);
-        d.status = Status.Claimed; // effects before interactions (and nonReentrant)
+        d.status = Status.Claimed;
 
         uint256 amount = d.amount;
+        IERC20 token = d.token;
         ReceiptTrainer[] memory trainers = r.trainers;
         uint256 totalWeight;
         for (uint256 i; i < trainers.length; ++i) {
@@ -101,25 +116,35 @@ contract TenzroRewardEscrow is ReentrancyGuard {
                 if (share == 0) continue;
                 paid += share;
                 ++payees;
-                d.token.safeTransfer(t.trainer, share);
-                emit Paid(key, t.trainer, share);
+                _owed[token][t.trainer] += share;
+                emit Credited(key, t.trainer, share);
             }
         }
         uint256 dust = amount - paid;
-        if (dust != 0) d.token.safeTransfer(d.sponsor, dust);
+        if (dust != 0) _owed[token][d.sponsor] += dust;
         emit Claimed(key, runRoot, paid, dust, payees);
     }
 
-    /// @notice Return the whole deposit to its sponsor once the deadline has passed without a
-    /// verified claim.
+    /// @notice Pay `account` everything credited to it in `token`. Anyone may call (the tokens
+    /// only ever go to `account`), so a keeper can push payouts; a transfer that reverts fails
+    /// only this call and leaves the credit in place.
+    function withdraw(IERC20 token, address account) external nonReentrant {
+        uint256 owed = _owed[token][account];
+        if (owed == 0) revert NothingOwed(address(token), account);
+        _owed[token][account] = 0; // effects before interactions (and nonReentrant)
+        token.safeTransfer(account, owed);
+        emit Withdrawn(account, address(token), owed);
+    }
+
+    /// @notice Return the caller's whole deposit for `taskId` once its deadline has passed
+    /// without a verified claim.
     function refund(string calldata taskId) external nonReentrant {
-        bytes32 key = taskKeyOf(taskId);
+        bytes32 key = depositKeyOf(msg.sender, taskId);
         Deposit storage d = _deposits[key];
         if (d.status != Status.Open) revert NotOpen(key, d.status);
-        if (msg.sender != d.sponsor) revert NotSponsor(msg.sender);
         if (block.timestamp <= d.deadline) revert DeadlineNotReached(d.deadline);
         d.status = Status.Refunded;
-        d.token.safeTransfer(d.sponsor, d.amount);
-        emit Refunded(key, d.sponsor, d.amount);
+        d.token.safeTransfer(msg.sender, d.amount);
+        emit Refunded(key, msg.sender, d.amount);
     }
 }

@@ -12,3 +12,23 @@ contract TestToken is ERC20 {
         _mint(to, amount);
     }
 }
+
+/// @title BlockingTestToken
+/// @notice TestToken whose transfers to a blocked address revert (as a stablecoin's blacklist
+/// does), for the escrow's fault-injection tests only. Anyone may block anyone.
+contract BlockingTestToken is TestToken {
+    mapping(address account => bool) public blocked;
+
+    error Blocked(address account);
+
+    constructor(string memory name_, string memory symbol_) TestToken(name_, symbol_) {}
+
+    function setBlocked(address account, bool value) external {
+        blocked[account] = value;
+    }
+
+    function _update(address from, address to, uint256 value) internal override {
+        if (blocked[to]) revert Blocked(to);
+        super._update(from, to, value);
+    }
+}

@@ -4,7 +4,8 @@ contracts, and an eth-tester chain (py-evm Prague) with TRAINING_VERIFY at 0x100
 - :func:`run_to_sealed` drives :class:`NodeService` over a :class:`MemoryStore` (the helpers of
   tests/node/conftest.py) to a Sealed run and returns its receipt, ABI bytes and store.
 - :class:`Chain` wraps web3 + eth-tester: ``sealed`` is the precompile's lookup (set
-  ``chain.sealed.source`` to e.g. ``sealed_lookup_from_store(run.store)``), ``deploy``/``send``
+  ``chain.sealed.source`` to e.g. ``sealed_lookup_from_store(run.store)``, which answers the
+  stored receipt's run root and ABI digest), ``deploy``/``send``
   sign with eth-account keys and pass explicit gas (failures are mined with status 0, so callers
   assert on ``receipt.status``).
 - fixtures: ``artifacts`` (session; compiled contracts), ``sealed_run`` (session; a 3-trainer
@@ -25,6 +26,7 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
+from precompile import SealedReceipt
 from precompile.evm import make_web3, sealed_lookup_from_store
 from storage.memory import MemoryStore
 from tenzro_training import auth
@@ -99,9 +101,12 @@ def run_to_sealed(
     pool: int = 1001,
     skip: Callable[[int, int], bool] = lambda trainer, round_: False,
     equivocate: int | None = None,
+    equivocate_round: int = 0,
 ) -> SealedRun:
     """A real run to Sealed on a fresh in-process node. ``skip(i, r)`` leaves trainer i out of
-    round r (unequal weights); ``equivocate=i`` makes trainer i equivocate in round 0 (slashed)."""
+    round r (unequal weights); ``equivocate=i`` makes trainer i equivocate in round
+    ``equivocate_round`` (slashed; its submissions of earlier rounds stay in the transcript, so
+    a later round gives a slashed trainer with a non-zero accepted count)."""
     trainers = [trainer_party(i) for i in range(n_trainers)]
     genesis = ((SPONSOR.address, 10**12),) + tuple((t.address, 10_000) for t in trainers)
     clock = FakeClock()
@@ -135,14 +140,14 @@ def run_to_sealed(
         for i in range(n_trainers):
             if skip(i, r):
                 continue
-            if equivocate == i:
-                if r == 0:
+            if equivocate == i and r >= equivocate_round:
+                if r == equivocate_round:
                     submit(i, r, 0)
                     submit(i, r, 0, variant=1)  # equivocation: slashed, out of the run
                 continue
             for f in range(len(layouts)):
                 submit(i, r, f)
-        if any(skip(i, r) or equivocate == i for i in range(n_trainers)):
+        if any(skip(i, r) or (equivocate == i and r >= equivocate_round) for i in range(n_trainers)):
             clock.advance(GRACE_MS + 1)  # let the straggler window close
         syncer_address = service.get_run(task_id)["syncer"]
         syncer = next(s for s in SYNCERS if s.text == syncer_address)
@@ -156,9 +161,9 @@ def run_to_sealed(
 class SwitchableLookup:
     """The precompile's ``sealed`` view; ``source`` can be swapped while the chain runs."""
 
-    source: Callable[[str], bytes | None] = lambda task_id: None
+    source: Callable[[str], SealedReceipt | None] = lambda task_id: None
 
-    def __call__(self, task_id: str) -> bytes | None:
+    def __call__(self, task_id: str) -> SealedReceipt | None:
         return self.source(task_id)
 
     def use_store(self, store: MemoryStore) -> None:

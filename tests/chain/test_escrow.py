@@ -1,6 +1,7 @@
-"""TenzroRewardEscrow on a py-evm chain with TRAINING_VERIFY: a real sealed receipt pays every
-trainer floor(amount * weight / totalWeight) exactly once (dust to the sponsor); every tampered,
-unsealed, mismatched, repeated or malformed claim fails and leaves all balances unchanged."""
+"""TenzroRewardEscrow on a py-evm chain with TRAINING_VERIFY: a real sealed receipt credits every
+trainer floor(amount * weight / totalWeight) exactly once (dust to the sponsor), paid out by
+``withdraw``; every tampered, unsealed, mismatched, repeated or malformed claim fails and leaves
+all balances and credits unchanged. Deposits are keyed by (depositor, taskId)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,36 @@ class Setup:
     escrow: Any
     run: SealedRun
 
-    def balances(self) -> dict[str, int]:
-        who = {"escrow": self.escrow.address, "sponsor": Account.from_key(SPONSOR.key).address,
-               "stranger": Account.from_key(STRANGER.key).address}
+    def accounts(self) -> dict[str, str]:
+        who = {"sponsor": Account.from_key(SPONSOR.key).address, "stranger": Account.from_key(STRANGER.key).address}
         who.update({f"t{i}": Account.from_key(t.key).address for i, t in enumerate(self.run.trainers)})
+        return who
+
+    def balances(self) -> dict[str, int]:
+        who = {"escrow": self.escrow.address, **self.accounts()}
         return {name: self.token.functions.balanceOf(addr).call() for name, addr in who.items()}
+
+    def owed(self) -> dict[str, int]:
+        """What each party could withdraw now (credited by claims)."""
+        return {name: self.escrow.functions.owedTo(self.token.address, addr).call()
+                for name, addr in self.accounts().items()}
+
+    def withdraw_all(self, key: bytes = STRANGER.key) -> None:
+        """Push every credit out (anyone may call withdraw for anyone)."""
+        for name, addr in self.accounts().items():
+            if self.escrow.functions.owedTo(self.token.address, addr).call():
+                fn = self.escrow.functions.withdraw(self.token.address, addr)
+                assert self.chain.send(fn, key).status == 1, name
+
+    def settle(self, receipt: bytes, root: bytes, key: bytes = STRANGER.key) -> Any:
+        """Claim, then withdraw every credit; returns the claim's receipt."""
+        rc = self.claim(receipt, root, key)
+        if rc.status == 1:
+            self.withdraw_all()
+        return rc
+
+    def key_of(self, task_id: str, sponsor_key: bytes = SPONSOR.key) -> bytes:
+        return bytes(self.escrow.functions.depositKeyOf(Account.from_key(sponsor_key).address, task_id).call())
 
     def deposit(self, task_id: str, amount: int = AMOUNT, key: bytes = SPONSOR.key, deadline: int = DEADLINE) -> Any:
         c = self.chain
@@ -68,10 +94,10 @@ class Setup:
         return ""
 
 
-def make_setup(chain: Chain, run: SealedRun) -> Setup:
+def make_setup(chain: Chain, run: SealedRun, token_contract: str = "TestToken") -> Setup:
     for key in (SPONSOR.key, STRANGER.key):
         chain.fund(Account.from_key(key).address)
-    token = chain.deploy("TestToken", "Test", "TST", key=SPONSOR.key)
+    token = chain.deploy(token_contract, "Test", "TST", key=SPONSOR.key)
     escrow = chain.deploy("TenzroRewardEscrow", key=SPONSOR.key)
     for key in (SPONSOR.key, STRANGER.key):
         assert chain.send(token.functions.mint(Account.from_key(key).address, 10 * AMOUNT), key).status == 1
@@ -103,20 +129,35 @@ def test_claim_pays_each_trainer_exactly(setup: Setup) -> None:
     assert before["escrow"] == AMOUNT
     receipt = setup.claim(run.abi, run.run_root)
     assert receipt.status == 1
-    after = setup.balances()
+    assert setup.balances() == before  # a claim only credits: nothing moves until withdraw
     pay, dust = expected_payouts(run, AMOUNT)
     assert dust == 2  # floor((10**18 + 7) * [4, 4, 2] / 10) sums to 10**18 + 5
+    assert setup.owed() == {**pay, "sponsor": dust, "stranger": 0}
+    credited = setup.escrow.events.Credited().process_receipt(receipt, errors=DISCARD)
+    assert sorted(e.args.amount for e in credited) == sorted(pay.values())
+    (claimed,) = setup.escrow.events.Claimed().process_receipt(receipt, errors=DISCARD)
+    assert claimed.args.paid == AMOUNT - dust and claimed.args.dust == dust and claimed.args.payees == 3
+    assert claimed.args.runRoot == run.run_root
+    key = setup.key_of(run.task_id)
+    assert claimed.args.depositKey == key
+    assert setup.escrow.functions.depositOf(key).call()[2] == 2  # Claimed
+    setup.withdraw_all()
+    after = setup.balances()
     for name, amount in pay.items():
         assert after[name] - before[name] == amount
     assert after["sponsor"] - before["sponsor"] == dust
     assert after["escrow"] == 0 and after["stranger"] == before["stranger"]  # the caller gets nothing
-    paid = setup.escrow.events.Paid().process_receipt(receipt, errors=DISCARD)
-    assert sorted(e.args.amount for e in paid) == sorted(pay.values())
-    (claimed,) = setup.escrow.events.Claimed().process_receipt(receipt, errors=DISCARD)
-    assert claimed.args.paid == AMOUNT - dust and claimed.args.dust == dust and claimed.args.payees == 3
-    assert claimed.args.runRoot == run.run_root
-    assert setup.escrow.functions.depositOf(keccak(text=run.task_id)).call()[2] == 2  # Claimed
+    assert set(setup.owed().values()) == {0}
     print(f"claim gas (3 trainers): {receipt.gasUsed}")
+
+
+def test_deposit_key_is_keccak_of_abi_encoded_sponsor_and_task_id(setup: Setup) -> None:
+    sponsor = Account.from_key(SPONSOR.key).address
+    task_id = setup.run.task_id
+    assert setup.key_of(task_id) == keccak(eth_abi.encode(["address", "string"], [sponsor, task_id]))
+    (sponsor_got, deadline, status, token, amount) = setup.escrow.functions.depositOf(setup.key_of(task_id)).call()
+    assert (sponsor_got, deadline, status, token, amount) == (sponsor, DEADLINE, 1, setup.token.address, AMOUNT)
+    assert setup.escrow.functions.depositOf(keccak(text=task_id)).call()[2] == 0  # the old key holds nothing
 
 
 def test_payouts_equal_the_nodes_own_split(chain: Chain, sealed_run: SealedRun) -> None:
@@ -125,7 +166,7 @@ def test_payouts_equal_the_nodes_own_split(chain: Chain, sealed_run: SealedRun) 
     pool = sealed_run.receipt.spec.reward_pool
     assert s.deposit(sealed_run.task_id, amount=pool).status == 1
     before = s.balances()
-    assert s.claim(sealed_run.abi, sealed_run.run_root).status == 1
+    assert s.settle(sealed_run.abi, sealed_run.run_root).status == 1
     after = s.balances()
     pay, dust = expected_payouts(sealed_run, pool)
     assert [after[f"t{i}"] - before[f"t{i}"] for i in range(3)] == [pay["t0"], pay["t1"], pay["t2"]] == [400, 400, 200]
@@ -182,9 +223,9 @@ def test_invalid_tampered_claims_fail(setup: Setup, case: str) -> None:
     else:
         data, root = run.abi, b"\x44" * 32
     assert data != run.abi or root != run.run_root
-    before = setup.balances()
+    before, owed = setup.balances(), setup.owed()
     assert setup.claim(data, root).status == 0
-    assert setup.balances() == before
+    assert setup.balances() == before and setup.owed() == owed
     expected = "RootMismatch" if case == "root_arg" else "ReceiptNotVerified"
     assert setup.revert_name(setup.escrow.functions.claim(data, root)) == expected
     # the genuine receipt still works afterwards
@@ -203,9 +244,9 @@ def test_invalid_receipt_of_a_run_the_chain_never_sealed(setup: Setup, tmp_path:
 def test_invalid_second_claim(setup: Setup) -> None:
     run = setup.run
     assert setup.claim(run.abi, run.run_root).status == 1
-    before = setup.balances()
+    before, owed = setup.balances(), setup.owed()
     assert setup.claim(run.abi, run.run_root).status == 0
-    assert setup.balances() == before
+    assert setup.balances() == before and setup.owed() == owed
     assert setup.revert_name(setup.escrow.functions.claim(run.abi, run.run_root)) == "NotOpen"
 
 
@@ -218,17 +259,61 @@ def test_invalid_claim_against_another_tasks_deposit(chain: Chain, sealed_run: S
     assert s.revert_name(s.escrow.functions.claim(sealed_run.abi, sealed_run.run_root)) == "NotOpen"
     # With both deposits, the claim drains only its own task's.
     assert s.deposit(sealed_run.task_id).status == 1
-    assert s.claim(sealed_run.abi, sealed_run.run_root).status == 1
+    assert s.settle(sealed_run.abi, sealed_run.run_root).status == 1
     assert s.balances()["escrow"] == AMOUNT
 
 
-def test_invalid_claim_when_the_depositor_is_not_the_sponsor(chain: Chain, sealed_run: SealedRun) -> None:
+def test_invalid_claim_when_only_someone_else_deposited(chain: Chain, sealed_run: SealedRun) -> None:
+    # A deposit by anyone but the spec's sponsor lives under its depositor's key; the claim reads
+    # only the receipt sponsor's deposit, so there is nothing to claim.
     s = make_setup(chain, sealed_run)
     assert s.deposit(sealed_run.task_id, key=STRANGER.key).status == 1
     before = s.balances()
     assert s.claim(sealed_run.abi, sealed_run.run_root).status == 0
     assert s.balances() == before
-    assert s.revert_name(s.escrow.functions.claim(sealed_run.abi, sealed_run.run_root)) == "SponsorMismatch"
+    assert s.revert_name(s.escrow.functions.claim(sealed_run.abi, sealed_run.run_root)) == "NotOpen"
+
+
+def test_invalid_deposit_squat_cannot_lock_out_the_sponsor(chain: Chain, sealed_run: SealedRun) -> None:
+    # The reviewer's squat: a stranger who saw the task id deposits 1 unit first, with the
+    # largest deadline. Keyed by (depositor, taskId), it blocks nothing.
+    s = make_setup(chain, sealed_run)
+    task_id = sealed_run.task_id
+    squat = s.deposit(task_id, amount=1, key=STRANGER.key, deadline=2**64 - 1)
+    assert squat.status == 1
+    assert s.key_of(task_id, STRANGER.key) != s.key_of(task_id)
+    assert s.deposit(task_id).status == 1  # the real sponsor's deposit goes through
+    before = s.balances()
+    assert s.settle(sealed_run.abi, sealed_run.run_root).status == 1
+    after = s.balances()
+    pay, dust = expected_payouts(sealed_run, AMOUNT)
+    assert {n: after[n] - before[n] for n in pay} == pay
+    assert after["sponsor"] - before["sponsor"] == dust
+    assert after["escrow"] == 1  # only the squat is left
+    squat_key = s.key_of(task_id, STRANGER.key)
+    assert s.escrow.functions.depositOf(squat_key).call()[2] == 1  # still Open, untouched by the claim
+    # The squatter refunds only its own deposit, and only after its own deadline.
+    refund = s.escrow.functions.refund(task_id)
+    assert s.revert_name(refund, STRANGER.key) == "DeadlineNotReached"
+    s.chain.mine_at(DEADLINE + 1)
+    assert s.revert_name(refund, SPONSOR.key) == "NotOpen"  # the sponsor's deposit is Claimed
+    assert s.revert_name(refund, STRANGER.key) == "DeadlineNotReached"  # 2**64 - 1 is its deadline
+    assert s.balances()["escrow"] == 1
+
+
+def test_squatter_refunds_its_own_deposit_after_its_deadline(chain: Chain, sealed_run: SealedRun) -> None:
+    s = make_setup(chain, sealed_run)
+    task_id = sealed_run.task_id
+    assert s.deposit(task_id, amount=5, key=STRANGER.key).status == 1
+    assert s.deposit(task_id).status == 1
+    s.chain.mine_at(DEADLINE + 1)
+    before = s.balances()
+    assert s.chain.send(s.escrow.functions.refund(task_id), STRANGER.key).status == 1
+    after = s.balances()
+    assert after["stranger"] - before["stranger"] == 5 and after["sponsor"] == before["sponsor"]
+    assert after["escrow"] == AMOUNT  # the sponsor's deposit is untouched, and still claimable
+    assert s.settle(sealed_run.abi, sealed_run.run_root).status == 1
+    assert s.balances()["escrow"] == 0
 
 
 def test_refund_after_deadline_then_claim_fails(setup: Setup) -> None:
@@ -238,7 +323,7 @@ def test_refund_after_deadline_then_claim_fails(setup: Setup) -> None:
     assert setup.revert_name(refund, sponsor) == "DeadlineNotReached"
     assert setup.chain.send(refund, sponsor).status == 0
     setup.chain.mine_at(DEADLINE + 1)
-    assert setup.revert_name(refund, STRANGER.key) == "NotSponsor"
+    assert setup.revert_name(refund, STRANGER.key) == "NotOpen"  # the stranger has no deposit of its own
     before = setup.balances()
     receipt = setup.chain.send(refund, sponsor)
     assert receipt.status == 1
@@ -286,11 +371,53 @@ def test_slashed_trainer_gets_nothing(chain: Chain, tmp_path: Path) -> None:
     s = make_setup(chain, run)
     assert s.deposit(run.task_id).status == 1
     before = s.balances()
-    assert s.claim(run.abi, run.run_root).status == 1
+    assert s.settle(run.abi, run.run_root).status == 1
     after = s.balances()
     assert after["t0"] == before["t0"]
     assert after["t1"] - before["t1"] == after["t2"] - before["t2"] == AMOUNT // 2
     assert after["sponsor"] - before["sponsor"] == AMOUNT % 2
+
+
+# --- withdraw (pull payments) -----------------------------------------------------------------
+
+
+def test_a_payee_whose_transfer_reverts_blocks_nobody_else(chain: Chain, sealed_run: SealedRun) -> None:
+    # Fault injection: the token refuses transfers to t0 (a blacklist). The claim still credits
+    # everyone; the others withdraw; t0's withdraw fails and keeps its credit until unblocked.
+    s = make_setup(chain, sealed_run, token_contract="BlockingTestToken")
+    assert s.deposit(sealed_run.task_id).status == 1
+    t0 = s.accounts()["t0"]
+    assert chain.send(s.token.functions.setBlocked(t0, True), STRANGER.key).status == 1
+    before = s.balances()
+    assert s.claim(sealed_run.abi, sealed_run.run_root).status == 1
+    pay, dust = expected_payouts(sealed_run, AMOUNT)
+    for name in ("t1", "t2", "sponsor"):
+        assert chain.send(s.escrow.functions.withdraw(s.token.address, s.accounts()[name]), STRANGER.key).status == 1
+    blocked = s.escrow.functions.withdraw(s.token.address, t0)
+    assert chain.send(blocked, STRANGER.key).status == 0
+    after = s.balances()
+    assert after["t0"] == before["t0"] and s.owed()["t0"] == pay["t0"]
+    assert after["t1"] - before["t1"] == pay["t1"] and after["t2"] - before["t2"] == pay["t2"]
+    assert after["sponsor"] - before["sponsor"] == dust and after["escrow"] == pay["t0"]
+    assert chain.send(s.token.functions.setBlocked(t0, False), STRANGER.key).status == 1
+    receipt = chain.send(blocked, STRANGER.key)
+    assert receipt.status == 1
+    (event,) = s.escrow.events.Withdrawn().process_receipt(receipt, errors=DISCARD)
+    assert (event.args.account, event.args.token, event.args.amount) == (t0, s.token.address, pay["t0"])
+    assert s.balances()["t0"] - before["t0"] == pay["t0"] and s.balances()["escrow"] == 0
+
+
+def test_invalid_withdraw_of_nothing_and_twice(setup: Setup) -> None:
+    run = setup.run
+    t0 = setup.accounts()["t0"]
+    withdraw = setup.escrow.functions.withdraw(setup.token.address, t0)
+    assert setup.revert_name(withdraw) == "NothingOwed"  # before the claim
+    assert setup.claim(run.abi, run.run_root).status == 1
+    assert setup.chain.send(withdraw, STRANGER.key).status == 1
+    before = setup.balances()
+    assert setup.revert_name(withdraw) == "NothingOwed"
+    assert setup.chain.send(withdraw, STRANGER.key).status == 0
+    assert setup.balances() == before
 
 
 def test_encode_from_node_receipt_equals_getreceipt_abi(sealed_run: SealedRun) -> None:

@@ -4,8 +4,11 @@ Receipts come from a real sealed run (tests/test_receipt.py's ``sealed_env``, wi
 syncer failover) and from a builder that makes R-round receipts with several rules, slashed
 trainers and a syncer change. Every tampered variant is checked by BOTH verifiers and they must
 give the same answer; most variants must be rejected (those that only touch uncommitted fields,
-e.g. a stake or sealedAt, may stay valid in both). Inclusion proofs of every round of an 8-round
-run verify on chain and fail for a wrong index, record, size or proof.
+e.g. a stake, sealedAt or a zero-weight trainer's slashed flag, stay STRUCTURALLY valid in both:
+this verifier checks structure only and cannot gate a payout by itself; TRAINING_VERIFY, which
+binds the sealed bytes, refuses them, as a test below checks on a real sealed run). Inclusion
+proofs of every round of an 8-round run verify on chain and fail for a wrong index, record, size
+or proof.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import eth_abi
 import pytest
 from web3 import Web3
 
-from precompile.evm import make_web3
+from precompile import INVALID, VALID, training_verify
+from precompile.evm import make_web3, sealed_lookup_from_store
 
 from tenzro_training.merkle import inclusion_proofs, merkle_root, run_root, verify_inclusion
 from tenzro_training.receipt import ReceiptTrainer, TrainingReceipt, compute_accepted_counts, compute_receipt
@@ -368,6 +372,9 @@ STILL_VALID = {
     "sealedAt-other (uncommitted)", "trainer-slashed-weight-0 (uncommitted flag)", "trainer-stake (uncommitted)",
     "trainer-did-other (uncommitted)", "trainer-extra-zero (valid)",
 }
+"""Forgeries that are structurally VALID for both verifiers (the run root does not commit these
+fields). A contract that paid on the pure-Solidity verifier's answer alone would pay them; the
+precompile refuses them (test_still_valid_forgeries_are_refused_by_training_verify)."""
 
 
 @pytest.mark.parametrize("name", ["node-run-slashed", "trimmed-3-slashed", "krum-4-failover"])
@@ -390,6 +397,30 @@ def test_tampered_receipts_agree_with_python(verifier: Any, name: str) -> None:
     assert disagreements == []
     # Only the "(uncommitted)"/"(valid)" variants and flips inside uncommitted bytes may pass.
     assert rejected >= len(variants) - 12
+
+
+def test_still_valid_forgeries_are_refused_by_training_verify(tmp_path: Path) -> None:
+    # A real sealed node run with a slashed trainer, its store wired to the precompile: every
+    # STILL_VALID forgery passes the validity rules (both verifiers) but is not the sealed
+    # receipt's bytes, so TRAINING_VERIFY answers 0x00, in the EVM and in the reference.
+    run = run_to_sealed(tmp_path, task_id="still-valid", n_trainers=4, rounds=3, equivocate=3)
+    lookup = sealed_lookup_from_store(run.store)
+    w3 = make_web3(lookup)
+
+    def precompile(data: bytes) -> bytes:
+        return bytes(w3.eth.call({"to": Web3.to_checksum_address("0x" + "00" * 18 + "1008"),
+                                  "data": "0x" + data.hex(), "gas": GAS}))
+
+    assert precompile(run.run_root + run.abi) == VALID == training_verify(run.run_root + run.abi, lookup)
+    seen = set()
+    for label, claimed, data in semantic_variants(run.receipt):
+        if label not in STILL_VALID:
+            continue
+        seen.add(label)
+        assert py_verify(claimed, data), label
+        assert claimed == run.run_root and data != run.abi, label
+        assert precompile(claimed + data) == INVALID == training_verify(claimed + data, lookup), label
+    assert seen == STILL_VALID
 
 
 def test_invalid_shadowed_spec_fields_are_rejected(verifier: Any) -> None:
