@@ -63,6 +63,7 @@ __all__ = [
     "FinalizeRound",
     "MalformedMessage",
     "PostTask",
+    "RequestModel",
     "SECP256K1_N",
     "SIGNATURE_LENGTH",
     "SignatureInvalid",
@@ -320,10 +321,33 @@ class CancelTask(_TypedMessage):
     task_id: str
 
 
-SignedMessageType = Union[PostTask, EnrollTrainer, SubmitOuterGradient, FinalizeRound, CancelTask]
-"""Every message type a state-changing call is signed over."""
+@dataclass(frozen=True, slots=True)
+class RequestModel(_TypedMessage):
+    """A trainer asks the node (over gossip, ``ModelRequest`` version 2) for the current global
+    model. Signed by ``requester``, so nobody can make a node broadcast a model in another
+    trainer's name; the nonce makes each request distinct. Changes no state."""
 
-_MESSAGE_TYPES = (PostTask, EnrollTrainer, SubmitOuterGradient, FinalizeRound, CancelTask)
+    PRIMARY_TYPE: ClassVar[str] = "RequestModel"
+    _FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("taskId", "string", "task_id"),
+        ("requester", "address", "requester"),
+        ("round", "uint64", "round"),
+        ("nonce", "uint64", "nonce"),
+    )
+
+    task_id: str
+    requester: bytes
+    """The requesting trainer's 20-byte address (the signer)."""
+    round: int
+    """The round the requester believes is current (uint64)."""
+    nonce: int
+    """Random uint64 (uint64)."""
+
+
+SignedMessageType = Union[PostTask, EnrollTrainer, SubmitOuterGradient, FinalizeRound, CancelTask, RequestModel]
+"""Every message type a state-changing call or a signed gossip message is signed over."""
+
+_MESSAGE_TYPES = (PostTask, EnrollTrainer, SubmitOuterGradient, FinalizeRound, CancelTask, RequestModel)
 
 
 # --- digest, signing, recovery --------------------------------------------------------------

@@ -24,7 +24,11 @@ Authentication (Tenzro-level, on top of libp2p's per-message peer signature):
 
 - PayloadChunk carries the trainer's EIP-712 ``SubmitOuterGradient{taskId, round, fragment,
   payloadHash}`` signature: the same signature the node stores with the submission.
-- RoundFinalizedMsg carries the syncer's EIP-712 ``FinalizeRound{taskId, round}`` signature.
+- RoundFinalizedMsg carries the syncer's EIP-712 ``FinalizeRound{taskId, round}`` signature. It
+  does not cover the weights: their size must be the run's model size exactly, and the receiver
+  hashes them to ``model_hash`` before use.
+- ModelRequest (version 2) carries the requester's EIP-712 ``RequestModel{taskId, requester,
+  round, nonce}`` signature, so nobody can make a node broadcast a model in a trainer's name.
 - ElectionTicketMsg is self-authenticating: a VRF proof under the candidate's registered key.
 - ModelChunk and RunSealedMsg are bound to hashes the receiver already holds in its run view
   (the committed model hash, the sealed run root); RunSealedMsg about a run not sealed locally is
@@ -39,20 +43,26 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar, Union
+
+from eth_account import Account
 
 from tenzro_training.auth import (
     DEFAULT_CHAIN_ID,
     AuthError,
     FinalizeRound,
+    RequestModel,
     SubmitOuterGradient,
+    sign_message,
     validate_signer,
 )
 from tenzro_training.election import validate_ticket
 from tenzro_training.errors import ElectionError, GossipIgnore, GossipReject
+from tenzro_training.fragments import FragmentLayout
+from tenzro_training.payload import compute_max_payload_bytes
 from tenzro_training.records import Candidate, Ticket, is_valid_task_id
 from tenzro_training.run_state import RunState, RunStatus, get_current_syncer, get_trainer
 
@@ -60,6 +70,7 @@ __all__ = [
     "TOPIC_TRAINING",
     "TOPIC_SYNCER",
     "GOSSIP_VERSION",
+    "MESSAGE_VERSIONS",
     "MAX_CHUNK_BYTES",
     "MAX_MESSAGE_BYTES",
     "SYNCER_STATUSES",
@@ -74,6 +85,7 @@ __all__ = [
     "GossipMessage",
     "ChunkedMessage",
     "GossipContext",
+    "StreamSizes",
     "SeenCache",
     "ChunkAssembler",
     "encode_message",
@@ -83,8 +95,11 @@ __all__ = [
     "compute_payload_chunks",
     "compute_round_finalized_chunks",
     "compute_model_chunks",
+    "compute_model_request",
     "check_signature_cached",
     "compute_stream_key",
+    "compute_stream_sizes",
+    "compute_chunk_dedup_key",
     "get_topic",
     "validate_chunk_geometry",
     "validate_payload_chunk_gossip",
@@ -103,7 +118,7 @@ TOPIC_SYNCER = "tenzro/training/syncer/1.0.0"
 """Election tickets, syncer status, round transitions with the new weights, run sealed."""
 
 GOSSIP_VERSION = 1
-"""The body layout version written after the type tag; decoders accept only this version."""
+"""The body layout version of every kind not listed otherwise in :data:`MESSAGE_VERSIONS`."""
 
 MAX_CHUNK_BYTES = 1 << 20
 """Largest ``data`` of one chunk (1 MiB): a whole message stays far below the transport's RPC limit."""
@@ -341,17 +356,26 @@ class ModelRequest:
     KIND: ClassVar[MessageKind] = MessageKind.MODEL_REQUEST
     task_id: str
     requester: bytes
-    """The requester's 20-byte address (informational: a request changes nothing)."""
+    """The requester's 20-byte address: the signer of ``signature``."""
     round: int
     """The round the requester believes is current."""
     nonce: int
     """Random uint64 so repeated requests are distinct messages."""
+    signature: bytes
+    """The requester's 65-byte EIP-712 RequestModel{taskId, requester, round, nonce} signature
+    (version 2; version 1 carried none, so anyone could make a node broadcast a model in an
+    enrolled trainer's name)."""
 
     def __post_init__(self) -> None:
         _check_task_id(self.task_id)
         _check_bytes("requester", self.requester, _ADDRESS)
         _check_int("round", self.round, _U64)
         _check_int("nonce", self.nonce, _U64)
+        _check_bytes("signature", self.signature, _SIGNATURE)
+
+    def signed_message(self) -> RequestModel:
+        """The EIP-712 message ``signature`` is over."""
+        return RequestModel(self.task_id, self.requester, self.round, self.nonce)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -412,6 +436,12 @@ _TOPIC_OF = {
 }
 
 
+MESSAGE_VERSIONS: dict[MessageKind, int] = {kind: GOSSIP_VERSION for kind in MessageKind}
+"""The one body layout version each kind is written and accepted in (the byte after the tag).
+ModelRequest is at version 2: it gained the requester's signature."""
+MESSAGE_VERSIONS[MessageKind.MODEL_REQUEST] = 2
+
+
 def get_topic(msg: GossipMessage) -> str:
     """The topic a message type is published on."""
     return _TOPIC_OF[msg.KIND]
@@ -437,7 +467,9 @@ _LAYOUT: dict[MessageKind, tuple[tuple[str, str], ...]] = {
         ("aggregate_hashes", "H"), ("model_hash", "a32"), ("seq", "I"), ("total_chunks", "I"),
         ("total_size", "Q"), ("data_hash", "a32"), ("data", "d"),
     ),
-    MessageKind.MODEL_REQUEST: (("task_id", "s"), ("requester", "a20"), ("round", "Q"), ("nonce", "Q")),
+    MessageKind.MODEL_REQUEST: (
+        ("task_id", "s"), ("requester", "a20"), ("round", "Q"), ("nonce", "Q"), ("signature", "a65"),
+    ),
     MessageKind.MODEL_CHUNK: (
         ("task_id", "s"), ("round", "Q"), ("model_hash", "a32"), ("seq", "I"), ("total_chunks", "I"),
         ("total_size", "Q"), ("data_hash", "a32"), ("data", "d"),
@@ -463,11 +495,11 @@ def _get_attr(msg: object, path: str) -> object:
 
 
 def encode_message(msg: GossipMessage) -> bytes:
-    """``kind (u8) || GOSSIP_VERSION (u8) || body``; the body is the kind's fields in table order."""
+    """``kind (u8) || MESSAGE_VERSIONS[kind] (u8) || body``; the body is the kind's fields in table order."""
     kind = getattr(msg, "KIND", None)
     if kind not in _LAYOUT or not isinstance(msg, _CLASS[kind]):
         raise GossipReject(f"not a gossip message: {type(msg).__name__}")
-    out = [bytes((kind, GOSSIP_VERSION))]
+    out = [bytes((kind, MESSAGE_VERSIONS[kind]))]
     for attr, code in _LAYOUT[kind]:
         value = _get_attr(msg, attr)
         if code == "s":
@@ -538,7 +570,7 @@ def decode_message(data: bytes) -> GossipMessage:
         kind = MessageKind(data[0])
     except ValueError:
         raise _reject(f"unknown message type {data[0]}") from None
-    if data[1] != GOSSIP_VERSION:
+    if data[1] != MESSAGE_VERSIONS[kind]:
         raise _reject(f"unsupported {kind.name} version {data[1]}")
     reader = _Reader(data)
     reader.pos = 2
@@ -616,6 +648,14 @@ def compute_model_chunks(*, task_id: str, round: int, model_hash: bytes, weights
     return _chunk_stream(ModelChunk, weights, "data_hash", task_id=task_id, round=round, model_hash=model_hash)
 
 
+def compute_model_request(*, task_id: str, round: int, nonce: int, private_key: bytes,
+                          chain_id: int = DEFAULT_CHAIN_ID) -> ModelRequest:
+    """A ModelRequest (version 2) signed by ``private_key``'s account, the requester."""
+    requester = bytes.fromhex(Account.from_key(private_key).address[2:])
+    signature = sign_message(RequestModel(task_id, requester, round, nonce), private_key, chain_id)
+    return ModelRequest(task_id=task_id, requester=requester, round=round, nonce=nonce, signature=signature)
+
+
 def compute_stream_key(msg: ChunkedMessage) -> tuple[object, ...]:
     """What identifies the byte string a chunk belongs to: every header field except seq and data.
 
@@ -633,6 +673,36 @@ def compute_stream_key(msg: ChunkedMessage) -> tuple[object, ...]:
     raise GossipReject(f"not a chunked message: {type(msg).__name__}")
 
 
+def compute_chunk_dedup_key(tag: str, msg: ChunkedMessage) -> tuple[object, ...]:
+    """The dedup key of one chunk: its stream key, its seq and the SHA-256 of its data.
+
+    Together these cover every field of the message, so the key identifies the whole encoded
+    message: a relay that copies a signed header onto other bytes makes a DIFFERENT key, and the
+    genuine chunk is never ignored as a duplicate of the forgery (the forgery fails reassembly).
+    """
+    return (tag, compute_stream_key(msg), msg.seq, hashlib.sha256(msg.data).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSizes:
+    """The byte sizes a run's chunked streams may announce (from its fragment layouts)."""
+
+    model_bytes: int
+    """Exact length of the concatenated fp32 fragment weights (RoundFinalizedMsg, ModelChunk)."""
+    payload_bytes: tuple[int, ...]
+    """Per fragment, the largest outer-gradient payload its layout admits
+    (``payload.compute_max_payload_bytes``: the header cap plus fp32 data; a payload's header
+    length varies with its metadata, so an exact size is not fixed by the layout alone)."""
+
+
+def compute_stream_sizes(layouts: Sequence[FragmentLayout]) -> StreamSizes:
+    """:class:`StreamSizes` of a run whose fragments are ``layouts`` (fragment order)."""
+    return StreamSizes(
+        model_bytes=4 * sum(lay.numel for lay in layouts),
+        payload_bytes=tuple(compute_max_payload_bytes(lay) for lay in layouts),
+    )
+
+
 def _expected_hash(msg: ChunkedMessage) -> bytes:
     return msg.payload_hash if isinstance(msg, PayloadChunk) else msg.data_hash
 
@@ -642,39 +712,90 @@ class ChunkAssembler:
 
     ``add(chunk)`` returns the whole byte string once its last missing chunk arrives and the SHA-256
     of the concatenation equals the announced hash; otherwise None. Bounds: at most ``max_pending``
-    incomplete streams and ``max_total_bytes`` announced bytes across them. A new stream that does
-    not fit evicts the oldest incomplete streams (counted in ``evicted``); one announcing more than
-    ``max_total_bytes`` on its own is rejected. Completed streams are remembered (``max_done`` keys)
-    so late duplicates of their chunks return None instead of starting a new stream.
+    incomplete streams and ``max_total_bytes`` announced bytes across them; one stream announcing
+    more than ``max_total_bytes`` on its own is rejected.
+
+    Eviction (a new stream that does not fit): streams that received no chunk while
+    ``stale_after`` chunks went through the assembler are evicted first, least recently active
+    first (counted in ``evicted``). If that does not make room, the NEW stream is refused
+    (its chunk dropped, counted in ``refused``): a stream in progress is never evicted by a newer,
+    less complete one, so many concurrent streams cannot thrash each other into zero completions,
+    and a flood of forged first chunks cannot push out a genuine stream that is progressing.
+
+    Every stream dropped without delivery (evicted, refused, hash mismatch) is reported to
+    ``on_drop(stream_key)``: the owner of the dedup cache forgets that stream's chunks there, so
+    a republish of the genuine bytes is accepted again. Completed streams are remembered
+    (``max_done`` keys) so late duplicates of their chunks return None instead of starting a new
+    stream.
 
     Not thread-safe; one owner (the consumer of a subscription) uses it.
     """
 
-    def __init__(self, max_total_bytes: int, max_pending: int, max_done: int = 4096) -> None:
-        if max_total_bytes < 0 or max_pending < 1 or max_done < 0:
-            raise ValueError("max_total_bytes >= 0, max_pending >= 1, max_done >= 0 required")
-        self.max_total_bytes = max_total_bytes
-        self.max_pending = max_pending
-        self.max_done = max_done
+    def __init__(self, max_total_bytes: int, max_pending: int, max_done: int = 4096, *,
+                 stale_after: int | None = None,
+                 on_drop: Callable[[tuple[object, ...]], None] | None = None) -> None:
         self._pending: OrderedDict[tuple[object, ...], dict[int, bytes]] = OrderedDict()
         self._sizes: dict[tuple[object, ...], int] = {}
+        self._active: dict[tuple[object, ...], int] = {}
         self._done: OrderedDict[tuple[object, ...], None] = OrderedDict()
+        self._fixed_stale = stale_after
+        self.resize(max_total_bytes, max_pending)
+        if max_done < 0:
+            raise ValueError("max_done >= 0 required")
+        self.max_done = max_done
+        self.on_drop = on_drop
+        self._tick = 0
         self.pending_bytes = 0
         """Sum of the announced total sizes of incomplete streams (the memory bound)."""
         self.evicted = 0
+        """Incomplete streams dropped for room (stale)."""
+        self.refused = 0
+        """New streams refused for lack of room."""
+        self.hash_mismatches = 0
+        """Completed streams whose bytes did not hash to the announced hash."""
         self.completed = 0
+
+    def resize(self, max_total_bytes: int, max_pending: int) -> None:
+        """Change the bounds (streams already buffered stay; new ones see the new bounds)."""
+        if max_total_bytes < 0 or max_pending < 1:
+            raise ValueError("max_total_bytes >= 0, max_pending >= 1 required")
+        self.max_total_bytes = max_total_bytes
+        self.max_pending = max_pending
+        self.stale_after = self._fixed_stale if self._fixed_stale is not None else 2 * max(
+            max_pending, max_total_bytes // MAX_CHUNK_BYTES)
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def _drop(self, key: tuple[object, ...]) -> None:
         self._pending.pop(key, None)
+        self._active.pop(key, None)
         self.pending_bytes -= self._sizes.pop(key, 0)
+
+    def _lost(self, key: tuple[object, ...]) -> None:
+        if self.on_drop is not None:
+            self.on_drop(key)
 
     def _remember_done(self, key: tuple[object, ...]) -> None:
         self._done[key] = None
         while len(self._done) > self.max_done:
             self._done.popitem(last=False)
+
+    def _fits(self, size: int) -> bool:
+        return len(self._pending) < self.max_pending and self.pending_bytes + size <= self.max_total_bytes
+
+    def _make_room(self, size: int) -> bool:
+        """Evict stale streams (least recently active first) until ``size`` fits; False if it cannot."""
+        if self._fits(size):
+            return True
+        stale = sorted((at, key) for key, at in self._active.items() if self._tick - at > self.stale_after)
+        for _, key in stale:
+            self._drop(key)
+            self.evicted += 1
+            self._lost(key)
+            if self._fits(size):
+                return True
+        return False
 
     def add(self, chunk: ChunkedMessage) -> bytes | None:
         """Take one chunk; return the verified whole byte string when this chunk completes it.
@@ -686,16 +807,16 @@ class ChunkAssembler:
         validate_chunk_geometry(chunk.seq, chunk.total_chunks, chunk.total_size, len(chunk.data))
         if key in self._done:
             return None  # a late duplicate of a stream already delivered
+        self._tick += 1
         parts = self._pending.get(key)
         if parts is None:
             if chunk.total_size > self.max_total_bytes:
+                self._lost(key)
                 raise GossipReject(f"stream of {chunk.total_size} bytes exceeds the buffer of {self.max_total_bytes}")
-            while self._pending and (
-                len(self._pending) >= self.max_pending or self.pending_bytes + chunk.total_size > self.max_total_bytes
-            ):
-                oldest = next(iter(self._pending))
-                self._drop(oldest)
-                self.evicted += 1
+            if not self._make_room(chunk.total_size):
+                self.refused += 1
+                self._lost(key)
+                return None
             parts = {}
             self._pending[key] = parts
             self._sizes[key] = chunk.total_size
@@ -703,11 +824,14 @@ class ChunkAssembler:
         if chunk.seq in parts:
             return None  # duplicate chunk
         parts[chunk.seq] = chunk.data
+        self._active[key] = self._tick
         if len(parts) < chunk.total_chunks:
             return None
         whole = b"".join(parts[i] for i in range(chunk.total_chunks))
         self._drop(key)
         if hashlib.sha256(whole).digest() != _expected_hash(chunk):
+            self.hash_mismatches += 1
+            self._lost(key)
             raise GossipReject("reassembled bytes do not match the announced hash")
         self._remember_done(key)
         self.completed += 1
@@ -744,32 +868,89 @@ class GossipContext:
     """Largest concatenated weights accepted in RoundFinalizedMsg/ModelChunk."""
     max_clock_skew_ms: int = 120_000
     """How far a SyncerStatus ``at_ms`` may be from ``now_ms`` before it is stale/rejected."""
+    get_sizes: Callable[[str], StreamSizes | None] | None = None
+    """The run's stream sizes (from its fragment layouts), or None when the receiver does not
+    know them (yet): then chunks of that run are IGNOREd. Leaving the whole field None checks
+    sizes only against ``max_payload_bytes``/``max_model_bytes`` (receivers without layouts)."""
+
+
+def _get_sizes(ctx: GossipContext, task_id: str) -> StreamSizes | None:
+    if ctx.get_sizes is None:
+        return None
+    sizes = ctx.get_sizes(task_id)
+    # [IGNORE] the receiver knows the run's fragment layouts (it cannot size-check the stream otherwise).
+    if sizes is None:
+        raise GossipIgnore(f"fragment layouts of {task_id} not known here yet")
+    return sizes
+
+
+def _check_weights_size(total_size: int, ctx: GossipContext, task_id: str) -> None:
+    # [REJECT] the weights are not larger than the receiver accepts.
+    if total_size > ctx.max_model_bytes:
+        raise GossipReject(f"weights of {total_size} bytes exceed {ctx.max_model_bytes}")
+    sizes = _get_sizes(ctx, task_id)
+    # [REJECT] the weights are exactly the run's model: 4 bytes per parameter of its fragments.
+    if sizes is not None and total_size != sizes.model_bytes:
+        raise GossipReject(f"weights of {total_size} bytes, the model has {sizes.model_bytes}")
 
 
 class SeenCache:
     """Bounded set of message keys already accepted (oldest forgotten first), plus verified signatures.
 
     The dedup cache of the validators: a key is recorded only after a message passed every check,
-    so a rejected copy never shadows a valid one. Not thread-safe; the validator's thread owns it.
+    so a rejected copy never shadows a valid one. Chunk keys are indexed by their stream
+    (``add(key, stream=...)``) so a stream that failed reassembly or was evicted can be forgotten
+    with :meth:`forget_stream`, and its genuine republish is accepted again.
+
+    One thread (the validator's) owns it; :meth:`forget_stream` alone may be called from any
+    thread: it only appends to a deque (atomic), and the owner applies the request on its next
+    lookup.
     """
 
     def __init__(self, max_entries: int = 65536) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self.max_entries = max_entries
-        self._keys: OrderedDict[tuple[object, ...], None] = OrderedDict()
+        self._keys: OrderedDict[tuple[object, ...], object] = OrderedDict()
+        self._streams: dict[object, set[tuple[object, ...]]] = {}
+        self._forget: deque[object] = deque()
 
     def __len__(self) -> int:
+        self._apply_forgets()
         return len(self._keys)
 
     def __contains__(self, key: tuple[object, ...]) -> bool:
+        self._apply_forgets()
         return key in self._keys
 
-    def add(self, key: tuple[object, ...]) -> None:
-        self._keys[key] = None
+    def add(self, key: tuple[object, ...], stream: object = None) -> None:
+        self._apply_forgets()
+        if key not in self._keys and stream is not None:
+            self._streams.setdefault(stream, set()).add(key)
+        self._keys[key] = stream if key not in self._keys else self._keys[key]
         self._keys.move_to_end(key)
         while len(self._keys) > self.max_entries:
-            self._keys.popitem(last=False)
+            old, old_stream = self._keys.popitem(last=False)
+            self._unindex(old, old_stream)
+
+    def forget_stream(self, stream: object) -> None:
+        """Forget every key added with ``stream`` (thread-safe: applied by the owner's next call)."""
+        self._forget.append(stream)
+
+    def _unindex(self, key: tuple[object, ...], stream: object) -> None:
+        if stream is None:
+            return
+        keys = self._streams.get(stream)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._streams[stream]
+
+    def _apply_forgets(self) -> None:
+        while self._forget:
+            stream = self._forget.popleft()
+            for key in self._streams.pop(stream, ()):
+                self._keys.pop(key, None)
 
 
 def _get_run(ctx: GossipContext, task_id: str) -> RunState:
@@ -780,7 +961,7 @@ def _get_run(ctx: GossipContext, task_id: str) -> RunState:
     return run
 
 
-def check_signature_cached(msg: SubmitOuterGradient | FinalizeRound, signature: bytes, signer: bytes,
+def check_signature_cached(msg: SubmitOuterGradient | FinalizeRound | RequestModel, signature: bytes, signer: bytes,
                            chain_id: int, seen: SeenCache) -> None:
     """[REJECT] unless ``signature`` over ``msg`` recovers to ``signer``; a good one is remembered
     in ``seen``, so a stream's later chunks (same signature) cost no second recovery."""
@@ -802,8 +983,8 @@ def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: S
     # [REJECT] the message is a PayloadChunk (constructed, so its fields and geometry are valid).
     if not isinstance(msg, PayloadChunk):
         raise GossipReject("expected a PayloadChunk")
-    key = ("payload", compute_stream_key(msg), msg.seq)
-    # [IGNORE] not seen before.
+    key = compute_chunk_dedup_key("payload", msg)
+    # [IGNORE] not seen before (the same whole message: another body is not a duplicate).
     if key in seen:
         raise GossipIgnore("duplicate payload chunk")
     run = _get_run(ctx, msg.task_id)
@@ -819,6 +1000,11 @@ def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: S
     # [REJECT] the payload is not larger than the receiver accepts.
     if msg.total_size > ctx.max_payload_bytes:
         raise GossipReject(f"payload of {msg.total_size} bytes exceeds {ctx.max_payload_bytes}")
+    sizes = _get_sizes(ctx, msg.task_id)
+    # [REJECT] the payload is not larger than the fragment's layout admits (header cap + fp32 data).
+    if sizes is not None and (msg.fragment >= len(sizes.payload_bytes)
+                              or msg.total_size > sizes.payload_bytes[msg.fragment]):
+        raise GossipReject(f"payload of {msg.total_size} bytes is larger than fragment {msg.fragment} admits")
     # [REJECT] the trainer is enrolled in the run and not slashed.
     trainer = get_trainer(run, msg.trainer)
     if trainer is None or trainer.slashed:
@@ -826,7 +1012,7 @@ def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: S
     # [REJECT] the trainer signed SubmitOuterGradient{taskId, round, fragment, payloadHash}.
     signed = SubmitOuterGradient(msg.task_id, msg.round, msg.fragment, msg.payload_hash)
     check_signature_cached(signed, msg.signature, msg.trainer, ctx.chain_id, seen)
-    seen.add(key)
+    seen.add(key, stream=key[1])
 
 
 def validate_model_request_gossip(msg: ModelRequest, ctx: GossipContext, seen: SeenCache) -> None:
@@ -845,6 +1031,8 @@ def validate_model_request_gossip(msg: ModelRequest, ctx: GossipContext, seen: S
     # [REJECT] the requester is an enrolled trainer (anyone else has no use for the weights mid-run).
     if get_trainer(run, msg.requester) is None:
         raise GossipReject(f"0x{msg.requester.hex()} is not enrolled in {msg.task_id}")
+    # [REJECT] the requester signed RequestModel{taskId, requester, round, nonce}.
+    check_signature_cached(msg.signed_message(), msg.signature, msg.requester, ctx.chain_id, seen)
     seen.add(key)
 
 
@@ -862,14 +1050,12 @@ def validate_model_chunk_gossip(msg: ModelChunk, ctx: GossipContext, seen: SeenC
     # [REJECT] the message is a ModelChunk.
     if not isinstance(msg, ModelChunk):
         raise GossipReject("expected a ModelChunk")
-    key = ("model-chunk", compute_stream_key(msg), msg.seq)
-    # [IGNORE] not seen before.
+    key = compute_chunk_dedup_key("model-chunk", msg)
+    # [IGNORE] not seen before (the same whole message).
     if key in seen:
         raise GossipIgnore("duplicate model chunk")
     run = _get_run(ctx, msg.task_id)
-    # [REJECT] the weights are not larger than the receiver accepts.
-    if msg.total_size > ctx.max_model_bytes:
-        raise GossipReject(f"model of {msg.total_size} bytes exceeds {ctx.max_model_bytes}")
+    _check_weights_size(msg.total_size, ctx, msg.task_id)
     expected = _committed_model_hash(run, msg.round)
     # [IGNORE] the receiver knows the model hash of that round (else it is behind; it cannot check).
     if expected is None:
@@ -880,7 +1066,7 @@ def validate_model_chunk_gossip(msg: ModelChunk, ctx: GossipContext, seen: SeenC
     # [REJECT] model_hash is the committed one.
     if msg.model_hash != expected:
         raise GossipReject("model_hash differs from the committed model hash")
-    seen.add(key)
+    seen.add(key, stream=key[1])
 
 
 # --- validation: syncer topic --------------------------------------------------------------------
@@ -946,17 +1132,15 @@ def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, 
     # [REJECT] the message is a RoundFinalizedMsg.
     if not isinstance(msg, RoundFinalizedMsg):
         raise GossipReject("expected a RoundFinalizedMsg")
-    key = ("finalized", compute_stream_key(msg), msg.seq)
-    # [IGNORE] not seen before.
+    key = compute_chunk_dedup_key("finalized", msg)
+    # [IGNORE] not seen before (the same whole message).
     if key in seen:
         raise GossipIgnore("duplicate round-finalized chunk")
     run = _get_run(ctx, msg.task_id)
     # [REJECT] one aggregate hash per fragment.
     if len(msg.aggregate_hashes) != run.spec.architecture.fragment_count:
         raise GossipReject(f"{len(msg.aggregate_hashes)} aggregate hashes for {run.spec.architecture.fragment_count} fragments")
-    # [REJECT] the weights are not larger than the receiver accepts.
-    if msg.total_size > ctx.max_model_bytes:
-        raise GossipReject(f"weights of {msg.total_size} bytes exceed {ctx.max_model_bytes}")
+    _check_weights_size(msg.total_size, ctx, msg.task_id)
     if msg.round < len(run.records):
         record = run.records[msg.round]
         # [IGNORE] it is about the last finalized round (older ones are stale).
@@ -975,7 +1159,7 @@ def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, 
             raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
     # [REJECT] the syncer signed FinalizeRound{taskId, round}.
     check_signature_cached(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, ctx.chain_id, seen)
-    seen.add(key)
+    seen.add(key, stream=key[1])
 
 
 def validate_run_sealed_gossip(msg: RunSealedMsg, ctx: GossipContext, seen: SeenCache) -> None:

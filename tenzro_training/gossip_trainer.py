@@ -42,7 +42,7 @@ from tenzro_training.gossip import (
     SeenCache,
     SyncerStatus,
     check_signature_cached,
-    compute_stream_key,
+    compute_chunk_dedup_key,
     decode_message,
     get_topic,
 )
@@ -65,11 +65,17 @@ class TrainerGossipView:
     election_seed: bytes
     chain_id: int
     max_payload_bytes: int
+    """The largest payload any fragment admits (``payload.compute_max_payload_bytes``)."""
     max_model_bytes: int
+    """The model's EXACT size: 4 bytes per parameter of the fragments. Weights streams
+    (RoundFinalizedMsg, ModelChunk) of any other size are rejected."""
+    payload_bytes: tuple[int, ...] = ()
+    """Per fragment, the largest payload its layout admits (empty: ``max_payload_bytes`` for all)."""
 
     @classmethod
     def from_run_view(
-        cls, view: Mapping[str, Any], *, chain_id: int, max_payload_bytes: int, max_model_bytes: int
+        cls, view: Mapping[str, Any], *, chain_id: int, max_payload_bytes: int, max_model_bytes: int,
+        payload_bytes: tuple[int, ...] = (),
     ) -> TrainerGossipView:
         """From ``tenzro_training_getRun``'s result (ValueError if it is not one)."""
         try:
@@ -87,6 +93,7 @@ class TrainerGossipView:
                 chain_id=chain_id,
                 max_payload_bytes=max_payload_bytes,
                 max_model_bytes=max_model_bytes,
+                payload_bytes=tuple(payload_bytes),
             )
         except (KeyError, TypeError, AttributeError, ValueError, TenzroError) as exc:
             raise ValueError(f"not a getRun view: {exc!r}") from None
@@ -111,15 +118,15 @@ def validate_gossip_as_trainer(
     elif isinstance(msg, RoundFinalizedMsg):
         _round_finalized(msg, view, seen)
     elif isinstance(msg, ModelChunk):
-        key = ("model-chunk", compute_stream_key(msg), msg.seq)
+        key = compute_chunk_dedup_key("model-chunk", msg)
         _dedup(key, seen)
-        # [REJECT] the weights are not larger than a model the trainer accepts.
-        if msg.total_size > view.max_model_bytes:
-            raise GossipReject(f"model of {msg.total_size} bytes exceeds {view.max_model_bytes}")
-        seen.add(key)  # the hash is checked against the committed one on the whole model
+        _check_model_size(msg.total_size, view)
+        seen.add(key, stream=key[1])  # the hash is checked against the committed one on the whole model
     elif isinstance(msg, ModelRequest):
         key = ("model-request", msg.task_id, msg.requester, msg.round, msg.nonce)
         _dedup(key, seen)
+        # [REJECT] the requester it names signed RequestModel{taskId, requester, round, nonce}.
+        check_signature_cached(msg.signed_message(), msg.signature, msg.requester, view.chain_id, seen)
         # [IGNORE] the requester is one of the run's trainers.
         if msg.requester not in view.trainers:
             raise GossipIgnore(f"0x{msg.requester.hex()} is not a trainer of {msg.task_id} here")
@@ -140,6 +147,12 @@ def validate_gossip_as_trainer(
     return msg
 
 
+def _check_model_size(total_size: int, view: TrainerGossipView) -> None:
+    # [REJECT] the weights are exactly the run's model (4 bytes per parameter of its fragments).
+    if total_size != view.max_model_bytes:
+        raise GossipReject(f"weights of {total_size} bytes, the model has {view.max_model_bytes}")
+
+
 def _dedup(key: tuple[object, ...], seen: SeenCache) -> None:
     # [IGNORE] not seen before.
     if key in seen:
@@ -147,7 +160,7 @@ def _dedup(key: tuple[object, ...], seen: SeenCache) -> None:
 
 
 def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) -> None:
-    key = ("payload", compute_stream_key(msg), msg.seq)
+    key = compute_chunk_dedup_key("payload", msg)
     _dedup(key, seen)
     # [IGNORE] not for a round that had ended when the view was read (a replay of old chunks).
     if msg.round < view.round:
@@ -156,8 +169,9 @@ def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) 
     if msg.fragment >= view.fragment_count:
         raise GossipReject(f"fragment {msg.fragment} >= fragment_count {view.fragment_count}")
     # [REJECT] the payload is not larger than the node accepts.
-    if msg.total_size > view.max_payload_bytes:
-        raise GossipReject(f"payload of {msg.total_size} bytes exceeds {view.max_payload_bytes}")
+    limit = view.payload_bytes[msg.fragment] if msg.fragment < len(view.payload_bytes) else view.max_payload_bytes
+    if msg.total_size > limit:
+        raise GossipReject(f"payload of {msg.total_size} bytes exceeds {limit} (fragment {msg.fragment})")
     # [REJECT] the signature recovers to the trainer it names (checked before membership, so a
     # forged chunk is penalised even when it names a stranger).
     signed = SubmitOuterGradient(msg.task_id, msg.round, msg.fragment, msg.payload_hash)
@@ -165,11 +179,11 @@ def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) 
     # [IGNORE] that trainer is enrolled and unslashed as far as this view knows.
     if msg.trainer not in view.trainers:
         raise GossipIgnore(f"0x{msg.trainer.hex()} is not a trainer of {msg.task_id} here")
-    seen.add(key)
+    seen.add(key, stream=key[1])
 
 
 def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: SeenCache) -> None:
-    key = ("finalized", compute_stream_key(msg), msg.seq)
+    key = compute_chunk_dedup_key("finalized", msg)
     _dedup(key, seen)
     # [IGNORE] not older than the last finalized round as of the view (late joiners use ModelRequest).
     if msg.round + 1 < view.round:
@@ -177,15 +191,13 @@ def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: Seen
     # [REJECT] one aggregate hash per fragment.
     if len(msg.aggregate_hashes) != view.fragment_count:
         raise GossipReject(f"{len(msg.aggregate_hashes)} aggregate hashes for {view.fragment_count} fragments")
-    # [REJECT] the weights are not larger than a model the trainer accepts.
-    if msg.total_size > view.max_model_bytes:
-        raise GossipReject(f"weights of {msg.total_size} bytes exceed {view.max_model_bytes}")
+    _check_model_size(msg.total_size, view)
     # [REJECT] the syncer it names signed FinalizeRound{taskId, round}.
     check_signature_cached(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, view.chain_id, seen)
     # [IGNORE] that syncer is one of the run's ranked candidates.
     if msg.syncer not in view.syncers:
         raise GossipIgnore(f"0x{msg.syncer.hex()} is not a ranked syncer of {msg.task_id} here")
-    seen.add(key)
+    seen.add(key, stream=key[1])
 
 
 def _ticket(msg: ElectionTicketMsg, view: TrainerGossipView, seen: SeenCache) -> None:

@@ -164,7 +164,7 @@ def sample_messages() -> list[g.GossipMessage]:
         SyncerStatus(task_id=TASK, syncer=SYNCERS[0], round=3, status="aggregating", at_ms=123),
         g.compute_round_finalized_chunks(task_id=TASK, round=1, syncer=SYNCERS[0], syncer_signature=b"\x01" * 65,
                                          aggregate_hashes=(h("a"), h("b")), model_hash=h("m"), weights=b"\0" * 8)[0],
-        ModelRequest(task_id=TASK, requester=TRAINERS[0], round=2, nonce=2**64 - 1),
+        g.compute_model_request(task_id=TASK, round=2, nonce=2**64 - 1, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID),
         g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"), weights=b"\1" * 12)[0],
         RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final")),
     ]
@@ -176,7 +176,7 @@ def sample_messages() -> list[g.GossipMessage]:
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda m: type(m).__name__)
 def test_every_message_round_trips_canonically(msg: g.GossipMessage) -> None:
     data = g.encode_message(msg)
-    assert data[0] == msg.KIND and data[1] == g.GOSSIP_VERSION
+    assert data[0] == msg.KIND and data[1] == g.MESSAGE_VERSIONS[msg.KIND]
     assert g.decode_message(data) == msg
     assert g.encode_message(g.decode_message(data)) == data
 
@@ -191,8 +191,11 @@ def test_encoding_is_pinned() -> None:
     # A reference vector: changing the layout must be a deliberate version bump.
     msg = RunSealedMsg(task_id="t", run_root=b"\x01" * 32, final_model_hash=b"\x02" * 32)
     assert g.encode_message(msg) == b"\x07\x01\x00\x01t" + b"\x01" * 32 + b"\x02" * 32
-    req = ModelRequest(task_id="ab", requester=b"\x03" * 20, round=1, nonce=2)
-    assert g.encode_message(req).hex() == "0501" + "0002" + "6162" + "03" * 20 + "%016x" % 1 + "%016x" % 2
+    req = ModelRequest(task_id="ab", requester=b"\x03" * 20, round=1, nonce=2, signature=b"\x04" * 65)
+    assert g.encode_message(req).hex() == "0502" + "0002" + "6162" + "03" * 20 + "%016x" % 1 + "%016x" % 2 + "04" * 65
+    # Version 1 (unsigned) ModelRequests are no longer accepted.
+    with pytest.raises(GossipReject, match="version"):
+        g.decode_message(b"\x05\x01" + g.encode_message(req)[2:-65])
 
 
 def test_full_chunk_fits_the_message_limit() -> None:
@@ -534,7 +537,7 @@ def test_invalid_round_finalized_stale_or_future(training: World) -> None:
 
 
 def test_model_request_rules(training: World) -> None:
-    req = ModelRequest(task_id=TASK, requester=TRAINERS[0], round=0, nonce=7)
+    req = g.compute_model_request(task_id=TASK, round=0, nonce=7, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
     seen = SeenCache()
     g.validate_gossip(TOPIC_TRAINING, g.encode_message(req), training.ctx(), seen)
     with pytest.raises(GossipIgnore, match="duplicate"):
@@ -543,6 +546,17 @@ def test_model_request_rules(training: World) -> None:
         g.validate_model_request_gossip(dataclasses.replace(req, requester=OUTSIDER), training.ctx(), SeenCache())
     with pytest.raises(GossipIgnore):
         g.validate_model_request_gossip(req, World().ctx(), SeenCache())
+
+
+def test_invalid_model_request_spoofing_an_enrolled_trainer_is_rejected(training: World) -> None:
+    # Reviewer repro spoof_request.py: an outsider names trainer 0's public address.
+    spoofed = g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=OUTSIDER_KEY, chain_id=CHAIN_ID)
+    spoofed = dataclasses.replace(spoofed, requester=TRAINERS[0])
+    with pytest.raises(GossipReject, match="bad signature"):
+        g.validate_gossip(TOPIC_TRAINING, g.encode_message(spoofed), training.ctx(), SeenCache())
+    other_nonce = g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
+    with pytest.raises(GossipReject, match="bad signature"):  # a signature lifted onto another nonce
+        g.validate_model_request_gossip(dataclasses.replace(other_nonce, nonce=2), training.ctx(), SeenCache())
 
 
 def test_model_chunk_rules(training: World) -> None:
@@ -626,19 +640,54 @@ def test_invalid_assembler_stream_larger_than_buffer() -> None:
         asm.add(payload_chunks(payload=b"x" * (MAX_CHUNK_BYTES + 1))[0])
 
 
-def test_assembler_bounds_evict_oldest() -> None:
-    asm = ChunkAssembler(max_total_bytes=5 * MAX_CHUNK_BYTES, max_pending=2)
+def test_assembler_refuses_a_new_stream_rather_than_evict_one_in_progress() -> None:
+    dropped: list[object] = []
+    asm = ChunkAssembler(max_total_bytes=5 * MAX_CHUNK_BYTES, max_pending=2, on_drop=dropped.append)
     streams = [payload_chunks(payload=bytes([i]) * (2 * MAX_CHUNK_BYTES), fragment=i % 2) for i in range(3)]
     asm.add(streams[0][0])
     asm.add(streams[1][0])
     assert len(asm) == 2
-    asm.add(streams[2][0])  # max_pending reached: stream 0 is evicted
-    assert len(asm) == 2 and asm.evicted == 1 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
+    assert asm.add(streams[2][0]) is None  # max_pending reached: the NEW stream is refused
+    assert len(asm) == 2 and asm.refused == 1 and asm.evicted == 0 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
+    assert dropped == [g.compute_stream_key(streams[2][0])]  # its dedup entries get forgotten
     assert asm.add(streams[1][1]) == streams[1][0].data + streams[1][1].data
-    big = payload_chunks(payload=b"z" * (4 * MAX_CHUNK_BYTES), trainer_index=1)
-    asm.add(big[0])  # 2 MiB pending + 4 MiB > 5 MiB: stream 2 is evicted for it
-    assert asm.evicted == 2 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
-    assert asm.add(streams[0][1]) is None  # an evicted stream restarts from scratch
+    assert asm.add(streams[0][1]) == streams[0][0].data + streams[0][1].data
+    assert asm.add(streams[2][0]) is None and asm.add(streams[2][1]) == streams[2][0].data + streams[2][1].data
+
+
+def test_assembler_evicts_stale_streams_least_recently_active_first() -> None:
+    dropped: list[object] = []
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=2, stale_after=3, on_drop=dropped.append)
+    idle = payload_chunks(payload=b"i" * (2 * MAX_CHUNK_BYTES))
+    busy = payload_chunks(payload=b"b" * (9 * MAX_CHUNK_BYTES), fragment=1)
+    asm.add(idle[0])
+    for c in busy[:4]:
+        asm.add(c)  # 4 chunks went through since idle's last one: idle is stale
+    new = payload_chunks(payload=b"n" * 10, trainer_index=1)
+    assert asm.add(new[0]) == b"n" * 10
+    assert asm.evicted == 1 and dropped == [g.compute_stream_key(idle[0])]
+    assert [asm.add(c) for c in busy[4:]][-1] == b"b" * (9 * MAX_CHUNK_BYTES)  # never evicted while active
+
+
+def test_assembler_completes_concurrent_streams_without_thrashing() -> None:
+    # Reviewer repro post_validation_loss.py (a), scaled: 8 publishers interleave 4-chunk streams
+    # into a buffer that holds 6 of them. Evicting the oldest completed none of them.
+    asm = ChunkAssembler(max_total_bytes=24 * MAX_CHUNK_BYTES, max_pending=64)
+    streams = [payload_chunks(payload=bytes([t]) * (4 * MAX_CHUNK_BYTES), fragment=t % 2,
+                              round_=t // 2) for t in range(8)]
+    done = sum(asm.add(s[seq]) is not None for seq in range(4) for s in streams)
+    assert done == 6 and asm.evicted == 0 and asm.refused > 0
+
+
+def test_assembler_forged_first_chunks_do_not_push_out_a_genuine_stream() -> None:
+    # Reviewer repro inbox_evict.py: 4 forged seq-0 chunks used to evict the genuine stream.
+    asm = ChunkAssembler(max_total_bytes=4 * 2 * MAX_CHUNK_BYTES, max_pending=4)
+    real = g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm.add(real[0])
+    for i in range(4):
+        asm.add(g.compute_model_chunks(task_id=TASK, round=0, model_hash=h(f"x{i}"),
+                                       weights=os.urandom(2 * MAX_CHUNK_BYTES))[0])
+    assert asm.add(real[1]) == real[0].data + real[1].data
 
 
 def test_assembler_keeps_streams_with_different_headers_apart() -> None:
@@ -648,3 +697,82 @@ def test_assembler_keeps_streams_with_different_headers_apart() -> None:
     assert asm.add(a) == b"q" * 10
     assert asm.add(b) == b"q" * 10  # another stream (other signature), delivered on its own
     assert g.compute_stream_key(a) != g.compute_stream_key(b)
+
+
+# --- forged streams, dedup shadowing, exact sizes (reviewer repros) ----------------------------------
+
+
+def sizes_ctx(w: World, *, model_bytes: int = 64, payload_bytes: tuple[int, ...] = (4096, 4096),
+              **kw: Any) -> GossipContext:
+    sizes = g.StreamSizes(model_bytes=model_bytes, payload_bytes=payload_bytes)
+    return w.ctx(get_sizes=lambda task: sizes if task == TASK else None, **kw)
+
+
+def test_invalid_weights_streams_of_another_size_than_the_model(training: World) -> None:
+    # Reviewer repro node_relays.py: the node relayed RoundFinalized/ModelChunk streams of any size
+    # naming the committed hashes. Now the size must be exactly the model's.
+    chunks = g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=b"\x42" * 8)
+    with pytest.raises(GossipReject, match="the model has 64"):
+        g.validate_model_chunk_gossip(chunks[0], sizes_ctx(training), SeenCache())
+    exact = g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=b"\x42" * 64)
+    g.validate_model_chunk_gossip(exact[0], sizes_ctx(training), SeenCache())
+    with pytest.raises(GossipReject, match="the model has 64"):
+        g.validate_round_finalized_gossip(finalized_chunks(training, weights=b"\x42" * 4096)[0], sizes_ctx(training),
+                                          SeenCache())
+    g.validate_round_finalized_gossip(finalized_chunks(training)[0], sizes_ctx(training), SeenCache())
+    # A receiver that does not know the run's layouts yet cannot size-check: it ignores.
+    unknown = training.ctx(get_sizes=lambda task: None)
+    with pytest.raises(GossipIgnore, match="layouts"):
+        g.validate_model_chunk_gossip(exact[0], unknown, SeenCache())
+
+
+def test_invalid_payload_stream_larger_than_its_fragment_admits(training: World) -> None:
+    # Reviewer repro evict_flood.py: total_size is unsigned; one observed signature gave streams of
+    # any size up to max_payload_bytes. Now the fragment's layout bounds it.
+    real = payload_chunks(0, payload=os.urandom(MAX_CHUNK_BYTES + 10))
+    ctx = sizes_ctx(training, payload_bytes=(MAX_CHUNK_BYTES + 10, 100), max_payload_bytes=64 << 20)
+    g.validate_payload_chunk_gossip(real[0], ctx, SeenCache())
+    forged = dataclasses.replace(real[0], total_size=2 * MAX_CHUNK_BYTES + 1, total_chunks=3)
+    with pytest.raises(GossipReject, match="larger than fragment 0 admits"):
+        g.validate_payload_chunk_gossip(forged, ctx, SeenCache())
+    assert g.compute_stream_sizes(()).model_bytes == 0
+
+
+def test_forged_chunk_body_does_not_shadow_the_genuine_chunk(training: World) -> None:
+    # Reviewer repro shadow_payload.py: a relay copies chunk 1's signed header onto garbage. The
+    # dedup key was (stream, seq): the genuine chunk 1 and every republish were then ignored.
+    seen = SeenCache()
+    asm = ChunkAssembler(max_total_bytes=64 << 20, max_pending=64, on_drop=seen.forget_stream)
+    payload = os.urandom(MAX_CHUNK_BYTES + 100)
+    real = payload_chunks(0, payload=payload)
+    forged1 = dataclasses.replace(real[1], data=b"\xee" * len(real[1].data))
+    ctx = training.ctx(max_payload_bytes=64 << 20)
+
+    def deliver(c: PayloadChunk) -> bytes | None:
+        return asm.add(g.validate_gossip(TOPIC_TRAINING, g.encode_message(c), ctx, seen))  # type: ignore[arg-type]
+
+    assert deliver(real[0]) is None
+    with pytest.raises(GossipReject, match="hash"):
+        deliver(forged1)  # completes the stream with the forged body: the hash check drops it
+    assert deliver(real[1]) is None  # not a duplicate of the forgery: accepted, relayed, buffered
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_gossip(TOPIC_TRAINING, g.encode_message(real[1]), ctx, seen)
+    assert deliver(real[0]) == payload  # the republish of chunk 0 is accepted again: reassembled
+
+
+def test_seen_cache_forgets_a_stream_from_another_thread() -> None:
+    import threading
+
+    seen = SeenCache(max_entries=4)
+    seen.add(("a", 1), stream="s1")
+    seen.add(("b", 1), stream="s1")
+    seen.add(("c", 1), stream="s2")
+    t = threading.Thread(target=seen.forget_stream, args=("s1",))
+    t.start()
+    t.join()
+    assert ("a", 1) not in seen and ("b", 1) not in seen and ("c", 1) in seen
+    for i in range(8):  # overflowing unindexes the oldest keys too
+        seen.add(("d", i), stream="s3")
+    assert len(seen) == 4 and ("c", 1) not in seen
+    seen.forget_stream("s3")
+    assert len(seen) == 0

@@ -3,6 +3,8 @@ getRun renderer from a run driven through the real transitions (tests/test_gossi
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +16,6 @@ from tenzro_training.gossip import (
     TOPIC_SYNCER,
     TOPIC_TRAINING,
     ElectionTicketMsg,
-    ModelRequest,
     RunSealedMsg,
     SeenCache,
     SyncerStatus,
@@ -24,11 +25,11 @@ from tenzro_training.records import Ticket
 from tenzro_training.run_state import compute_run_view
 from tests.test_gossip import (
     CHAIN_ID,
-    OUTSIDER,
     OUTSIDER_KEY,
     SYNCER_KEYS,
     SYNCERS,
     TASK,
+    TRAINER_KEYS,
     TRAINERS,
     VRF_SECRETS,
     World,
@@ -40,7 +41,8 @@ from tests.test_gossip import (
 )
 
 MAX_PAYLOAD = 4096
-MAX_MODEL = 1 << 20
+MAX_MODEL = 64
+"""The model size of the views (finalized_chunks carries 64 bytes of weights)."""
 
 
 def make_view(w: World, **kw: object) -> TrainerGossipView:
@@ -159,8 +161,10 @@ def test_invalid_round_finalized_forged_or_malformed() -> None:
         check(TOPIC_SYNCER, forged[0], view)
     with pytest.raises(GossipReject, match="1 aggregate hashes for 2"):
         check(TOPIC_SYNCER, finalized_chunks(w, aggregate_hashes=(h("x"),))[0], view)
-    with pytest.raises(GossipReject, match="exceed"):
+    with pytest.raises(GossipReject, match="the model has 64"):
         check(TOPIC_SYNCER, finalized_chunks(w, weights=b"\0" * (MAX_MODEL + 8))[0], view)
+    with pytest.raises(GossipReject, match="the model has 64"):  # shorter weights too
+        check(TOPIC_SYNCER, finalized_chunks(w, weights=b"\0" * 8)[0], view)
     stranger = finalized_chunks(w, syncer_key=OUTSIDER_KEY)  # signed by itself, but not ranked
     with pytest.raises(GossipIgnore, match="not a ranked syncer"):
         check(TOPIC_SYNCER, stranger[0], view)
@@ -181,9 +185,16 @@ def test_tickets_need_a_proof_over_the_run_seed(view: TrainerGossipView) -> None
 
 
 def test_model_request_status_and_sealed_rules(view: TrainerGossipView) -> None:
-    check(TOPIC_TRAINING, ModelRequest(task_id=TASK, requester=TRAINERS[0], round=0, nonce=1), view)
+    check(TOPIC_TRAINING, g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=TRAINER_KEYS[0],
+                                                 chain_id=CHAIN_ID), view)
     with pytest.raises(GossipIgnore, match="not a trainer"):
-        check(TOPIC_TRAINING, ModelRequest(task_id=TASK, requester=OUTSIDER, round=0, nonce=1), view)
+        check(TOPIC_TRAINING, g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=OUTSIDER_KEY,
+                                                     chain_id=CHAIN_ID), view)
+    spoofed = dataclasses.replace(
+        g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=OUTSIDER_KEY, chain_id=CHAIN_ID),
+        requester=TRAINERS[0])
+    with pytest.raises(GossipReject, match="bad signature"):
+        check(TOPIC_TRAINING, spoofed, view)
     check(TOPIC_SYNCER, SyncerStatus(task_id=TASK, syncer=SYNCERS[0], round=0, status="aggregating", at_ms=5), view)
     with pytest.raises(GossipIgnore, match="not a ranked syncer"):
         check(TOPIC_SYNCER, SyncerStatus(task_id=TASK, syncer=addr(SYNCER_KEYS[0])[::-1], round=0,
@@ -193,9 +204,16 @@ def test_model_request_status_and_sealed_rules(view: TrainerGossipView) -> None:
     check(TOPIC_SYNCER, sealed, view, seen)
     with pytest.raises(GossipIgnore, match="duplicate"):
         check(TOPIC_SYNCER, sealed, view, seen)
-    with pytest.raises(GossipReject, match="exceeds"):
+    with pytest.raises(GossipReject, match="the model has 64"):
         check(TOPIC_TRAINING, g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"),
                                                       weights=b"\1" * (MAX_MODEL + 4))[0], view)
+    # Reviewer repro node_relays.py / forged_model.py: an unsigned ModelChunk naming the
+    # committed hash with weights of another size is stopped at the first relay.
+    with pytest.raises(GossipReject, match="the model has 64"):
+        check(TOPIC_TRAINING, g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"),
+                                                      weights=b"\1" * 8)[0], view)
+    check(TOPIC_TRAINING, g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"),
+                                                  weights=b"\1" * MAX_MODEL)[0], view)
 
 
 _ENCODED = [g.encode_message(m) for m in sample_messages()]

@@ -12,7 +12,16 @@ node service. It
   (until then the node answers ``PayloadUnavailable`` and the trainer retries);
 - forwards remote ``ElectionTicketMsg`` to ``NodeService.submit_ticket`` (the service verifies
   the VRF proof and the candidate before the ticket counts);
-- answers ``ModelRequest`` with ``ModelChunk`` messages carrying the current global model;
+- answers signed ``ModelRequest`` (version 2) with ``ModelChunk`` messages carrying the current
+  global model, from a task of its own (never inline in the training-topic drain), at most one
+  answer per requester per ``MODEL_REQUEST_INTERVAL_S`` and one broadcast per model per
+  ``MODEL_ANSWER_INTERVAL_S``;
+- sizes its payload reassembly buffer from the runs it serves (trainer_count x the largest
+  payload a fragment admits, summed over runs in training, at most ``max_assembly_bytes``), and
+  gives the validators each run's exact stream sizes (``gossip.StreamSizes``);
+- forgets the dedup entries of a payload stream that failed reassembly or was dropped for room
+  (``SeenCache.forget_stream``, applied on the libp2p thread), so a trainer's republish is
+  accepted; counts and logs (warning) evictions and hash mismatches;
 - after the service's events, publishes ``RoundFinalizedMsg`` (the new fragment weights, chunked,
   with the syncer's FinalizeRound signature) and ``RunSealedMsg``.
 
@@ -45,6 +54,13 @@ log = logging.getLogger("tenzro.node.gossip")
 MODEL_ANSWER_INTERVAL_S: Final = 1.0
 """One ModelChunk answer per (task, model) per interval: many late trainers asking at once get
 the same broadcast, not one copy each."""
+MODEL_REQUEST_INTERVAL_S: Final = 5.0
+"""At most one answered ModelRequest per (task, requester) per interval (a trainer re-asks every
+2 s while it waits: the broadcast it triggered is still under way)."""
+MAX_QUEUED_REQUESTS: Final = 64
+"""ModelRequests waiting for the answering task; more are dropped (counted)."""
+MAX_ASSEMBLY_BYTES: Final = 1 << 30
+"""Default cap of the payload reassembly buffer (the bridge's ``max_assembly_bytes``)."""
 
 
 def compute_weights_bytes(fragments: Sequence[torch.Tensor]) -> bytes:
@@ -71,6 +87,7 @@ class GossipBridge:
         get_candidate: Callable[[bytes], Any],
         max_payload_bytes: int,
         clock_ms: Callable[[], int] | None = None,
+        max_assembly_bytes: int = MAX_ASSEMBLY_BYTES,
     ) -> None:
         self._service = service
         self._host = host
@@ -80,14 +97,85 @@ class GossipBridge:
         self._max_payload_bytes = max_payload_bytes
         self._clock = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._seen = g.SeenCache()
-        # Room for every trainer's payloads of a round in flight at once (64 streams).
-        self._payloads = g.ChunkAssembler(max_total_bytes=4 * max_payload_bytes, max_pending=64)
+        self._max_assembly_bytes = max_assembly_bytes
+        # Until runs are known: room for 4 of the largest payloads (resized by _resize_payloads).
+        self._payloads = g.ChunkAssembler(max_total_bytes=min(max_assembly_bytes, 4 * max_payload_bytes),
+                                          max_pending=64, on_drop=self._seen.forget_stream)
+        # task_id -> (stream sizes, trainer_count): written on the asyncio thread, read (one dict
+        # lookup) by the validators on the libp2p thread.
+        self._sizes: dict[str, tuple[g.StreamSizes, int]] = {}
+        self._loading: set[str] = set()
         self._events: asyncio.Queue[RunEvent] | None = None
+        self._requests: asyncio.Queue[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._answered: dict[tuple[str, bytes], float] = {}
+        self._asked: dict[tuple[str, bytes], float] = {}
         self.counters = {"payloads_stored": 0, "payloads_refused": 0, "tickets": 0, "model_answers": 0,
-                         "finalized_published": 0}
+                         "finalized_published": 0, "model_requests_limited": 0}
+
+    def stream_stats(self) -> dict[str, int]:
+        """The payload assembler's fates (metrics): completed, evicted (stale), refused (no room),
+        hash_mismatch; and its current bound in bytes."""
+        a = self._payloads
+        return {"completed": a.completed, "evicted": a.evicted, "refused": a.refused,
+                "hash_mismatch": a.hash_mismatches, "buffer_bytes": a.max_total_bytes}
+
+    # --- run sizes ---
+
+    def _get_sizes(self, task_id: str) -> g.StreamSizes | None:
+        """The validators' ``GossipContext.get_sizes`` (libp2p thread): a dict read; an unknown run
+        is loaded in the background (its chunks are ignored until then)."""
+        got = self._sizes.get(task_id)
+        if got is not None:
+            return got[0]
+        if self._loop is not None and task_id not in self._loading:
+            self._loop.call_soon_threadsafe(self._load_sizes_soon, task_id)
+        return None
+
+    def _read_sizes(self, task_id: str) -> tuple[g.StreamSizes, int] | None:
+        """Runs on the service thread: the run's stream sizes from its fragment layouts."""
+        from tenzro_training.cli import CliError, compute_layouts_from_view
+
+        try:
+            view = self._service.get_run(task_id)
+            return g.compute_stream_sizes(compute_layouts_from_view(view)), int(view["trainer_count"])
+        except (TenzroError, CliError, KeyError, TypeError, ValueError) as exc:
+            log.debug("no stream sizes for %s: %s", task_id, exc)
+            return None
+
+    def _load_sizes_soon(self, task_id: str) -> None:
+        if task_id in self._loading or task_id in self._sizes:
+            return
+        self._loading.add(task_id)
+
+        async def load() -> None:
+            try:
+                got = await self._call(lambda: self._read_sizes(task_id))
+                if got is not None:
+                    self._set_sizes(task_id, got)
+            finally:
+                self._loading.discard(task_id)
+
+        self._tasks.append(asyncio.create_task(load(), name=f"gossip-sizes-{task_id}"))
+
+    def _set_sizes(self, task_id: str, got: tuple[g.StreamSizes, int]) -> None:
+        self._sizes[task_id] = got
+        self._resize_payloads()
+
+    def _resize_payloads(self) -> None:
+        """Room for every trainer of every run in training to stream its largest payload at once:
+        sum of trainer_count x the largest payload a fragment admits, at least 4 payloads of
+        ``max_payload_bytes``, at most ``max_assembly_bytes``."""
+        needed, trainers = 0, 0
+        for task_id, (sizes, count) in self._sizes.items():
+            run = self._service.get_run_state(task_id)
+            if run is None or run.status.value not in ("Enrolling", "Training"):
+                continue
+            needed += count * max(sizes.payload_bytes, default=0)
+            trainers += count
+        budget = min(self._max_assembly_bytes, max(needed, 4 * self._max_payload_bytes))
+        self._payloads.resize(budget, max(64, 2 * trainers))
 
     # --- validation (called by the host on its libp2p thread, before relay) ---
 
@@ -97,7 +185,7 @@ class GossipBridge:
             # the libp2p thread. The rules themselves are gossip.validate_gossip's.
             ctx = g.GossipContext(
                 get_run=self._service.get_run_state, get_candidate=self._get_candidate, chain_id=self._chain_id,
-                now_ms=self._clock(), max_payload_bytes=self._max_payload_bytes,
+                now_ms=self._clock(), max_payload_bytes=self._max_payload_bytes, get_sizes=self._get_sizes,
             )
             g.validate_gossip(topic, data, ctx, self._seen)
 
@@ -108,6 +196,16 @@ class GossipBridge:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._events = asyncio.Queue()
+        self._requests = asyncio.Queue(MAX_QUEUED_REQUESTS)
+
+        def read_all() -> dict[str, tuple[g.StreamSizes, int]]:
+            ids = self._service.list_runs(None, 0, 1 << 30)["runs"]
+            return {r["task_id"]: got for r in ids
+                    if r["status"] in ("Posted", "Electing", "Enrolling", "Training")
+                    and (got := self._read_sizes(r["task_id"])) is not None}
+
+        for task_id, got in (await self._call(read_all)).items():
+            self._set_sizes(task_id, got)
         for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
             self._host.set_validator(topic, self._validator(topic))
         training = await self._host.subscribe(g.TOPIC_TRAINING)
@@ -116,6 +214,7 @@ class GossipBridge:
             asyncio.create_task(self._drain(training), name="gossip-training"),
             asyncio.create_task(self._drain(syncer), name="gossip-syncer"),
             asyncio.create_task(self._publish_events(), name="gossip-events"),
+            asyncio.create_task(self._answer_requests(), name="gossip-model-answers"),
         ]
 
     async def stop(self) -> None:
@@ -129,10 +228,20 @@ class GossipBridge:
         self._tasks = []
 
     def on_event(self, event: RunEvent) -> None:
-        """``NodeService.on_event`` listener (runs on the service thread): queue for publishing."""
-        if self._loop is None or self._events is None or not isinstance(event, (RoundFinalized, RunSealed)):
+        """``NodeService.on_event`` listener (runs on the service thread): queue for publishing;
+        learn a new run's stream sizes before its first chunk arrives."""
+        if self._loop is None or self._events is None:
             return
-        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        task_id = getattr(event, "task_id", None)
+        if isinstance(task_id, str):
+            if task_id not in self._sizes:
+                got = self._read_sizes(task_id)  # on the service thread: safe to read the service
+                if got is not None:
+                    self._loop.call_soon_threadsafe(self._set_sizes, task_id, got)
+            else:  # a status change may start or end a run's share of the buffer
+                self._loop.call_soon_threadsafe(self._resize_payloads)
+        if isinstance(event, (RoundFinalized, RunSealed)):
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
     # --- inbound ---
 
@@ -157,7 +266,18 @@ class GossipBridge:
             await self._on_model_request(msg)
 
     async def _on_payload_chunk(self, chunk: Any) -> None:
-        payload = self._payloads.add(chunk)
+        a = self._payloads
+        evicted, refused = a.evicted, a.refused
+        try:
+            payload = a.add(chunk)
+        except GossipReject as exc:
+            self.counters["payloads_refused"] += 1
+            log.warning("payload %s of %s round %d fragment %d dropped at reassembly: %s (a republish is accepted)",
+                        _hex(chunk.payload_hash), chunk.task_id, chunk.round, chunk.fragment, exc)
+            return
+        if a.evicted != evicted or a.refused != refused:
+            log.warning("payload reassembly buffer full (%d of %d bytes, %d streams): %d stale streams evicted, "
+                        "%d new refused so far", a.pending_bytes, a.max_total_bytes, len(a), a.evicted, a.refused)
         if payload is None:
             return
         try:
@@ -179,6 +299,35 @@ class GossipBridge:
         self.counters["tickets"] += 1
 
     async def _on_model_request(self, msg: Any) -> None:
+        """Queue a (signed, validated) request for the answering task; never answer inline: the
+        drain must keep reading the training topic while a model is being sent."""
+        assert self._requests is not None
+        key = (msg.task_id, msg.requester)
+        now = time.monotonic()
+        if now - self._asked.get(key, -1e9) < MODEL_REQUEST_INTERVAL_S:
+            self.counters["model_requests_limited"] += 1
+            return
+        try:
+            self._requests.put_nowait(msg)
+        except asyncio.QueueFull:
+            self.counters["model_requests_limited"] += 1
+            return
+        self._asked[key] = now
+        if len(self._asked) > 4096:  # forget requesters not heard from for a while
+            self._asked = {k: t for k, t in self._asked.items() if now - t < MODEL_REQUEST_INTERVAL_S}
+
+    async def _answer_requests(self) -> None:
+        assert self._requests is not None
+        while True:
+            msg = await self._requests.get()
+            try:
+                await self._answer_model_request(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("answering a ModelRequest failed")
+
+    async def _answer_model_request(self, msg: Any) -> None:
         try:
             round_, model_hash, weights = await self._call(lambda: self._service.get_global_weights(msg.task_id))
         except TenzroError as exc:
@@ -189,6 +338,8 @@ class GossipBridge:
         if now - self._answered.get(key, -1e9) < MODEL_ANSWER_INTERVAL_S:
             return  # just broadcast: the requester receives that copy
         self._answered[key] = now
+        if len(self._answered) > 1024:
+            self._answered = {k: t for k, t in self._answered.items() if now - t < MODEL_ANSWER_INTERVAL_S}
         data = compute_weights_bytes(weights)
         for chunk in g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data):
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))

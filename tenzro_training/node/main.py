@@ -163,15 +163,25 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     key_path = Path(p2p.get("key") or data_dir / "p2p-key")
     host = P2PHost(P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ())))
     try:
-        await host.start()
-    except (TenzroError, OSError) as exc:
-        raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p['listen'])}: {exc}") from None
-    loop = asyncio.get_running_loop()
-    bridge = GossipBridge(
-        service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id,
-        get_candidate=config.get_candidate, max_payload_bytes=config.max_payload_bytes,
-    )
-    await bridge.start()
+        try:
+            await host.start()
+        except (TenzroError, OSError) as exc:
+            raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p['listen'])}: {exc}") from None
+        loop = asyncio.get_running_loop()
+        bridge = GossipBridge(
+            service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id,
+            get_candidate=config.get_candidate, max_payload_bytes=config.max_payload_bytes,
+        )
+        try:
+            await bridge.start()
+        except BaseException:
+            await bridge.stop()
+            raise
+    except BaseException:
+        # run_node only stops what _start_p2p returned: a failed (or cancelled) start closes the
+        # host here, else its trio thread and listening socket outlive the node's startup error.
+        await host.stop()
+        raise
     return host, bridge
 
 

@@ -112,8 +112,28 @@ def register_gossip_metrics(registry: Registry, host: Any, bridge: Any) -> None:
         "tenzro_gossip_peers", "Peers with an open pubsub stream.", lambda: {(): len(host.connected_peers())},
     )
     registry.counter_callback(
+        "tenzro_gossip_streams_total",
+        "Payload streams at the node's reassembly buffer by fate: completed, evicted (stale, for room), "
+        "refused (new stream, no room), hash_mismatch (bytes did not hash to the signed payload hash). "
+        "evicted/refused/hash_mismatch streams are accepted again when republished.",
+        lambda: {(fate,): n for fate, n in bridge.stream_stats().items() if fate != "buffer_bytes"}, ("fate",),
+    )
+    registry.gauge_callback(
+        "tenzro_gossip_assembly_buffer_bytes",
+        "Current bound of the payload reassembly buffer (trainer_count x largest payload, summed over runs in "
+        "training, capped by max_assembly_bytes).",
+        lambda: {(): bridge.stream_stats()["buffer_bytes"]},
+    )
+    registry.counter_callback(
+        "tenzro_gossip_stalled_peers_total",
+        "Times a peer's outbound queue stayed full past publish_timeout_s: it is no longer waited for.",
+        lambda: {(): host.stats().get("stalled_peers", 0)},
+    )
+    registry.counter_callback(
         "tenzro_gossip_bridge_total",
-        "Gossip bridge work: payloads_stored/payloads_refused (reassembled outer gradients), tickets, "
-        "model_answers (ModelRequest answers), finalized_published (RoundFinalized notices).",
+        "Gossip bridge work: payloads_stored/payloads_refused (reassembled outer gradients; refused also "
+        "counts streams whose bytes failed the hash check), tickets, model_answers (ModelRequest answers), "
+        "model_requests_limited (requests dropped by the per-requester limit), finalized_published "
+        "(RoundFinalized notices).",
         lambda: {(name,): n for name, n in dict(bridge.counters).items()}, ("what",),
     )

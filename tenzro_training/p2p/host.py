@@ -153,6 +153,7 @@ class _Counters:
     dropped_outbound: int = 0  # trio
     dropped_inbox: int = 0  # asyncio
     reconnects: int = 0  # trio: bootstrap peers connected again after being lost or unreachable
+    stalled_peers: int = 0  # trio: peers whose queue stayed full past publish_timeout_s
 
 
 class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
@@ -261,6 +262,10 @@ class P2PHost:
         self._publish_lock: trio.Lock | None = None
         self._my_id: bytes = b""
         self._unreachable: set[str] = set()  # bootstrap addrs without a stream (trio thread writes)
+        # Backpressure bookkeeping (trio thread only): when each peer's queue was first seen full,
+        # and the peers that stayed full past publish_timeout_s and are no longer waited for.
+        self._full_since: dict[Any, float] = {}
+        self._stalled: set[Any] = set()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -503,10 +508,41 @@ class P2PHost:
         assert pubsub is not None and self._publish_lock is not None
         # One publish at a time keeps publish order and makes the backpressure check meaningful.
         async with self._publish_lock:
-            with trio.move_on_after(self.config.publish_timeout_s):
-                while any(len(q) >= _HIGH_WATER for q in pubsub.peer_queues.values()):
-                    await trio.sleep(_POLL_S)
+            deadline = trio.current_time() + self.config.publish_timeout_s
+            while self._full_peers(pubsub) and trio.current_time() < deadline:
+                await trio.sleep(_POLL_S)
             await pubsub.publish(topic, data)
+
+    def _full_peers(self, pubsub: Any) -> list[Any]:
+        """Peers whose outbound queue is at the high-water mark and that are still waited for.
+
+        A peer that stays full for ``publish_timeout_s`` (it stopped reading: SIGSTOP, a dead link
+        with the socket open, a malicious peer) is marked stalled and no longer waited for, so it
+        delays publishing once instead of every later publish; its queue overflows (counted as
+        dropped_outbound) until it reads again. It is waited for again once its queue is below
+        half the mark (or it is gone)."""
+        now = trio.current_time()
+        queues = pubsub.peer_queues
+        for peer in list(self._full_since):
+            q = queues.get(peer)
+            if q is None or len(q) < _HIGH_WATER // 2:
+                self._full_since.pop(peer, None)
+                if peer in self._stalled:
+                    self._stalled.discard(peer)
+                    log.info("peer %s reads again; publishes wait for it again", peer)
+        full = []
+        for peer, q in queues.items():
+            if len(q) < _HIGH_WATER or peer in self._stalled:
+                continue
+            since = self._full_since.setdefault(peer, now)
+            if now - since >= self.config.publish_timeout_s:
+                self._stalled.add(peer)
+                self._counters.stalled_peers += 1
+                log.warning("peer %s stopped reading (outbound queue full for %.1f s): not waited for until it "
+                            "drains", peer, now - since)
+                continue
+            full.append(peer)
+        return full
 
     async def connect(self, addr: str) -> None:
         """Dial a full multiaddr (``.../p2p/<peer id>``) and wait for the pubsub stream."""
@@ -584,8 +620,9 @@ class P2PHost:
 
     def stats(self) -> dict[str, int]:
         """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts,
-        reconnects (bootstrap peers connected again after being lost or unreachable) and
-        bootstrap_unreachable (bootstrap peers without a stream at the last check)."""
+        reconnects (bootstrap peers connected again after being lost or unreachable),
+        bootstrap_unreachable (bootstrap peers without a stream at the last check) and
+        stalled_peers (times a peer's queue stayed full past publish_timeout_s)."""
         c = self._counters
         return {
             "published": c.published,
@@ -597,4 +634,5 @@ class P2PHost:
             "dropped_inbox": c.dropped_inbox,
             "reconnects": c.reconnects,
             "bootstrap_unreachable": len(self._unreachable),
+            "stalled_peers": c.stalled_peers,
         }

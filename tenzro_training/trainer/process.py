@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from tenzro_training import auth
-from tenzro_training.errors import TenzroError
+from tenzro_training.errors import GossipReject, TenzroError
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
 from tenzro_training.gossip import SeenCache
@@ -160,19 +160,59 @@ def _unhex(text: str) -> bytes:
 
 
 class _Inbox:
-    """Drains the trainer's subscriptions continuously and keeps what the main loop waits for:
-    reassembled RoundFinalized weights per round, ModelChunk answers per (round, model hash), and
-    the RunSealed message. Everything here was already validated by the host's topic validator."""
+    """Drains the trainer's subscriptions continuously and keeps ONLY what the main loop awaits:
+    candidate weights of the RoundFinalized of the round it trains (``expect_finalized``),
+    candidate answers to its ModelRequest (``expect_model``) and the RunSealed message.
+    Everything here passed the host's topic validator (right size, signed notice), yet a
+    RoundFinalized signature does not cover the weights and a ModelChunk is not signed at all, so
+    anyone can send a stream naming the awaited (round, model_hash) with other bytes:
 
-    def __init__(self, task_id: str, gossip: Any, model_bytes: int) -> None:
+    - a ModelChunk is reassembled only for the (round, model_hash) awaited, a RoundFinalized only
+      for the awaited round: nothing else occupies the buffer or grows memory;
+    - candidates are kept per ``data_hash`` (a forged stream never hides the genuine one) and
+      checked by ``verify(data, model_hash)`` as soon as they complete: the weights must decode
+      to the model's layout and hash to the model hash the message names. A candidate that fails
+      is dropped and counted (``counters["forged"]``); the trainer keeps waiting or asks again;
+    - a stream dropped by the assembler (hash mismatch, eviction) is forgotten in the validators'
+      dedup cache ``seen``, so the genuine republish is accepted and relayed;
+    - what was used is pruned (``expect_*(None)``): memory is one model per awaited candidate.
+    """
+
+    MAX_CANDIDATES = 4
+    """Verified candidates held per awaited key (distinct notices a ranked candidate could sign)."""
+
+    def __init__(self, task_id: str, gossip: Any, model_bytes: int, *,
+                 verify: Callable[[bytes, bytes], Any] | None = None, seen: Any = None) -> None:
         self._task_id = task_id
         self._g = gossip
-        self.finalized: dict[int, tuple[Any, bytes]] = {}
-        self.models: dict[tuple[int, bytes], bytes] = {}
+        self._model_bytes = model_bytes
+        self._verify = verify
+        self.await_round: int | None = None
+        self.await_model: tuple[int, bytes] | None = None
+        self.finalized: dict[bytes, tuple[Any, Any]] = {}
+        """Candidates for ``await_round``: data_hash -> (first chunk, weights)."""
+        self.models: dict[bytes, Any] = {}
+        """Candidates for ``await_model``: data_hash -> weights."""
         self.sealed: Any = None
+        self.counters = {"forged": 0, "unexpected": 0}
         # Weights streams only (RoundFinalized, ModelChunk): a few at once, each exactly model-sized.
-        self._assembler = gossip.ChunkAssembler(max_total_bytes=4 * model_bytes, max_pending=4)
+        self._assembler = gossip.ChunkAssembler(
+            max_total_bytes=4 * model_bytes, max_pending=4,
+            on_drop=None if seen is None else seen.forget_stream,
+        )
         self.changed = asyncio.Event()
+
+    def expect_finalized(self, round_: int | None) -> None:
+        """Await RoundFinalized(round_) from now on (None: none); other rounds' candidates go."""
+        if round_ != self.await_round:
+            self.finalized.clear()
+        self.await_round = round_
+
+    def expect_model(self, key: tuple[int, bytes] | None) -> None:
+        """Await ModelChunk answers for ``(round, model_hash)`` (None: none); others' go."""
+        if key != self.await_model:
+            self.models.clear()
+        self.await_model = key
 
     async def drain(self, queue: asyncio.Queue[Any]) -> None:
         while True:
@@ -182,33 +222,60 @@ class _Inbox:
             except TenzroError as exc:
                 log.debug("dropped a gossip message: %s", exc)
 
+    def _check(self, data: bytes, model_hash: bytes, what: str) -> Any:
+        weights = data if self._verify is None else self._verify(data, model_hash)
+        if weights is None:
+            self.counters["forged"] += 1
+            log.warning("dropped a %s stream whose weights do not hash to 0x%s (%d such so far)",
+                        what, model_hash.hex(), self.counters["forged"])
+        return weights
+
+    def _add(self, msg: Any) -> bytes | None:
+        try:
+            return self._assembler.add(msg)
+        except GossipReject:
+            self.counters["forged"] += 1
+            log.warning("dropped a %s stream whose bytes do not match its data hash", type(msg).__name__)
+            return None
+
     def _on_message(self, data: bytes) -> None:
         g = self._g
         msg = g.decode_message(data)
         if getattr(msg, "task_id", None) != self._task_id:
             return
+        if isinstance(msg, (g.RoundFinalizedMsg, g.ModelChunk)) and msg.total_size != self._model_bytes:
+            self.counters["unexpected"] += 1
+            return
         if isinstance(msg, g.RoundFinalizedMsg):
-            if msg.round in self.finalized:
+            if msg.round != self.await_round or msg.data_hash in self.finalized \
+                    or len(self.finalized) >= self.MAX_CANDIDATES:
+                self.counters["unexpected"] += 1
                 return
-            whole = self._assembler.add(msg)
-            if whole is not None:
-                self.finalized[msg.round] = (msg, whole)
-                self.changed.set()
+            whole = self._add(msg)
+            if whole is not None and msg.round == self.await_round:
+                weights = self._check(whole, msg.model_hash, "RoundFinalized")
+                if weights is not None:
+                    self.finalized[msg.data_hash] = (msg, weights)
+                    self.changed.set()
         elif isinstance(msg, g.ModelChunk):
-            if (msg.round, msg.model_hash) in self.models:
+            if (msg.round, msg.model_hash) != self.await_model or msg.data_hash in self.models \
+                    or len(self.models) >= self.MAX_CANDIDATES:
+                self.counters["unexpected"] += 1
                 return
-            whole = self._assembler.add(msg)
+            whole = self._add(msg)
             if whole is not None:
-                self.models[(msg.round, msg.model_hash)] = whole
-                self.changed.set()
+                weights = self._check(whole, msg.model_hash, "ModelChunk")
+                if weights is not None:
+                    self.models[msg.data_hash] = weights
+                    self.changed.set()
         elif isinstance(msg, g.RunSealedMsg):
             self.sealed = msg
             self.changed.set()
 
-    def discard_finalized(self, round_: int) -> None:
-        """Forget a RoundFinalized that turned out not to match the round record, so another
-        (the real syncer's) can be reassembled for that round."""
-        self.finalized.pop(round_, None)
+    def discard_finalized(self, data_hash: bytes) -> None:
+        """Forget a RoundFinalized candidate that turned out not to match the round record, so
+        another (the real syncer's) can be reassembled for that round."""
+        self.finalized.pop(data_hash, None)
 
     async def wait(self, timeout: float) -> None:
         self.changed.clear()
@@ -247,7 +314,8 @@ class _Trainer:
             max_payload, max_model = self.gossip_limits
             try:
                 self.gossip_view = TrainerGossipView.from_run_view(
-                    view, chain_id=self.cfg.chain_id, max_payload_bytes=max_payload, max_model_bytes=max_model
+                    view, chain_id=self.cfg.chain_id, max_payload_bytes=max_payload, max_model_bytes=max_model,
+                    payload_bytes=getattr(self, "payload_limits", ()),
                 )
             except ValueError as exc:
                 raise TrainerProcessError(f"the node's getRun answer is malformed: {exc}") from None
@@ -311,8 +379,19 @@ class _Trainer:
 
     # --- the model ---
 
-    def accept_weights(self, data: bytes, expected_hash: bytes, what: str) -> None:
-        weights = decode_fragment_weights(data, self.layouts)
+    def verify_weights(self, data: bytes, model_hash: bytes) -> list[torch.Tensor] | None:
+        """The fragment weights in ``data`` if they fit the layouts and hash to ``model_hash``,
+        else None (the inbox drops such a candidate stream)."""
+        try:
+            weights = decode_fragment_weights(data, self.layouts)
+        except TrainerProcessError:
+            return None
+        return weights if compute_state_model_hash(self.model, weights) == model_hash else None
+
+    def accept_weights(self, data: bytes | list[torch.Tensor], expected_hash: bytes, what: str) -> None:
+        """Hold ``data`` (raw or decoded weights) as the model; TrainerProcessError unless they
+        hash to ``expected_hash`` (callers drop that candidate and keep waiting)."""
+        weights = decode_fragment_weights(data, self.layouts) if isinstance(data, (bytes, bytearray)) else data
         got = compute_state_model_hash(self.model, weights)
         if got != expected_hash:
             raise TrainerProcessError(f"{what}: the weights hash to {_hex(got)}, the run committed {_hex(expected_hash)}")
@@ -324,20 +403,30 @@ class _Trainer:
         r, want = int(view["round"]), _unhex(view["model_hash"])
         deadline = time.monotonic() + self.cfg.model_timeout_s
         next_ask = 0.0
-        while not stop.is_set():
-            data = self.inbox.models.get((r, want))
-            if data is not None:
-                self.accept_weights(data, want, f"ModelRequest answer for round {r}")
-                self.say(f"model round {r} hash {_hex(want)} from ModelRequest verified")
-                return
-            now = time.monotonic()
-            if now > deadline:
-                raise TrainerProcessError(f"no verified model for round {r} within {self.cfg.model_timeout_s:g}s")
-            if now >= next_ask:
-                req = g.ModelRequest(task_id=self.cfg.task_id, requester=self.addr_bytes, round=r, nonce=secrets.randbits(63))
-                await self.host.publish(g.get_topic(req), g.encode_message(req))
-                next_ask = now + 2.0
-            await self.inbox.wait(0.2)
+        self.inbox.expect_model((r, want))
+        try:
+            while not stop.is_set():
+                for data_hash, data in list(self.inbox.models.items()):
+                    try:
+                        self.accept_weights(data, want, f"ModelRequest answer for round {r}")
+                    except TrainerProcessError as exc:  # a forged answer: drop it, keep waiting
+                        self.inbox.models.pop(data_hash, None)
+                        self.inbox.counters["forged"] += 1
+                        log.warning("dropped a ModelRequest answer: %s", exc)
+                        continue
+                    self.say(f"model round {r} hash {_hex(want)} from ModelRequest verified")
+                    return
+                now = time.monotonic()
+                if now > deadline:
+                    raise TrainerProcessError(f"no verified model for round {r} within {self.cfg.model_timeout_s:g}s")
+                if now >= next_ask:
+                    req = g.compute_model_request(task_id=self.cfg.task_id, round=r, nonce=secrets.randbits(63),
+                                                  private_key=self.cfg.private_key, chain_id=self.cfg.chain_id)
+                    await self.host.publish(g.get_topic(req), g.encode_message(req))
+                    next_ask = now + 2.0
+                await self.inbox.wait(0.2)
+        finally:
+            self.inbox.expect_model(None)  # prune: nothing else is awaited
 
     # --- one round ---
 
@@ -404,10 +493,9 @@ class _Trainer:
         deadline = time.monotonic() + self.cfg.model_timeout_s
         last_poll = 0.0
         view: dict[str, Any] | None = None
+        self.inbox.expect_finalized(round_)
         while not stop.is_set():
-            got = self.inbox.finalized.get(round_)
-            if got is not None:
-                msg, data = got
+            if self.inbox.finalized:
                 view = await self.get_run()
                 records = view["round_records"]
                 # Until the node has a record of the round the notice cannot be checked: it is held
@@ -415,16 +503,24 @@ class _Trainer:
                 if len(records) > round_:
                     committed = _unhex(records[round_]["model_hash"])
                     syncer = _unhex(records[round_]["syncer"])
-                    problem = find_round_finalized_mismatch(msg, syncer, committed, self.cfg.chain_id)
-                    if problem is None:
-                        self.accept_weights(data, committed, f"RoundFinalized round {round_}")
-                        self.say(f"round {round_} finalized model {_hex(committed)} verified")
-                        return view
-                    # A ranked candidate that is not this round's syncer can sign a well-formed
-                    # notice the topic validator passes. Never crash on it: drop it and fetch the
-                    # committed model (the real notice may have been skipped while it was held).
-                    log.warning("discarded a RoundFinalized for round %d: %s", round_, problem)
-                    self.inbox.discard_finalized(round_)
+                    for data_hash, (msg, data) in list(self.inbox.finalized.items()):
+                        problem = find_round_finalized_mismatch(msg, syncer, committed, self.cfg.chain_id)
+                        if problem is None:
+                            try:
+                                self.accept_weights(data, committed, f"RoundFinalized round {round_}")
+                            except TrainerProcessError as exc:
+                                problem = str(exc)
+                        if problem is None:
+                            self.inbox.expect_finalized(None)  # prune: used
+                            self.say(f"round {round_} finalized model {_hex(committed)} verified")
+                            return view
+                        # A ranked candidate that is not this round's syncer can sign a well-formed
+                        # notice the topic validator passes. Never crash on it: drop it.
+                        log.warning("discarded a RoundFinalized for round %d: %s", round_, problem)
+                        self.inbox.discard_finalized(data_hash)
+                    # None matched: fetch the committed model (the real notice may have been
+                    # skipped while these were held).
+                    self.inbox.expect_finalized(None)
                     await self.request_model(view, stop)
                     return view
             now = time.monotonic()
@@ -434,6 +530,7 @@ class _Trainer:
                 moved = len(view["round_records"]) > round_ or view["status"] not in ("Training",)
                 if moved and now > deadline - self.cfg.model_timeout_s / 2:
                     # The round closed but its RoundFinalized never arrived: ask for the model.
+                    self.inbox.expect_finalized(None)
                     if view["status"] in ("Training", "Sealed"):
                         await self.request_model(view, stop)
                         return view
@@ -469,6 +566,7 @@ class _Trainer:
             max(compute_max_payload_bytes(lay) for lay in self.layouts),
             4 * sum(lay.numel for lay in self.layouts),
         )
+        self.payload_limits = tuple(compute_max_payload_bytes(lay) for lay in self.layouts)
         view = await self.get_run()
         self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
         self.inner_cfg = InnerConfig.from_spec(spec, batch_size=cfg.batch_size)
@@ -477,14 +575,18 @@ class _Trainer:
         validate_dataset_hash(corpus, spec.dataset_hash)
 
         self.host = P2PHost(P2PConfig(key_path=cfg.p2p_key, listen=cfg.listen, bootstrap=cfg.bootstrap))
-        await self.host.start()
         try:
+            # Inside the try: a start that fails half-way (listening, not yet subscribed) still
+            # closes the host and its trio thread.
+            await self.host.start()
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
             self.say(f"inner loop on {_describe_device(self.device)}")
-            self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts))
+            seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
+            self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts),
+                                verify=self.verify_weights, seen=seen)
             drains = []
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
-                self.host.set_validator(topic, _trainer_validator(topic, lambda: self.gossip_view))
+                self.host.set_validator(topic, _trainer_validator(topic, lambda: self.gossip_view, seen))
                 drains.append(asyncio.create_task(self.inbox.drain(await self.host.subscribe(topic))))
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
                 # Publishing before the mesh has a peer would send into the void.
@@ -516,6 +618,7 @@ class _Trainer:
             r = int(view["round"])
             if self.held_hash != _unhex(view["model_hash"]):
                 await self.request_model(view, stop)
+            self.inbox.expect_finalized(r)  # its RoundFinalized may come while we still submit
             started = time.monotonic()
             payloads = await asyncio.to_thread(self.train, r)
             await self.submit(r, payloads, stop)
@@ -541,10 +644,12 @@ class _Trainer:
         return 0
 
 
-def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None]) -> Callable[[bytes, str], None]:
+def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None],
+                       seen: SeenCache | None = None) -> Callable[[bytes, str], None]:
     """A trainer's topic validator: ``gossip_trainer.validate_gossip_as_trainer`` against the
-    latest view of the run (runs on the p2p thread; its seen cache is its own)."""
-    seen = SeenCache()
+    latest view of the run (runs on the p2p thread, which owns ``seen``)."""
+    if seen is None:
+        seen = SeenCache()
 
     def validate(data: bytes, from_peer: str) -> None:
         validate_gossip_as_trainer(topic, data, get_view(), seen)

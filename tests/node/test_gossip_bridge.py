@@ -93,6 +93,12 @@ def chunks_of(net: Net, i: int, round_: int, fragment: int, *, signer: Party | N
                                           trainer=TRAINERS[i].address, signature=sig, payload=data)
 
 
+def model_request(net: Net, i: int, *, nonce: int, round_: int = 0) -> g.ModelRequest:
+    party = TRAINERS[i]
+    sig = party.sign(auth.RequestModel(task_id=net.task_id, requester=party.address, round=round_, nonce=nonce))
+    return g.ModelRequest(task_id=net.task_id, requester=party.address, round=round_, nonce=nonce, signature=sig)
+
+
 async def settle() -> None:
     for _ in range(20):  # let the drain tasks run
         await asyncio.sleep(0)
@@ -126,8 +132,7 @@ def test_invalid_gossip_is_refused_by_the_validator_before_anything_is_stored(br
 
 def test_model_request_is_answered_once_per_interval_with_the_committed_model(bridged) -> None:  # type: ignore[no-untyped-def]
     net, host, bridge, loop = bridged
-    request = g.ModelRequest(task_id=net.task_id, requester=TRAINERS[0].address, round=0, nonce=1)
-    host.deliver(request)
+    host.deliver(model_request(net, 0, nonce=1))
     chunks = loop.run_until_complete(host.wait_for(g.ModelChunk))
     view = net.service.get_run(net.task_id)
     assert "0x" + chunks[0].model_hash.hex() == view["model_hash"]
@@ -136,7 +141,7 @@ def test_model_request_is_answered_once_per_interval_with_the_committed_model(br
     weights = decode_fragment_weights(data, net.layouts)
     model = net.service._model(net.task_id)
     assert compute_state_model_hash(model, weights) == chunks[0].model_hash
-    host.deliver(g.ModelRequest(task_id=net.task_id, requester=TRAINERS[1].address, round=0, nonce=2))
+    host.deliver(model_request(net, 1, nonce=2))
     loop.run_until_complete(settle())
     assert bridge.counters["model_answers"] == 1  # the broadcast just sent answers both
 
@@ -165,3 +170,117 @@ def test_weights_bytes_are_the_fragments_little_endian_in_order() -> None:
 
     a, b = torch.tensor([1.0, -2.0]), torch.tensor([0.5])
     assert compute_weights_bytes([a, b]) == a.numpy().astype("<f4").tobytes() + b.numpy().astype("<f4").tobytes()
+
+
+# --- hardening: forged streams, buffer sizing, signed and rate-limited model requests --------------
+
+
+def test_invalid_weights_of_another_size_than_the_model_are_rejected(bridged) -> None:  # type: ignore[no-untyped-def]
+    # Reviewer repro node_relays.py: an unsigned ModelChunk naming the committed hash with 8 bytes
+    # of weights was relayed. The bridge knows the run's layouts: the size must be the model's.
+    net, host, bridge, loop = bridged
+    view = net.service.get_run(net.task_id)
+    committed = bytes.fromhex(view["model_hash"][2:])
+    with pytest.raises(GossipReject, match="the model has"):
+        host.deliver(g.compute_model_chunks(task_id=net.task_id, round=0, model_hash=committed, weights=b"\x42" * 8)[0])
+    model_bytes = 4 * sum(lay.numel for lay in net.layouts)
+    host.deliver(g.compute_model_chunks(task_id=net.task_id, round=0, model_hash=committed,
+                                        weights=b"\x42" * model_bytes)[0])
+
+
+def test_a_forged_chunk_body_does_not_shadow_the_genuine_payload(bridged) -> None:  # type: ignore[no-untyped-def]
+    # Reviewer repro shadow_payload.py: a relay copies the signed header onto garbage. The genuine
+    # chunk was then ignored as a duplicate forever; now it is stored.
+    import dataclasses
+
+    net, host, bridge, loop = bridged
+    _, chunks = chunks_of(net, 0, 0, 0)
+    forged = [dataclasses.replace(c, data=bytes(len(c.data))) for c in chunks]
+    for c in forged:
+        host.deliver(c)
+    loop.run_until_complete(settle())
+    assert bridge.counters["payloads_refused"] == 1 and bridge.stream_stats()["hash_mismatch"] == 1
+    for c in chunks:
+        host.deliver(c)  # the genuine chunks are not duplicates of the forged ones
+    loop.run_until_complete(settle())
+    assert bridge.counters["payloads_stored"] == 1
+    assert net.submit(0, 0, 0, hash_only=True)["accepted_count"] == 1
+
+
+def test_the_reassembly_buffer_is_sized_from_the_runs_trainers(net: Net, checkpoint: tuple[str, str]) -> None:
+    # Reviewer repro post_validation_loss.py: 4 x max_payload_bytes, whatever the runs' trainers.
+    from tenzro_training.payload import compute_max_payload_bytes
+
+    start(net, checkpoint)
+    loop = asyncio.new_event_loop()
+    config = net.service._config
+    needed = 3 * max(compute_max_payload_bytes(lay) for lay in net.layouts)  # trainer_count 3
+    for cap, small_max_payload, want in ((1 << 30, 16, needed), (needed // 2, 16, needed // 2)):
+        bridge = GossipBridge(net.service, FakeHost(), _inline, chain_id=config.chain_id,
+                              get_candidate=config.get_candidate, max_payload_bytes=small_max_payload,
+                              clock_ms=net.clock, max_assembly_bytes=cap)
+        loop.run_until_complete(bridge.start())
+        assert bridge.stream_stats()["buffer_bytes"] == want
+        loop.run_until_complete(bridge.stop())
+    loop.close()
+
+
+def test_model_requests_are_signed_rate_limited_and_answered_off_the_drain(bridged) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    net, host, bridge, loop = bridged
+    # Reviewer repro spoof_request.py: a request naming trainer 0, signed by trainer 1.
+    spoofed = dataclasses.replace(model_request(net, 1, nonce=5), requester=TRAINERS[0].address)
+    with pytest.raises(GossipReject, match="bad signature"):
+        host.deliver(spoofed)
+    release = asyncio.Event()
+    real_publish = host.publish
+
+    async def slow_publish(topic: str, data: bytes) -> None:  # a model answer that takes a while
+        if isinstance(g.decode_message(data), g.ModelChunk):
+            await release.wait()
+        await real_publish(topic, data)
+
+    host.publish = slow_publish  # type: ignore[method-assign]
+    host.deliver(model_request(net, 0, nonce=1))
+    host.deliver(model_request(net, 0, nonce=2))  # the same requester again at once: limited
+    _, chunks = chunks_of(net, 1, 0, 0)
+    for c in chunks:
+        host.deliver(c)
+    loop.run_until_complete(settle())
+    # The training-topic drain went on while the answer waits to be sent.
+    assert bridge.counters["payloads_stored"] == 1 and bridge.counters["model_requests_limited"] == 1
+    release.set()
+    loop.run_until_complete(host.wait_for(g.ModelChunk))
+    assert bridge.counters["model_answers"] == 1
+
+
+def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """P7: node/main.py's _start_p2p left the started host running when bridge.start() raised."""
+    from types import SimpleNamespace
+
+    import tenzro_training.node.gossip_bridge as bridge_mod
+    import tenzro_training.p2p.host as p2p_host
+    from tenzro_training.node.main import _start_p2p
+
+    calls: list[str] = []
+
+    class RecordingHost:
+        def __init__(self, config: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            calls.append("start")
+
+        async def stop(self) -> None:
+            calls.append("stop")
+
+    async def failing_start(self: object) -> None:
+        raise RuntimeError("bridge start failed")
+
+    monkeypatch.setattr(p2p_host, "P2PHost", RecordingHost)
+    monkeypatch.setattr(bridge_mod.GossipBridge, "start", failing_start)
+    config = SimpleNamespace(chain_id=1337, get_candidate=lambda a: None, max_payload_bytes=1 << 20)
+    with pytest.raises(RuntimeError, match="bridge start failed"):
+        asyncio.run(_start_p2p({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path, object(), config, None))
+    assert calls == ["start", "stop"]

@@ -39,3 +39,35 @@ def test_cache_metrics_read_their_own_stat() -> None:
     assert got["tenzro_node_replayed_rounds_total"] == 7
     assert got["tenzro_node_payloads_pruned_total"] == 12
     assert got["tenzro_node_round_buffer_bytes"] == 4096
+
+
+class FakeHost:
+    def stats(self) -> dict[str, int]:
+        return {"published": 1, "delivered": 2, "rejected": 3, "ignored": 4, "dropped_outbound": 0,
+                "dropped_inbox": 0, "reconnects": 0, "bootstrap_unreachable": 0, "stalled_peers": 2}
+
+    def connected_peers(self) -> list[str]:
+        return ["a"]
+
+
+class FakeBridge:
+    counters = {"payloads_stored": 5, "payloads_refused": 1}
+
+    def stream_stats(self) -> dict[str, int]:
+        return {"completed": 5, "evicted": 2, "refused": 3, "hash_mismatch": 1, "buffer_bytes": 1 << 20}
+
+
+def test_gossip_stream_fates_and_stalled_peers_are_exported() -> None:
+    from tenzro_training.node.metrics import register_gossip_metrics
+
+    registry = Registry()
+    register_gossip_metrics(registry, FakeHost(), FakeBridge())
+    fates = {}
+    for family in text_string_to_metric_families(registry.render().decode()):
+        for sample in family.samples:
+            if sample.name == "tenzro_gossip_streams_total":
+                fates[sample.labels["fate"]] = sample.value
+    assert fates == {"completed": 5, "evicted": 2, "refused": 3, "hash_mismatch": 1}
+    got = samples(registry)
+    assert got["tenzro_gossip_assembly_buffer_bytes"] == 1 << 20
+    assert got["tenzro_gossip_stalled_peers_total"] == 2

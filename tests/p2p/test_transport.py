@@ -235,3 +235,39 @@ def test_peer_identity_is_persisted(spawn: Callable[..., Peer]) -> None:
     assert first.quit() == 0
     again = spawn("same", "pub")
     assert again.peer_id == first_id
+
+
+def test_a_sigstopped_peer_delays_publishing_once_not_every_publish(tmp_path: Path) -> None:
+    """Reviewer repro stalled_peer.py: a peer that stops reading (SIGSTOP, socket open) made every
+    later publish wait the whole publish_timeout_s, as long as its queue stayed full. Now it is
+    marked stalled after one timeout, counted, and no longer waited for."""
+    import asyncio
+
+    from tenzro_training.p2p import P2PConfig, P2PHost
+
+    timeout_s = 1.0
+
+    async def main() -> tuple[list[float], dict[str, int]]:
+        host = P2PHost(P2PConfig(key_path=tmp_path / "a.key", publish_timeout_s=timeout_s))
+        await host.start()
+        c = await asyncio.to_thread(Peer, tmp_path, "c", "sub", (host.addrs[0],))
+        try:
+            await host.wait_for_peers(RAW, 1, timeout=TIMEOUT)
+            os.kill(c.proc.pid, signal.SIGSTOP)
+            slow: list[float] = []
+            for i in range(1500):
+                started = time.monotonic()
+                await host.publish(RAW, b"raw:%d:" % i + b"\0" * (64 << 10))
+                if time.monotonic() - started > timeout_s / 2:
+                    slow.append(time.monotonic() - started)
+                    if len(slow) > 2:
+                        break
+            return slow, host.stats()
+        finally:
+            os.kill(c.proc.pid, signal.SIGKILL)
+            c.proc.wait()
+            await host.stop()
+
+    slow, stats = asyncio.run(main())
+    assert stats["stalled_peers"] == 1, stats
+    assert len(slow) <= 1, slow  # at most the one publish that found the peer stalled
