@@ -328,6 +328,15 @@ class GossipBridge:
                 log.exception("answering a ModelRequest failed")
 
     async def _answer_model_request(self, msg: Any) -> None:
+        # The interval check comes BEFORE the service call, on the run's committed model hash (a
+        # lock-free read): every requester of a model just broadcast receives that copy, and
+        # the service thread (a full-model copy, or a rebuild with replays when the model is
+        # not cached) is not spent on requests that will not be answered.
+        run = self._service.get_run_state(msg.task_id)
+        now = time.monotonic()
+        if run is None or now - self._answered.get((msg.task_id, run.model_hash), -1e9) < MODEL_ANSWER_INTERVAL_S:
+            self.counters["model_requests_limited"] += 1
+            return
         try:
             round_, model_hash, weights = await self._call(lambda: self._service.get_global_weights(msg.task_id))
         except TenzroError as exc:
@@ -336,7 +345,7 @@ class GossipBridge:
         key = (msg.task_id, model_hash)
         now = time.monotonic()
         if now - self._answered.get(key, -1e9) < MODEL_ANSWER_INTERVAL_S:
-            return  # just broadcast: the requester receives that copy
+            return  # broadcast meanwhile (a finalize's RoundFinalized): the requester has it
         self._answered[key] = now
         if len(self._answered) > 1024:
             self._answered = {k: t for k, t in self._answered.items() if now - t < MODEL_ANSWER_INTERVAL_S}

@@ -255,6 +255,28 @@ def test_model_requests_are_signed_rate_limited_and_answered_off_the_drain(bridg
     assert bridge.counters["model_answers"] == 1
 
 
+def test_requests_for_a_model_just_sent_never_reach_the_service(bridged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each requester may ask every few seconds, but a model answered within the last second
+    is not fetched again: the service thread (a full-model copy, or a rebuild when the model is
+    not cached) is spent once, whoever asks."""
+    net, host, bridge, loop = bridged
+    calls = []
+    real = net.service.get_global_weights
+
+    def counting(task_id: str):  # type: ignore[no-untyped-def]
+        calls.append(task_id)
+        return real(task_id)
+
+    monkeypatch.setattr(net.service, "get_global_weights", counting)
+    host.deliver(model_request(net, 0, nonce=1))
+    loop.run_until_complete(host.wait_for(g.ModelChunk))
+    for i in (1, 2):  # other requesters, inside the answer interval
+        host.deliver(model_request(net, i, nonce=1))
+    loop.run_until_complete(settle())
+    assert calls == [net.task_id] and bridge.counters["model_answers"] == 1
+    assert bridge.counters["model_requests_limited"] == 2
+
+
 def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """P7: node/main.py's _start_p2p left the started host running when bridge.start() raised."""
     from types import SimpleNamespace
