@@ -717,3 +717,12 @@ def test_invalid_keys_new_vrf_writes_nothing(capsys: pytest.CaptureFixture[str],
     out = tmp_path / "v.vrf"
     assert cli.main(["keys", "new-vrf", *argv, "--out", str(out)]) == EXIT_USAGE
     assert match in capsys.readouterr().err and not out.exists()
+
+
+def test_parser_trainer_run_round_wait_and_state_dir() -> None:
+    parser = cli.build_parser()
+    base = ["trainer", "run", "--task-id", "t", "--p2p-key", "k", "--bootstrap", "/ip4/127.0.0.1/tcp/9"]
+    a = parser.parse_args(base)
+    assert a.func is cli.cmd_trainer_run and a.max_round_wait == 6 * 3600.0 and a.state_dir is None
+    a = parser.parse_args(base + ["--max-round-wait", "90", "--state-dir", "st"])
+    assert (a.max_round_wait, a.state_dir) == (90.0, "st")

@@ -14,7 +14,8 @@ node service. It
   the VRF proof and the candidate before the ticket counts);
 - answers signed ``ModelRequest`` (version 2) with ``ModelChunk`` messages carrying the current
   global model, from a task of its own (never inline in the training-topic drain), at most one
-  answer per requester per ``MODEL_REQUEST_INTERVAL_S`` and one broadcast per model per
+  answer per requester per ``MODEL_REQUEST_INTERVAL_S``; requests that arrived before a
+  broadcast of their model began share it, and broadcasts of one model start at most one per
   ``MODEL_ANSWER_INTERVAL_S``;
 - sizes its payload reassembly buffer from the runs it serves (trainer_count x the largest
   payload a fragment admits, summed over runs in training, at most ``max_assembly_bytes``), and
@@ -52,8 +53,9 @@ __all__ = ["GossipBridge", "compute_weights_bytes"]
 log = logging.getLogger("tenzro.node.gossip")
 
 MODEL_ANSWER_INTERVAL_S: Final = 1.0
-"""One ModelChunk answer per (task, model) per interval: many late trainers asking at once get
-the same broadcast, not one copy each."""
+"""At most one ModelChunk broadcast of one (task, model) starts per interval; a request waits
+for the next slot rather than being dropped (it may have arrived just after a broadcast began,
+whose first chunks its sender never saw)."""
 MODEL_REQUEST_INTERVAL_S: Final = 5.0
 """At most one answered ModelRequest per (task, requester) per interval (a trainer re-asks every
 2 s while it waits: the broadcast it triggered is still under way)."""
@@ -109,10 +111,15 @@ class GossipBridge:
         self._requests: asyncio.Queue[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._answered: dict[tuple[str, bytes], float] = {}
+        # (task, model hash) -> when its last ModelChunk broadcast began (monotonic seconds).
+        self._broadcast_at: dict[tuple[str, bytes], float] = {}
         self._asked: dict[tuple[str, bytes], float] = {}
         self.counters = {"payloads_stored": 0, "payloads_refused": 0, "tickets": 0, "model_answers": 0,
                          "finalized_published": 0, "model_requests_limited": 0}
+
+    def _is_covered(self, task_id: str, model_hash: bytes, received: float) -> bool:
+        started = self._broadcast_at.get((task_id, model_hash))
+        return started is not None and started >= received
 
     def stream_stats(self) -> dict[str, int]:
         """The payload assembler's fates (metrics): completed, evicted (stale), refused (no room),
@@ -308,7 +315,7 @@ class GossipBridge:
             self.counters["model_requests_limited"] += 1
             return
         try:
-            self._requests.put_nowait(msg)
+            self._requests.put_nowait((msg, now))
         except asyncio.QueueFull:
             self.counters["model_requests_limited"] += 1
             return
@@ -319,36 +326,40 @@ class GossipBridge:
     async def _answer_requests(self) -> None:
         assert self._requests is not None
         while True:
-            msg = await self._requests.get()
+            msg, received = await self._requests.get()
             try:
-                await self._answer_model_request(msg)
+                await self._answer_model_request(msg, received)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("answering a ModelRequest failed")
 
-    async def _answer_model_request(self, msg: Any) -> None:
-        # The interval check comes BEFORE the service call, on the run's committed model hash (a
-        # lock-free read): every requester of a model just broadcast receives that copy, and
-        # the service thread (a full-model copy, or a rebuild with replays when the model is
-        # not cached) is not spent on requests that will not be answered.
+    async def _answer_model_request(self, msg: Any, received: float) -> None:
+        """Broadcast the model ``msg`` asks for, unless a broadcast of it began after ``msg``
+        arrived: its sender was listening from the moment it asked and receives that copy
+        whole. A request that arrived after a broadcast began may have missed its first chunks
+        and gets its own (no sooner than MODEL_ANSWER_INTERVAL_S after the previous one).
+        Decided before the service call, on the run's committed model hash (a lock-free read):
+        the service thread (a full-model copy, or a rebuild when the model is not cached) is
+        not spent on requests a broadcast already covers."""
         run = self._service.get_run_state(msg.task_id)
-        now = time.monotonic()
-        if run is None or now - self._answered.get((msg.task_id, run.model_hash), -1e9) < MODEL_ANSWER_INTERVAL_S:
+        if run is None or self._is_covered(msg.task_id, run.model_hash, received):
             self.counters["model_requests_limited"] += 1
             return
+        wait = self._broadcast_at.get((msg.task_id, run.model_hash), -1e9) + MODEL_ANSWER_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
             round_, model_hash, weights = await self._call(lambda: self._service.get_global_weights(msg.task_id))
         except TenzroError as exc:
             log.info("ModelRequest for %s not answered: %s", msg.task_id, exc)
             return
-        key = (msg.task_id, model_hash)
+        if self._is_covered(msg.task_id, model_hash, received):
+            return  # (the model changed meanwhile and its broadcast began after this request)
         now = time.monotonic()
-        if now - self._answered.get(key, -1e9) < MODEL_ANSWER_INTERVAL_S:
-            return  # broadcast meanwhile (a finalize's RoundFinalized): the requester has it
-        self._answered[key] = now
-        if len(self._answered) > 1024:
-            self._answered = {k: t for k, t in self._answered.items() if now - t < MODEL_ANSWER_INTERVAL_S}
+        self._broadcast_at[(msg.task_id, model_hash)] = now
+        if len(self._broadcast_at) > 1024:
+            self._broadcast_at = {k: t for k, t in self._broadcast_at.items() if now - t < 60.0}
         data = compute_weights_bytes(weights)
         for chunk in g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data):
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))

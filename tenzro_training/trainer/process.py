@@ -11,16 +11,22 @@ with its own libp2p identity, and per round:
 2. runs the inner loop on its shard, publishes each fragment's payload as ``PayloadChunk`` gossip,
    and calls ``submitOuterGradient`` with ONLY the payload hash, retrying while the node answers
    ``PayloadUnavailable`` (1312: its bridge has not reassembled the bytes yet), bounded by
-   ``submit_timeout_s`` (the chunks are republished once on the way);
-3. waits for the node's ``RoundFinalized`` gossip, applies the new fragment weights and checks the
-   model hash against the message and against the round record the run committed;
+   ``submit_timeout_s`` (the chunks are republished once on the way). A round closed to it
+   (LateSubmission, RoundMismatch) is skipped, never fatal;
+3. waits for the node's ``RoundFinalized`` gossip (as long as the deadlines getRun reports allow),
+   applies the new fragment weights and checks the model hash against the message and against the
+   round record the run committed;
 
 until the run is Sealed (then it checks its model against the receipt's ``final_model_hash``) or
 ``--rounds`` rounds were trained. SIGINT/SIGTERM stop it cleanly (exit 0, host closed).
 
-Restart safety: the inner optimizer starts fresh every round, so a round's payload is a pure
-function of (global model, round, shard). A trainer restarted after it submitted recomputes the
-SAME payload, and the resubmission is an idempotent replay, never an equivocation.
+Everything that can refuse the trainer (spec, configs, dataset hash, layouts, p2p host) is checked
+before it enrolls, i.e. before it stakes.
+
+Restart safety: payload bytes depend on the torch thread count and GPU kernels, so a recomputed
+payload may differ, and a second payload for a (task, round, fragment) is equivocation. Payloads
+are saved (``PayloadStore``) before they are first published and a restarted trainer resubmits
+the saved bytes; they are deleted once their round is finalized.
 
 What it is NOT: the training math (``trainer/``), the protocol rules or message validation
 (``tenzro_training.gossip``, ``gossip_trainer``), the libp2p host (``p2p/host.py``) or the node side
@@ -60,17 +66,38 @@ from tenzro_training.payload import compute_max_payload_bytes, compute_payload_h
 from tenzro_training.trainer import TrainerError
 
 __all__ = [
+    "PayloadStore",
     "TrainerProcessConfig",
     "TrainerProcessError",
     "compute_model_layout_from_view",
+    "compute_round_wait_deadline_ms",
     "decode_fragment_weights",
+    "get_rpc_error_code",
     "run_trainer",
     "run_trainer_from_args",
 ]
 
 log = logging.getLogger("tenzro.trainer")
 
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""What TENZRO_LOG_LEVEL may name (any case)."""
+
+# JSON-RPC error codes of the node's answers the trainer acts on (docs/rpc.md, "Errors").
+CODE_INVALID_STATE = 1303
+"""The run is not Training any more (ended): the main loop reads getRun and stops or finishes."""
+CODE_ROUND_MISMATCH = 1304
+"""The round is not the run's current one: skip it, go on with the current round."""
+CODE_LATE_SUBMISSION = 1305
+"""The round's accepted set closed (or it was finalized) while this trainer trained: skip it."""
+CODE_NOT_ENROLLED = 1306
+"""Not (or no longer) an unslashed trainer of the run: this trainer is out."""
+CODE_EQUIVOCATION = 1311
+"""Two different payloads for one (round, fragment): the stake was burned, this trainer is out."""
 CODE_PAYLOAD_UNAVAILABLE = 1312
+"""The node's bridge has not reassembled the payload yet: retry."""
+_SKIP_ROUND_CODES = frozenset({CODE_INVALID_STATE, CODE_ROUND_MISMATCH, CODE_LATE_SUBMISSION})
+_OUT_CODES = {CODE_NOT_ENROLLED: "it is not (or no longer) an unslashed trainer of the run",
+              CODE_EQUIVOCATION: "it was slashed for equivocation"}
 
 
 class TrainerProcessError(TrainerError):
@@ -100,7 +127,15 @@ class TrainerProcessConfig:
     submit_timeout_s: float = 60.0
     """How long a hash-only submission is retried while the node lacks the payload."""
     model_timeout_s: float = 60.0
-    """How long to wait for a ModelRequest answer or a RoundFinalized before giving up."""
+    """How long to wait for a ModelRequest answer; also the grace for a RoundFinalized once the
+    round closed, and past the deadline getRun reports before a round that stays open is given up."""
+    max_round_wait_s: float = 6 * 3600.0
+    """Safety net only: the longest wait for one round to be finalized. The wait normally ends with
+    the round (RoundFinalized, the run moving on or ending) or when the deadline getRun reports
+    (round / finalize deadline, pushed back by each syncer failover) has passed."""
+    state_dir: Path | None = None
+    """Where payloads are kept until their round is finalized (restart safety); None:
+    ``<directory of p2p_key>/tenzro-trainer-state``."""
     poll_interval_s: float = 0.2
 
     def __post_init__(self) -> None:
@@ -110,7 +145,7 @@ class TrainerProcessConfig:
             raise TrainerProcessError(f"rounds must be >= 1, got {self.rounds!r}")
         if not self.bootstrap:
             raise TrainerProcessError("at least one --bootstrap multiaddr (the node's p2p address) is needed")
-        for name in ("submit_timeout_s", "model_timeout_s", "poll_interval_s"):
+        for name in ("submit_timeout_s", "model_timeout_s", "max_round_wait_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 raise TrainerProcessError(f"{name} must be > 0")
 
@@ -156,6 +191,78 @@ def _unhex(text: str) -> bytes:
     return bytes.fromhex(text[2:] if text.startswith("0x") else text)
 
 
+def get_rpc_error_code(exc: Exception) -> int | None:
+    """The JSON-RPC error code a ``CliError`` from ``RpcClient.call`` carries ("error CODE ..."),
+    or None (a transport failure, not a node answer)."""
+    words = str(exc).split(maxsplit=2)
+    if len(words) >= 2 and words[0] == "error":
+        try:
+            return int(words[1].rstrip(":"))
+        except ValueError:
+            return None
+    return None
+
+
+def compute_round_wait_deadline_ms(view: dict[str, Any]) -> int | None:
+    """The instant (node clock, ms) after which the node itself closes the current round: the
+    finalize deadline once quorum was reached (each syncer failover pushes it back), else the
+    round deadline (the run Fails without quorum). None if getRun names neither."""
+    if view.get("finalize_deadline_ms") is not None:
+        return int(view["finalize_deadline_ms"])
+    if view.get("quorum_at_ms") is None and view.get("round_deadline_ms") is not None:
+        return int(view["round_deadline_ms"])
+    nxt = view.get("next_deadline_ms")
+    return None if nxt is None else int(nxt)
+
+
+class PayloadStore:
+    """This trainer's payloads, kept from before their first submission until their round is
+    finalized, one file per (task, round, fragment) under ``root/task-<task_id>/<address>/``.
+
+    Why: a payload's bytes depend on the torch thread count and the GPU kernels, so a trainer
+    restarted mid-round would NOT recompute the same bytes, and a second payload hash for the
+    same (task, round, fragment) is equivocation (the stake is burned). A restarted trainer
+    resubmits the saved bytes instead: an idempotent replay."""
+
+    def __init__(self, root: Path, task_id: str, address: str) -> None:
+        self.dir = root / f"task-{task_id}" / address.lower()
+
+    def path(self, round_: int, fragment: int) -> Path:
+        return self.dir / f"round-{round_}-fragment-{fragment}.payload"
+
+    def load(self, round_: int, fragments: int) -> list[bytes | None]:
+        """The saved payload of each fragment of ``round_`` (None where none is saved)."""
+        out: list[bytes | None] = []
+        for f in range(fragments):
+            try:
+                out.append(self.path(round_, f).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+            except OSError as exc:
+                raise TrainerProcessError(f"cannot read saved payload {self.path(round_, f)}: {exc.strerror}") from None
+        return out
+
+    def save(self, round_: int, fragment: int, payload: bytes) -> None:
+        from storage.files import write_file_atomically
+
+        try:
+            write_file_atomically(self.path(round_, fragment), payload, mode=0o600)
+        except OSError as exc:
+            raise TrainerProcessError(f"cannot save payload {self.path(round_, fragment)}: {exc.strerror}") from None
+
+    def prune(self, before_round: int | None) -> None:
+        """Delete the saved payloads of rounds < ``before_round`` (None: all of them)."""
+        if not self.dir.is_dir():
+            return
+        for file in self.dir.glob("round-*-fragment-*.payload"):
+            try:
+                round_ = int(file.name.split("-")[1])
+            except ValueError:
+                continue
+            if before_round is None or round_ < before_round:
+                file.unlink(missing_ok=True)
+
+
 # --- the gossip inbox --------------------------------------------------------------------------------
 
 
@@ -187,6 +294,7 @@ class _Inbox:
         self._g = gossip
         self._model_bytes = model_bytes
         self._verify = verify
+        self._seen = seen
         self.await_round: int | None = None
         self.await_model: tuple[int, bytes] | None = None
         self.finalized: dict[bytes, tuple[Any, Any]] = {}
@@ -244,12 +352,12 @@ class _Inbox:
         if getattr(msg, "task_id", None) != self._task_id:
             return
         if isinstance(msg, (g.RoundFinalizedMsg, g.ModelChunk)) and msg.total_size != self._model_bytes:
-            self.counters["unexpected"] += 1
+            self._unexpected(msg)
             return
         if isinstance(msg, g.RoundFinalizedMsg):
             if msg.round != self.await_round or msg.data_hash in self.finalized \
                     or len(self.finalized) >= self.MAX_CANDIDATES:
-                self.counters["unexpected"] += 1
+                self._unexpected(msg)
                 return
             whole = self._add(msg)
             if whole is not None and msg.round == self.await_round:
@@ -260,7 +368,7 @@ class _Inbox:
         elif isinstance(msg, g.ModelChunk):
             if (msg.round, msg.model_hash) != self.await_model or msg.data_hash in self.models \
                     or len(self.models) >= self.MAX_CANDIDATES:
-                self.counters["unexpected"] += 1
+                self._unexpected(msg)
                 return
             whole = self._add(msg)
             if whole is not None:
@@ -271,6 +379,15 @@ class _Inbox:
         elif isinstance(msg, g.RunSealedMsg):
             self.sealed = msg
             self.changed.set()
+
+    def _unexpected(self, msg: Any) -> None:
+        """Drop a weights chunk nobody awaits, and forget it in the validators' dedup cache:
+        the node answers every ModelRequest with the SAME bytes, so a copy that arrived before
+        this trainer asked (another trainer's answer) would otherwise make every later copy a
+        "duplicate" that never reaches the inbox (seen in the e2e run: two trainers starved)."""
+        self.counters["unexpected"] += 1
+        if self._seen is not None:
+            self._seen.forget_stream(self._g.compute_stream_key(msg))
 
     def discard_finalized(self, data_hash: bytes) -> None:
         """Forget a RoundFinalized candidate that turned out not to match the round record, so
@@ -303,6 +420,8 @@ class _Trainer:
         self.held_hash: bytes | None = None
         self.gossip_limits: tuple[int, int] | None = None
         self.gossip_view: TrainerGossipView | None = None
+        self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
+                                     cfg.task_id, self.address)
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         return await asyncio.to_thread(self.client.call, method, params)
@@ -435,7 +554,7 @@ class _Trainer:
 
         assert self.weights is not None
         state = compute_full_state(self.model, self.weights)
-        # optimizer_state=None: see "Restart safety" in the module docstring.
+        # optimizer_state=None: a fresh AdamW state every round (a restart resubmits saved payloads, PayloadStore).
         res = run_inner_loop(
             state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index, device=self.device
         )
@@ -451,7 +570,11 @@ class _Trainer:
         ):
             await self.host.publish(g.get_topic(chunk), g.encode_message(chunk))
 
-    async def submit(self, round_: int, payloads: list[bytes], stop: asyncio.Event) -> None:
+    async def submit(self, round_: int, payloads: list[bytes], stop: asyncio.Event) -> bool:
+        """Publish and submit every fragment's payload; True once all were accepted, False when
+        the node says the round is no longer open to this trainer (LateSubmission, RoundMismatch,
+        the run left Training): the round is skipped, never fatal. TrainerProcessError when the
+        node says this trainer is out (slashed, not enrolled) or refuses otherwise."""
         from tenzro_training.cli import CliError
 
         signed = []
@@ -473,7 +596,18 @@ class _Trainer:
                     })
                     break
                 except CliError as exc:
-                    if f"error {CODE_PAYLOAD_UNAVAILABLE} " not in str(exc) or stop.is_set():
+                    code = get_rpc_error_code(exc)
+                    if code in _SKIP_ROUND_CODES:
+                        # Normal for a trainer outside the first K of a round, or one the round
+                        # was finalized without: no stake is at risk, the next round is open to it.
+                        log.warning("round %d fragment %d not accepted, skipping the round: %s", round_, f, exc)
+                        self.say(f"round {round_} skipped: {exc}")
+                        return False
+                    if code in _OUT_CODES:
+                        raise TrainerProcessError(
+                            f"this trainer is out of {self.cfg.task_id}: {_OUT_CODES[code]} ({exc})"
+                        ) from None
+                    if code != CODE_PAYLOAD_UNAVAILABLE or stop.is_set():
                         raise
                     now = time.monotonic()
                     if now > deadline:
@@ -486,12 +620,22 @@ class _Trainer:
                         republish_at = deadline + 1
                     await asyncio.sleep(min(0.05 * tries, 0.5))
             log.info("round %d fragment %d accepted after %d tries", round_, f, tries)
+        return True
 
     async def wait_finalized(self, round_: int, stop: asyncio.Event) -> dict[str, Any]:
         """Wait for RoundFinalized(round_) over gossip, apply and verify it; if the run moved on
-        without it reaching us, fall back to a ModelRequest. Returns the latest view."""
-        deadline = time.monotonic() + self.cfg.model_timeout_s
-        last_poll = 0.0
+        without it reaching us, fall back to a ModelRequest. Returns the latest view.
+
+        How long: while getRun shows the round open, as long as the node's own deadline for it
+        (``compute_round_wait_deadline_ms``: a failover pushes it back) has not passed by more
+        than ``model_timeout_s``; once the round closed, ``model_timeout_s / 2`` more for its
+        RoundFinalized; ``max_round_wait_s`` caps the whole wait (a safety net)."""
+        started = time.monotonic()
+        safety_net = started + self.cfg.max_round_wait_s
+        grace_ms = int(self.cfg.model_timeout_s * 1000)
+        moved_at: float | None = None
+        last_poll = -1e18
+        poll_every = 5 * self.cfg.poll_interval_s
         view: dict[str, Any] | None = None
         self.inbox.expect_finalized(round_)
         while not stop.is_set():
@@ -524,20 +668,35 @@ class _Trainer:
                     await self.request_model(view, stop)
                     return view
             now = time.monotonic()
-            if now - last_poll > 1.0:
+            if now - last_poll >= poll_every:
                 last_poll = now
                 view = await self.get_run()
-                moved = len(view["round_records"]) > round_ or view["status"] not in ("Training",)
-                if moved and now > deadline - self.cfg.model_timeout_s / 2:
-                    # The round closed but its RoundFinalized never arrived: ask for the model.
+                moved = len(view["round_records"]) > round_ or view["status"] != "Training"
+                if moved and view["status"] not in ("Training", "Sealed"):
                     self.inbox.expect_finalized(None)
-                    if view["status"] in ("Training", "Sealed"):
+                    return view  # the run ended (Failed, ...): the main loop says so
+                if moved:
+                    moved_at = now if moved_at is None else moved_at
+                    if now - moved_at >= self.cfg.model_timeout_s / 2:
+                        # The round closed but its RoundFinalized never arrived: ask for the model.
+                        self.inbox.expect_finalized(None)
                         await self.request_model(view, stop)
                         return view
-                    return view
-                if now > deadline:
-                    raise TrainerProcessError(f"round {round_} was not finalized within {self.cfg.model_timeout_s:g}s")
-            await self.inbox.wait(0.2)
+                else:
+                    due = compute_round_wait_deadline_ms(view)
+                    node_now = view.get("now_ms")
+                    if not isinstance(node_now, int):  # an older node: our clock stands in for its
+                        node_now = int(time.time() * 1000)
+                    if due is not None and node_now > due + grace_ms:
+                        raise TrainerProcessError(
+                            f"round {round_} is still open {(node_now - due) / 1000:.0f}s after the deadline the "
+                            f"node reports ({due} ms): the node is not advancing the run"
+                        )
+                if now > safety_net:
+                    raise TrainerProcessError(
+                        f"round {round_} was not finalized within --max-round-wait {self.cfg.max_round_wait_s:g}s"
+                    )
+            await self.inbox.wait(min(0.2, poll_every))
         raise asyncio.CancelledError
 
     # --- main ---
@@ -546,19 +705,21 @@ class _Trainer:
         from tenzro_training import gossip as g
         from tenzro_training.cli import compute_layouts_from_view
         from tenzro_training.p2p.host import P2PConfig, P2PHost
-        from tenzro_training.trainer.data import load_corpus, validate_dataset_hash
-        from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig, resolve_device
-        from tenzro_training.trainer.model import get_adapter
 
         self.g = g
         cfg = self.cfg
         try:  # before anything is staked: a trainer asked for a GPU it lacks stops here
+            from tenzro_training.trainer.inner import resolve_device
+
             self.device = resolve_device(cfg.device)
         except TrainerError as exc:
             raise TrainerProcessError(str(exc)) from None
         view = await self.get_run()
+        # Everything that can refuse this trainer is checked BEFORE it enrolls (stakes): the spec,
+        # model and inner-loop configs, the dataset and its hash, the layouts, the p2p host. Only
+        # the shard waits for the shard index, which enrollment assigns.
         spec = self.load_spec(view)
-        view = await self.enroll(view, stop)
+        corpus = await self.prepare(spec)
         self.layouts = compute_layouts_from_view(view)
         self.model = compute_model_layout_from_view(view, self.layouts)
         # The largest payload the node can accept for any fragment, and the model size.
@@ -567,18 +728,13 @@ class _Trainer:
             4 * sum(lay.numel for lay in self.layouts),
         )
         self.payload_limits = tuple(compute_max_payload_bytes(lay) for lay in self.layouts)
-        view = await self.get_run()
-        self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
-        self.inner_cfg = InnerConfig.from_spec(spec, batch_size=cfg.batch_size)
-        self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
-        corpus = await asyncio.to_thread(load_corpus, spec.dataset_ref)
-        validate_dataset_hash(corpus, spec.dataset_hash)
 
         self.host = P2PHost(P2PConfig(key_path=cfg.p2p_key, listen=cfg.listen, bootstrap=cfg.bootstrap))
         try:
             # Inside the try: a start that fails half-way (listening, not yet subscribed) still
             # closes the host and its trio thread.
             await self.host.start()
+            view = await self.enroll(await self.get_run(), stop)
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
             self.say(f"inner loop on {_describe_device(self.device)}")
             seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
@@ -592,40 +748,88 @@ class _Trainer:
                 # Publishing before the mesh has a peer would send into the void.
                 await self.host.wait_for_peers(topic, 1, timeout=cfg.model_timeout_s)
             try:
-                return await self._rounds(stop, corpus, view)
+                return await self._rounds(stop, corpus)
             finally:
                 for task in drains:
                     task.cancel()
         finally:
             await self.host.stop()
 
-    async def _rounds(self, stop: asyncio.Event, corpus: Any, view: dict[str, Any]) -> int:
+    async def prepare(self, spec: Any) -> Any:
+        """The model and inner-loop configs, the payload dtype and the dataset (hash-checked) of
+        ``spec``; TrainerProcessError when this trainer cannot train it. Returns the corpus."""
+        from tenzro_training.trainer.data import load_corpus, validate_dataset_hash
+        from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig
+        from tenzro_training.trainer.model import get_adapter
+
+        try:
+            self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
+            self.inner_cfg = InnerConfig.from_spec(spec, batch_size=self.cfg.batch_size)
+            self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
+            corpus = await asyncio.to_thread(load_corpus, spec.dataset_ref)
+            validate_dataset_hash(corpus, spec.dataset_hash)
+        except (TenzroError, KeyError, ValueError) as exc:
+            raise TrainerProcessError(f"cannot train {self.cfg.task_id} (nothing staked): {exc}") from None
+        return corpus
+
+    async def get_payloads(self, round_: int) -> tuple[list[bytes], bool]:
+        """This round's payloads and whether they are the ones saved before a restart (never
+        recomputed then: the bytes could differ, which is equivocation); else they are trained
+        now and saved BEFORE they are first published."""
+        saved = self.payloads.load(round_, len(self.layouts))
+        if all(p is not None for p in saved):
+            return [p for p in saved if p is not None], True
+        fresh = await asyncio.to_thread(self.train, round_)
+        out = []
+        for f, (old, new) in enumerate(zip(saved, fresh, strict=True)):
+            if old is None:  # a partial save: nothing of it was published yet, yet keep what is there
+                self.payloads.save(round_, f, new)
+            out.append(new if old is None else old)
+        return out, False
+
+    async def _rounds(self, stop: asyncio.Event, corpus: Any) -> int:
         from tenzro_training.trainer.data import shard_windows
 
         view = await self.wait_training(stop)
-        me = next(t for t in view["trainers"] if t["address"].lower() == self.address.lower())
+        me = next((t for t in view["trainers"] if t["address"].lower() == self.address.lower()), None)
+        if me is None:
+            raise TrainerProcessError(f"this trainer is not enrolled in {self.cfg.task_id} ({view['status']})")
         self.shard_index = int(me["shard"])
-        self.shard = shard_windows(corpus, self.shard_index, int(view["trainer_count"]),
-                                   self.model_cfg.context_len, self.model_cfg.horizon)
+        try:
+            self.shard = shard_windows(corpus, self.shard_index, int(view["trainer_count"]),
+                                       self.model_cfg.context_len, self.model_cfg.horizon)
+        except TrainerError as exc:
+            raise TrainerProcessError(f"cannot build shard {self.shard_index}: {exc}") from None
         trained = 0
         while not stop.is_set():
             if view["status"] == "Sealed":
+                self.payloads.prune(None)
                 return await self.finish(view, stop)
             if view["status"] != "Training":
+                self.payloads.prune(None)  # nothing can be submitted any more
                 raise TrainerProcessError(f"the run ended: {view['status']} ({view.get('end_reason')})")
-            if me.get("slashed") or any(t["slashed"] for t in view["trainers"] if t["address"].lower() == self.address.lower()):
+            if any(t["slashed"] for t in view["trainers"] if t["address"].lower() == self.address.lower()):
                 raise TrainerProcessError("this trainer was slashed")
             r = int(view["round"])
+            self.payloads.prune(r)  # rounds before r are finalized: their payloads can never be asked again
             if self.held_hash != _unhex(view["model_hash"]):
                 await self.request_model(view, stop)
             self.inbox.expect_finalized(r)  # its RoundFinalized may come while we still submit
             started = time.monotonic()
-            payloads = await asyncio.to_thread(self.train, r)
-            await self.submit(r, payloads, stop)
-            self.say(f"round {r} submitted {len(payloads)} fragments over gossip "
-                     f"(train loss {self.last_loss:.4f}, {time.monotonic() - started:.1f}s)")
+            payloads, resubmitted = await self.get_payloads(r)
+            accepted = await self.submit(r, payloads, stop)
             trained += 1
-            view = await self.wait_finalized(r, stop)
+            if accepted:
+                how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"
+                self.say(f"round {r} submitted {len(payloads)} fragments over gossip "
+                         f"({how}, {time.monotonic() - started:.1f}s)")
+                view = await self.wait_finalized(r, stop)
+            else:
+                # Skipped (late, or the round moved on): go on with the run's current round; if r
+                # is still open, it closes without this trainer and its RoundFinalized brings the model.
+                view = await self.get_run()
+                if view["status"] == "Training" and int(view["round"]) == r:
+                    view = await self.wait_finalized(r, stop)
             if self.cfg.rounds is not None and trained >= self.cfg.rounds:
                 self.say(f"stopping after {trained} rounds as asked")
                 return 0
@@ -685,19 +889,23 @@ async def run_trainer(cfg: TrainerProcessConfig, *, announce: Callable[[str], No
 
 def run_trainer_from_args(args: argparse.Namespace) -> None:
     """``tenzro trainer run``: exit 0 when done or stopped; CliError otherwise."""
-    from tenzro_training.cli import EXIT_RPC_ERROR, CliError, _parse_amount, load_signing_key
+    from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_USAGE, CliError, _parse_amount, load_signing_key
 
-    logging.basicConfig(level=os.environ.get("TENZRO_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = os.environ.get("TENZRO_LOG_LEVEL", "INFO").strip().upper()
+    if level not in _LOG_LEVELS:
+        raise CliError(f"TENZRO_LOG_LEVEL={os.environ['TENZRO_LOG_LEVEL']!r} is not a log level "
+                       f"(one of {', '.join(_LOG_LEVELS)})", EXIT_USAGE)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainerProcessConfig(
         task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args),
         spec_path=None if args.spec is None else Path(args.spec),
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
         did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device,
+        max_round_wait_s=args.max_round_wait, state_dir=None if args.state_dir is None else Path(args.state_dir),
     )
     try:
         asyncio.run(run_trainer(cfg, announce=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)))
-    except TrainerProcessError as exc:
+    except TrainerError as exc:  # every trainer failure, setup ones included: exit 1 (docs/trainer-process.md)
         raise CliError(str(exc), EXIT_RPC_ERROR) from None
     print("trainer stopped", file=sys.stderr, flush=True)

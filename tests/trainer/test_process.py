@@ -202,6 +202,40 @@ def test_trainer_validator_uses_the_latest_view() -> None:
         validate(g.encode_message(payload_chunks(1, key=OUTSIDER_KEY)[0]), "peer")
 
 
+def test_a_model_answer_seen_before_asking_does_not_hide_the_next_copy() -> None:
+    """The node answers every ModelRequest with the same bytes. A copy that arrives before this
+    trainer asks (another trainer's answer) is dropped by the inbox; it must not stay in the
+    validator's dedup cache, or every later copy is a "duplicate" that never reaches the inbox
+    (the e2e gossip run: two trainers got no model within 60 s)."""
+    from tenzro_training.gossip import SeenCache
+    from tests.test_gossip import World
+    from tests.test_gossip_trainer import make_view
+
+    w = World()
+    w.to_training()
+    weights = bytes(range(256)) * 8
+    view = make_view(w, max_model_bytes=len(weights))
+    seen = SeenCache()
+    validate = _trainer_validator(g.TOPIC_TRAINING, lambda: view, seen)
+    inbox = _Inbox(view.task_id, g, model_bytes=len(weights), seen=seen)
+    answer = g.compute_model_chunks(task_id=view.task_id, round=0, model_hash=h("m0"), weights=weights)
+
+    def deliver() -> None:
+        for chunk in answer:
+            data = g.encode_message(chunk)
+            try:
+                validate(data, "node")
+            except GossipIgnore:
+                continue  # a duplicate: gossipsub drops it before the inbox
+            inbox._on_message(data)
+
+    deliver()  # before this trainer asked: dropped
+    assert inbox.models == {} and inbox.counters["unexpected"] == len(answer)
+    inbox.expect_model((0, h("m0")))
+    deliver()  # the node's answer to this trainer: the same bytes again
+    assert inbox.models[answer[0].data_hash] == weights
+
+
 def test_invalid_empty_tensors_in_the_view_stop_the_trainer() -> None:
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
     from tenzro_training.trainer.process import TrainerProcessError, compute_model_layout_from_view
@@ -325,3 +359,288 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     with pytest.raises(process.TrainerProcessError, match="blew up"):
         asyncio.run(tr.run(asyncio.Event()))
     assert stopped == [True]
+
+
+# --- a late or skipped round never ends the trainer (reviewer repro late_submit.py) -----------------
+
+
+def _error(code: int, name: str) -> Exception:
+    from tenzro_training.cli import EXIT_RPC_ERROR, CliError
+
+    return CliError(f"error {code} {name}: {TASK}: refused", EXIT_RPC_ERROR)
+
+
+def _bare_trainer(tmp_path, **overrides):  # type: ignore[no-untyped-def]
+    from tenzro_training.trainer.process import TrainerProcessConfig, _Trainer
+
+    cfg = TrainerProcessConfig(**{"task_id": TASK, "rpc_url": "http://127.0.0.1:9", "private_key": b"\x11" * 32,
+                                  "spec_path": None, "p2p_key": tmp_path / "p2p.key",
+                                  "bootstrap": ("/ip4/127.0.0.1/tcp/9",), "chain_id": CHAIN_ID, **overrides})
+    said: list[str] = []
+    tr = _Trainer(cfg, said.append)
+
+    async def publish_payload(*args: object) -> None:
+        pass
+
+    tr.publish_payload = publish_payload  # type: ignore[method-assign]
+    return tr, said
+
+
+@pytest.mark.parametrize("code, name", [(1305, "LateSubmission"), (1304, "RoundMismatch"), (1303, "InvalidState")])
+def test_a_round_closed_to_this_trainer_is_skipped_not_fatal(tmp_path, code: int, name: str) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    tr, said = _bare_trainer(tmp_path)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        raise _error(code, name)
+
+    tr.call = call  # type: ignore[method-assign]
+    assert asyncio.run(tr.submit(0, [b"payload"], asyncio.Event())) is False
+    assert said == [f"round 0 skipped: error {code} {name}: {TASK}: refused"]
+
+
+@pytest.mark.parametrize("code, name, why", [(1306, "NotEnrolled", "no longer"), (1311, "Equivocation", "slashed")])
+def test_invalid_trainer_out_of_the_run_stops_with_a_clear_line(tmp_path, code: int, name: str, why: str) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        raise _error(code, name)
+
+    tr.call = call  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match=f"this trainer is out of {TASK}: .*{why}"):
+        asyncio.run(tr.submit(0, [b"payload"], asyncio.Event()))
+
+
+def _round_view(tr, round_: int, **extra: object) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {"status": "Training", "round": round_, "trainer_count": 1, "model_hash": "0x" + "ab" * 32,
+            "round_records": [{}] * round_, "trainers": [{"address": tr.address, "shard": 0, "slashed": False}],
+            **extra}
+
+
+def test_a_late_trainer_skips_the_round_and_trains_the_next(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Reviewer repro late_submit.py: LateSubmission (normal outside the first K) escaped submit()
+    and ``_rounds`` as a CliError: ``tenzro trainer run`` exited 1 for good."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)
+    tr, said = _bare_trainer(tmp_path, rounds=2)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
+    tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
+    tr.held_hash = bytes.fromhex("ab" * 32)
+    tr.inbox = _Inbox(TASK, g, 32)
+    tr.last_loss = 0.5
+    submitted: list[int] = []
+    waited: list[int] = []
+    views = iter([_round_view(tr, 0), _round_view(tr, 1)])  # round 0 open: wait for it to close without us
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _round_view(tr, 0)
+
+    async def get_run() -> dict[str, object]:
+        return next(views)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        assert tr.payloads.path(int(params["round"]), 0).exists()  # type: ignore[call-overload]  # saved first
+        submitted.append(int(params["round"]))  # type: ignore[call-overload]
+        if params["round"] == 0:
+            raise _error(1305, "LateSubmission")
+        return {}
+
+    async def wait_finalized(round_: int, stop: object) -> dict[str, object]:
+        waited.append(round_)
+        return _round_view(tr, round_ + 1)
+
+    tr.wait_training, tr.get_run, tr.call, tr.wait_finalized = wait_training, get_run, call, wait_finalized  # type: ignore[method-assign]
+    tr.train = lambda round_: [b"payload-%d" % round_]  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    assert submitted == [0, 1] and waited == [0, 1]
+    assert any(line.startswith("round 0 skipped: error 1305") for line in said)
+    assert any(line.startswith("round 1 submitted 1 fragments") for line in said)
+    assert not tr.payloads.path(0, 0).exists()  # round 0 is over: its saved payload is gone
+
+
+# --- the wait for a round follows the node's deadlines (reviewer repro wait_final.py) --------------
+
+
+def test_wait_finalized_waits_past_model_timeout_while_the_round_is_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import time
+
+    tr, _ = _bare_trainer(tmp_path, model_timeout_s=0.2, poll_interval_s=0.01)
+    tr.inbox = _Inbox(TASK, g, 1024)
+    now_ms = int(time.time() * 1000)
+    polls: list[float] = []
+
+    async def get_run() -> dict[str, object]:
+        polls.append(time.monotonic())
+        if len(polls) < 30:  # round 0 open, quorum not reached, its deadline an hour away
+            return _round_view(tr, 0, now_ms=now_ms, round_deadline_ms=now_ms + 3_600_000, quorum_at_ms=None,
+                               finalize_deadline_ms=None)
+        return _round_view(tr, 0, status="Failed", end_reason="quorum")
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    started = time.monotonic()
+    view = asyncio.run(tr.wait_finalized(0, asyncio.Event()))
+    assert view["status"] == "Failed" and len(polls) == 30
+    assert time.monotonic() - started > 5 * 0.2  # far beyond model_timeout_s: it used to give up there
+
+
+def test_invalid_round_open_past_the_nodes_deadline_gives_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, model_timeout_s=1.0, poll_interval_s=0.01)
+    tr.inbox = _Inbox(TASK, g, 1024)
+
+    async def get_run() -> dict[str, object]:  # quorum reached, finalize deadline (after failovers) long past
+        return _round_view(tr, 0, now_ms=10_000_000, round_deadline_ms=1, quorum_at_ms=5,
+                           finalize_deadline_ms=10_000_000 - 1_001)
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="after the deadline the node reports"):
+        asyncio.run(tr.wait_finalized(0, asyncio.Event()))
+
+
+def test_invalid_round_wait_beyond_the_safety_net_gives_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, max_round_wait_s=0.3, poll_interval_s=0.01)
+    tr.inbox = _Inbox(TASK, g, 1024)
+
+    async def get_run() -> dict[str, object]:
+        return _round_view(tr, 0, now_ms=0, round_deadline_ms=3_600_000, quorum_at_ms=None, finalize_deadline_ms=None)
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="--max-round-wait 0.3s"):
+        asyncio.run(tr.wait_finalized(0, asyncio.Event()))
+
+
+def test_round_wait_deadline_follows_quorum_and_failover() -> None:
+    from tenzro_training.trainer.process import compute_round_wait_deadline_ms
+
+    assert compute_round_wait_deadline_ms({"round_deadline_ms": 100, "quorum_at_ms": None,
+                                           "finalize_deadline_ms": None}) == 100
+    # Quorum reached: the round deadline no longer applies; a failover pushed the finalize deadline.
+    assert compute_round_wait_deadline_ms({"round_deadline_ms": 100, "quorum_at_ms": 50,
+                                           "finalize_deadline_ms": 900}) == 900
+    assert compute_round_wait_deadline_ms({"next_deadline_ms": 7}) == 7
+    assert compute_round_wait_deadline_ms({}) is None
+
+
+# --- restart safety: the saved payload bytes are resubmitted, never recomputed ---------------------
+
+
+def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Reviewer repro threads.py: payload bytes depend on the torch thread count (and GPU kernels),
+    so a recomputed payload after a restart had another hash: equivocation, the stake burned."""
+    import asyncio
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
+    first, _ = _bare_trainer(tmp_path)
+    first.layouts = layouts
+    first.train = lambda round_: [b"four-threads-f0", b"four-threads-f1"]  # type: ignore[method-assign]
+    assert asyncio.run(first.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], False)
+
+    restarted, _ = _bare_trainer(tmp_path)  # same key, same p2p key directory
+    restarted.layouts = layouts
+
+    def train(round_: int) -> list[bytes]:
+        raise AssertionError("a saved round must not be recomputed")
+
+    restarted.train = train  # type: ignore[method-assign]
+    assert asyncio.run(restarted.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], True)
+
+    restarted.payloads.prune(4)  # round 3 finalized
+    assert restarted.payloads.load(3, 2) == [None, None]
+    other, _ = _bare_trainer(tmp_path, private_key=b"\x22" * 32)  # another trainer sharing the directory
+    assert other.payloads.dir != restarted.payloads.dir
+
+
+def test_a_partially_saved_round_keeps_the_saved_fragment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
+    tr.payloads.save(0, 0, b"saved-f0")
+    tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
+    assert asyncio.run(tr.get_payloads(0)) == ([b"saved-f0", b"new-f1"], False)
+    assert tr.payloads.load(0, 2) == [b"saved-f0", b"new-f1"]
+    assert tr.payloads.dir.is_relative_to(tmp_path / "state")
+
+
+# --- nothing is staked before every check that can refuse the trainer (reviewer repro fake_enroll.py) -
+
+
+def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+    import tenzro_training.trainer.inner as inner
+    import tenzro_training.trainer.model as model
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(config_from_spec=lambda spec: None))
+    monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
+    monkeypatch.setattr(data, "load_corpus", lambda ref: ())
+
+    def wrong_hash(corpus: object, expected: object) -> None:
+        raise data.DatasetError("dataset hash is 0x01, the task expects 0x00")
+
+    monkeypatch.setattr(data, "validate_dataset_hash", wrong_hash)
+    tr, _ = _bare_trainer(tmp_path, device="cpu")
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32"), dataset_ref="r", dataset_hash="h")
+    calls: list[str] = []
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append(method)
+        return {"status": "Enrolling", "trainers": []}
+
+    tr.call = call  # type: ignore[method-assign]
+    tr.load_spec = lambda view: spec  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="nothing staked.*dataset hash is 0x01"):
+        asyncio.run(tr.run(asyncio.Event()))
+    assert calls == ["tenzro_training_getRun"]  # no enrollTrainer
+
+
+def test_a_trainer_setup_failure_exits_1(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import tenzro_training.trainer.process as process
+    from tenzro_training.cli import main
+    from tenzro_training.trainer.data import DatasetError
+
+    async def run_trainer(cfg: object, announce: object = None) -> int:
+        raise DatasetError("dataset hash is 0x01, the task expects 0x00")
+
+    monkeypatch.setattr(process, "run_trainer", run_trainer)
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
+    code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
+                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9"])
+    assert code == 1 and "dataset hash is 0x01" in capsys.readouterr().err  # docs/trainer-process.md: exit 1
+
+
+def test_invalid_log_level_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from tenzro_training.cli import main
+
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
+    monkeypatch.setenv("TENZRO_LOG_LEVEL", "verbose")
+    code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
+                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2 and "TENZRO_LOG_LEVEL='verbose' is not a log level" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
