@@ -288,7 +288,8 @@ class GossipBridge:
         if payload is None:
             return
         try:
-            digest = await self._call(lambda: self._service.store_payload(chunk.task_id, payload))
+            digest = await self._call(lambda: self._service.store_payload(
+                chunk.task_id, payload, signer=(chunk.trainer, chunk.fragment)))
         except TenzroError as exc:
             self.counters["payloads_refused"] += 1
             log.warning("payload %s of %s round %d refused: %s", _hex(chunk.payload_hash), chunk.task_id, chunk.round, exc)

@@ -60,6 +60,7 @@ from tenzro_training.election import ExclusionReason, TicketRejected, make_ticke
 from tenzro_training.errors import (
     CheckpointError,
     FragmentError,
+    HeldPayloadConflict,
     InvalidState,
     PayloadError,
     PayloadUnavailable,
@@ -187,6 +188,9 @@ class NodeService:
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
+        # (task, round, fragment, trainer) -> the payload hash gossip brought for it and
+        # store_payload holds: one per trainer and fragment of a run's current round.
+        self._gossip_held: dict[tuple[str, int, int, bytes], bytes] = {}
         # Finalize hashes each fragment here while the caller computes the next one
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
@@ -551,11 +555,18 @@ class NodeService:
         evidence_key = schema.evidence_key(task_id, event.round, event.fragment, trainer)
         return [(BatchOp.PUT, schema.CF_EVIDENCE, evidence_key, value)]
 
-    def store_payload(self, task_id: str, payload: bytes) -> bytes:
+    def store_payload(self, task_id: str, payload: bytes, *, signer: tuple[Address, int] | None = None) -> bytes:
         """Hold a payload that arrived over gossip, so a later hash-only submission can name it.
 
         The run must be Training; the payload must decode as one fragment of the current round
         (PayloadError otherwise). Returns its hash; storing the same bytes again is a no-op.
+
+        ``signer`` = (trainer, fragment) whose SubmitOuterGradient signature the gossip chunks
+        carried (the bridge checked it). Each trainer gets ONE held payload per (round,
+        fragment): without the bound an enrolled trainer could gossip any number of distinct,
+        validly signed payloads and an archive node would keep every one (a second signed
+        payload is equivocation anyway). A different second one raises HeldPayloadConflict and
+        is not stored. The bound is kept in memory, for the current round of each run.
         """
         self._check_open()
         run = self._run(task_id)
@@ -567,6 +578,15 @@ class NodeService:
         if len(payload) > self._config.max_payload_bytes:
             raise PayloadTooLarge("payload", len(payload), self._config.max_payload_bytes)
         digest = compute_payload_hash(payload)
+        held_key = None
+        if signer is not None:
+            trainer, fragment = bytes(signer[0]), int(signer[1])
+            for stale in [k for k in self._gossip_held if k[0] == task_id and k[1] != current.round]:
+                del self._gossip_held[stale]
+            held_key = (task_id, current.round, fragment, trainer)
+            held = self._gossip_held.get(held_key)
+            if held is not None and held != digest:
+                raise HeldPayloadConflict(task_id, current.round, fragment, format_address(trainer))
         key = schema.payload_key(task_id, digest)
         if self._store.contains(schema.CF_SUBMISSIONS, key):
             return digest
@@ -582,6 +602,8 @@ class NodeService:
             raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
         self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
         self._cache_payload(task_id, digest, payload)
+        if held_key is not None:
+            self._gossip_held[held_key] = digest
         return digest
 
     # --- finalizeRound ------------------------------------------------------------------------

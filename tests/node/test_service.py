@@ -420,6 +420,30 @@ class TestRefusals:
         with pytest.raises(PayloadLayoutMismatch):
             net.service.store_payload(net.task_id, net.payload(1, 1, 0))  # not this round
 
+    def test_invalid_second_gossiped_payload_of_one_trainer_is_not_stored(self, net: Net,
+                                                                          checkpoint: tuple[str, str]) -> None:
+        """One held payload per trainer, round and fragment: before, an enrolled trainer could
+        gossip any number of distinct signed payloads and an archive node kept them all."""
+        from tenzro_training.errors import HeldPayloadConflict
+
+        start(net, checkpoint)
+        me, other = (TRAINERS[1].address, 1), (TRAINERS[2].address, 1)
+        first = net.payload(1, 0, 1)
+        assert net.service.store_payload(net.task_id, first, signer=me) == compute_payload_hash(first)
+        before = snapshot(net.store)
+        assert net.service.store_payload(net.task_id, first, signer=me) == compute_payload_hash(first)  # a replay
+        with pytest.raises(HeldPayloadConflict) as info:
+            net.service.store_payload(net.task_id, net.payload(1, 0, 1, variant=1), signer=me)
+        assert (info.value.round, info.value.fragment) == (0, 1)
+        assert snapshot(net.store) == before
+        net.service.store_payload(net.task_id, net.payload(2, 0, 1), signer=other)  # another trainer: its own
+        net.service.store_payload(net.task_id, net.payload(1, 0, 0), signer=(TRAINERS[1].address, 0))
+        play_round(net, 0)
+        # Round 1: the bound starts afresh (round 0's entries are dropped).
+        second = net.payload(1, 1, 1)
+        assert net.service.store_payload(net.task_id, second, signer=me) == compute_payload_hash(second)
+        assert all(k[1] == 1 for k in net.service._gossip_held)
+
     def test_invalid_finalize_refusals(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)
         syncer = net.syncer()
