@@ -191,7 +191,7 @@ class NodeService:
         # (task, round, fragment, trainer) -> the payload hash gossip brought for it and
         # store_payload holds: one per trainer and fragment of a run's current round.
         self._gossip_held: dict[tuple[str, int, int, bytes], bytes] = {}
-        # Finalize hashes each fragment here while the caller computes the next one
+        # Finalize hashes the round's aggregates here while the caller hashes the new model
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
         # Scratch every round computation reuses (finalize, rebuild): fresh memory page-faults.
