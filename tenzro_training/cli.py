@@ -37,8 +37,10 @@ EXIT_UNREACHABLE = 3
 class CliError(TenzroError):
     """A failure the CLI reports as one line and an exit status."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE, *, rpc_code: int | None = None) -> None:
         self.exit_code = exit_code
+        self.rpc_code = rpc_code
+        """The JSON-RPC error code of the node's answer this reports (None: not a node answer)."""
         super().__init__(message)
 
 
@@ -88,7 +90,9 @@ class RpcClient:
             data = err.get("data") or {}
             kind = data.get("type", "") if isinstance(data, dict) else ""
             label = f" {kind}" if kind else ""
-            raise CliError(f"error {err.get('code')}{label}: {err.get('message')}", EXIT_RPC_ERROR)
+            code = err.get("code")
+            raise CliError(f"error {code}{label}: {err.get('message')}", EXIT_RPC_ERROR,
+                           rpc_code=code if type(code) is int else None)
         return reply.get("result")
 
 

@@ -265,6 +265,16 @@ def test_node_error_exits_1(capsys: pytest.CaptureFixture[str], fake_node: FakeN
     assert err.strip() == "tenzro: error 1301 UnknownTask: unknown task nope"
 
 
+def test_a_node_error_carries_its_code(fake_node: FakeNode, closed_url: str) -> None:
+    fake_node.replies["tenzro_training_getRun"] = {"error": {"code": 1305, "message": "late", "data": {"type": "LateSubmission"}}}
+    with pytest.raises(CliError) as info:
+        cli.RpcClient(fake_node.url).call("tenzro_training_getRun", {"task_id": "t"})
+    assert info.value.rpc_code == 1305 and info.value.exit_code == EXIT_RPC_ERROR
+    with pytest.raises(CliError) as info:  # not a node answer: no code
+        cli.RpcClient(closed_url).call("tenzro_training_getRun", {"task_id": "t"})
+    assert info.value.rpc_code is None
+
+
 def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     class Plain(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802

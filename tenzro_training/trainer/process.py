@@ -52,8 +52,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from rpc.errors import get_error_entry
 from tenzro_training import auth
-from tenzro_training.errors import GossipReject, TenzroError
+from tenzro_training.errors import (
+    Equivocation,
+    GossipReject,
+    InvalidState,
+    LateSubmission,
+    NotEnrolled,
+    PayloadUnavailable,
+    RoundMismatch,
+    TenzroError,
+)
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
 from tenzro_training.gossip import SeenCache
@@ -82,18 +92,19 @@ log = logging.getLogger("tenzro.trainer")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """What TENZRO_LOG_LEVEL may name (any case)."""
 
-# JSON-RPC error codes of the node's answers the trainer acts on (docs/rpc.md, "Errors").
-CODE_INVALID_STATE = 1303
+# JSON-RPC error codes of the node's answers the trainer acts on, from the node's own table
+# (rpc/errors.py, docs/rpc.md "Errors").
+CODE_INVALID_STATE = get_error_entry(InvalidState).code
 """The run is not Training any more (ended): the main loop reads getRun and stops or finishes."""
-CODE_ROUND_MISMATCH = 1304
+CODE_ROUND_MISMATCH = get_error_entry(RoundMismatch).code
 """The round is not the run's current one: skip it, go on with the current round."""
-CODE_LATE_SUBMISSION = 1305
+CODE_LATE_SUBMISSION = get_error_entry(LateSubmission).code
 """The round's accepted set closed (or it was finalized) while this trainer trained: skip it."""
-CODE_NOT_ENROLLED = 1306
+CODE_NOT_ENROLLED = get_error_entry(NotEnrolled).code
 """Not (or no longer) an unslashed trainer of the run: this trainer is out."""
-CODE_EQUIVOCATION = 1311
+CODE_EQUIVOCATION = get_error_entry(Equivocation).code
 """Two different payloads for one (round, fragment): the stake was burned, this trainer is out."""
-CODE_PAYLOAD_UNAVAILABLE = 1312
+CODE_PAYLOAD_UNAVAILABLE = get_error_entry(PayloadUnavailable).code
 """The node's bridge has not reassembled the payload yet: retry."""
 _SKIP_ROUND_CODES = frozenset({CODE_INVALID_STATE, CODE_ROUND_MISMATCH, CODE_LATE_SUBMISSION})
 _OUT_CODES = {CODE_NOT_ENROLLED: "it is not (or no longer) an unslashed trainer of the run",
@@ -192,15 +203,10 @@ def _unhex(text: str) -> bytes:
 
 
 def get_rpc_error_code(exc: Exception) -> int | None:
-    """The JSON-RPC error code a ``CliError`` from ``RpcClient.call`` carries ("error CODE ..."),
-    or None (a transport failure, not a node answer)."""
-    words = str(exc).split(maxsplit=2)
-    if len(words) >= 2 and words[0] == "error":
-        try:
-            return int(words[1].rstrip(":"))
-        except ValueError:
-            return None
-    return None
+    """The JSON-RPC error code a ``CliError`` from ``RpcClient.call`` carries, or None (a
+    transport failure, not a node answer)."""
+    code = getattr(exc, "rpc_code", None)
+    return code if type(code) is int else None
 
 
 def compute_round_wait_deadline_ms(view: dict[str, Any]) -> int | None:

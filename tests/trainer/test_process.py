@@ -367,7 +367,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
 def _error(code: int, name: str) -> Exception:
     from tenzro_training.cli import EXIT_RPC_ERROR, CliError
 
-    return CliError(f"error {code} {name}: {TASK}: refused", EXIT_RPC_ERROR)
+    return CliError(f"error {code} {name}: {TASK}: refused", EXIT_RPC_ERROR, rpc_code=code)
 
 
 def _bare_trainer(tmp_path, **overrides):  # type: ignore[no-untyped-def]
