@@ -64,10 +64,11 @@ class RpcClient:
             {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
         ).encode()
         self._next_id += 1
-        req = urllib.request.Request(
-            self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
-        )
         try:
+            # Built inside the try: Request() itself raises ValueError for "foo", "" or "http://[::1".
+            req = urllib.request.Request(
+                self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            )
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
@@ -107,6 +108,8 @@ def _parse_key_hex(text: str, where: str) -> bytes:
         key = b""
     if len(key) != 32:
         raise CliError(f"{where}: signing key must be 32 bytes of hex")
+    if not 0 < int.from_bytes(key, "big") < auth.SECP256K1_N:
+        raise CliError(f"{where}: not a valid secp256k1 private key (must be in 1..n-1)")
     return key
 
 
@@ -571,7 +574,8 @@ def cmd_export_model(args: argparse.Namespace) -> None:
 
 
 def _parse_amount(text: str, flag: str) -> int:
-    if not text.isdigit() or (len(text) > 1 and text[0] == "0"):
+    # ASCII digits only: str.isdigit() also accepts "²" (int() then raises) and other scripts' digits.
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
         raise CliError(f"{flag} must be a decimal integer (attoTNZO)")
     value = int(text)
     if value >= 2**256:
@@ -660,15 +664,20 @@ def cmd_trainer_run(args: argparse.Namespace) -> None:
 def cmd_syncer_run(args: argparse.Namespace) -> None:
     from tenzro_training.node.syncer import run_syncer_from_args
 
+    if not 0 < args.poll_interval < float("inf"):  # NaN fails too: it would poll with no pause at all
+        raise CliError("--poll-interval must be a positive number of seconds")
     run_syncer_from_args(args)
 
 
 # --- parser ---------------------------------------------------------------------------------
 
 
-def _client_flags(p: argparse.ArgumentParser, signing: bool) -> None:
+def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool = True) -> None:
+    """``--rpc``, ``--json`` (only for commands that print a result: not the long-running
+    trainer and syncer processes, whose output is log lines) and the signing flags."""
     p.add_argument("--rpc", default=os.environ.get("TENZRO_RPC", DEFAULT_RPC), help="node JSON-RPC URL")
-    p.add_argument("--json", action="store_true", help="print the raw JSON result")
+    if json_output:
+        p.add_argument("--json", action="store_true", help="print the raw JSON result")
     if signing:
         p.add_argument("--key-file", help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
         p.add_argument("--account", help="with a dev-accounts.json key file: sponsor, trainer:N, syncer:N or an address")
@@ -806,7 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "normally ends with the round or at the deadline the node reports")
     p.add_argument("--state-dir", help="where payloads are kept until their round is finalized, so a restart "
                                        "resubmits the same bytes (default <dir of --p2p-key>/tenzro-trainer-state)")
-    _client_flags(p, signing=True)
+    _client_flags(p, signing=True, json_output=False)
     p.set_defaults(func=cmd_trainer_run)
 
     keys = top.add_parser("keys", help="create account keys and syncer VRF secrets").add_subparsers(
@@ -825,9 +834,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     syncer = top.add_parser("syncer", help="syncer daemon").add_subparsers(dest="verb", required=True)
     p = syncer.add_parser("run", help="finalize rounds as soon as quorum and the grace window allow")
-    p.add_argument("--poll-interval", type=float, default=0.5)
+    p.add_argument("--poll-interval", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between passes (default 0.5)")
     p.add_argument("--once", action="store_true", help="make one pass and exit (for scripts)")
-    _client_flags(p, signing=True)
+    _client_flags(p, signing=True, json_output=False)
     p.set_defaults(func=cmd_syncer_run)
     return parser
 

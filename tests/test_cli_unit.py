@@ -222,6 +222,8 @@ def test_invalid_dev_accounts_selection(tmp_path: Path, key_file: Path) -> None:
         ("{not json", "not valid JSON"),
         ("[1, 2]", "32 bytes"),
         ("{\"nothing\": 1}", "accounts"),
+        ("00" * 32, "not a valid secp256k1 private key"),  # 32 bytes of hex, but not in 1..n-1
+        ("ff" * 32, "not a valid secp256k1 private key"),
     ],
 )
 def test_invalid_key_file(tmp_path: Path, content: str, match: str) -> None:
@@ -230,6 +232,16 @@ def test_invalid_key_file(tmp_path: Path, content: str, match: str) -> None:
     with pytest.raises(CliError, match=match) as info:
         cli.load_private_key(str(path))
     assert info.value.exit_code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("key", ["0x" + "00" * 32, "0x" + "ff" * 32])
+def test_invalid_out_of_range_key_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", key)
+    code, out, err = run(capsys, "train", "address")
+    assert code == EXIT_USAGE and out == ""
+    assert err == "tenzro: TENZRO_PRIVATE_KEY: not a valid secp256k1 private key (must be in 1..n-1)\n"
 
 
 def test_invalid_missing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,7 +307,9 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
     assert code == EXIT_UNREACHABLE and "did not answer JSON-RPC" in err
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545"])
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545", "foo", "", "http://[::1"]
+)
 def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
     code, out, err = run(capsys, "train", "list-runs", "--rpc", url)
     assert code == EXIT_UNREACHABLE and out == ""
@@ -379,7 +393,7 @@ def test_enroll_signs_for_the_key(capsys: pytest.CaptureFixture[str], fake_node:
     assert auth.recover_signer(msg, bytes.fromhex(params["signature"][2:])) == KEY_ADDRESS
 
 
-@pytest.mark.parametrize("stake", ["-1", "01", "1.5", "abc", str(2**256)])
+@pytest.mark.parametrize("stake", ["-1", "01", "1.5", "abc", str(2**256), "\u00b2", "\u0661\u0662"])
 def test_invalid_stake_exits_2(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str, stake: str) -> None:
     code, _, err = run(
         capsys, "train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:a", "--stake", stake,
@@ -574,6 +588,28 @@ def test_syncer_daemon_logs_a_refusal_once() -> None:
     assert len(lines) == 1 and "refused" in lines[0]
 
 
+@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
+def test_invalid_syncer_poll_interval_exits_2(
+    capsys: pytest.CaptureFixture[str], key_file: Path, fake_node: FakeNode, interval: str
+) -> None:
+    # --once: without the check a NaN interval would poll with no pause, forever.
+    code, out, err = run(capsys, "syncer", "run", "--once", "--poll-interval", interval, "--key-file", str(key_file),
+                         "--rpc", fake_node.url)
+    assert code == EXIT_USAGE and out == "" and fake_node.calls == []
+    assert err == "tenzro: --poll-interval must be a positive number of seconds\n"
+
+
+@pytest.mark.parametrize("argv", [
+    ["syncer", "run", "--key-file", "k"],
+    ["trainer", "run", "--task-id", "t", "--p2p-key", "p", "--bootstrap", "/ip4/127.0.0.1/tcp/1"],
+])
+def test_invalid_json_flag_on_long_running_processes(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    # They print log lines, never a JSON result: offering --json and ignoring it would mislead scripts.
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--json"])
+    assert info.value.code == EXIT_USAGE and "--json" in capsys.readouterr().err
+
+
 def test_syncer_once_unreachable_exits_3(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
     code, _, err = run(capsys, "syncer", "run", "--once", "--key-file", str(key_file), "--rpc", closed_url)
     assert code == EXIT_UNREACHABLE and "cannot reach node" in err
@@ -670,6 +706,39 @@ def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path
     path.write_text('{"rpc_port": 70000}')
     code, out, err = run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--config", str(path))
     assert code == EXIT_USAGE and out == "" and "rpc_port" in err and err.count("\n") == 1
+
+
+def test_invalid_node_config_not_utf8(tmp_path: Path) -> None:
+    from tenzro_training.node.main import NodeStartupError, load_node_config
+
+    path = tmp_path / "node.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(NodeStartupError, match="is not UTF-8 text"):
+        load_node_config(tmp_path / "d", config_file=str(path))
+
+
+@pytest.mark.parametrize("dev", [False, True])
+def test_invalid_node_data_dir_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, dev: bool
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for data_dir in (blocker, blocker / "sub"):
+        argv = ["node", "--data-dir", str(data_dir), "--rpc-port", "0", *(["--dev"] if dev else [])]
+        code, out, err = run(capsys, *argv)
+        assert code == EXIT_USAGE and out == ""
+        assert err.startswith(f"tenzro: cannot create data dir {data_dir}: ") and err.count("\n") == 1
+    assert blocker.read_text() == "x"
+
+
+def test_invalid_dev_accounts_path_exits_2_and_leaves_no_temporary(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "dev-accounts.json").mkdir()  # the file cannot replace a directory
+    code, out, err = run(capsys, "node", "--data-dir", str(tmp_path), "--rpc-port", "0", "--dev")
+    assert code == EXIT_USAGE and out == ""
+    assert err.startswith(f"tenzro: cannot write {tmp_path / 'dev-accounts.json'}: ") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev-accounts.json"]
 
 
 def test_format_event() -> None:

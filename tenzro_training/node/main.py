@@ -15,8 +15,9 @@ Process contract (tests and scripts rely on it):
   (data dir D)``;
 - SIGINT or SIGTERM: stop accepting, finish in-flight calls, close the service and the store, exit 0
   (no traceback);
-- a startup failure (unreadable or invalid config, store locked by another node, a store written
-  by a newer version, port in use) is one line on stderr and exit status 2.
+- a startup failure (unreadable or invalid config, a data dir that cannot be created or written,
+  store locked by another node, a store written by a newer version, port in use) is one line on
+  stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ def _read_config_file(path: str) -> dict[str, Any]:
     from tenzro_training.jsontext import is_json_depth_ok
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise NodeStartupError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise NodeStartupError(f"config {path} is not UTF-8 text") from None
     if not is_json_depth_ok(text):
         raise NodeStartupError(f"config {path}: JSON nested too deeply")
     try:
@@ -84,9 +87,12 @@ def load_node_config(
 
     obj: dict[str, Any] = {}
     if dev:
-        from tenzro_training.node.dev import dev_genesis
+        from tenzro_training.node.dev import DEV_ACCOUNTS_FILE, dev_genesis
 
-        kwargs, _accounts = dev_genesis(data_dir)
+        try:
+            kwargs, _accounts = dev_genesis(data_dir)
+        except OSError as exc:
+            raise NodeStartupError(f"cannot write {data_dir / DEV_ACCOUNTS_FILE}: {exc.strerror or exc}") from None
         obj = NodeConfig(data_dir=data_dir, **kwargs).to_dict()
     if config_file is not None:
         overrides = _read_config_file(config_file)
@@ -185,6 +191,14 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     return host, bridge
 
 
+def _make_data_dir(data_dir: Path) -> None:
+    """Create the data directory (and its parents) or fail with one line."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NodeStartupError(f"cannot create data dir {data_dir}: {exc.strerror or exc}") from None
+
+
 async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: dict[str, Any] | None = None) -> None:
     """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
     NodeStartupError before anything is served. ``p2p`` (``listen``, ``key``, ``bootstrap``)
@@ -196,7 +210,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     from tenzro_training.node.metrics import NodeMetrics, register_gossip_metrics
     from tenzro_training.node.service import NodeService
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _make_data_dir(data_dir)
     try:
         store = open_store(data_dir / "db", sync=bool(config.sync_writes))
     except StorageError as exc:
@@ -281,6 +295,7 @@ def run_node_from_args(args: argparse.Namespace) -> None:
     )
     data_dir = Path(args.data_dir).resolve()
     try:
+        _make_data_dir(data_dir)  # before --dev writes its accounts there
         config = load_node_config(
             data_dir,
             config_file=args.config,
