@@ -611,8 +611,9 @@ def test_invalid_json_flag_on_long_running_processes(capsys: pytest.CaptureFixtu
 
 
 def test_syncer_once_unreachable_exits_3(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
-    code, _, err = run(capsys, "syncer", "run", "--once", "--key-file", str(key_file), "--rpc", closed_url)
+    code, out, err = run(capsys, "syncer", "run", "--once", "--key-file", str(key_file), "--rpc", closed_url)
     assert code == EXIT_UNREACHABLE and "cannot reach node" in err
+    assert "retrying" not in out + err  # --once makes one pass: it does not retry, so it must not say so
 
 
 # --- dev genesis ---------------------------------------------------------------------------------------
@@ -805,3 +806,33 @@ def test_parser_trainer_run_round_wait_and_state_dir() -> None:
     assert a.func is cli.cmd_trainer_run and a.max_round_wait == 6 * 3600.0 and a.state_dir is None
     a = parser.parse_args(base + ["--max-round-wait", "90", "--state-dir", "st"])
     assert (a.max_round_wait, a.state_dir) == (90.0, "st")
+
+
+@pytest.mark.parametrize(("listen", "bootstrap", "message"), [
+    ("garbage", None, "tenzro: listen address 'garbage' is not a multiaddr"),
+    ("/ip4/127.0.0.1/tcp/0", "garbage", "tenzro: bootstrap address 'garbage' is not a multiaddr"),
+    ("/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/tcp/4001", "tenzro: bootstrap address '/ip4/127.0.0.1/tcp/4001' is not a multiaddr ending in /p2p/"),
+])
+def test_invalid_node_p2p_address_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, listen: str, bootstrap: str | None, message: str
+) -> None:
+    argv = ["node", "--data-dir", str(tmp_path / "d"), "--rpc-port", "0", "--p2p-listen", listen,
+            *(["--bootstrap", bootstrap] if bootstrap else [])]
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_USAGE and out == ""
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_invalid_node_p2p_port_in_use_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """py-libp2p logs a listener it cannot start and carries on with no address: the node must
+    refuse to start instead (it used to crash on the missing address with a traceback)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"/ip4/127.0.0.1/tcp/{taken.getsockname()[1]}"
+        code, out, err = run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--rpc-port", "0", "--p2p-listen", listen)
+    assert code == EXIT_USAGE and out == ""
+    assert err.startswith(f"tenzro: cannot start libp2p on {listen}: ") and "Address already in use" in err
+    assert err.count("\n") == 1, err

@@ -167,7 +167,11 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     from tenzro_training.p2p.host import P2PConfig, P2PHost
 
     key_path = Path(p2p.get("key") or data_dir / "p2p-key")
-    host = P2PHost(P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ())))
+    try:
+        p2p_config = P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ()))
+    except TenzroError as exc:
+        raise NodeStartupError(str(exc)) from None
+    host = P2PHost(p2p_config)
     try:
         try:
             await host.start()

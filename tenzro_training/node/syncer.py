@@ -143,15 +143,13 @@ class SyncerDaemon:
                     self.emit(f"node {self.client.url} reachable again")
                     self._unreachable = False
             except CliError as exc:
+                if once:  # one pass: the error is the command's, nothing is retried
+                    raise
                 if exc.exit_code != EXIT_UNREACHABLE:
-                    if once:
-                        raise
                     self.emit(f"poll failed: {exc}")
                 elif not self._unreachable:
                     self._unreachable = True
                     self.emit(f"{exc}; retrying every {poll_interval:g}s")
-                if once:
-                    raise
             if once:
                 return
             stop.wait(poll_interval)
@@ -161,8 +159,8 @@ def run_syncer_from_args(args: argparse.Namespace) -> None:
     """``tenzro syncer run``: returns (exit 0) on Ctrl-C/SIGTERM or after ``--once``."""
     from tenzro_training.cli import CliError, RpcClient, load_signing_key
 
-    if args.poll_interval <= 0:
-        raise CliError("--poll-interval must be > 0")
+    if not 0 < args.poll_interval < float("inf"):  # NaN too: it would poll with no pause at all
+        raise CliError("--poll-interval must be a positive number of seconds")
     key = load_signing_key(args)
     stop = threading.Event()
 

@@ -55,20 +55,33 @@ from libp2p.tools.anyio_service import background_trio_service
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
 from tenzro_training.p2p.keys import load_or_create_peer_key
 
-__all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS"]
+__all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS", "check_multiaddrs"]
 
 log = logging.getLogger("tenzro.p2p")
 # `import libp2p` detaches its logger; let its records reach the application's handlers.
 logging.getLogger("libp2p").propagate = True
 
 
+_starting = threading.local()
+"""Per host thread, while its listeners start: ``failures`` collects py-libp2p's listener errors."""
+
+
 class _QuietFailedDials(logging.Filter):
     """py-libp2p logs every refused TCP dial at ERROR, and raises it too. A node that is down
     would cost each of its trainers an ERROR line per redial; the redial loop reports the outage
-    once instead (warning when lost, info when back), and ``connect`` raises to its caller."""
+    once instead (warning when lost, info when back), and ``connect`` raises to its caller.
+
+    It also logs a listener that cannot start (port taken) at ERROR and then carries on with no
+    address at all. While a host starts, such a record is kept instead, and ``start`` raises it
+    as a P2PError: one startup error, not a log line followed by a node that cannot be reached."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Failed to open TCP stream")
+        msg = str(record.msg)
+        failures = getattr(_starting, "failures", None)
+        if failures is not None and msg.startswith("Failed to start TCP listener"):
+            failures.append(record.getMessage())
+            return False
+        return not msg.startswith("Failed to open TCP stream")
 
 
 logging.getLogger("libp2p.transport.tcp.tcp").addFilter(_QuietFailedDials())
@@ -98,7 +111,8 @@ class P2PConfig:
     listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     """Multiaddrs to listen on (tcp/0 picks a free port; ``addrs`` reports the real ones)."""
     bootstrap: tuple[str, ...] = ()
-    """Full multiaddrs (with ``/p2p/<peer id>``) dialed at start; failures are logged, not fatal."""
+    """Full multiaddrs (with ``/p2p/<peer id>``; a malformed one is refused here) dialed at start;
+    a failed dial is logged and retried, not fatal."""
     max_rpc_bytes: int = 8 << 20
     """Largest pubsub RPC frame, inbound and outbound (a 1 MiB chunk plus headers fits easily)."""
     max_inbox_bytes: int = 512 << 20
@@ -122,6 +136,7 @@ class P2PConfig:
             object.__setattr__(self, name, tuple(value))
         if not self.listen:
             raise ValueError("listen must name at least one multiaddr")
+        check_multiaddrs(self.listen, self.bootstrap)
         if type(self.max_rpc_bytes) is not int or not (1 << 20) < self.max_rpc_bytes <= (64 << 20):
             raise ValueError("max_rpc_bytes must be an int in (1 MiB, 64 MiB]")
         if type(self.max_inbox_bytes) is not int or self.max_inbox_bytes < self.max_rpc_bytes:
@@ -129,6 +144,22 @@ class P2PConfig:
         for name in ("publish_timeout_s", "stop_timeout_s", "connect_timeout_s", "redial_interval_s"):
             if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive number")
+
+
+def check_multiaddrs(listen: tuple[str, ...], bootstrap: tuple[str, ...]) -> None:
+    """Refuse an address that cannot work before anything starts: a listen address must parse,
+    a bootstrap one must also end in ``/p2p/<peer id>`` (a peer is dialed by its identity). A
+    typo is then one startup error, not a dial retried every few seconds for ever."""
+    for addr in listen:
+        try:
+            multiaddr.Multiaddr(addr)
+        except Exception as exc:  # noqa: BLE001 - py-multiaddr raises several unrelated types
+            raise P2PError(f"listen address {addr!r} is not a multiaddr: {exc}") from None
+    for addr in bootstrap:
+        try:
+            info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise P2PError(f"bootstrap address {addr!r} is not a multiaddr ending in /p2p/<peer id>: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +312,8 @@ class P2PHost:
             try:
                 trio.run(self._trio_main, key_pair, ready)
             except BaseException as exc:  # noqa: BLE001 - reported to the asyncio side, never lost
-                log.error("p2p thread failed: %r", exc)
+                if self._running:  # after start: only the log can say so (a failed start raises there)
+                    log.error("p2p thread failed: %r", exc)
                 self._loop.call_soon_threadsafe(self._fail_ready, ready, exc)  # type: ignore[union-attr]
             finally:
                 self._running = False
@@ -294,7 +326,7 @@ class P2PHost:
     @staticmethod
     def _fail_ready(ready: asyncio.Future[None], exc: BaseException) -> None:
         if not ready.done():
-            ready.set_exception(P2PError(f"p2p host failed to start: {exc!r}"))
+            ready.set_exception(exc if isinstance(exc, P2PError) else P2PError(f"p2p host failed to start: {exc!r}"))
 
     async def _trio_main(self, key_pair: Any, ready: asyncio.Future[None]) -> None:
         cfg = self.config
@@ -315,31 +347,47 @@ class P2PHost:
         for topic in self._validators:
             self._install_validator(topic)
         listen = [multiaddr.Multiaddr(a) for a in cfg.listen]
-        async with host.run(listen_addrs=listen):
-            async with background_trio_service(pubsub), background_trio_service(router):
-                await pubsub.wait_until_ready()
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    self.peer_id = host.get_id().to_base58()
-                    self.addrs = tuple(self._full_addrs())
-                    unreachable = self._unreachable
-                    for addr in cfg.bootstrap:
-                        try:
-                            await self._connect(addr)
-                        except Exception as exc:  # noqa: BLE001 - a dead bootstrap peer is not fatal
-                            log.warning("bootstrap %s failed (retrying every %.1f s): %r", addr, cfg.redial_interval_s, exc)
-                            unreachable.add(addr)
-                    if cfg.bootstrap:
-                        nursery.start_soon(self._keep_bootstrap_connected)
-                    self._running = True
-                    self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
-                        lambda: ready.done() or ready.set_result(None)
-                    )
-                    await self._stop_event.wait()
-                    self._running = False
-                    await self._drain_outbound()
-                    nursery.cancel_scope.cancel()
+        _starting.failures = []
+        cannot_listen = None
+        try:
+            async with host.run(listen_addrs=listen):
+                failures, _starting.failures = _starting.failures, None
+                if len(host.get_addrs()) < len(listen):  # py-libp2p logs a failed listener, then goes on
+                    cannot_listen = "; ".join(failures) or f"cannot listen on {', '.join(cfg.listen)}"
+                else:
+                    await self._serve(host, pubsub, router, ready)
+        finally:
+            _starting.failures = None
+        if cannot_listen is not None:  # raised out here: inside, trio's nurseries would wrap it in groups
+            raise P2PError(cannot_listen)
         log.info("p2p host %s stopped", self.peer_id)
+
+    async def _serve(self, host: Any, pubsub: Any, router: Any, ready: asyncio.Future[None]) -> None:
+        """Run pubsub on the listening host until ``stop``; ``ready`` resolves once it is up."""
+        cfg = self.config
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.peer_id = host.get_id().to_base58()
+                self.addrs = tuple(self._full_addrs())
+                unreachable = self._unreachable
+                for addr in cfg.bootstrap:
+                    try:
+                        await self._connect(addr)
+                    except Exception as exc:  # noqa: BLE001 - a dead bootstrap peer is not fatal
+                        log.warning("bootstrap %s failed (retrying every %.1f s): %r", addr, cfg.redial_interval_s, exc)
+                        unreachable.add(addr)
+                if cfg.bootstrap:
+                    nursery.start_soon(self._keep_bootstrap_connected)
+                self._running = True
+                self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
+                    lambda: ready.done() or ready.set_result(None)
+                )
+                await self._stop_event.wait()
+                self._running = False
+                await self._drain_outbound()
+                nursery.cancel_scope.cancel()
 
     def _full_addrs(self) -> list[str]:
         out = []
@@ -561,12 +609,8 @@ class P2PHost:
         unreachable = self._unreachable
         pubsub = self._pubsub
         assert pubsub is not None
-        targets = []
-        for addr in self.config.bootstrap:
-            try:
-                targets.append((addr, info_from_p2p_addr(multiaddr.Multiaddr(addr)).peer_id))
-            except Exception as exc:  # noqa: BLE001 - already reported by the first dial
-                log.warning("bootstrap %s is not a dialable /p2p/ multiaddr, not retried: %r", addr, exc)
+        # Every address parses: P2PConfig checked them (check_multiaddrs).
+        targets = [(addr, info_from_p2p_addr(multiaddr.Multiaddr(addr)).peer_id) for addr in self.config.bootstrap]
         while True:
             await trio.sleep(self.config.redial_interval_s)
             for addr, peer_id in targets:

@@ -156,6 +156,12 @@ class TrainerProcessConfig:
             raise TrainerProcessError(f"rounds must be >= 1, got {self.rounds!r}")
         if not self.bootstrap:
             raise TrainerProcessError("at least one --bootstrap multiaddr (the node's p2p address) is needed")
+        from tenzro_training.p2p.host import check_multiaddrs  # libp2p loads only for a trainer that runs
+
+        try:
+            check_multiaddrs(self.listen, self.bootstrap)
+        except TenzroError as exc:
+            raise TrainerProcessError(str(exc)) from None
         for name in ("submit_timeout_s", "model_timeout_s", "max_round_wait_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 raise TrainerProcessError(f"{name} must be > 0")

@@ -14,6 +14,8 @@ from tenzro_training.trainer.process import _Inbox, _trainer_validator
 from tests.test_gossip import CHAIN_ID, OUTSIDER_KEY, SYNCER_KEYS, SYNCERS, TASK, h, payload_chunks
 
 WEIGHTS = bytes(range(256)) * 4
+# A well-formed bootstrap address nobody answers on (these tests never dial).
+_BOOTSTRAP = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
 
 def notice(round_: int = 0, *, key: bytes = SYNCER_KEYS[0], syncer: bytes = SYNCERS[0], model: bytes = h("model"),
@@ -125,7 +127,7 @@ def _trainer_with_model(tmp_path, model_timeout_s: float = 2.0):  # type: ignore
     model = ModelLayout.from_views(layouts)
     real = [torch.arange(lay.numel, dtype=torch.float32) for lay in layouts]
     cfg = TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32, spec_path=None,
-                               p2p_key=tmp_path / "unused", bootstrap=("/ip4/127.0.0.1/tcp/9",),
+                               p2p_key=tmp_path / "unused", bootstrap=(_BOOTSTRAP,),
                                model_timeout_s=model_timeout_s, chain_id=CHAIN_ID)
     tr = _Trainer(cfg, lambda line: None)
     tr.g, tr.layouts, tr.model = g, layouts, model
@@ -262,7 +264,7 @@ def test_invalid_device_stops_the_trainer_before_it_calls_the_node(
     spec.write_text("{}")
     # Nothing listens on port 9: had the trainer called the node first, the error would be a connection error.
     code = main(["trainer", "run", "--task-id", "t", "--spec", str(spec), "--p2p-key", str(tmp_path / "k"),
-                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9", "--device", "cuda:0"])
+                 "--bootstrap", _BOOTSTRAP, "--rpc", "http://127.0.0.1:9", "--device", "cuda:0"])
     err = capsys.readouterr().err
     assert code != 0 and "no CUDA device" in err and "Traceback" not in err
     assert not (tmp_path / "k").exists()  # no identity made, nothing staked
@@ -274,7 +276,7 @@ def _trainer_for(spec_path, task_id: str):  # type: ignore[no-untyped-def]
     from tenzro_training.trainer.process import TrainerProcessConfig, _Trainer
 
     cfg = TrainerProcessConfig(task_id=task_id, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32,
-                               spec_path=spec_path, p2p_key=Path("unused"), bootstrap=("/ip4/127.0.0.1/tcp/9",))
+                               spec_path=spec_path, p2p_key=Path("unused"), bootstrap=(_BOOTSTRAP,))
     return _Trainer(cfg, print)
 
 
@@ -375,7 +377,7 @@ def _bare_trainer(tmp_path, **overrides):  # type: ignore[no-untyped-def]
 
     cfg = TrainerProcessConfig(**{"task_id": TASK, "rpc_url": "http://127.0.0.1:9", "private_key": b"\x11" * 32,
                                   "spec_path": None, "p2p_key": tmp_path / "p2p.key",
-                                  "bootstrap": ("/ip4/127.0.0.1/tcp/9",), "chain_id": CHAIN_ID, **overrides})
+                                  "bootstrap": (_BOOTSTRAP,), "chain_id": CHAIN_ID, **overrides})
     said: list[str] = []
     tr = _Trainer(cfg, said.append)
 
@@ -630,7 +632,7 @@ def test_a_trainer_setup_failure_exits_1(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(process, "run_trainer", run_trainer)
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
     code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
-                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9"])
+                 "--bootstrap", _BOOTSTRAP, "--rpc", "http://127.0.0.1:9"])
     assert code == 1 and "dataset hash is 0x01" in capsys.readouterr().err  # docs/trainer-process.md: exit 1
 
 
@@ -640,7 +642,20 @@ def test_invalid_log_level_is_a_one_line_usage_error(tmp_path, monkeypatch, caps
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
     monkeypatch.setenv("TENZRO_LOG_LEVEL", "verbose")
     code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
-                 "--bootstrap", "/ip4/127.0.0.1/tcp/9", "--rpc", "http://127.0.0.1:9"])
+                 "--bootstrap", _BOOTSTRAP, "--rpc", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert code == 2 and "TENZRO_LOG_LEVEL='verbose' is not a log level" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("listen", "bootstrap", "match"), [
+    (("/ip4/127.0.0.1/tcp/0",), ("garbage",), "bootstrap address 'garbage' is not a multiaddr"),
+    (("/ip4/127.0.0.1/tcp/0",), ("/ip4/127.0.0.1/tcp/4001",), "ending in /p2p/<peer id>"),
+    (("nonsense",), (_BOOTSTRAP,), "listen address 'nonsense' is not a multiaddr"),
+])
+def test_invalid_multiaddrs_are_refused_before_anything_starts(tmp_path, listen, bootstrap, match) -> None:  # type: ignore[no-untyped-def]
+    from tenzro_training.trainer.process import TrainerProcessConfig, TrainerProcessError
+
+    with pytest.raises(TrainerProcessError, match=match):
+        TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32, spec_path=None,
+                             p2p_key=tmp_path / "unused", bootstrap=bootstrap, listen=listen)
