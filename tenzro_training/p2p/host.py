@@ -287,6 +287,8 @@ class P2PHost:
         self._stop_event: trio.Event | None = None
         self._stopped = asyncio.Event()
         self._running = False
+        self._started = False
+        """Set once ``start`` has been told the host is up: a later thread failure is logged."""
         self._host: Any = None
         self._pubsub: _TunedPubsub | None = None
         self._router: _TunedGossipSub | None = None
@@ -312,7 +314,7 @@ class P2PHost:
             try:
                 trio.run(self._trio_main, key_pair, ready)
             except BaseException as exc:  # noqa: BLE001 - reported to the asyncio side, never lost
-                if self._running:  # after start: only the log can say so (a failed start raises there)
+                if self._started:  # after start only the log can say so; a failed start raises in start()
                     log.error("p2p thread failed: %r", exc)
                 self._loop.call_soon_threadsafe(self._fail_ready, ready, exc)  # type: ignore[union-attr]
             finally:
@@ -380,7 +382,7 @@ class P2PHost:
                         unreachable.add(addr)
                 if cfg.bootstrap:
                     nursery.start_soon(self._keep_bootstrap_connected)
-                self._running = True
+                self._running = self._started = True
                 self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
                     lambda: ready.done() or ready.set_result(None)
                 )
