@@ -176,17 +176,6 @@ class PayloadUnavailable(RunError):
         super().__init__(task_id, f"payload {payload_hash} is not available")
 
 
-class HeldPayloadConflict(RunError):
-    """Gossip brought a second, different payload signed by one trainer for one (task, round,
-    fragment) while the first is held: not stored (only the gossip bridge meets it)."""
-
-    def __init__(self, task_id: str, round_: int, fragment: int, address: str) -> None:
-        self.round = round_
-        self.fragment = fragment
-        self.address = address
-        super().__init__(task_id, f"{address} already has another payload held for round {round_} fragment {fragment}")
-
-
 class CheckpointError(TenzroError, ValueError):
     """The initial checkpoint named by the spec cannot be loaded or does not match its hash."""
 

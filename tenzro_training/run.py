@@ -133,6 +133,7 @@ __all__ = [
     "process_tick",
     "process_enroll",
     "process_submission",
+    "process_equivocation",
     "process_finalize",
     "process_cancel",
     "is_accepted_set_closed",
@@ -595,6 +596,57 @@ def process_submission(
     events.append(SubmissionAccepted(task_id, now, round, fragment, trainer, payload_hash))
     events.extend(quorum_events)
     return Transition(run, ledger, tuple(events))
+
+
+def process_equivocation(
+    run: RunState,
+    ledger: Ledger,
+    trainer: bytes,
+    round: int,
+    fragment: int,
+    first_hash: bytes,
+    second_hash: bytes,
+    now_ms: int,
+) -> Transition:
+    """Apply equivocation proven outside a submission: ``trainer`` signed two different payload
+    hashes for (``round``, ``fragment``) of the current round (SPEC.md "Authentication").
+
+    Why a separate rule: :func:`process_submission` sees equivocation only when both payloads
+    are submitted. A trainer that gossips two differently signed payloads (or gossips one and
+    submits another) has equivocated just the same; the shell verifies both signatures and
+    passes the two hashes here. The effect is the submission path's: stake burned, trainer
+    marked slashed, its submissions of this round dropped, the run Fails below K unslashed
+    trainers; ``Transition.error`` is the Equivocation to answer with.
+
+    Refusals: bad arguments or equal hashes (InvalidRunArgument); not Training (InvalidState);
+    not enrolled (NotEnrolled); a round other than the current one (RoundMismatch: the
+    evidence of a finalized round changes no accepted set and its stake question is settled
+    at sealing). A trainer already slashed is a no-op: the same evidence may arrive twice.
+    """
+    _check_run(run, ledger)
+    task_id = run.task_id
+    trainer = Address(_check_bytes(task_id, "trainer", trainer, 20))
+    round = _check_int(task_id, "round", round, 2**64 - 1)
+    fragment = _check_int(task_id, "fragment", fragment, run.spec.architecture.fragment_count - 1)
+    first_hash = _check_bytes(task_id, "first_hash", first_hash, HASH_LENGTH)
+    second_hash = _check_bytes(task_id, "second_hash", second_hash, HASH_LENGTH)
+    if first_hash == second_hash:
+        raise InvalidRunArgument(task_id, "second_hash", "equals first_hash: one payload is no equivocation")
+    now = _effective_now(run, now_ms)
+    run, ledger, events = _advance(run, ledger, now)
+    if run.status is not RunStatus.TRAINING:
+        raise InvalidState(task_id, run.status.value, "apply equivocation evidence")
+    known = get_trainer(run, trainer)
+    if known is None:
+        raise NotEnrolled(task_id, _addr(trainer))
+    current = run.current_round
+    assert current is not None  # Training
+    if round != current.round:
+        raise RoundMismatch(task_id, current.round, round)
+    if known.slashed:
+        return Transition(run, ledger, tuple(events))
+    slashed = _slash_equivocator(run, ledger, trainer, fragment, first_hash, second_hash, now)
+    return Transition(slashed.run, slashed.ledger, tuple(events) + slashed.events, slashed.error)
 
 
 def is_accepted_set_closed(run: RunState, now_ms: int) -> bool:

@@ -51,6 +51,7 @@ from tenzro_training.run import (
     process_enroll,
     process_finalize,
     process_post_task,
+    process_equivocation,
     process_submission,
     process_tick,
     process_ticket,
@@ -648,6 +649,52 @@ def test_equivocation_leaving_fewer_than_k_fails_the_run_and_refunds() -> None:
     assert env.ledger.escrow_of("run-test") is None and env.ledger.balance_of(SPONSOR) == 10_000
     assert env.ledger.balance_of(TRAINERS[1]) == BALANCE
     assert env.ledger.balance_of(TRAINERS[0]) == BALANCE - STAKE
+
+
+def test_equivocation_proven_outside_submissions_slashes_like_a_submission() -> None:
+    """process_equivocation: two signed hashes the shell saw (gossip) but not both submitted."""
+    env = Env()
+    env.to_training()
+    env.submit(1, 0, 300)
+    env.submit(2, 0, 300)
+    env.submit(1, 1, 305)
+    env.submit(2, 1, 306)
+    assert env.run.current_round.quorum_at_ms == 306
+    first, second = payload(TRAINERS[2], 0, 1, 0), payload(TRAINERS[2], 0, 1, 1)
+    t = env.apply(process_equivocation, TRAINERS[2], 0, 1, first, second, 310)
+    assert isinstance(t.error, Equivocation) and (t.error.round, t.error.fragment) == (0, 1)
+    detected = [e for e in t.events if isinstance(e, EquivocationDetected)]
+    assert [(e.trainer, e.fragment, e.first_payload_hash, e.second_payload_hash) for e in detected] == [
+        (TRAINERS[2], 1, first, second)
+    ]
+    assert env.ledger.burned == STAKE and env.run.trainers[2].slashed
+    assert [a for a, _ in get_accepted_submissions(env.run, 0)] == [TRAINERS[1]]  # all its fragments dropped
+    assert env.run.current_round.quorum_at_ms is None and any(isinstance(e, QuorumLost) for e in t.events)
+    # The same evidence again (or any other of this trainer): a no-op, nothing burned twice.
+    t = env.apply(process_equivocation, TRAINERS[2], 0, 1, first, second, 320)
+    assert t.error is None and t.events == () and env.ledger.burned == STAKE
+
+
+def test_invalid_equivocation_evidence_is_refused_without_effect() -> None:
+    env = Env()
+    env.post()
+    a, b = payload(TRAINERS[0], 0, 0, 0), payload(TRAINERS[0], 0, 0, 1)
+    with pytest.raises(InvalidState):  # not Training yet
+        env.apply(process_equivocation, TRAINERS[0], 0, 0, a, b, 10)
+    env.elect()
+    for i, now in enumerate((200, 210, 220)):
+        env.enroll(i, now)
+    with pytest.raises(InvalidRunArgument):  # one payload is no equivocation
+        env.apply(process_equivocation, TRAINERS[0], 0, 0, a, a, 300)
+    with pytest.raises(InvalidRunArgument):
+        env.apply(process_equivocation, TRAINERS[0], 0, 2, a, b, 300)  # fragment out of range
+    with pytest.raises(InvalidRunArgument):
+        env.apply(process_equivocation, TRAINERS[0], 0, 0, a[:31], b, 300)
+    with pytest.raises(NotEnrolled):
+        env.apply(process_equivocation, h("stranger")[:20], 0, 0, a, b, 300)
+    with pytest.raises(RoundMismatch):
+        env.apply(process_equivocation, TRAINERS[0], 1, 0, a, b, 300)
+    assert env.ledger.burned == 0 and not any(t.slashed for t in env.run.trainers)
 
 
 # --- failover -----------------------------------------------------------------------------------

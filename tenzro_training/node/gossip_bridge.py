@@ -9,7 +9,8 @@ node service. It
 - drains both topics continuously (a libp2p subscription buffers only 32 messages);
 - reassembles ``PayloadChunk`` streams and hands each complete, hash-checked payload to
   ``NodeService.store_payload``: a trainer's later hash-only ``submitOuterGradient`` then finds it
-  (until then the node answers ``PayloadUnavailable`` and the trainer retries);
+  (until then the node answers ``PayloadUnavailable`` and the trainer retries); a second,
+  differently signed payload of one trainer for one fragment slashes it (``equivocations``);
 - forwards remote ``ElectionTicketMsg`` to ``NodeService.submit_ticket`` (the service verifies
   the VRF proof and the candidate before the ticket counts);
 - answers signed ``ModelRequest`` (version 2) with ``ModelChunk`` messages carrying the current
@@ -44,7 +45,7 @@ from typing import Any, Final
 import torch
 
 from tenzro_training import gossip as g
-from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
+from tenzro_training.errors import Equivocation, GossipIgnore, GossipReject, TenzroError
 from tenzro_training.fragments import compute_raw_le_bytes
 from tenzro_training.run_events import RoundFinalized, RunEvent, RunSealed
 
@@ -114,8 +115,8 @@ class GossipBridge:
         # (task, model hash) -> when its last ModelChunk broadcast began (monotonic seconds).
         self._broadcast_at: dict[tuple[str, bytes], float] = {}
         self._asked: dict[tuple[str, bytes], float] = {}
-        self.counters = {"payloads_stored": 0, "payloads_refused": 0, "tickets": 0, "model_answers": 0,
-                         "finalized_published": 0, "model_requests_limited": 0}
+        self.counters = {"payloads_stored": 0, "payloads_refused": 0, "equivocations": 0, "tickets": 0,
+                         "model_answers": 0, "finalized_published": 0, "model_requests_limited": 0}
 
     def _is_covered(self, task_id: str, model_hash: bytes, received: float) -> bool:
         started = self._broadcast_at.get((task_id, model_hash))
@@ -289,7 +290,12 @@ class GossipBridge:
             return
         try:
             digest = await self._call(lambda: self._service.store_payload(
-                chunk.task_id, payload, signer=(chunk.trainer, chunk.fragment)))
+                chunk.task_id, payload, signer=(chunk.trainer, chunk.fragment, chunk.signature)))
+        except Equivocation as exc:
+            self.counters["equivocations"] += 1
+            log.warning("payload %s of %s refused and its signer slashed: %s", _hex(chunk.payload_hash),
+                        chunk.task_id, exc)
+            return
         except TenzroError as exc:
             self.counters["payloads_refused"] += 1
             log.warning("payload %s of %s round %d refused: %s", _hex(chunk.payload_hash), chunk.task_id, chunk.round, exc)

@@ -45,7 +45,7 @@ import torch
 from storage.files import write_file_atomically
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
-from tenzro_training.addresses import Address, format_address, parse_address
+from tenzro_training.addresses import Address, format_address, parse_address, validate_address_bytes
 from tenzro_training.auth import (
     CancelTask,
     EnrollTrainer,
@@ -60,8 +60,8 @@ from tenzro_training.election import ExclusionReason, TicketRejected, make_ticke
 from tenzro_training.errors import (
     CheckpointError,
     FragmentError,
-    HeldPayloadConflict,
     InvalidState,
+    NotEnrolled,
     PayloadError,
     PayloadUnavailable,
     TenzroError,
@@ -107,6 +107,7 @@ from tenzro_training.run import (
     is_accepted_set_closed,
     process_cancel,
     process_enroll,
+    process_equivocation,
     process_finalize,
     process_post_task,
     process_submission,
@@ -188,9 +189,10 @@ class NodeService:
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
-        # (task, round, fragment, trainer) -> the payload hash gossip brought for it and
-        # store_payload holds: one per trainer and fragment of a run's current round.
-        self._gossip_held: dict[tuple[str, int, int, bytes], bytes] = {}
+        # (task, round, fragment, trainer) -> (payload hash, the trainer's signature of it) that
+        # gossip brought and store_payload holds: one per trainer and fragment of a run's current
+        # round; a differently signed second one is equivocation (evidence: both signatures).
+        self._gossip_held: dict[tuple[str, int, int, bytes], tuple[bytes, bytes]] = {}
         # Finalize hashes the round's aggregates here while the caller hashes the new model
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
@@ -487,6 +489,12 @@ class NodeService:
         assert payload_hash is not None  # one of the two was given
         msg = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=payload_hash)
         trainer = self._recover(msg, signature)
+        current = run.current_round
+        held = self._gossip_held.get((task_id, round, fragment, trainer))
+        if held is not None and held[0] != payload_hash and current is not None and current.round == round:
+            # It gossiped another payload, signed, for this fragment: equivocation.
+            first = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=held[0])
+            self._apply_equivocation(run, trainer, (first, held[1]), (msg, signature))
         t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, self._now())
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
@@ -555,18 +563,25 @@ class NodeService:
         evidence_key = schema.evidence_key(task_id, event.round, event.fragment, trainer)
         return [(BatchOp.PUT, schema.CF_EVIDENCE, evidence_key, value)]
 
-    def store_payload(self, task_id: str, payload: bytes, *, signer: tuple[Address, int] | None = None) -> bytes:
+    def store_payload(
+        self, task_id: str, payload: bytes, *, signer: tuple[Address, int, bytes] | None = None
+    ) -> bytes:
         """Hold a payload that arrived over gossip, so a later hash-only submission can name it.
 
         The run must be Training; the payload must decode as one fragment of the current round
         (PayloadError otherwise). Returns its hash; storing the same bytes again is a no-op.
 
-        ``signer`` = (trainer, fragment) whose SubmitOuterGradient signature the gossip chunks
-        carried (the bridge checked it). Each trainer gets ONE held payload per (round,
-        fragment): without the bound an enrolled trainer could gossip any number of distinct,
-        validly signed payloads and an archive node would keep every one (a second signed
-        payload is equivocation anyway). A different second one raises HeldPayloadConflict and
-        is not stored. The bound is kept in memory, for the current round of each run.
+        ``signer`` = (trainer, fragment, signature): the trainer's SubmitOuterGradient signature
+        the gossip chunks carried, checked again here (SignatureInvalid, WrongSigner), because
+        it may become slashing evidence. Each trainer gets ONE held payload per (round,
+        fragment): a different second one, or one different from the payload the trainer
+        already submitted for that fragment, is equivocation (SPEC.md "Authentication": two
+        different payloads signed by one trainer for the same task, round and fragment). The
+        stake is slashed with both signed messages stored as evidence, exactly as when both are
+        submitted, the payload is not stored, and Equivocation is raised. Without the bound an
+        enrolled trainer could also gossip any number of distinct signed payloads and an
+        archive node would keep every one. The held hashes are kept in memory, for the current
+        round of each run (a restart forgets them; the evidence already applied is stored).
         """
         self._check_open()
         run = self._run(task_id)
@@ -578,33 +593,84 @@ class NodeService:
         if len(payload) > self._config.max_payload_bytes:
             raise PayloadTooLarge("payload", len(payload), self._config.max_payload_bytes)
         digest = compute_payload_hash(payload)
+        layouts = self._model(task_id).layouts
         held_key = None
         if signer is not None:
-            trainer, fragment = bytes(signer[0]), int(signer[1])
+            trainer, fragment, signature = validate_address_bytes(signer[0]), signer[1], bytes(signer[2])
+            if type(fragment) is not int or not 0 <= fragment < len(layouts):
+                raise InvalidRunArgument(task_id, "fragment", f"expected 0..{len(layouts) - 1}")
+            known = get_trainer(run, trainer)
+            if known is None or known.slashed:
+                raise NotEnrolled(task_id, format_address(trainer))
+            msg = SubmitOuterGradient(task_id=task_id, round=current.round, fragment=fragment, payload_hash=digest)
+            validate_signer(msg, signature, trainer, self._config.chain_id)
             for stale in [k for k in self._gossip_held if k[0] == task_id and k[1] != current.round]:
                 del self._gossip_held[stale]
             held_key = (task_id, current.round, fragment, trainer)
-            held = self._gossip_held.get(held_key)
-            if held is not None and held != digest:
-                raise HeldPayloadConflict(task_id, current.round, fragment, format_address(trainer))
+            first = self._first_signed_payload(run, held_key)
+            if first is not None and first[0].payload_hash != digest:
+                self._apply_equivocation(run, trainer, first, (msg, signature))
+            layouts = (layouts[fragment],)  # the signature names the fragment
         key = schema.payload_key(task_id, digest)
-        if self._store.contains(schema.CF_SUBMISSIONS, key):
-            return digest
-        for layout in self._model(task_id).layouts:
-            header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
-            try:
-                decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
-                               zero_copy=True, max_abs=self._config.max_gradient_abs)
-                break
-            except (PayloadLayoutMismatch, PayloadMetadataMismatch):
-                continue
-        else:
-            raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
-        self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
-        self._cache_payload(task_id, digest, payload)
-        if held_key is not None:
-            self._gossip_held[held_key] = digest
+        if not self._store.contains(schema.CF_SUBMISSIONS, key):
+            for layout in layouts:
+                header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
+                try:
+                    decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
+                                   zero_copy=True, max_abs=self._config.max_gradient_abs)
+                    break
+                except (PayloadLayoutMismatch, PayloadMetadataMismatch):
+                    if len(layouts) == 1:
+                        raise
+            else:
+                raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
+            self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
+            self._cache_payload(task_id, digest, payload)
+        if held_key is not None and held_key not in self._gossip_held:
+            self._gossip_held[held_key] = (digest, signature)
         return digest
+
+    def _first_signed_payload(
+        self, run: RunState, key: tuple[str, int, int, bytes]
+    ) -> tuple[SubmitOuterGradient, bytes] | None:
+        """The payload (message and signature) the trainer of ``key`` already signed for that
+        round and fragment: the one gossip brought and is held, else its accepted submission."""
+        task_id, round_, fragment, trainer = key
+        held = self._gossip_held.get(key)
+        if held is not None:
+            return SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=held[0]), held[1]
+        current = run.current_round
+        if current is None or current.round != round_:
+            return None
+        for sub in current.submissions[fragment]:
+            if sub.trainer == trainer:
+                raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, round_, fragment, trainer))
+                if raw is None:
+                    raise StorageError(f"the submission record of {format_address(trainer)} in {task_id} is missing")
+                record = persistence.decode_submission_record(raw)
+                msg = SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=sub.payload_hash)
+                return msg, record.signature
+        return None
+
+    def _apply_equivocation(
+        self,
+        run: RunState,
+        trainer: Address,
+        first: tuple[SubmitOuterGradient, bytes],
+        second: tuple[SubmitOuterGradient, bytes],
+    ) -> None:
+        """Slash ``trainer`` for two signed payload hashes of one (round, fragment), both
+        signatures already checked: commit the transition and the evidence in one batch, then
+        raise the Equivocation. Returns (nothing applied) when the trainer is already slashed."""
+        (m1, s1), (m2, s2) = first, second
+        t = process_equivocation(run, self._ledger, trainer, m2.round, m2.fragment, m1.payload_hash,
+                                 m2.payload_hash, self._now())
+        if t.error is None:
+            return
+        value = persistence.encode_evidence(m1, s1, m2, s2, trainer, self._config.chain_id)
+        key = schema.evidence_key(run.task_id, m2.round, m2.fragment, trainer)
+        self._commit(t, [(BatchOp.PUT, schema.CF_EVIDENCE, key, value)])
+        raise t.error
 
     # --- finalizeRound ------------------------------------------------------------------------
 

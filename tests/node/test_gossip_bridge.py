@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from storage import schema
 from tenzro_training import auth
 from tenzro_training import gossip as g
 from tenzro_training.errors import GossipIgnore, GossipReject, PayloadUnavailable
@@ -84,8 +85,9 @@ def bridged(net: Net, checkpoint: tuple[str, str]) -> Iterator[tuple[Net, FakeHo
     loop.close()
 
 
-def chunks_of(net: Net, i: int, round_: int, fragment: int, *, signer: Party | None = None) -> tuple[bytes, list[g.PayloadChunk]]:
-    data = net.payload(i, round_, fragment)
+def chunks_of(net: Net, i: int, round_: int, fragment: int, *, signer: Party | None = None,
+              variant: int = 0) -> tuple[bytes, list[g.PayloadChunk]]:
+    data = net.payload(i, round_, fragment, variant)
     digest = compute_payload_hash(data)
     sig = (signer or TRAINERS[i]).sign(auth.SubmitOuterGradient(task_id=net.task_id, round=round_, fragment=fragment,
                                                                 payload_hash=digest))
@@ -205,6 +207,21 @@ def test_a_forged_chunk_body_does_not_shadow_the_genuine_payload(bridged) -> Non
     loop.run_until_complete(settle())
     assert bridge.counters["payloads_stored"] == 1
     assert net.submit(0, 0, 0, hash_only=True)["accepted_count"] == 1
+
+
+def test_two_signed_payloads_of_one_trainer_over_gossip_slash_it(bridged) -> None:  # type: ignore[no-untyped-def]
+    # SPEC "Authentication": two different payloads signed by one trainer for one (task, round,
+    # fragment) are equivocation. Over gossip the second was only refused and the stake kept.
+    net, host, bridge, loop = bridged
+    for variant in (0, 1):
+        for c in chunks_of(net, 1, 0, 1, variant=variant)[1]:
+            host.deliver(c)
+        loop.run_until_complete(settle())
+    assert bridge.counters["payloads_stored"] == 1 and bridge.counters["equivocations"] == 1
+    assert bridge.counters["payloads_refused"] == 0
+    view = net.service.get_run(net.task_id)
+    assert [t["slashed"] for t in view["trainers"]] == [False, True, False]
+    assert net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 1, TRAINERS[1].address)) is not None
 
 
 def test_the_reassembly_buffer_is_sized_from_the_runs_trainers(net: Net, checkpoint: tuple[str, str]) -> None:

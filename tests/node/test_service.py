@@ -420,29 +420,113 @@ class TestRefusals:
         with pytest.raises(PayloadLayoutMismatch):
             net.service.store_payload(net.task_id, net.payload(1, 1, 0))  # not this round
 
-    def test_invalid_second_gossiped_payload_of_one_trainer_is_not_stored(self, net: Net,
-                                                                          checkpoint: tuple[str, str]) -> None:
-        """One held payload per trainer, round and fragment: before, an enrolled trainer could
-        gossip any number of distinct signed payloads and an archive node kept them all."""
-        from tenzro_training.errors import HeldPayloadConflict
+    def gossip(self, net: Net, i: int, data: bytes, fragment: int, signer: Any = None) -> bytes:
+        """Hand ``data`` to store_payload as the bridge does: with trainer i's chunk signature."""
+        digest = compute_payload_hash(data)
+        round_ = net.service.get_run(net.task_id)["round"]
+        msg = auth.SubmitOuterGradient(task_id=net.task_id, round=round_, fragment=fragment, payload_hash=digest)
+        sig = (signer or TRAINERS[i]).sign(msg)
+        return net.service.store_payload(net.task_id, data, signer=(TRAINERS[i].address, fragment, sig))
+
+    def check_gossip_equivocation(self, net: Net, first: bytes, second: bytes, events: list[RunEvent]) -> None:
+        """Trainer 1 equivocated on fragment 1 of round 0 with ``first`` then ``second``:
+        slashed as on the submission path, both signed messages stored as evidence."""
+        raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 1, TRAINERS[1].address))
+        assert raw is not None
+        evidence = json.loads(raw)
+        assert evidence["trainer"] == TRAINERS[1].text
+        hashes = [m["typed_data"]["message"]["payloadHash"] for m in evidence["messages"]]
+        assert hashes == ["0x" + compute_payload_hash(d).hex() for d in (first, second)]
+        for message in evidence["messages"]:
+            msg = auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=1,
+                                           payload_hash=bytes.fromhex(message["typed_data"]["message"]["payloadHash"][2:]))
+            assert auth.recover_signer(msg, bytes.fromhex(message["signature"][2:])) == TRAINERS[1].text
+        ledger = check_ledger(net)
+        assert ledger.burned == STAKE and ledger.bond_of(net.task_id, TRAINERS[1].address) is None
+        assert [type(e) for e in events] == [EquivocationDetected, TrainerSlashed]
+        view = net.service.get_run(net.task_id)
+        assert [t["slashed"] for t in view["trainers"]] == [False, True, False]
+        assert not net.store.contains(schema.CF_SUBMISSIONS, schema.payload_key(net.task_id, compute_payload_hash(second)))
+
+    def test_second_gossiped_payload_of_one_trainer_is_equivocation(self, net: Net,
+                                                                     checkpoint: tuple[str, str]) -> None:
+        """SPEC: two different payloads signed by one trainer for one (task, round, fragment)
+        are equivocation. Before, a second gossiped one was only refused (HeldPayloadConflict):
+        a trainer could sign two payloads, gossip both, and keep its stake."""
+        start(net, checkpoint)
+        first, second = net.payload(1, 0, 1), net.payload(1, 0, 1, variant=1)
+        assert self.gossip(net, 1, first, 1) == compute_payload_hash(first)
+        before = snapshot(net.store)
+        assert self.gossip(net, 1, first, 1) == compute_payload_hash(first)  # a replay: a no-op
+        assert snapshot(net.store) == before
+        self.gossip(net, 2, net.payload(2, 0, 1), 1)  # another trainer: its own
+        self.gossip(net, 1, net.payload(1, 0, 0), 0)  # another fragment: its own
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        with pytest.raises(Equivocation):
+            self.gossip(net, 1, second, 1)
+        self.check_gossip_equivocation(net, first, second, events)
+        before = snapshot(net.store)
+        with pytest.raises(NotEnrolled):  # slashed: nothing of it is held any more
+            self.gossip(net, 1, net.payload(1, 0, 1, variant=2), 1)
+        with pytest.raises(NotEnrolled):
+            net.submit(1, 0, 1, hash_only=True)
+        assert snapshot(net.store) == before
+        play_round(net, 0, trainers=(0, 2))
+        # Round 1: the bound starts afresh (round 0's entries are dropped).
+        self.gossip(net, 2, net.payload(2, 1, 1), 1)
+        assert all(k[1] == 1 for k in net.service._gossip_held)
+
+    def test_gossiped_then_submitted_different_payload_is_equivocation(self, net: Net,
+                                                                       checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        first, second = net.payload(1, 0, 1), net.payload(1, 0, 1, variant=1)
+        self.gossip(net, 1, first, 1)
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        with pytest.raises(Equivocation):
+            net.submit(1, 0, 1, variant=1)
+        self.check_gossip_equivocation(net, first, second, events)
+
+    def test_submitted_then_gossiped_different_payload_is_equivocation(self, net: Net,
+                                                                       checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        first, second = net.payload(1, 0, 1), net.payload(1, 0, 1, variant=1)
+        net.submit(1, 0, 1)
+        self.gossip(net, 1, first, 1)  # the submitted payload, gossiped too: fine
+        assert net.service.get_run(net.task_id)["submission_counts"] == [0, 1]
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        with pytest.raises(Equivocation):
+            self.gossip(net, 1, second, 1)
+        self.check_gossip_equivocation(net, first, second, events)
+        assert net.service.get_run(net.task_id)["submission_counts"] == [0, 0]  # its submission dropped
+
+    def test_invalid_gossiped_payload_signature_refused_without_effect(self, net: Net,
+                                                                       checkpoint: tuple[str, str]) -> None:
+        """store_payload checks the chunks' signature itself: it may become slashing evidence."""
+        from tenzro_training.auth import SignatureInvalid
+        from tenzro_training.run import InvalidRunArgument
 
         start(net, checkpoint)
-        me, other = (TRAINERS[1].address, 1), (TRAINERS[2].address, 1)
-        first = net.payload(1, 0, 1)
-        assert net.service.store_payload(net.task_id, first, signer=me) == compute_payload_hash(first)
+        net.submit(1, 0, 1)
         before = snapshot(net.store)
-        assert net.service.store_payload(net.task_id, first, signer=me) == compute_payload_hash(first)  # a replay
-        with pytest.raises(HeldPayloadConflict) as info:
-            net.service.store_payload(net.task_id, net.payload(1, 0, 1, variant=1), signer=me)
-        assert (info.value.round, info.value.fragment) == (0, 1)
+        second = net.payload(1, 0, 1, variant=1)
+        with pytest.raises(WrongSigner):  # signed by trainer 2 in trainer 1's name
+            self.gossip(net, 1, second, 1, signer=TRAINERS[2])
+        digest = compute_payload_hash(second)
+        with pytest.raises(SignatureInvalid):
+            net.service.store_payload(net.task_id, second, signer=(TRAINERS[1].address, 1, b"\x00" * 65))
+        with pytest.raises(InvalidRunArgument):
+            net.service.store_payload(net.task_id, second, signer=(TRAINERS[1].address, 2, b"\x00" * 65))
+        stranger_sig = STRANGER.sign(auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=1,
+                                                              payload_hash=digest))
+        with pytest.raises(NotEnrolled):
+            net.service.store_payload(net.task_id, second, signer=(STRANGER.address, 1, stranger_sig))
+        with pytest.raises(PayloadError):  # signed for fragment 0, but a fragment-1 payload
+            self.gossip(net, 2, net.payload(2, 0, 1), 0)
         assert snapshot(net.store) == before
-        net.service.store_payload(net.task_id, net.payload(2, 0, 1), signer=other)  # another trainer: its own
-        net.service.store_payload(net.task_id, net.payload(1, 0, 0), signer=(TRAINERS[1].address, 0))
-        play_round(net, 0)
-        # Round 1: the bound starts afresh (round 0's entries are dropped).
-        second = net.payload(1, 1, 1)
-        assert net.service.store_payload(net.task_id, second, signer=me) == compute_payload_hash(second)
-        assert all(k[1] == 1 for k in net.service._gossip_held)
+        assert [t["slashed"] for t in net.service.get_run(net.task_id)["trainers"]] == [False, False, False]
 
     def test_invalid_finalize_refusals(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)
