@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from tenzro_training import auth
 from tenzro_training.addresses import parse_address
+from tenzro_training.console import EXIT_INTERRUPTED
 from tenzro_training.errors import TenzroError
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -841,8 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         args.func(args)
     except CliError as exc:
         print(f"tenzro: {exc}", file=sys.stderr)
@@ -851,7 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tenzro: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

@@ -836,3 +836,40 @@ def test_invalid_node_p2p_port_in_use_exits_2_with_one_line(capsys: pytest.Captu
     assert code == EXIT_USAGE and out == ""
     assert err.startswith(f"tenzro: cannot start libp2p on {listen}: ") and "Address already in use" in err
     assert err.count("\n") == 1, err
+
+
+# --- Ctrl-C while the command is still importing -------------------------------------------------
+
+_INTERRUPT_DURING_CLI_IMPORT = """
+import importlib.abc, os, signal, sys
+
+class InterruptCliImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "tenzro_training.cli":
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, while the CLI is being imported
+        return None
+
+sys.meta_path.insert(0, InterruptCliImport())
+from tenzro_training.console import main
+sys.exit(main(["--help"]))
+"""
+
+
+def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback() -> None:
+    """Before tenzro_training.console, the entry point imported cli (eth-account, pydantic:
+    ~0.3 s) before any handler was in place, and Ctrl-C then printed a KeyboardInterrupt
+    traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_DURING_CLI_IMPORT], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "" and done.stdout == ""
+
+
+def test_console_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from tenzro_training.console import main
+
+    assert main(["keys", "new-account", "--out", "/proc/nope/key.json"]) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("tenzro: ")
