@@ -23,12 +23,17 @@ named :class:`CheckResult` per rule:
 - ``round_syncers``: each round's syncer is the recomputed ranking's entry at its syncer_rank;
 - ``finalize_signatures``: each round's FinalizeRound signature recovers to that syncer;
 - ``submission_signatures``: every accepted trainer of every fragment has a SubmitOuterGradient
-  signature recovering to it (and every attested submission verifies).
+  signature recovering to it (and every attested submission verifies);
+- ``slashings``: every trainer the receipt marks slashed is backed by equivocation evidence (two
+  different payload hashes it signed for one round and fragment, both signatures recovering to
+  it), no evidence names a trainer left unslashed, and no round from its slashing on accepted
+  any of its submissions.
 
 What it does NOT establish: the candidates' registrations and stakes (the node's configuration,
 not committed by anything a verifier holds), the trainers' DIDs and stakes (vouched for by the
-node's sealed record, as for TRAINING_VERIFY), or that a payload hash is the aggregated gradient
-(that needs the payloads). It does no I/O; the CLI fetches or reads the document.
+node's sealed record, as for TRAINING_VERIFY), that no OTHER trainer equivocated unseen (only a
+node that saw both payloads can tell), or that a payload hash is the aggregated gradient (that
+needs the payloads). It does no I/O; the CLI fetches or reads the document.
 
 Every function here takes untrusted input and never raises: malformed input is a failed check.
 """
@@ -71,6 +76,7 @@ __all__ = [
     "ElectionAttestation",
     "SubmissionAttestation",
     "RoundAttestation",
+    "SlashingAttestation",
     "Attestations",
     "CheckResult",
     "ReceiptCheck",
@@ -78,8 +84,9 @@ __all__ = [
     "check_receipt_document",
 ]
 
-ATTESTATIONS_VERSION = 1
-"""Written as ``"version"`` by :meth:`Attestations.to_dict`."""
+ATTESTATIONS_VERSION = 2
+"""Written as ``"version"`` by :meth:`Attestations.to_dict`. Version 1 (no ``"slashings"``) is
+still read, as attesting no slashing evidence."""
 
 CHECK_NAMES = (
     "chain_id",
@@ -94,6 +101,7 @@ CHECK_NAMES = (
     "round_syncers",
     "finalize_signatures",
     "submission_signatures",
+    "slashings",
 )
 """Every check, in the order :func:`check_receipt` runs them (``abi`` only when bytes are given)."""
 
@@ -279,6 +287,57 @@ class RoundAttestation:
 
 
 @dataclass(frozen=True, slots=True)
+class SlashingAttestation:
+    """The equivocation evidence a trainer was slashed on: two different payload hashes it
+    signed (EIP-712 SubmitOuterGradient) for one round and fragment."""
+
+    trainer: Address
+    """The slashed trainer."""
+    round: int
+    """The round both messages name."""
+    fragment: int
+    """The fragment both messages name."""
+    payload_hashes: tuple[bytes, bytes]
+    """The first payload hash the node held, then the conflicting one."""
+    signatures: tuple[bytes | None, bytes]
+    """The trainer's signature of each; the first is None only if the node lost its record (a
+    damaged store): the check then fails."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trainer": format_address(self.trainer),
+            "round": self.round,
+            "fragment": self.fragment,
+            "payloads": [
+                {"payload_hash": _hex(h), "signature": None if sig is None else _hex(sig)}
+                for h, sig in zip(self.payload_hashes, self.signatures)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, obj: object, path: str) -> SlashingAttestation:
+        d = _obj(path, obj, ("trainer", "round", "fragment", "payloads"))
+        payloads = _arr(f"{path}.payloads", d["payloads"])
+        if len(payloads) != 2:
+            raise _fail(f"{path}.payloads", f"expected 2 signed payload hashes, got {len(payloads)}")
+        hashes, signatures = [], []
+        for i, p in enumerate(payloads):
+            entry = _obj(f"{path}.payloads[{i}]", p, ("payload_hash", "signature"))
+            hashes.append(_unhex(f"{path}.payloads[{i}].payload_hash", entry["payload_hash"], 32))
+            sig = entry["signature"]
+            signatures.append(None if sig is None and i == 0 else _unhex(f"{path}.payloads[{i}].signature", sig, 65))
+        second = signatures[1]
+        assert second is not None  # only the first may be None
+        return cls(
+            _unaddress(f"{path}.trainer", d["trainer"]),
+            _int(f"{path}.round", d["round"]),
+            _int(f"{path}.fragment", d["fragment"], 2**32 - 1),
+            (hashes[0], hashes[1]),
+            (signatures[0], second),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Attestations:
     """Everything signed behind a receipt (getReceipt's ``"attestations"``)."""
 
@@ -288,6 +347,8 @@ class Attestations:
     """The syncer election."""
     rounds: tuple[RoundAttestation, ...]
     """One entry per finalized round, round 0 first."""
+    slashings: tuple[SlashingAttestation, ...] = ()
+    """The evidence behind every slashed trainer, by (round, fragment, trainer)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -295,18 +356,24 @@ class Attestations:
             "chain_id": self.chain_id,
             "election": self.election.to_dict(),
             "rounds": [r.to_dict() for r in self.rounds],
+            "slashings": [s.to_dict() for s in self.slashings],
         }
 
     @classmethod
     def from_dict(cls, obj: object) -> Attestations:
-        """Strict parse of :meth:`to_dict` output; EncodingError (a TenzroError) when malformed."""
-        d = _obj("", obj, ("version", "chain_id", "election", "rounds"))
-        if d["version"] != ATTESTATIONS_VERSION:
-            raise _fail("version", f"unsupported version {d['version']!r}")
+        """Strict parse of :meth:`to_dict` output (or of a version 1 document, which has no
+        ``"slashings"``); EncodingError (a TenzroError) when malformed."""
+        version = obj.get("version") if isinstance(obj, Mapping) else None
+        if version not in (1, ATTESTATIONS_VERSION):
+            raise _fail("version", f"unsupported version {version!r}")
+        keys = ("version", "chain_id", "election", "rounds") + (("slashings",) if version == 2 else ())
+        d = _obj("", obj, keys)
+        slashings = _arr("slashings", d["slashings"]) if version == 2 else []
         return cls(
             _int("chain_id", d["chain_id"], _U256 - 1, minimum=1),
             ElectionAttestation.from_dict(d["election"]),
             tuple(RoundAttestation.from_dict(r, f"rounds[{i}]") for i, r in enumerate(_arr("rounds", d["rounds"]))),
+            tuple(SlashingAttestation.from_dict(s, f"slashings[{i}]") for i, s in enumerate(slashings)),
         )
 
 
@@ -533,6 +600,40 @@ def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attesta
     return f"{checked} accepted submission(s) signed by their trainer"
 
 
+def _check_slashings(receipt: TrainingReceipt, attestations: Attestations, chain_id: int) -> str:
+    slashed = {t.address for t in receipt.trainers if t.slashed}
+    fragments = receipt.spec.architecture.fragment_count
+    slashed_at: dict[bytes, int] = {}
+    for att in attestations.slashings:
+        who = format_address(att.trainer)
+        where = f"evidence against {who} (round {att.round} fragment {att.fragment})"
+        _require(att.trainer in slashed, f"{where}: the receipt does not mark {who} slashed")
+        _require(att.round < len(receipt.transcript), f"{where}: the run has {len(receipt.transcript)} rounds")
+        _require(att.fragment < fragments, f"{where}: the run has {fragments} fragments")
+        first, second = att.payload_hashes
+        _require(first != second, f"{where}: both messages sign the same payload hash")
+        for payload_hash, signature in zip(att.payload_hashes, att.signatures):
+            if signature is None:
+                raise _Failed(f"{where}: the node kept no signature for {_hex(payload_hash)}")
+            msg = auth.SubmitOuterGradient(
+                task_id=receipt.task_id, round=att.round, fragment=att.fragment, payload_hash=payload_hash
+            )
+            why = _recovers_to(msg, signature, att.trainer, chain_id)
+            _require(why is None, f"{where}: {_hex(payload_hash)} {why}")
+        slashed_at[att.trainer] = min(att.round, slashed_at.get(att.trainer, att.round))
+    unproven = sorted(slashed - set(slashed_at))
+    _require(not unproven, f"{format_address(unproven[0]) if unproven else ''} is marked slashed without evidence")
+    for trainer, round_ in slashed_at.items():
+        for record in receipt.transcript[round_:]:
+            for fragment, outcome in enumerate(record.fragments):
+                _require(
+                    trainer not in outcome.accepted,
+                    f"round {record.round} fragment {fragment} accepted {format_address(trainer)}, "
+                    f"slashed in round {round_}",
+                )
+    return f"{len(slashed)} slashed trainer(s), each on signed equivocation evidence"
+
+
 def _run(name: str, fn: Any, *args: Any) -> CheckResult:
     try:
         return CheckResult(name, True, fn(*args))
@@ -571,6 +672,7 @@ def check_receipt(
         _run("round_syncers", _check_round_syncers, receipt, attestations),
         _run("finalize_signatures", _check_finalize_signatures, receipt, attestations, chain_id),
         _run("submission_signatures", _check_submission_signatures, receipt, attestations, chain_id),
+        _run("slashings", _check_slashings, receipt, attestations, chain_id),
     ]
     return ReceiptCheck(tuple(checks))
 

@@ -93,6 +93,94 @@ def test_a_run_with_a_slashed_trainer_passes(slashed: Doc) -> None:
     assert any(s["trainer"] == slashed_trainer for s in round0)
 
 
+# --- slashing evidence ---------------------------------------------------------------------------
+
+
+def test_the_slashing_is_attested_with_both_signed_payload_hashes(slashed: Doc) -> None:
+    slashings = slashed["attestations"]["slashings"]
+    assert [(s["trainer"], s["round"]) for s in slashings] == [(trainer_party(1).text, 0)]
+    first, second = slashings[0]["payloads"]
+    assert first["payload_hash"] != second["payload_hash"]
+    detail = check_receipt_document(slashed).get("slashings")
+    assert detail is not None and detail.ok and detail.detail.startswith("1 slashed")
+    assert Attestations.from_dict(slashed["attestations"]).to_dict() == slashed["attestations"]
+
+
+def test_invalid_slashed_flag_without_evidence(good: Doc, slashed: Doc) -> None:
+    """A node marking an honest trainer slashed (withholding its reward and stake) is caught."""
+    def drop(d: Doc) -> None:
+        d["attestations"]["slashings"] = []
+
+    assert failed(tampered(slashed, drop)) == ("slashings",)
+
+    def mark(d: Doc) -> None:  # the ABI changes with the flag; the run root does not commit it
+        d["receipt"]["trainers"][0]["slashed"] = True
+
+    assert failed(tampered(good, mark)) == ("abi", "slashings")
+
+
+def test_invalid_evidence_against_an_unslashed_trainer(good: Doc, slashed: Doc) -> None:
+    def edit(d: Doc) -> None:
+        d["attestations"]["slashings"] = copy.deepcopy(slashed["attestations"]["slashings"])
+
+    assert failed(tampered(good, edit)) == ("slashings",)
+
+
+def test_invalid_evidence_signatures_and_hashes(slashed: Doc) -> None:
+    def flip_signature(d: Doc) -> None:
+        entry = d["attestations"]["slashings"][0]["payloads"][1]
+        entry["signature"] = flip_hex(entry["signature"], 10)
+
+    def same_hash(d: Doc) -> None:
+        first, second = d["attestations"]["slashings"][0]["payloads"]
+        second.update(first)
+
+    def other_fragment(d: Doc) -> None:  # the signatures no longer cover what is claimed
+        entry = d["attestations"]["slashings"][0]
+        entry["fragment"] = 1 - entry["fragment"]
+
+    def lost_first_signature(d: Doc) -> None:
+        d["attestations"]["slashings"][0]["payloads"][0]["signature"] = None
+
+    def signed_by_another(d: Doc) -> None:
+        entry = d["attestations"]["slashings"][0]
+        for p in entry["payloads"]:
+            msg = auth.SubmitOuterGradient(task_id=d["receipt"]["task_id"], round=entry["round"],
+                                           fragment=entry["fragment"], payload_hash=bytes.fromhex(p["payload_hash"][2:]))
+            p["signature"] = sign_hex(trainer_party(0), msg)
+
+    for edit in (flip_signature, same_hash, other_fragment, lost_first_signature, signed_by_another):
+        assert failed(tampered(slashed, edit)) == ("slashings",), edit.__name__
+
+
+def test_invalid_slashed_trainer_accepted_after_its_slashing(slashed: Doc) -> None:
+    from tenzro_training.receipt_check import SlashingAttestation
+
+    att = Attestations.from_dict(slashed["attestations"])
+    receipt = TrainingReceipt.from_dict(slashed["receipt"])
+    # Claim round 0's evidence for an honest trainer who was accepted in round 1: re-sign it.
+    honest = trainer_party(0)
+    hashes = (b"\x01" * 32, b"\x02" * 32)
+    signatures = tuple(honest.sign(auth.SubmitOuterGradient(task_id=receipt.task_id, round=0, fragment=0,
+                                                            payload_hash=h)) for h in hashes)
+    forged = SlashingAttestation(honest.address, 0, 0, hashes, (signatures[0], signatures[1]))
+    receipt = receipt.__class__.from_dict({**receipt.to_dict(), "trainers": [
+        {**t, "slashed": True} if t["address"] == honest.text else t for t in receipt.to_dict()["trainers"]]})
+    result = check_receipt(receipt, att.__class__(att.chain_id, att.election, att.rounds, att.slashings + (forged,)),
+                           auth.DEFAULT_CHAIN_ID)
+    check = result.get("slashings")
+    assert check is not None and not check.ok and "accepted" in check.detail
+
+
+def test_version_1_attestations_are_read_as_attesting_no_slashing(good: Doc, slashed: Doc) -> None:
+    def to_v1(d: Doc) -> None:
+        d["attestations"]["version"] = 1
+        d["attestations"].pop("slashings")
+
+    assert check_receipt_document(tampered(good, to_v1)).ok
+    assert failed(tampered(slashed, to_v1)) == ("slashings",)
+
+
 def test_attestations_round_trip(good: Doc) -> None:
     att = Attestations.from_dict(good["attestations"])
     assert att.to_dict() == good["attestations"]
@@ -335,7 +423,9 @@ def test_invalid_abi_bytes(good: Doc) -> None:
     [
         lambda d: d.pop("attestations"),
         lambda d: d.pop("receipt"),
-        lambda d: d["attestations"].update(version=2),
+        lambda d: d["attestations"].update(version=3),
+        lambda d: d["attestations"].pop("slashings"),
+        lambda d: d["attestations"]["slashings"].append({"trainer": TRAINERS[0].text}),
         lambda d: d["attestations"]["election"].pop("ranking"),
         lambda d: d["attestations"]["election"]["tickets"][0].update(proof="0x12"),
         lambda d: d["attestations"]["rounds"][0].update(round=-1),

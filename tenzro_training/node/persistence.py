@@ -44,6 +44,7 @@ from tenzro_training.errors import TenzroError
 from tenzro_training.jsontext import is_json_depth_ok
 from tenzro_training.ledger import Escrow, Ledger, compute_changes
 from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.receipt_check import SlashingAttestation
 from tenzro_training.run_state import RunState
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "compute_report_canonical",
     "compute_transition_ops",
     "decode_escrow",
+    "decode_evidence",
     "decode_finalize_record",
     "decode_json",
     "decode_receipt",
@@ -239,6 +241,33 @@ def encode_evidence(
             ],
         }
     )
+
+
+def decode_evidence(raw: bytes) -> SlashingAttestation:
+    """The trainer, round, fragment, both payload hashes and signatures of stored evidence
+    (:func:`encode_evidence`), for getReceipt's attestations; StorageError if malformed."""
+    value = decode_json(raw, "equivocation evidence")
+    try:
+        if value["version"] != EVIDENCE_VERSION or len(value["messages"]) != 2:
+            raise ValueError("version or message count")
+        messages = [m["typed_data"]["message"] for m in value["messages"]]
+        signatures = [m["signature"] for m in value["messages"]]
+        keys = {(m["taskId"], m["round"], m["fragment"]) for m in messages}
+        if len(keys) != 1 or signatures[1] is None:
+            raise ValueError("the two messages differ in task, round or fragment")
+        return SlashingAttestation.from_dict(
+            {
+                "trainer": value["trainer"],
+                "round": messages[0]["round"],
+                "fragment": messages[0]["fragment"],
+                "payloads": [
+                    {"payload_hash": m["payloadHash"], "signature": sig} for m, sig in zip(messages, signatures)
+                ],
+            },
+            "evidence",
+        )
+    except (KeyError, TypeError, ValueError, TenzroError):
+        raise StorageError("stored equivocation evidence is malformed") from None
 
 
 # --- aggregation reports ---------------------------------------------------------------------

@@ -975,7 +975,11 @@ class NodeService:
                     submissions=tuple(submissions),
                 )
             )
-        return Attestations(chain_id=self._config.chain_id, election=election, rounds=tuple(rounds))
+        slashings = tuple(
+            persistence.decode_evidence(value)
+            for _, value in self._store.iterate(schema.CF_EVIDENCE, schema.task_prefix(task_id))
+        )
+        return Attestations(chain_id=self._config.chain_id, election=election, rounds=tuple(rounds), slashings=slashings)
 
     def get_round_reports(self, task_id: str, round: int) -> dict[str, Any]:
         """The full aggregation reports (Krum scores included) of a finalized round, with each

@@ -206,6 +206,11 @@ def test_equivocation_slashes_the_stake(node: NodeProcess, tiny_model: TinyModel
     by_address = {"0x" + t.address.hex(): t for t in receipt.trainers}
     slashed_trainer = by_address[task.address("trainer:0").lower()]
     assert slashed_trainer.slashed and slashed_trainer.accepted_submissions == 0
+    # The evidence is attested: a third party checks the slashing offline, from the node's answer.
+    checked = tenzro("train", "verify-receipt", "--task-id", task.task_id, "--rpc", task.url, "--json")
+    assert checked.code == 0, checked.err
+    checks = {c["name"]: c for c in checked.json()["checks"]}
+    assert checks["slashings"]["ok"] and checks["slashings"]["detail"].startswith("1 slashed")
 
 
 def test_cancel_refunds_the_escrow(node: NodeProcess, tiny_model: TinyModel) -> None:
