@@ -802,7 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", help="the task's spec JSON (default: the one the node serves); checked against the "
                                   "run's spec hash either way")
     p.add_argument("--p2p-key", required=True, help="libp2p identity key file (created 0600 if missing)")
-    p.add_argument("--bootstrap", action="append", required=True, metavar="MULTIADDR", help="the node's p2p address")
+    p.add_argument("--bootstrap", action="append", required=True, metavar="MULTIADDR", help="the node's p2p address (repeatable; weights are taken only from the peers these name)")
     p.add_argument("--p2p-listen", action="append", metavar="MULTIADDR", help="default /ip4/127.0.0.1/tcp/0")
     p.add_argument("--rounds", type=int, help="stop after training this many rounds")
     p.add_argument("--did", help="default did:tenzro:trainer:<address>")

@@ -100,11 +100,15 @@ class TrainerGossipView:
 
 
 def validate_gossip_as_trainer(
-    topic: str, data: bytes, view: TrainerGossipView | None, seen: SeenCache
+    topic: str, data: bytes, view: TrainerGossipView | None, seen: SeenCache, *,
+    origin: str | None = None, model_sources: frozenset[str] | None = None,
 ) -> GossipMessage:
     """Decode ``data`` from ``topic`` and apply the trainer rules; GossipReject or GossipIgnore.
 
     ``view`` None (the trainer has not read its run yet) ignores everything that decodes.
+    ``origin`` is the libp2p peer id that published the message (its libp2p signature, checked
+    before any topic validator, covers the data); ``model_sources`` the peers whose weights
+    streams this trainer takes, its node's (None: any peer's, for a relay that uses no weights).
     """
     msg = decode_message(data)
     # [REJECT] the message type belongs to the topic it arrived on.
@@ -113,6 +117,13 @@ def validate_gossip_as_trainer(
     # [IGNORE] it is about this trainer's run (the trainer knows no other).
     if view is None or msg.task_id != view.task_id:
         raise GossipIgnore(f"not this trainer's run: {msg.task_id}")
+    # [IGNORE] weights (RoundFinalizedMsg, ModelChunk) come from this trainer's node. Neither
+    # Tenzro signature covers the weight bytes, so a peer could otherwise publish a well-sized
+    # stream naming the committed hash with other bytes, and every trainer would relay it.
+    # IGNORE, not REJECT: another node of the network may be honest, just not ours.
+    if (isinstance(msg, (RoundFinalizedMsg, ModelChunk)) and model_sources is not None
+            and origin not in model_sources):
+        raise GossipIgnore(f"weights published by {origin}, not by this trainer's node")
     if isinstance(msg, PayloadChunk):
         _payload_chunk(msg, view, seen)
     elif isinstance(msg, RoundFinalizedMsg):

@@ -170,6 +170,31 @@ def test_invalid_round_finalized_forged_or_malformed() -> None:
         check(TOPIC_SYNCER, stranger[0], view)
 
 
+def test_weights_are_taken_only_from_the_trainers_node() -> None:
+    """RoundFinalized and ModelChunk streams carry weights no Tenzro signature covers, so a
+    trainer takes (and relays) them only when libp2p says its node published them; every other
+    message type is judged as before, whoever published it."""
+    w = World()
+    w.to_training()
+    view = make_view(w)
+    node, other = "16Uiu2HAmNode", "16Uiu2HAmOther"
+    weights_msgs = [(TOPIC_SYNCER, finalized_chunks(w)[0]),
+                    (TOPIC_TRAINING, g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"),
+                                                            weights=b"\1" * MAX_MODEL)[0])]
+    for topic, msg in weights_msgs:
+        data = g.encode_message(msg)
+        seen = SeenCache()
+        with pytest.raises(GossipIgnore, match="not by this trainer's node"):
+            validate_gossip_as_trainer(topic, data, view, seen, origin=other, model_sources=frozenset({node}))
+        # Ignored, not remembered: the node's own copy of the same bytes still passes.
+        validate_gossip_as_trainer(topic, data, view, seen, origin=node, model_sources=frozenset({node}))
+        # No model_sources (a relay that uses no weights): any origin.
+        validate_gossip_as_trainer(topic, data, view, SeenCache(), origin=other)
+    # A payload chunk is signed by its trainer: its libp2p origin does not matter.
+    validate_gossip_as_trainer(TOPIC_TRAINING, g.encode_message(payload_chunks(0)[0]), view, SeenCache(),
+                               origin=other, model_sources=frozenset({node}))
+
+
 def test_tickets_need_a_proof_over_the_run_seed(view: TrainerGossipView) -> None:
     good = ElectionTicketMsg(task_id=TASK, ticket=make_ticket(VRF_SECRETS[0], SYNCERS[0], view.election_seed))
     seen = SeenCache()

@@ -55,7 +55,8 @@ from libp2p.tools.anyio_service import background_trio_service
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
 from tenzro_training.p2p.keys import load_or_create_peer_key
 
-__all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS", "check_multiaddrs"]
+__all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS", "check_multiaddrs",
+           "get_peer_ids"]
 
 log = logging.getLogger("tenzro.p2p")
 # `import libp2p` detaches its logger; let its records reach the application's handlers.
@@ -160,6 +161,13 @@ def check_multiaddrs(listen: tuple[str, ...], bootstrap: tuple[str, ...]) -> Non
             info_from_p2p_addr(multiaddr.Multiaddr(addr))
         except Exception as exc:  # noqa: BLE001 - as above
             raise P2PError(f"bootstrap address {addr!r} is not a multiaddr ending in /p2p/<peer id>: {exc}") from None
+
+
+def get_peer_ids(addrs: tuple[str, ...]) -> frozenset[str]:
+    """The base58 peer ids that ``/p2p/<peer id>`` multiaddrs name (P2PError for one that does
+    not): who a trainer's ``--bootstrap`` says its node is."""
+    check_multiaddrs((), addrs)
+    return frozenset(info_from_p2p_addr(multiaddr.Multiaddr(a)).peer_id.to_base58() for a in addrs)
 
 
 @dataclass(frozen=True, slots=True)

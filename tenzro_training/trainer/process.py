@@ -282,9 +282,10 @@ class _Inbox:
     """Drains the trainer's subscriptions continuously and keeps ONLY what the main loop awaits:
     candidate weights of the RoundFinalized of the round it trains (``expect_finalized``),
     candidate answers to its ModelRequest (``expect_model``) and the RunSealed message.
-    Everything here passed the host's topic validator (right size, signed notice), yet a
-    RoundFinalized signature does not cover the weights and a ModelChunk is not signed at all, so
-    anyone can send a stream naming the awaited (round, model_hash) with other bytes:
+    Everything here passed the host's topic validator (right size, signed notice, weights
+    published by the trainer's own node), yet no Tenzro signature covers the weight bytes, so
+    the node, or a peer with the node's libp2p key, can still send a stream naming the awaited
+    (round, model_hash) with other bytes:
 
     - a ModelChunk is reassembled only for the (round, model_hash) awaited, a RoundFinalized only
       for the awaited round: nothing else occupies the buffer or grows memory;
@@ -716,7 +717,7 @@ class _Trainer:
     async def run(self, stop: asyncio.Event) -> int:
         from tenzro_training import gossip as g
         from tenzro_training.cli import compute_layouts_from_view
-        from tenzro_training.p2p.host import P2PConfig, P2PHost
+        from tenzro_training.p2p.host import P2PConfig, P2PHost, get_peer_ids
 
         self.g = g
         cfg = self.cfg
@@ -754,7 +755,8 @@ class _Trainer:
                                 verify=self.verify_weights, seen=seen)
             drains = []
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
-                self.host.set_validator(topic, _trainer_validator(topic, lambda: self.gossip_view, seen))
+                self.host.set_validator(topic, _trainer_validator(topic, lambda: self.gossip_view, seen,
+                                                                  model_sources=get_peer_ids(cfg.bootstrap)))
                 drains.append(asyncio.create_task(self.inbox.drain(await self.host.subscribe(topic))))
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
                 # Publishing before the mesh has a peer would send into the void.
@@ -861,14 +863,16 @@ class _Trainer:
 
 
 def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None],
-                       seen: SeenCache | None = None) -> Callable[[bytes, str], None]:
+                       seen: SeenCache | None = None, *,
+                       model_sources: frozenset[str] | None = None) -> Callable[[bytes, str], None]:
     """A trainer's topic validator: ``gossip_trainer.validate_gossip_as_trainer`` against the
-    latest view of the run (runs on the p2p thread, which owns ``seen``)."""
+    latest view of the run (runs on the p2p thread, which owns ``seen``), taking weights only
+    from ``model_sources`` (the peer ids of its ``--bootstrap`` node)."""
     if seen is None:
         seen = SeenCache()
 
     def validate(data: bytes, from_peer: str) -> None:
-        validate_gossip_as_trainer(topic, data, get_view(), seen)
+        validate_gossip_as_trainer(topic, data, get_view(), seen, origin=from_peer, model_sources=model_sources)
 
     return validate
 

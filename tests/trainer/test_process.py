@@ -204,6 +204,24 @@ def test_trainer_validator_uses_the_latest_view() -> None:
         validate(g.encode_message(payload_chunks(1, key=OUTSIDER_KEY)[0]), "peer")
 
 
+def test_trainer_validator_takes_weights_from_its_bootstrap_node_only() -> None:
+    """The trainer process wires its --bootstrap peer ids in as the weights sources."""
+    from tenzro_training.p2p.host import get_peer_ids
+    from tests.test_gossip import World
+    from tests.test_gossip_trainer import make_view
+
+    w = World()
+    w.to_training()
+    view = make_view(w, max_model_bytes=64)
+    (node,) = get_peer_ids((_BOOTSTRAP,))
+    validate = _trainer_validator(g.TOPIC_TRAINING, lambda: view, model_sources=get_peer_ids((_BOOTSTRAP,)))
+    chunk = g.encode_message(g.compute_model_chunks(task_id=view.task_id, round=0, model_hash=h("m0"),
+                                                    weights=b"\0" * 64)[0])
+    with pytest.raises(GossipIgnore, match="not by this trainer's node"):
+        validate(chunk, "16Uiu2HAmSomeoneElse")
+    validate(chunk, node)
+
+
 def test_a_model_answer_seen_before_asking_does_not_hide_the_next_copy() -> None:
     """The node answers every ModelRequest with the same bytes. A copy that arrives before this
     trainer asks (another trainer's answer) is dropped by the inbox; it must not stay in the
