@@ -410,7 +410,7 @@ def parse_model_key(key: bytes) -> ModelKey:
 #
 # Three kinds of node-side values that the families above have no key for. They live in
 # existing families behind a first byte that no existing key of that family can start with, so
-# the key formats above (and their parsers) are unchanged and SCHEMA_VERSION stays 1.
+# the key formats above (and their parsers) are unchanged (they needed no schema version bump).
 
 __all__ += [
     "NODE_GENESIS_KEY",
@@ -485,7 +485,7 @@ def round_reports_prefix(task_id: str) -> bytes:
 #
 # The syncer's FinalizeRound signature of each finalized round, so a sealed run's receipt can be
 # shown with every signature behind it (docs/receipt.md "Offline verification"). Another per-task
-# record kind in CF_META behind TASK_RECORD_MARK: no existing key changes, SCHEMA_VERSION stays 1.
+# record kind in CF_META behind TASK_RECORD_MARK: no existing key changes (no schema version bump).
 
 __all__ += ["finalize_signature_key", "finalize_signature_prefix", "parse_finalize_signature_key"]
 

@@ -74,6 +74,7 @@ from tenzro_training.node.config import NodeConfig
 from tenzro_training.global_model import (
     ModelLayout,
     RoundBuffers,
+    RoundUpdate,
     compute_initial_model,
     compute_model_file_bytes,
     compute_round_update,
@@ -719,7 +720,27 @@ class NodeService:
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
         t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
-        self._finalize_signatures[(task_id, round)] = bytes(signature)  # before the events fire
+        # Cached before the events fire (_commit), dropped again if the call fails before or at
+        # the write: a signature of a round the store does not hold is never served.
+        self._finalize_signatures[(task_id, round)] = bytes(signature)
+        try:
+            sealed = self._commit_finalize(task_id, round, t, update, signer, signature)
+        except BaseException:
+            self._finalize_signatures.pop((task_id, round), None)
+            raise
+        if not sealed:  # committed: now the run's current model
+            self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
+        if sealed and self._config.data_dir is not None:
+            try:
+                self._write_model_file(task_id)
+            except OSError:  # committed already; the file is regenerated at the next start
+                log.exception("cannot write the final model file of %s", task_id)
+        return self._finalize_result(t.run, round)
+
+    def _commit_finalize(self, task_id: str, round: int, t: Transition, update: RoundUpdate, signer: bytes,
+                         signature: bytes) -> bool:
+        """Write the finalize transition ``t`` with its reports, signature, snapshot or receipt
+        in one batch; True when it sealed the run."""
         reports = persistence.encode_round_reports([r.canonical_bytes() for r in update.reports])
         extra = [(BatchOp.PUT, schema.CF_META, schema.round_reports_key(task_id, round), reports)]
         finalize_record = persistence.encode_finalize_record(persistence.FinalizeRecord(signer, bytes(signature)))
@@ -734,14 +755,7 @@ class NodeService:
             if self._config.prune_payloads:  # every stored payload is of a round up to this one
                 extra += self._prune_ops(task_id, round + 1)
         self._commit(t, extra)
-        if not sealed:  # committed: now the run's current model
-            self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
-        if sealed and self._config.data_dir is not None:
-            try:
-                self._write_model_file(task_id)
-            except OSError:  # committed already; the file is regenerated at the next start
-                log.exception("cannot write the final model file of %s", task_id)
-        return self._finalize_result(t.run, round)
+        return sealed
 
     def _finalize_result(self, run: RunState, round: int) -> dict[str, Any]:
         record = round_record_to_dict(run.records[round])  # the committed record's JSON form

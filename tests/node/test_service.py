@@ -202,7 +202,10 @@ class TestWholeRun:
             net.finalize(1)
         monkeypatch.undo()
         assert snapshot(net.store) == before and net.service.get_run(net.task_id)["round"] == 1
+        # The failed call's FinalizeRound signature is not served for a round the store lacks.
+        assert net.service.get_finalize_signature(net.task_id, 1) is None
         last = net.finalize(1)
+        assert net.service.get_finalize_signature(net.task_id, 1) is not None
         assert last["sealed"]
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
