@@ -478,6 +478,12 @@ def _check_round_records(receipt: TrainingReceipt) -> str:
         )
         fragments = spec.architecture.fragment_count
         _require(len(record.fragments) == fragments, f"{where} has {len(record.fragments)} fragments, not {fragments}")
+        for f, outcome in enumerate(record.fragments):
+            # A round is finalized only once every fragment has K accepted submissions; a node
+            # that dropped honest inputs from the record (and so from the payouts) fails here.
+            n = len(outcome.accepted)
+            _require(spec.quorum <= n <= spec.trainer_count,
+                     f"{where} fragment {f}: {n} accepted, quorum is {spec.quorum} of {spec.trainer_count}")
     _require(
         not transcript or transcript[-1].model_hash == receipt.final_model_hash,
         "the last round's model hash is not the final model hash",
@@ -544,8 +550,12 @@ def _check_ranking(receipt: TrainingReceipt, attestations: Attestations) -> str:
 
 def _check_round_syncers(receipt: TrainingReceipt, attestations: Attestations) -> str:
     ranking = _recompute_ranking(receipt, attestations)
+    previous = 1
     for record in receipt.transcript:
         rank = record.syncer_rank
+        # Failover only moves down the ranking; a syncer it passed over never comes back.
+        _require(rank >= previous, f"round {record.round}: syncer_rank {rank} after rank {previous}")
+        previous = rank
         _require(rank <= len(ranking), f"round {record.round}: syncer_rank {rank} but only {len(ranking)} ranked")
         expected = ranking[rank - 1].address
         _require(
@@ -577,6 +587,7 @@ def _check_finalize_signatures(receipt: TrainingReceipt, attestations: Attestati
 
 def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attestations, chain_id: int) -> str:
     _check_round_list(receipt, attestations)
+    slashed = {t.address for t in receipt.trainers if t.slashed}
     checked = 0
     for record, att in zip(receipt.transcript, attestations.rounds):
         by_key: dict[tuple[int, bytes], SubmissionAttestation] = {}
@@ -597,6 +608,15 @@ def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attesta
                     f"round {record.round} fragment {fragment}: no submission signature of {format_address(trainer)}",
                 )
                 checked += 1
+        # Every submission the node stored for the round was an input of its finalize, unless
+        # its trainer was slashed: one left out was dropped from the record and the payouts.
+        for fragment, trainer in by_key:
+            _require(
+                trainer in slashed
+                or (fragment < len(record.fragments) and trainer in record.fragments[fragment].accepted),
+                f"round {record.round} fragment {fragment}: the signed submission of {format_address(trainer)} "
+                "is not among the accepted",
+            )
     return f"{checked} accepted submission(s) signed by their trainer"
 
 

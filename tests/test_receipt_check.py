@@ -484,3 +484,52 @@ def test_invalid_random_replacement_never_raises(good: Doc, path: list[int], val
     optional = parent is doc and key in ("abi", "run_root") and value is None  # those checks are skipped
     if value != original and not optional:
         assert not result.ok
+
+
+def _rewritten(doc: Doc, edit_record: Any) -> TrainingReceipt:
+    """The receipt with every round record edited and everything derived from the transcript
+    (accepted counts, run root) recomputed, as a node forging it would."""
+    import dataclasses
+
+    from tenzro_training.receipt import compute_accepted_counts
+    from tenzro_training.records import compute_run_leaves
+    from tenzro_training.merkle import run_root as compute_run_root
+
+    r = TrainingReceipt.from_dict(doc["receipt"])
+    transcript = tuple(edit_record(rec) for rec in r.transcript)
+    counts = compute_accepted_counts(transcript)
+    forged = dataclasses.replace(r, transcript=transcript, trainers=tuple(
+        dataclasses.replace(t, accepted_submissions=counts.get(t.address, 0)) for t in r.trainers))
+    root = compute_run_root(compute_run_leaves(r.spec.canonical_bytes(), transcript, forged.final_record))
+    return dataclasses.replace(forged, run_root=root)
+
+
+def test_invalid_transcript_below_quorum_with_inputs_dropped(good: Doc) -> None:
+    """A node keeps one trainer as every fragment's only input (K = 2) and recomputes the root
+    and weights: the record is below quorum, and the dropped trainers' signed submissions are
+    attested but not accepted."""
+    import dataclasses
+
+    keep = TrainingReceipt.from_dict(good["receipt"]).transcript[0].fragments[0].accepted[0]
+    forged = _rewritten(good, lambda rec: dataclasses.replace(rec, fragments=tuple(
+        dataclasses.replace(o, accepted=(keep,)) for o in rec.fragments)))
+    result = check_receipt(forged, Attestations.from_dict(good["attestations"]), auth.DEFAULT_CHAIN_ID)
+    records, subs = result.get("round_records"), result.get("submission_signatures")
+    assert records is not None and not records.ok and "1 accepted, quorum is 2 of 3" in records.detail
+    assert subs is not None and not subs.ok and "is not among the accepted" in subs.detail
+    assert result.get("run_root").ok and result.get("trainer_weights").ok  # type: ignore[union-attr]
+
+
+def test_invalid_syncer_rank_going_back_up(good: Doc) -> None:
+    import dataclasses
+
+    att = Attestations.from_dict(good["attestations"])
+    ranked = [r.address for r in att.election.ranking]
+    ranks = iter((2, 1))
+
+    def edit(rec: Any) -> Any:
+        rank = next(ranks)
+        return dataclasses.replace(rec, syncer_rank=rank, syncer=ranked[rank - 1])
+
+    check = check_receipt(_rewritten(good, edit), att, auth.DEFAULT_CHAIN_ID).get("round_syncers")
+    assert check is not None and not check.ok and "syncer_rank 1 after rank 2" in check.detail
