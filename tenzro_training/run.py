@@ -619,9 +619,10 @@ def process_equivocation(
     trainers; ``Transition.error`` is the Equivocation to answer with.
 
     Refusals: bad arguments or equal hashes (InvalidRunArgument); not Training (InvalidState);
-    not enrolled (NotEnrolled); a round other than the current one (RoundMismatch: the
-    evidence of a finalized round changes no accepted set and its stake question is settled
-    at sealing). A trainer already slashed is a no-op: the same evidence may arrive twice.
+    not enrolled (NotEnrolled); a round other than the current one (RoundMismatch: evidence
+    of a finalized round changes no accepted set, and it is NOT slashed, a known gap from
+    SPEC's rule, docs/lifecycle.md). A trainer already slashed is a no-op: the same evidence
+    may arrive twice.
     """
     _check_run(run, ledger)
     task_id = run.task_id
