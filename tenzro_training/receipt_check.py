@@ -26,8 +26,9 @@ named :class:`CheckResult` per rule:
   signature recovering to it (and every attested submission verifies);
 - ``slashings``: every trainer the receipt marks slashed is backed by equivocation evidence (two
   different payload hashes it signed for one round and fragment, both signatures recovering to
-  it), no evidence names a trainer left unslashed, and no round from its slashing on accepted
-  any of its submissions.
+  it), no evidence names a trainer left unslashed, and no round from the one its slashing took
+  effect in (``slashed_in_round``: the evidence round, or later for a conflict over a finalized
+  round) on accepted any of its submissions.
 
 What it does NOT establish: the candidates' registrations and stakes (the node's configuration,
 not committed by anything a verifier holds), the trainers' DIDs and stakes (vouched for by the
@@ -84,9 +85,11 @@ __all__ = [
     "check_receipt_document",
 ]
 
-ATTESTATIONS_VERSION = 2
-"""Written as ``"version"`` by :meth:`Attestations.to_dict`. Version 1 (no ``"slashings"``) is
-still read, as attesting no slashing evidence."""
+ATTESTATIONS_VERSION = 3
+"""Written as ``"version"`` by :meth:`Attestations.to_dict`. Older documents are still read:
+version 2 (slashings without ``"slashed_in_round"``, which is then the evidence round: nodes
+of that version slashed only in the current round) and version 1 (no ``"slashings"``, attesting
+no slashing evidence)."""
 
 CHECK_NAMES = (
     "chain_id",
@@ -302,6 +305,10 @@ class SlashingAttestation:
     signatures: tuple[bytes | None, bytes]
     """The trainer's signature of each; the first is None only if the node lost its record (a
     damaged store): the check then fails."""
+    slashed_in_round: int
+    """The round that was current when the node applied the slashing: ``round``, or a later
+    round when the conflicting message named a round already finalized. The rounds committed
+    before it keep the trainer's accepted submissions; none from it on may accept one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -312,11 +319,15 @@ class SlashingAttestation:
                 {"payload_hash": _hex(h), "signature": None if sig is None else _hex(sig)}
                 for h, sig in zip(self.payload_hashes, self.signatures)
             ],
+            "slashed_in_round": self.slashed_in_round,
         }
 
     @classmethod
-    def from_dict(cls, obj: object, path: str) -> SlashingAttestation:
-        d = _obj(path, obj, ("trainer", "round", "fragment", "payloads"))
+    def from_dict(cls, obj: object, path: str, version: int = ATTESTATIONS_VERSION) -> SlashingAttestation:
+        """Strict parse of :meth:`to_dict` output; ``version`` 2 entries have no
+        ``"slashed_in_round"`` (it is then ``round``)."""
+        keys = ("trainer", "round", "fragment", "payloads") + (("slashed_in_round",) if version >= 3 else ())
+        d = _obj(path, obj, keys)
         payloads = _arr(f"{path}.payloads", d["payloads"])
         if len(payloads) != 2:
             raise _fail(f"{path}.payloads", f"expected 2 signed payload hashes, got {len(payloads)}")
@@ -328,12 +339,14 @@ class SlashingAttestation:
             signatures.append(None if sig is None and i == 0 else _unhex(f"{path}.payloads[{i}].signature", sig, 65))
         second = signatures[1]
         assert second is not None  # only the first may be None
+        round_ = _int(f"{path}.round", d["round"])
         return cls(
             _unaddress(f"{path}.trainer", d["trainer"]),
-            _int(f"{path}.round", d["round"]),
+            round_,
             _int(f"{path}.fragment", d["fragment"], 2**32 - 1),
             (hashes[0], hashes[1]),
             (signatures[0], second),
+            _int(f"{path}.slashed_in_round", d["slashed_in_round"]) if version >= 3 else round_,
         )
 
 
@@ -361,19 +374,19 @@ class Attestations:
 
     @classmethod
     def from_dict(cls, obj: object) -> Attestations:
-        """Strict parse of :meth:`to_dict` output (or of a version 1 document, which has no
-        ``"slashings"``); EncodingError (a TenzroError) when malformed."""
+        """Strict parse of :meth:`to_dict` output (or of an older version, see
+        :data:`ATTESTATIONS_VERSION`); EncodingError (a TenzroError) when malformed."""
         version = obj.get("version") if isinstance(obj, Mapping) else None
-        if version not in (1, ATTESTATIONS_VERSION):
+        if type(version) is not int or version not in (1, 2, ATTESTATIONS_VERSION):
             raise _fail("version", f"unsupported version {version!r}")
-        keys = ("version", "chain_id", "election", "rounds") + (("slashings",) if version == 2 else ())
+        keys = ("version", "chain_id", "election", "rounds") + (("slashings",) if version >= 2 else ())
         d = _obj("", obj, keys)
-        slashings = _arr("slashings", d["slashings"]) if version == 2 else []
+        slashings = _arr("slashings", d["slashings"]) if version >= 2 else []
         return cls(
             _int("chain_id", d["chain_id"], _U256 - 1, minimum=1),
             ElectionAttestation.from_dict(d["election"]),
             tuple(RoundAttestation.from_dict(r, f"rounds[{i}]") for i, r in enumerate(_arr("rounds", d["rounds"]))),
-            tuple(SlashingAttestation.from_dict(s, f"slashings[{i}]") for i, s in enumerate(slashings)),
+            tuple(SlashingAttestation.from_dict(s, f"slashings[{i}]", version) for i, s in enumerate(slashings)),
         )
 
 
@@ -628,7 +641,10 @@ def _check_slashings(receipt: TrainingReceipt, attestations: Attestations, chain
         who = format_address(att.trainer)
         where = f"evidence against {who} (round {att.round} fragment {att.fragment})"
         _require(att.trainer in slashed, f"{where}: the receipt does not mark {who} slashed")
-        _require(att.round < len(receipt.transcript), f"{where}: the run has {len(receipt.transcript)} rounds")
+        _require(att.round <= att.slashed_in_round, f"{where}: slashed in round {att.slashed_in_round}, "
+                 "before the round it names")
+        _require(att.slashed_in_round < len(receipt.transcript),
+                 f"{where}: slashed in round {att.slashed_in_round}, the run has {len(receipt.transcript)} rounds")
         _require(att.fragment < fragments, f"{where}: the run has {fragments} fragments")
         first, second = att.payload_hashes
         _require(first != second, f"{where}: both messages sign the same payload hash")
@@ -640,7 +656,8 @@ def _check_slashings(receipt: TrainingReceipt, attestations: Attestations, chain
             )
             why = _recovers_to(msg, signature, att.trainer, chain_id)
             _require(why is None, f"{where}: {_hex(payload_hash)} {why}")
-        slashed_at[att.trainer] = min(att.round, slashed_at.get(att.trainer, att.round))
+        # The earliest slashing counts: from its round on, no record may accept the trainer.
+        slashed_at[att.trainer] = min(att.slashed_in_round, slashed_at.get(att.trainer, att.slashed_in_round))
     unproven = sorted(slashed - set(slashed_at))
     _require(not unproven, f"{format_address(unproven[0]) if unproven else ''} is marked slashed without evidence")
     for trainer, round_ in slashed_at.items():

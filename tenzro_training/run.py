@@ -523,18 +523,18 @@ def _check_quorum(run: RunState, current: RoundState, now: int) -> tuple[RoundSt
 
 
 def _slash_equivocator(
-    run: RunState, ledger: Ledger, trainer: Address, fragment: int, first: bytes, second: bytes, now: int
+    run: RunState, ledger: Ledger, trainer: Address, round: int, fragment: int, first: bytes, second: bytes, now: int
 ) -> Transition:
     task_id = run.task_id
     current = run.current_round
-    assert current is not None  # only called while Training
+    assert current is not None and round <= current.round  # only called while Training
     ledger, amount = slash_stake(ledger, task_id, trainer)
     trainers = tuple(dataclasses.replace(t, slashed=True) if t.address == trainer else t for t in run.trainers)
     submissions = tuple(tuple(s for s in subs if s.trainer != trainer) for subs in current.submissions)
     current, quorum_events = _check_quorum(run, dataclasses.replace(current, submissions=submissions), now)
     run = dataclasses.replace(run, trainers=trainers, current_round=current, updated_at_ms=now)
     events: list[RunEvent] = [
-        EquivocationDetected(task_id, now, current.round, fragment, trainer, first, second),
+        EquivocationDetected(task_id, now, round, fragment, trainer, first, second, current.round),
         TrainerSlashed(task_id, now, trainer, amount),
         *quorum_events,
     ]
@@ -542,7 +542,7 @@ def _slash_equivocator(
     if active < run.spec.quorum:
         run, ledger, failed = _fail(run, ledger, now, f"only {active} unslashed trainer(s) left, quorum is {run.spec.quorum}")
         events.extend(failed)
-    error = Equivocation(task_id, current.round, fragment, _addr(trainer))
+    error = Equivocation(task_id, round, fragment, _addr(trainer))
     return Transition(run, ledger, tuple(events), error)
 
 
@@ -585,7 +585,7 @@ def process_submission(
         if sub.trainer == trainer:
             if sub.payload_hash == payload_hash:
                 return Transition(run, ledger, tuple(events))
-            slashed = _slash_equivocator(run, ledger, trainer, fragment, sub.payload_hash, payload_hash, now)
+            slashed = _slash_equivocator(run, ledger, trainer, round, fragment, sub.payload_hash, payload_hash, now)
             return Transition(slashed.run, slashed.ledger, tuple(events) + slashed.events, slashed.error)
     if current.straggler_deadline_ms is not None and now > current.straggler_deadline_ms:
         raise LateSubmission(task_id, round, fragment)
@@ -609,20 +609,24 @@ def process_equivocation(
     now_ms: int,
 ) -> Transition:
     """Apply equivocation proven outside a submission: ``trainer`` signed two different payload
-    hashes for (``round``, ``fragment``) of the current round (SPEC.md "Authentication").
+    hashes for (``round``, ``fragment``) of the current round or of a finalized one (SPEC.md
+    "Authentication").
 
     Why a separate rule: :func:`process_submission` sees equivocation only when both payloads
-    are submitted. A trainer that gossips two differently signed payloads (or gossips one and
-    submits another) has equivocated just the same; the shell verifies both signatures and
-    passes the two hashes here. The effect is the submission path's: stake burned, trainer
-    marked slashed, its submissions of this round dropped, the run Fails below K unslashed
-    trainers; ``Transition.error`` is the Equivocation to answer with.
+    are submitted in the current round. A trainer that gossips two differently signed payloads
+    (or gossips one and submits another), or that signs a second payload for a round already
+    finalized, has equivocated just the same; the shell verifies both signatures (for a
+    finalized round, the first is the stored signature of the submission that round accepted)
+    and passes the two hashes here. The effect is the submission path's, in the current round:
+    stake burned, trainer marked slashed, its submissions of the current round dropped (the
+    rounds already committed keep it: their records and models are final), the run Fails below
+    K unslashed trainers; ``Transition.error`` is the Equivocation to answer with, and the
+    ``EquivocationDetected`` event names both the evidence round and ``slashed_in_round``.
 
-    Refusals: bad arguments or equal hashes (InvalidRunArgument); not Training (InvalidState);
-    not enrolled (NotEnrolled); a round other than the current one (RoundMismatch: evidence
-    of a finalized round changes no accepted set, and it is NOT slashed, a known gap from
-    SPEC's rule, docs/lifecycle.md). A trainer already slashed is a no-op: the same evidence
-    may arrive twice.
+    Refusals: bad arguments or equal hashes (InvalidRunArgument); not Training (InvalidState:
+    a Sealed run's stakes are already returned, a Failed or Cancelled run's refunded); not
+    enrolled (NotEnrolled); a round after the current one (RoundMismatch). A trainer already
+    slashed is a no-op: the same evidence may arrive twice.
     """
     _check_run(run, ledger)
     task_id = run.task_id
@@ -642,11 +646,11 @@ def process_equivocation(
         raise NotEnrolled(task_id, _addr(trainer))
     current = run.current_round
     assert current is not None  # Training
-    if round != current.round:
+    if round > current.round:
         raise RoundMismatch(task_id, current.round, round)
     if known.slashed:
         return Transition(run, ledger, tuple(events))
-    slashed = _slash_equivocator(run, ledger, trainer, fragment, first_hash, second_hash, now)
+    slashed = _slash_equivocator(run, ledger, trainer, round, fragment, first_hash, second_hash, now)
     return Transition(slashed.run, slashed.ledger, tuple(events) + slashed.events, slashed.error)
 
 

@@ -153,6 +153,10 @@ class EquivocationDetected(RunEvent):
     trainer: Address
     first_payload_hash: bytes
     second_payload_hash: bytes
+    slashed_in_round: int
+    """The round that was current when the slashing took effect: ``round`` itself, or a later
+    one when the evidence names a round already finalized (receipt_check's ``slashings`` check
+    needs it: the trainer stays accepted in the rounds committed before it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tenzro_training import auth
+from tenzro_training.errors import EncodingError
 from tenzro_training.receipt import TrainingReceipt
 from tenzro_training.receipt_check import (
     CHECK_NAMES,
@@ -45,6 +46,14 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Doc:
 def slashed(tmp_path_factory: pytest.TempPathFactory) -> Doc:
     """Trainer 1 equivocates in round 0 and is slashed."""
     return _document(tmp_path_factory.mktemp("slashed"), task_id="run-slashed", equivocate=1)
+
+
+@pytest.fixture(scope="module")
+def slashed_late(tmp_path_factory: pytest.TempPathFactory) -> Doc:
+    """Trainer 1 is accepted in round 0, then in round 1 signs another payload for round 0
+    (finalized): slashed in round 1, out of rounds 1 and 2."""
+    return _document(tmp_path_factory.mktemp("slashed-late"), task_id="run-slashed-late", rounds=3,
+                     equivocate=1, equivocate_round=1, equivocate_late=True)
 
 
 def failed(doc: object, chain_id: int | None = None) -> tuple[str, ...]:
@@ -163,13 +172,59 @@ def test_invalid_slashed_trainer_accepted_after_its_slashing(slashed: Doc) -> No
     hashes = (b"\x01" * 32, b"\x02" * 32)
     signatures = tuple(honest.sign(auth.SubmitOuterGradient(task_id=receipt.task_id, round=0, fragment=0,
                                                             payload_hash=h)) for h in hashes)
-    forged = SlashingAttestation(honest.address, 0, 0, hashes, (signatures[0], signatures[1]))
+    forged = SlashingAttestation(honest.address, 0, 0, hashes, (signatures[0], signatures[1]), 0)
     receipt = receipt.__class__.from_dict({**receipt.to_dict(), "trainers": [
         {**t, "slashed": True} if t["address"] == honest.text else t for t in receipt.to_dict()["trainers"]]})
     result = check_receipt(receipt, att.__class__(att.chain_id, att.election, att.rounds, att.slashings + (forged,)),
                            auth.DEFAULT_CHAIN_ID)
     check = result.get("slashings")
     assert check is not None and not check.ok and "accepted" in check.detail
+
+
+def test_a_slashing_for_a_finalized_round_takes_effect_in_the_current_round(slashed_late: Doc) -> None:
+    assert check_receipt_document(slashed_late).ok
+    (slashing,) = slashed_late["attestations"]["slashings"]
+    culprit = trainer_party(1).text
+    assert (slashing["trainer"], slashing["round"], slashing["slashed_in_round"]) == (culprit, 0, 1)
+    receipt = slashed_late["receipt"]
+    accepted = [[f["accepted"] for f in record["fragments"]] for record in receipt["transcript"]]
+    assert all(culprit in lists for lists in accepted[0])  # round 0 keeps its inputs
+    assert not any(culprit in lists for record in accepted[1:] for lists in record)
+    trainer = next(t for t in receipt["trainers"] if t["address"] == culprit)
+    # Its two round-0 inputs count in the transcript; slashed, it is paid nothing (ABI weight 0).
+    assert trainer["slashed"] and trainer["accepted_submissions"] == 2
+
+    def earlier(d: Doc) -> None:  # claimed in effect from round 0, which accepted it
+        d["attestations"]["slashings"][0]["slashed_in_round"] = 0
+
+    def before_the_evidence(d: Doc) -> None:
+        d["attestations"]["slashings"][0]["round"] = 1  # also breaks the signatures
+        d["attestations"]["slashings"][0]["slashed_in_round"] = 0
+
+    def after_the_run(d: Doc) -> None:
+        d["attestations"]["slashings"][0]["slashed_in_round"] = 3
+
+    def as_version_2(d: Doc) -> None:  # version 2 means "in effect from the evidence round"
+        d["attestations"]["version"] = 2
+        d["attestations"]["slashings"][0].pop("slashed_in_round")
+
+    for edit in (earlier, before_the_evidence, after_the_run, as_version_2):
+        assert failed(tampered(slashed_late, edit)) == ("slashings",), edit.__name__
+
+
+def test_version_2_attestations_are_read_as_slashed_in_the_evidence_round(slashed: Doc) -> None:
+    def to_v2(d: Doc) -> None:
+        d["attestations"]["version"] = 2
+        for s in d["attestations"]["slashings"]:
+            assert s.pop("slashed_in_round") == s["round"]
+
+    assert check_receipt_document(tampered(slashed, to_v2)).ok
+
+    def v2_with_the_new_key(d: Doc) -> None:
+        d["attestations"]["version"] = 2
+
+    with pytest.raises(EncodingError, match="exactly the fields"):
+        Attestations.from_dict(tampered(slashed, v2_with_the_new_key)["attestations"])
 
 
 def test_version_1_attestations_are_read_as_attesting_no_slashing(good: Doc, slashed: Doc) -> None:
@@ -423,7 +478,8 @@ def test_invalid_abi_bytes(good: Doc) -> None:
     [
         lambda d: d.pop("attestations"),
         lambda d: d.pop("receipt"),
-        lambda d: d["attestations"].update(version=3),
+        lambda d: d["attestations"].update(version=4),
+        lambda d: d["attestations"].update(version=True),
         lambda d: d["attestations"].pop("slashings"),
         lambda d: d["attestations"]["slashings"].append({"trainer": TRAINERS[0].text}),
         lambda d: d["attestations"]["election"].pop("ranking"),

@@ -675,6 +675,29 @@ def test_equivocation_proven_outside_submissions_slashes_like_a_submission() -> 
     assert t.error is None and t.events == () and env.ledger.burned == STAKE
 
 
+def test_equivocation_over_a_finalized_round_slashes_in_the_current_round() -> None:
+    """Evidence naming a committed round slashes now: the record keeps the trainer's inputs,
+    the current round drops them, the event names both rounds."""
+    env = Env()
+    env.to_training()
+    for i in (0, 1, 2):
+        for f in (0, 1):
+            env.submit(i, f, 300 + i)
+    env.finalize(302 + GRACE_MS + 1)
+    committed = env.run.records[0]
+    now = 302 + GRACE_MS + 10
+    for f in (0, 1):
+        env.submit(2, f, now)
+    first, second = payload(TRAINERS[2], 0, 1, 0), payload(TRAINERS[2], 0, 1, 1)
+    t = env.apply(process_equivocation, TRAINERS[2], 0, 1, first, second, now + 1)
+    assert isinstance(t.error, Equivocation) and (t.error.round, t.error.fragment) == (0, 1)
+    (detected,) = [e for e in t.events if isinstance(e, EquivocationDetected)]
+    assert (detected.round, detected.slashed_in_round, detected.fragment) == (0, 1, 1)
+    assert env.ledger.burned == STAKE and env.run.trainers[2].slashed
+    assert env.run.records[0] == committed and TRAINERS[2] in committed.fragments[1].accepted
+    assert all(not subs for subs in env.run.current_round.submissions)  # its round-1 inputs dropped
+
+
 def test_invalid_equivocation_evidence_is_refused_without_effect() -> None:
     env = Env()
     env.post()

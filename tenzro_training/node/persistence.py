@@ -80,7 +80,9 @@ __all__ = [
 _U256: Final = 2**256
 _SUBMISSION_RECORD_VERSION: Final = 1
 _FINALIZE_RECORD_VERSION: Final = 1
-EVIDENCE_VERSION: Final = 1
+EVIDENCE_VERSION: Final = 2
+"""Version 2 adds ``"slashed_in_round"``; version 1 records (written when only the current
+round's conflicts were slashed) are still read, with it equal to the evidence round."""
 
 
 # --- primitives ------------------------------------------------------------------------------
@@ -223,15 +225,19 @@ def encode_evidence(
     sig_second: bytes,
     trainer: bytes,
     chain_id: int,
+    slashed_in_round: int,
 ) -> bytes:
     """Equivocation evidence: both signed EIP-712 messages (full typed data, so anyone can
-    re-derive the digests) with their signatures, and the signer they recover to. The first
-    signature is None only if its submission record is missing (a damaged store)."""
+    re-derive the digests) with their signatures, the signer they recover to, and the round that
+    was current when the slashing took effect (later than the messages' round when they name a
+    finalized round). The first signature is None only if its submission record is missing (a
+    damaged store)."""
     return encode_json(
         {
             "version": EVIDENCE_VERSION,
             "trainer": format_address(trainer),
             "chain_id": chain_id,
+            "slashed_in_round": slashed_in_round,
             "messages": [
                 {
                     "typed_data": msg_first.typed_data(chain_id),
@@ -248,21 +254,23 @@ def decode_evidence(raw: bytes) -> SlashingAttestation:
     (:func:`encode_evidence`), for getReceipt's attestations; StorageError if malformed."""
     value = decode_json(raw, "equivocation evidence")
     try:
-        if value["version"] != EVIDENCE_VERSION or len(value["messages"]) != 2:
+        if value["version"] not in (1, EVIDENCE_VERSION) or len(value["messages"]) != 2:
             raise ValueError("version or message count")
         messages = [m["typed_data"]["message"] for m in value["messages"]]
         signatures = [m["signature"] for m in value["messages"]]
         keys = {(m["taskId"], m["round"], m["fragment"]) for m in messages}
         if len(keys) != 1 or signatures[1] is None:
             raise ValueError("the two messages differ in task, round or fragment")
+        round_ = messages[0]["round"]
         return SlashingAttestation.from_dict(
             {
                 "trainer": value["trainer"],
-                "round": messages[0]["round"],
+                "round": round_,
                 "fragment": messages[0]["fragment"],
                 "payloads": [
                     {"payload_hash": m["payloadHash"], "signature": sig} for m, sig in zip(messages, signatures)
                 ],
+                "slashed_in_round": value["slashed_in_round"] if value["version"] >= 2 else round_,
             },
             "evidence",
         )

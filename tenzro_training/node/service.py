@@ -496,6 +496,13 @@ class NodeService:
             # It gossiped another payload, signed, for this fragment: equivocation.
             first = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=held[0])
             self._apply_equivocation(run, trainer, (first, held[1]), (msg, signature))
+        if run.status is RunStatus.TRAINING and current is not None and round < current.round:
+            # A finalized round: the submission is late, but a payload other than the one the
+            # round accepted from this trainer (its record is kept) is equivocation all the same.
+            in_range = 0 <= fragment < len(self._model(task_id).layouts)  # else process_submission says so
+            late_first = self._stored_submission(task_id, round, fragment, trainer) if in_range else None
+            if late_first is not None and late_first[0].payload_hash != payload_hash:
+                self._apply_equivocation(run, trainer, late_first, (msg, signature))
         t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, self._now())
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
@@ -560,7 +567,9 @@ class NodeService:
         first_signature = None if raw is None else persistence.decode_submission_record(raw).signature
         if first_signature is None:
             log.error("equivocation in %s: the first submission's record is missing", task_id)
-        value = persistence.encode_evidence(first, first_signature, second, signature, trainer, self._config.chain_id)
+        value = persistence.encode_evidence(
+            first, first_signature, second, signature, trainer, self._config.chain_id, event.slashed_in_round
+        )
         evidence_key = schema.evidence_key(task_id, event.round, event.fragment, trainer)
         return [(BatchOp.PUT, schema.CF_EVIDENCE, evidence_key, value)]
 
@@ -645,13 +654,25 @@ class NodeService:
             return None
         for sub in current.submissions[fragment]:
             if sub.trainer == trainer:
-                raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, round_, fragment, trainer))
-                if raw is None:
-                    raise StorageError(f"the submission record of {format_address(trainer)} in {task_id} is missing")
-                record = persistence.decode_submission_record(raw)
-                msg = SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=sub.payload_hash)
-                return msg, record.signature
+                stored = self._stored_submission(task_id, round_, fragment, trainer)
+                if stored is None or stored[0].payload_hash != sub.payload_hash:
+                    who = format_address(trainer)
+                    raise StorageError(f"the submission record of {who} in {task_id} is missing or differs")
+                return stored
         return None
+
+    def _stored_submission(
+        self, task_id: str, round: int, fragment: int, trainer: Address
+    ) -> tuple[SubmitOuterGradient, bytes] | None:
+        """The payload (message and signature) ``trainer`` submitted and the node accepted for
+        (``round``, ``fragment``), from its stored submission record (kept for every round,
+        finalized ones included); None if there is none."""
+        raw = self._store.get(schema.CF_SUBMISSIONS, schema.submission_key(task_id, round, fragment, trainer))
+        if raw is None:
+            return None
+        record = persistence.decode_submission_record(raw)
+        msg = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=record.payload_hash)
+        return msg, record.signature
 
     def _apply_equivocation(
         self,
@@ -668,7 +689,8 @@ class NodeService:
                                  m2.payload_hash, self._now())
         if t.error is None:
             return
-        value = persistence.encode_evidence(m1, s1, m2, s2, trainer, self._config.chain_id)
+        (event,) = [e for e in t.events if isinstance(e, EquivocationDetected)]
+        value = persistence.encode_evidence(m1, s1, m2, s2, trainer, self._config.chain_id, event.slashed_in_round)
         key = schema.evidence_key(run.task_id, m2.round, m2.fragment, trainer)
         self._commit(t, [(BatchOp.PUT, schema.CF_EVIDENCE, key, value)])
         raise t.error

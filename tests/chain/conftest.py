@@ -102,11 +102,14 @@ def run_to_sealed(
     skip: Callable[[int, int], bool] = lambda trainer, round_: False,
     equivocate: int | None = None,
     equivocate_round: int = 0,
+    equivocate_late: bool = False,
 ) -> SealedRun:
     """A real run to Sealed on a fresh in-process node. ``skip(i, r)`` leaves trainer i out of
     round r (unequal weights); ``equivocate=i`` makes trainer i equivocate in round
     ``equivocate_round`` (slashed; its submissions of earlier rounds stay in the transcript, so
-    a later round gives a slashed trainer with a non-zero accepted count)."""
+    a later round gives a slashed trainer with a non-zero accepted count). ``equivocate_late``:
+    instead, in round ``equivocate_round`` (>= 1) the trainer signs a second payload for
+    fragment 0 of the round before, already finalized: slashed in ``equivocate_round``."""
     trainers = [trainer_party(i) for i in range(n_trainers)]
     genesis = ((SPONSOR.address, 10**12),) + tuple((t.address, 10_000) for t in trainers)
     clock = FakeClock()
@@ -141,7 +144,9 @@ def run_to_sealed(
             if skip(i, r):
                 continue
             if equivocate == i and r >= equivocate_round:
-                if r == equivocate_round:
+                if r == equivocate_round and equivocate_late:
+                    submit(i, r - 1, 0, variant=1)  # equivocation over a finalized round
+                elif r == equivocate_round:
                     submit(i, r, 0)
                     submit(i, r, 0, variant=1)  # equivocation: slashed, out of the run
                 continue

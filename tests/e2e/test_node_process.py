@@ -110,9 +110,9 @@ def test_full_run_to_a_verified_receipt_with_error_cases(node: NodeProcess, tiny
     done = task.finalize(syncer, 0)
     assert done["round"] == 0 and done["status"] == "Training" and done["syncer_rank"] == 1
     assert task.finalize(syncer, 0) == done  # replay: idempotent
-    # Late: round 0 is committed.
-    err = rpc_error(task.url, "tenzro_training_submitOuterGradient",
-                    task.submit_params("trainer:0", 0, 0, task.payload("trainer:0", 0, 0, seed=9)))
+    # Late: round 0 is committed (the payload it accepted, sent again; another one signed for
+    # round 0 would be equivocation, tests/node/test_service.py).
+    err = rpc_error(task.url, "tenzro_training_submitOuterGradient", params)
     assert err["data"]["type"] == "LateSubmission" and err["code"] == 1305
 
     submit_all(task, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import given
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from storage import schema
 from storage.interface import BatchOp, StorageError
+from tenzro_training.auth import SubmitOuterGradient
 from tenzro_training.ledger import Escrow, Ledger, bond_stake, credit, escrow_reward, slash_stake
 from tenzro_training.node import persistence
 from tenzro_training.global_model import ModelLayout
@@ -51,9 +54,34 @@ def test_submission_record_round_trip() -> None:
     assert persistence.decode_submission_record(raw) == record
 
 
+def _evidence(slashed_in_round: int = 3) -> bytes:
+    msgs = [SubmitOuterGradient(task_id="run-1", round=1, fragment=0, payload_hash=bytes([v]) * 32) for v in (1, 2)]
+    return persistence.encode_evidence(msgs[0], b"\x03" * 65, msgs[1], b"\x04" * 65, A, 1337, slashed_in_round)
+
+
+def test_evidence_round_trip_and_version_1() -> None:
+    att = persistence.decode_evidence(_evidence())
+    assert (att.trainer, att.round, att.fragment, att.slashed_in_round) == (A, 1, 0, 3)
+    assert att.payload_hashes == (b"\x01" * 32, b"\x02" * 32) and att.signatures == (b"\x03" * 65, b"\x04" * 65)
+    # Version 1 (before a slashing could follow a finalized round's evidence): in effect at once.
+    old = json.loads(_evidence())
+    old["version"] = 1
+    del old["slashed_in_round"]
+    assert persistence.decode_evidence(json.dumps(old).encode()).slashed_in_round == 1
+
+
+def _evidence_edited(**changes: object) -> bytes:
+    value = json.loads(_evidence())
+    value.update(changes)
+    return json.dumps(value).encode()
+
+
 @pytest.mark.parametrize(
     "decode",
     [
+        lambda: persistence.decode_evidence(_evidence_edited(version=3)),
+        lambda: persistence.decode_evidence(_evidence_edited(slashed_in_round=-1)),
+        lambda: persistence.decode_evidence(_evidence_edited(slashed_in_round="3")),
         lambda: persistence.decode_u256(b"\x00" * 31),
         lambda: persistence.decode_escrow(b"\x00" * 51),
         lambda: persistence.decode_supply(b"\x00" * 63),

@@ -50,6 +50,7 @@ from tenzro_training.payload import (
     compute_payload_hash,
 )
 from tenzro_training.receipt import TrainingReceipt, verify_receipt, verify_receipt_root
+from tenzro_training.receipt_check import check_receipt_document
 from tenzro_training.run import NotSponsor, NotSyncer, RunEvent, StragglerWindowOpen
 from tenzro_training.run_events import EquivocationDetected, RunSealed, SyncerFailover, TrainerSlashed
 from tenzro_training.spec import TrainingTaskSpec
@@ -360,8 +361,10 @@ class TestRefusals:
         start(net, checkpoint)
         play_round(net, 0)
         before = snapshot(net.store)
+        with pytest.raises(LateSubmission):  # the payload round 0 accepted (another one: equivocation)
+            net.submit(0, 0, 0)
         with pytest.raises(LateSubmission):
-            net.submit(0, 0, 0, variant=1)
+            net.submit(0, 0, 1, hash_only=True)
         with pytest.raises(RoundMismatch):
             net.submit(0, 2, 0)
         assert snapshot(net.store) == before
@@ -605,6 +608,34 @@ class TestProtocolEffects:
         ledger = check_ledger(net)
         assert ledger.balance_of(TRAINERS[0].address) == BALANCE - STAKE
         assert ledger.balance_of(TRAINERS[1].address) == BALANCE + POOL // 2
+
+    def test_equivocation_over_a_finalized_round_slashes_now(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        start(net, checkpoint)
+        play_round(net, 0)
+        committed = net.service.get_run(net.task_id)["round_records"][0]
+        net.submit(1, 1, 0)
+        with pytest.raises(Equivocation):  # signs a second payload for round 0, already finalized
+            net.submit(1, 0, 0, variant=1, hash_only=True)
+        culprit = TRAINERS[1].address
+        raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 0, culprit))
+        assert raw is not None and json.loads(raw)["slashed_in_round"] == 1
+        ledger = check_ledger(net)
+        assert ledger.burned == STAKE and ledger.bond_of(net.task_id, culprit) is None
+        view = net.service.get_run(net.task_id)
+        assert [t["slashed"] for t in view["trainers"]] == [False, True, False]
+        assert view["submission_counts"] == [0, 0]  # its round-1 input is dropped
+        assert view["round_records"][0] == committed  # round 0 keeps it: committed is final
+        before = snapshot(net.store)
+        with pytest.raises(NotEnrolled):  # out of the run, evidence or not
+            net.submit(1, 0, 0, variant=2, hash_only=True)
+        assert snapshot(net.store) == before
+        play_round(net, 1, trainers=(0, 2))
+        document = json.loads(json.dumps(net.service.get_receipt(net.task_id)))
+        assert check_receipt_document(document).ok
+        assert [(s["round"], s["slashed_in_round"]) for s in document["attestations"]["slashings"]] == [(0, 1)]
+        ledger = check_ledger(net)
+        assert ledger.balance_of(culprit) == BALANCE - STAKE
+        assert ledger.balance_of(TRAINERS[0].address) == BALANCE + POOL // 2
 
     def test_cancellation_refunds(self, net: Net, checkpoint: tuple[str, str]) -> None:
         net.post(spec_dict(*checkpoint))
