@@ -285,11 +285,37 @@ def verify_receipt_root(receipt: TrainingReceipt) -> bool:
         return False
 
 
+def find_rule_violation(spec: TrainingTaskSpec, transcript: tuple[RoundRecord, ...]) -> str | None:
+    """Why ``transcript`` breaks the run's own aggregation and quorum rules, or None: every
+    round record must name ``spec.aggregation`` and have K..M (``quorum``..``trainer_count``)
+    accepted trainers in every fragment.
+
+    Why a receipt check needs this: a round is finalized only once every fragment has K
+    accepted submissions, so a record with fewer is a node that dropped honest inputs from the
+    aggregate and from the payouts and committed the result; the run root alone would vouch
+    for it. The Solidity verifier checks the same (docs/receipt.md "Validity")."""
+    for record in transcript:
+        where = f"round record {record.round}"
+        if record.rule != spec.aggregation:
+            return f"{where} uses {record.rule.to_spec()}, the spec says {spec.aggregation.to_spec()}"
+        for f, outcome in enumerate(record.fragments):
+            n = len(outcome.accepted)
+            if not spec.quorum <= n <= spec.trainer_count:
+                return f"{where} fragment {f}: {n} accepted, quorum is {spec.quorum} of {spec.trainer_count}"
+    return None
+
+
 def verify_receipt(receipt: TrainingReceipt) -> bool:
     """:func:`verify_receipt_root` plus every field the transcript determines: each trainer's
     ``accepted_submissions``, no address listed twice, no accepted address missing from the
-    trainers, and ``syncers``. Never raises."""
+    trainers, and ``syncers``; and the transcript keeps the spec's rule and quorum
+    (:func:`find_rule_violation`). Never raises."""
     if not verify_receipt_root(receipt):
+        return False
+    try:
+        if find_rule_violation(receipt.spec, receipt.transcript) is not None:
+            return False
+    except TenzroError:
         return False
     counts = compute_accepted_counts(receipt.transcript)
     addresses = [t.address for t in receipt.trainers]

@@ -320,7 +320,8 @@ def verify_receipt_bytes(claimed_root: bytes, data: bytes) -> TrainingReceipt | 
         if receipt.run_root != claimed_root:
             return None
         # Root recomputation (spec leaf + round leaves + final record, rounds in order, task ids),
-        # max_rounds, last model hash, weights against the accepted lists, syncers.
+        # max_rounds, last model hash, weights against the accepted lists, syncers, and every
+        # round keeping the spec's rule with K..M accepted per fragment.
         return receipt if verify_receipt(receipt) else None
     except Exception:  # noqa: BLE001 -- a predicate over untrusted bytes: every failure is "invalid"
         return None

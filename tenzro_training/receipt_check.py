@@ -59,7 +59,7 @@ from tenzro_training.addresses import Address, format_address, parse_address
 from tenzro_training.election import RankedCandidate, compute_election_seed, rank_candidates, validate_ticket
 from tenzro_training.errors import EncodingError, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
-from tenzro_training.receipt import TrainingReceipt, compute_accepted_counts, compute_syncers
+from tenzro_training.receipt import TrainingReceipt, compute_accepted_counts, compute_syncers, find_rule_violation
 from tenzro_training.receipt_abi import encode_receipt, verify_receipt_bytes
 from tenzro_training.records import (
     Candidate,
@@ -485,18 +485,12 @@ def _check_round_records(receipt: TrainingReceipt) -> str:
         _require(decoded == record, f"{where} does not decode to itself")
         _require(record.round == i, f"{where} says round {record.round}")
         _require(record.task_id == receipt.task_id, f"{where} is for task {record.task_id!r}")
-        _require(
-            record.rule == spec.aggregation,
-            f"{where} uses {record.rule.to_spec()}, the spec says {spec.aggregation.to_spec()}",
-        )
         fragments = spec.architecture.fragment_count
         _require(len(record.fragments) == fragments, f"{where} has {len(record.fragments)} fragments, not {fragments}")
-        for f, outcome in enumerate(record.fragments):
-            # A round is finalized only once every fragment has K accepted submissions; a node
-            # that dropped honest inputs from the record (and so from the payouts) fails here.
-            n = len(outcome.accepted)
-            _require(spec.quorum <= n <= spec.trainer_count,
-                     f"{where} fragment {f}: {n} accepted, quorum is {spec.quorum} of {spec.trainer_count}")
+    # The spec's rule and K..M accepted per fragment (a node that dropped honest inputs from the
+    # record, and so from the payouts, fails here).
+    violation = find_rule_violation(spec, transcript)
+    _require(violation is None, violation or "")
     _require(
         not transcript or transcript[-1].model_hash == receipt.final_model_hash,
         "the last round's model hash is not the final model hash",

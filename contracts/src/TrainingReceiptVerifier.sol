@@ -12,10 +12,12 @@ import {Rfc6962} from "./Rfc6962.sol";
 ///      every round record decoded strictly and checked (index, task id, rule arithmetic),
 ///      the run root recomputed (RFC 6962 over [spec, rounds..., final record]), the final model
 ///      hash, trainer weights against the accepted lists, the syncer list, and the spec's
-///      top-level task_id / sponsor_address / reward_pool / max_rounds read from its canonical
-///      JSON. What it is NOT: a JSON schema validator. The spec bytes are committed by the run
-///      root, so they are whatever the node committed; this library reads the four top-level
-///      fields it needs and does not re-check the rest of the spec grammar (docs/solidity-verifier.md).
+///      top-level task_id / sponsor_address / reward_pool / max_rounds / quorum / trainer_count /
+///      aggregation read from its canonical JSON (every round keeps the spec's rule and has
+///      quorum..trainer_count accepted per fragment). What it is NOT: a JSON schema validator.
+///      The spec bytes are committed by the run root, so they are whatever the node committed;
+///      this library reads the seven top-level fields it needs and does not re-check the rest of
+///      the spec grammar (docs/solidity-verifier.md).
 ///      `verify` reverts (never returns true) on bytes that do not ABI-decode; the
 ///      TrainingReceiptVerifierContract wrapper turns that into `false`.
 library TrainingReceiptVerifier {
@@ -109,7 +111,7 @@ library TrainingReceiptVerifier {
         );
         if (Rfc6962.runRootOf(Rfc6962.rootOfLeafHashes(leaves)) != r.runRoot) return false;
 
-        if (!_checkSpec(r, rounds)) return false;
+        if (!_checkSpec(r, recs)) return false;
         if (!_checkTrainers(r.trainers, recs)) return false;
         return _checkSyncers(r.syncers, recs);
     }
@@ -275,33 +277,84 @@ library TrainingReceiptVerifier {
     }
 
     // ------------------------------------------------------------------------------------------
-    // The spec's canonical JSON: four top-level fields
+    // The spec's canonical JSON: seven top-level fields
     // ------------------------------------------------------------------------------------------
 
-    /// @dev Reads the top-level (depth 1) values of "task_id", "sponsor_address", "reward_pool"
-    ///      and "max_rounds" with a string/escape/depth-aware scan (so a metadata key of the same
-    ///      name, or the text inside a string, is never mistaken for them), requires each exactly
-    ///      once and compares them byte for byte with what the spec's RFC 8785 form must contain:
-    ///      "task_id":"<taskId>", "sponsor_address":"<EIP-55 of sponsor>",
-    ///      "reward_pool":"<decimal rewardPool>", "max_rounds":<decimal R> followed by , or }.
-    function _checkSpec(Receipt memory r, uint256 rounds) private pure returns (bool) {
+    /// @dev How many top-level spec keys _scanTopLevel locates (see _whichKey for the order).
+    uint256 private constant SPEC_KEYS = 7;
+    /// @dev Digits read for quorum / trainer_count (both <= 2^53 - 1 in a valid spec).
+    uint256 private constant MAX_COUNT_DIGITS = 16;
+
+    /// @dev Reads the top-level (depth 1) values of "task_id", "sponsor_address", "reward_pool",
+    ///      "max_rounds", "quorum", "trainer_count" and "aggregation" with a string/escape/depth-aware
+    ///      scan (so a metadata key of the same name, or the text inside a string, is never
+    ///      mistaken for them), requires each exactly once and compares them with what the spec's
+    ///      RFC 8785 form must contain: "task_id":"<taskId>", "sponsor_address":"<EIP-55 of
+    ///      sponsor>", "reward_pool":"<decimal rewardPool>", "max_rounds":<decimal R>, and
+    ///      "aggregation":<the rounds' rule in its one JSON form>, the unquoted values followed by
+    ///      , or }. Every round uses that rule, and every fragment of every round has
+    ///      quorum..trainer_count accepted trainers (receipt.find_rule_violation).
+    function _checkSpec(Receipt memory r, RoundRecord[] memory recs) private pure returns (bool) {
         bytes memory s = r.specCanonical;
-        uint256[4] memory at = _scanTopLevel(s);
-        if (at[0] == 0 || at[1] == 0 || at[2] == 0 || at[3] == 0) return false;
+        uint256[SPEC_KEYS] memory at = _scanTopLevel(s);
+        for (uint256 i = 0; i < SPEC_KEYS; ++i) {
+            if (at[i] == 0) return false;
+        }
         if (!_matchQuoted(s, at[0], bytes(r.taskId))) return false;
         if (!_matchQuoted(s, at[1], bytes.concat("0x", checksumHex(r.sponsor)))) return false;
         if (!_matchQuoted(s, at[2], toDecimal(r.rewardPool))) return false;
-        bytes memory mr = toDecimal(rounds);
-        uint256 end = at[3] + mr.length;
-        if (end >= s.length || !_matchAt(s, at[3], mr)) return false;
+        if (!_matchValue(s, at[3], toDecimal(recs.length))) return false;
+        (bool quorumOk, uint256 quorum) = _readCount(s, at[4]);
+        (bool countOk, uint256 trainerCount) = _readCount(s, at[5]);
+        if (!quorumOk || !countOk) return false;
+        uint8 rk = recs[0].ruleKind;
+        uint32 rp = recs[0].ruleParam;
+        if (!_matchValue(s, at[6], _ruleJson(rk, rp))) return false;
+        for (uint256 i = 0; i < recs.length; ++i) {
+            if (recs[i].ruleKind != rk || recs[i].ruleParam != rp) return false;
+            FragmentOutcome[] memory frags = recs[i].fragments;
+            for (uint256 f = 0; f < frags.length; ++f) {
+                uint256 k = frags[f].accepted.length;
+                if (k < quorum || k > trainerCount) return false;
+            }
+        }
+        return true;
+    }
+
+    /// @dev A rule's one JSON form in the spec (docs/spec.md "Aggregation"), RFC 8785 spelling.
+    function _ruleJson(uint8 kind, uint32 param) private pure returns (bytes memory) {
+        if (kind == RULE_MEAN) return '"Mean"';
+        if (kind == RULE_COORDINATE_MEDIAN) return '"CoordinateMedian"';
+        if (kind == RULE_TRIMMED_MEAN) return bytes.concat('{"TrimmedMean":{"alpha_bps":', toDecimal(param), "}}");
+        return bytes.concat('{"Krum":{"f":', toDecimal(param), "}}"); // RULE_KRUM: records are checked first
+    }
+
+    /// @dev s[at..] == value, followed by , or } (an unquoted top-level value ends there).
+    function _matchValue(bytes memory s, uint256 at, bytes memory value) private pure returns (bool) {
+        uint256 end = at + value.length;
+        if (end >= s.length || !_matchAt(s, at, value)) return false;
         bytes1 next = s[end];
         return next == "," || next == "}";
     }
 
-    /// @dev Where the values of the four keys start, at depth 1 of the top-level object; 0 means
-    ///      missing (a value never starts at 0: the object opens with '{'). A duplicate key, or
-    ///      an unbalanced close, zeroes all four.
-    function _scanTopLevel(bytes memory s) private pure returns (uint256[4] memory at) {
+    /// @dev The decimal integer at s[at..] (1..MAX_COUNT_DIGITS digits, no leading zero),
+    ///      followed by , or }.
+    function _readCount(bytes memory s, uint256 at) private pure returns (bool ok, uint256 v) {
+        uint256 i = at;
+        while (i < s.length && s[i] >= "0" && s[i] <= "9") {
+            v = v * 10 + (uint8(s[i]) - 48);
+            ++i;
+            if (i - at > MAX_COUNT_DIGITS) return (false, 0);
+        }
+        if (i == at || i >= s.length || (s[at] == "0" && i - at > 1)) return (false, 0);
+        ok = s[i] == "," || s[i] == "}";
+    }
+
+    /// @dev Where the values of the SPEC_KEYS keys start, at depth 1 of the top-level object; 0
+    ///      means missing (a value never starts at 0: the object opens with '{'). A duplicate
+    ///      key, or an unbalanced close, zeroes them all.
+    function _scanTopLevel(bytes memory s) private pure returns (uint256[SPEC_KEYS] memory at) {
+        uint256[SPEC_KEYS] memory none;
         uint256 n = s.length;
         if (n == 0 || s[0] != "{") return at;
         uint256 depth = 0;
@@ -321,8 +374,8 @@ library TrainingReceiptVerifier {
                     uint256 which;
                     uint256 vstart;
                     (which, vstart) = _whichKey(s, i);
-                    if (which < 4) {
-                        if (at[which] != 0) return [uint256(0), 0, 0, 0]; // duplicate key
+                    if (which < SPEC_KEYS) {
+                        if (at[which] != 0) return none; // duplicate key
                         at[which] = vstart;
                     }
                 }
@@ -332,7 +385,7 @@ library TrainingReceiptVerifier {
                 ++depth;
                 expectKey = (c == "{" && depth == 1);
             } else if (c == "}" || c == "]") {
-                if (depth == 0) return [uint256(0), 0, 0, 0];
+                if (depth == 0) return none;
                 --depth;
             } else if (c == "," && depth == 1) {
                 expectKey = true;
@@ -340,14 +393,17 @@ library TrainingReceiptVerifier {
         }
     }
 
-    /// @dev If s[q..] is one of the four keys with its quotes and the colon, which one (0..3)
-    ///      and where its value starts; otherwise (4, 0).
+    /// @dev If s[q..] is one of the SPEC_KEYS keys with its quotes and the colon, which one
+    ///      (0..SPEC_KEYS - 1) and where its value starts; otherwise (SPEC_KEYS, 0).
     function _whichKey(bytes memory s, uint256 q) private pure returns (uint256, uint256) {
         if (_matchAt(s, q, '"task_id":')) return (0, q + 10);
         if (_matchAt(s, q, '"sponsor_address":')) return (1, q + 18);
         if (_matchAt(s, q, '"reward_pool":')) return (2, q + 14);
         if (_matchAt(s, q, '"max_rounds":')) return (3, q + 13);
-        return (4, 0);
+        if (_matchAt(s, q, '"quorum":')) return (4, q + 9);
+        if (_matchAt(s, q, '"trainer_count":')) return (5, q + 16);
+        if (_matchAt(s, q, '"aggregation":')) return (6, q + 14);
+        return (SPEC_KEYS, 0);
     }
 
     function _matchAt(bytes memory s, uint256 at, bytes memory pat) private pure returns (bool) {

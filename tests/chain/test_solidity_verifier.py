@@ -31,7 +31,13 @@ from precompile import INVALID, VALID, training_verify
 from precompile.evm import make_web3, sealed_lookup_from_store
 
 from tenzro_training.merkle import inclusion_proofs, merkle_root, run_root, verify_inclusion
-from tenzro_training.receipt import ReceiptTrainer, TrainingReceipt, compute_accepted_counts, compute_receipt
+from tenzro_training.receipt import (
+    ReceiptTrainer,
+    TrainingReceipt,
+    compute_accepted_counts,
+    compute_receipt,
+    verify_receipt_root,
+)
 from tenzro_training.receipt_abi import RECEIPT_ABI_TYPE, _abi_value, encode_receipt, verify_receipt_bytes
 from tenzro_training.records import (
     FINAL_MODEL_RECORD_ABI_TYPES,
@@ -283,6 +289,9 @@ def semantic_variants(receipt: TrainingReceipt) -> Iterator[tuple[str, bytes, by
     yield edit("spec-metadata-task_id-only", set_(2, spec_bytes(
         receipt, task_id="other-task", architecture={**receipt.spec.to_dict()["architecture"],
                                                       "metadata": {"task_id": receipt.task_id}})))
+    yield edit("spec-quorum-M", set_(2, spec_bytes(receipt, quorum=receipt.spec.trainer_count)))
+    other_rule = "CoordinateMedian" if receipt.spec.aggregation.to_spec() == "Mean" else "Mean"
+    yield edit("spec-aggregation-other", set_(2, spec_bytes(receipt, aggregation=other_rule)))
     yield edit("spec-empty", set_(2, b""))
     yield edit("spec-not-json", set_(2, b"not json"))
     # round records
@@ -517,6 +526,63 @@ def test_accepted_helper_matches_transcript(verifier: Any) -> None:
 
 
 # --- gas ----------------------------------------------------------------------------------------
+
+
+def rewritten(receipt: TrainingReceipt, spec: TrainingTaskSpec | None = None,
+              edit: Callable[[RoundRecord], RoundRecord] = lambda rec: rec) -> TrainingReceipt:
+    """``receipt`` with its spec and/or round records replaced and everything the root and the
+    transcript determine recomputed (weights, syncers, final model record, run root): a
+    self-consistent forgery."""
+    spec = receipt.spec if spec is None else spec
+    transcript = tuple(edit(rec) for rec in receipt.transcript)
+    counts = compute_accepted_counts(transcript)
+    trainers = tuple(dataclasses.replace(t, accepted_submissions=counts.get(t.address, 0)) for t in receipt.trainers)
+    final = transcript[-1].model_hash
+    leaves = compute_run_leaves(spec.canonical_bytes(), transcript, None) + [
+        eth_abi.encode(FINAL_MODEL_RECORD_ABI_TYPES, [2, 1, spec.task_id, len(transcript), final])
+    ]
+    syncers = tuple(dict.fromkeys(rec.syncer for rec in transcript))
+    return dataclasses.replace(receipt, spec=spec, run_root=run_root(leaves), final_model_hash=final,
+                               transcript=transcript, trainers=trainers, syncers=syncers)
+
+
+def rule_forgeries(receipt: TrainingReceipt) -> Iterator[tuple[str, TrainingReceipt]]:
+    """Self-consistent receipts whose transcript breaks the spec's aggregation or quorum rule."""
+    spec = receipt.spec
+    doc = spec.to_dict()
+
+    def with_spec(**changes: Any) -> TrainingTaskSpec:
+        return TrainingTaskSpec.from_dict({**doc, **changes}, supported_only=False)
+
+    def below_quorum(rec: RoundRecord) -> RoundRecord:  # fragment 0 keeps K - 1 inputs
+        kept = rec.fragments[0].accepted[: spec.quorum - 1]
+        trimmed = rec.rule.trimmed_per_side(len(kept))
+        return dataclasses.replace(rec, fragments=(dataclasses.replace(rec.fragments[0], accepted=kept, trimmed=trimmed),
+                                                   *rec.fragments[1:]))
+
+    if spec.quorum >= 2:
+        yield "below-quorum", rewritten(receipt, edit=below_quorum)
+    most = max(len(o.accepted) for rec in receipt.transcript for o in rec.fragments)
+    if most > spec.quorum:  # M lowered to K, under the largest accepted set
+        yield "above-trainer-count", rewritten(receipt, spec=with_spec(trainer_count=spec.quorum))
+    other = "CoordinateMedian" if spec.aggregation.to_spec() == "Mean" else "Mean"
+    yield "spec-rule-other", rewritten(receipt, spec=with_spec(aggregation=other))
+
+
+@pytest.mark.parametrize("name", ["mean-2", "trimmed-3-slashed", "node-run-slashed", "median-8"])
+def test_transcripts_breaking_the_rule_or_quorum_are_refused_by_both(verifier: Any, name: str) -> None:
+    """A node committing a round below quorum (honest inputs dropped from the aggregate and the
+    payouts) or with another rule than the spec's, root and weights recomputed: every other rule
+    holds, and both verifiers refuse it."""
+    receipt = RECEIPTS[name]()
+    labels = []
+    for label, forged in rule_forgeries(receipt):
+        labels.append(label)
+        data = encode_receipt(forged)
+        assert verify_receipt_root(forged), label
+        assert not py_verify(forged.run_root, data), label
+        assert not sol_verify(verifier, forged.run_root, data), label
+    assert {"below-quorum", "spec-rule-other"} <= set(labels)
 
 
 @pytest.mark.parametrize("rounds", [2, 8])
