@@ -23,12 +23,14 @@ named :class:`CheckResult` per rule:
 - ``round_syncers``: each round's syncer is the recomputed ranking's entry at its syncer_rank;
 - ``finalize_signatures``: each round's FinalizeRound signature recovers to that syncer;
 - ``submission_signatures``: every accepted trainer of every fragment has a SubmitOuterGradient
-  signature recovering to it (and every attested submission verifies);
+  signature recovering to it (and every attested submission verifies), and every attested
+  submission is among its fragment's accepted unless its trainer was slashed by that round;
 - ``slashings``: every trainer the receipt marks slashed is backed by equivocation evidence (two
   different payload hashes it signed for one round and fragment, both signatures recovering to
   it), no evidence names a trainer left unslashed, and no round from the one its slashing took
   effect in (``slashed_in_round``: the evidence round, or later for a conflict over a finalized
-  round) on accepted any of its submissions.
+  round, whose record must then have accepted the first of the two hashes) on accepted any of
+  its submissions.
 
 What it does NOT establish: the candidates' registrations and stakes (the node's configuration,
 not committed by anything a verifier holds), the trainers' DIDs and stakes (vouched for by the
@@ -595,6 +597,10 @@ def _check_finalize_signatures(receipt: TrainingReceipt, attestations: Attestati
 def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attestations, chain_id: int) -> str:
     _check_round_list(receipt, attestations)
     slashed = {t.address for t in receipt.trainers if t.slashed}
+    # A slashed trainer's signed submissions may be missing from the records from its slashing
+    # on (dropped with it), never before; without evidence, from round 0 (the slashings check
+    # fails that receipt anyway).
+    slashed_from = _earliest_slashing(attestations)
     checked = 0
     for record, att in zip(receipt.transcript, attestations.rounds):
         by_key: dict[tuple[int, bytes], SubmissionAttestation] = {}
@@ -616,10 +622,10 @@ def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attesta
                 )
                 checked += 1
         # Every submission the node stored for the round was an input of its finalize, unless
-        # its trainer was slashed: one left out was dropped from the record and the payouts.
+        # its trainer was slashed by then: one left out was dropped from the record and the payouts.
         for fragment, trainer in by_key:
             _require(
-                trainer in slashed
+                (trainer in slashed and record.round >= slashed_from.get(trainer, 0))
                 or (fragment < len(record.fragments) and trainer in record.fragments[fragment].accepted),
                 f"round {record.round} fragment {fragment}: the signed submission of {format_address(trainer)} "
                 "is not among the accepted",
@@ -627,10 +633,17 @@ def _check_submission_signatures(receipt: TrainingReceipt, attestations: Attesta
     return f"{checked} accepted submission(s) signed by their trainer"
 
 
+def _earliest_slashing(attestations: Attestations) -> dict[bytes, int]:
+    """Per trainer, the earliest ``slashed_in_round`` its attested evidence claims."""
+    earliest: dict[bytes, int] = {}
+    for att in attestations.slashings:
+        earliest[att.trainer] = min(att.slashed_in_round, earliest.get(att.trainer, att.slashed_in_round))
+    return earliest
+
+
 def _check_slashings(receipt: TrainingReceipt, attestations: Attestations, chain_id: int) -> str:
     slashed = {t.address for t in receipt.trainers if t.slashed}
     fragments = receipt.spec.architecture.fragment_count
-    slashed_at: dict[bytes, int] = {}
     for att in attestations.slashings:
         who = format_address(att.trainer)
         where = f"evidence against {who} (round {att.round} fragment {att.fragment})"
@@ -650,8 +663,24 @@ def _check_slashings(receipt: TrainingReceipt, attestations: Attestations, chain
             )
             why = _recovers_to(msg, signature, att.trainer, chain_id)
             _require(why is None, f"{where}: {_hex(payload_hash)} {why}")
-        # The earliest slashing counts: from its round on, no record may accept the trainer.
-        slashed_at[att.trainer] = min(att.slashed_in_round, slashed_at.get(att.trainer, att.slashed_in_round))
+        if att.slashed_in_round > att.round:
+            # Applied after its round was finalized: the node slashes late only a conflict with
+            # the payload that round ACCEPTED from the trainer (its stored signed record), so
+            # the record and the round's attested submissions must show that first hash. Else a
+            # node could postdate a slashing to keep an equivocator as an input meanwhile.
+            record = receipt.transcript[att.round]
+            attested = {
+                (s.fragment, s.trainer): s.payload_hash
+                for r in attestations.rounds if r.round == att.round for s in r.submissions
+            }
+            _require(
+                att.fragment < len(record.fragments)
+                and att.trainer in record.fragments[att.fragment].accepted
+                and attested.get((att.fragment, att.trainer)) == first,
+                f"{where}: slashed in round {att.slashed_in_round}, after its round, but round {att.round} "
+                f"did not accept {_hex(first)} from {who}",
+            )
+    slashed_at = _earliest_slashing(attestations)  # every entry was checked above
     unproven = sorted(slashed - set(slashed_at))
     _require(not unproven, f"{format_address(unproven[0]) if unproven else ''} is marked slashed without evidence")
     for trainer, round_ in slashed_at.items():

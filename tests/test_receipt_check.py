@@ -576,6 +576,62 @@ def test_invalid_transcript_below_quorum_with_inputs_dropped(good: Doc) -> None:
     assert result.get("run_root").ok and result.get("trainer_weights").ok  # type: ignore[union-attr]
 
 
+def test_invalid_slashing_postdated_to_keep_an_equivocator_as_an_input(tmp_path: Path) -> None:
+    """Trainer 1 equivocated within round 0 (dropped there) of a 3-round run. A node adds it,
+    with a signed submission, to round 1 and claims the slashing took effect only in round 2:
+    refused, since a late slashing needs round 0 to have accepted the first payload from it."""
+    import dataclasses
+
+    from tenzro_training.receipt_check import SubmissionAttestation
+
+    culprit = trainer_party(1)
+    poison = b"\x5a" * 32
+
+    def add(rec: Any) -> Any:
+        if rec.round != 1:
+            return rec
+        f0 = rec.fragments[0]
+        return dataclasses.replace(rec, fragments=(
+            dataclasses.replace(f0, accepted=tuple(sorted(f0.accepted + (culprit.address,)))), *rec.fragments[1:]))
+
+    slashed = _document(tmp_path, task_id="run-slashed-3", rounds=3, equivocate=1)
+    forged = _rewritten(slashed, add)
+    att = Attestations.from_dict(slashed["attestations"])
+    signature = culprit.sign(auth.SubmitOuterGradient(task_id=forged.task_id, round=1, fragment=0, payload_hash=poison))
+    round1 = att.rounds[1]
+    subs = tuple(sorted(round1.submissions + (SubmissionAttestation(culprit.address, 0, poison, signature),),
+                        key=lambda x: (x.fragment, x.trainer)))
+    rounds = (att.rounds[0], dataclasses.replace(round1, submissions=subs), *att.rounds[2:])
+    postdated = tuple(dataclasses.replace(x, slashed_in_round=2) for x in att.slashings)
+    result = check_receipt(forged, dataclasses.replace(att, rounds=rounds, slashings=postdated), auth.DEFAULT_CHAIN_ID)
+    # Also: its round-0 submission, dropped at the real slashing, is no longer excused.
+    assert result.failed == ("submission_signatures", "slashings")
+    assert "did not accept" in result.get("slashings").detail  # type: ignore[union-attr]
+    # With the true slashing round, the forged round 1 is refused as accepting a slashed trainer.
+    honest = check_receipt(forged, dataclasses.replace(att, rounds=rounds), auth.DEFAULT_CHAIN_ID)
+    assert honest.failed == ("slashings",) and "accepted" in honest.get("slashings").detail  # type: ignore[union-attr]
+
+
+def test_invalid_input_dropped_before_the_slashing_round(slashed_late: Doc) -> None:
+    """Slashed in round 1 (for round 0 evidence), the trainer was an honest input of round 0:
+    a node dropping its round-0 fragment-1 input from the record and the payouts is caught."""
+    import dataclasses
+
+    culprit = trainer_party(1).address
+
+    def drop(rec: Any) -> Any:
+        if rec.round != 0:
+            return rec
+        f1 = rec.fragments[1]
+        return dataclasses.replace(rec, fragments=(
+            rec.fragments[0], dataclasses.replace(f1, accepted=tuple(a for a in f1.accepted if a != culprit))))
+
+    forged = _rewritten(slashed_late, drop)
+    result = check_receipt(forged, Attestations.from_dict(slashed_late["attestations"]), auth.DEFAULT_CHAIN_ID)
+    assert result.failed == ("submission_signatures",)
+    assert "is not among the accepted" in result.get("submission_signatures").detail  # type: ignore[union-attr]
+
+
 def test_invalid_syncer_rank_going_back_up(good: Doc) -> None:
     import dataclasses
 
