@@ -287,17 +287,21 @@ def verify_receipt_root(receipt: TrainingReceipt) -> bool:
 
 def find_rule_violation(spec: TrainingTaskSpec, transcript: tuple[RoundRecord, ...]) -> str | None:
     """Why ``transcript`` breaks the run's own aggregation and quorum rules, or None: every
-    round record must name ``spec.aggregation`` and have K..M (``quorum``..``trainer_count``)
-    accepted trainers in every fragment.
+    round record must name ``spec.aggregation`` and have ``architecture.fragment_count``
+    fragments, each with K..M (``quorum``..``trainer_count``) accepted trainers.
 
     Why a receipt check needs this: a round is finalized only once every fragment has K
     accepted submissions, so a record with fewer is a node that dropped honest inputs from the
-    aggregate and from the payouts and committed the result; the run root alone would vouch
-    for it. The Solidity verifier checks the same (docs/receipt.md "Validity")."""
+    aggregate and from the payouts and committed the result, and a record with an extra
+    fragment pays its accepted trainers for work that does not exist; the run root alone would
+    vouch for either. The Solidity verifier checks the same (docs/receipt.md "Validity")."""
+    fragments = spec.architecture.fragment_count
     for record in transcript:
         where = f"round record {record.round}"
         if record.rule != spec.aggregation:
             return f"{where} uses {record.rule.to_spec()}, the spec says {spec.aggregation.to_spec()}"
+        if len(record.fragments) != fragments:
+            return f"{where} has {len(record.fragments)} fragments, not {fragments}"
         for f, outcome in enumerate(record.fragments):
             n = len(outcome.accepted)
             if not spec.quorum <= n <= spec.trainer_count:

@@ -13,11 +13,11 @@ import {Rfc6962} from "./Rfc6962.sol";
 ///      the run root recomputed (RFC 6962 over [spec, rounds..., final record]), the final model
 ///      hash, trainer weights against the accepted lists, the syncer list, and the spec's
 ///      top-level task_id / sponsor_address / reward_pool / max_rounds / quorum / trainer_count /
-///      aggregation read from its canonical JSON (every round keeps the spec's rule and has
-///      quorum..trainer_count accepted per fragment). What it is NOT: a JSON schema validator.
-///      The spec bytes are committed by the run root, so they are whatever the node committed;
-///      this library reads the seven top-level fields it needs and does not re-check the rest of
-///      the spec grammar (docs/solidity-verifier.md).
+///      aggregation and architecture.fragment_count read from its canonical JSON (every round
+///      keeps the spec's rule and fragment count, with quorum..trainer_count accepted per
+///      fragment). What it is NOT: a JSON schema validator. The spec bytes are committed by the
+///      run root, so they are whatever the node committed; this library reads the fields it
+///      needs and does not re-check the rest of the spec grammar (docs/solidity-verifier.md).
 ///      `verify` reverts (never returns true) on bytes that do not ABI-decode; the
 ///      TrainingReceiptVerifierContract wrapper turns that into `false`.
 library TrainingReceiptVerifier {
@@ -277,23 +277,28 @@ library TrainingReceiptVerifier {
     }
 
     // ------------------------------------------------------------------------------------------
-    // The spec's canonical JSON: seven top-level fields
+    // The spec's canonical JSON: eight top-level fields
     // ------------------------------------------------------------------------------------------
 
-    /// @dev How many top-level spec keys _scanTopLevel locates (see _whichKey for the order).
-    uint256 private constant SPEC_KEYS = 7;
+    /// @dev How many spec values _scanTopLevel locates: 7 top-level keys (see _whichKey for the
+    ///      order) and architecture.fragment_count in the last slot.
+    uint256 private constant SPEC_KEYS = 8;
+    uint256 private constant FRAGMENT_COUNT_SLOT = 7;
+    /// @dev _whichKey's answer for "architecture" (whose object holds fragment_count).
+    uint256 private constant ARCHITECTURE_KEY = 8;
     /// @dev Digits read for quorum / trainer_count (both <= 2^53 - 1 in a valid spec).
     uint256 private constant MAX_COUNT_DIGITS = 16;
 
     /// @dev Reads the top-level (depth 1) values of "task_id", "sponsor_address", "reward_pool",
-    ///      "max_rounds", "quorum", "trainer_count" and "aggregation" with a string/escape/depth-aware
+    ///      "max_rounds", "quorum", "trainer_count", "aggregation" and "architecture" (in which
+    ///      only "fragment_count" is read) with a string/escape/depth-aware
     ///      scan (so a metadata key of the same name, or the text inside a string, is never
     ///      mistaken for them), requires each exactly once and compares them with what the spec's
     ///      RFC 8785 form must contain: "task_id":"<taskId>", "sponsor_address":"<EIP-55 of
     ///      sponsor>", "reward_pool":"<decimal rewardPool>", "max_rounds":<decimal R>, and
     ///      "aggregation":<the rounds' rule in its one JSON form>, the unquoted values followed by
-    ///      , or }. Every round uses that rule, and every fragment of every round has
-    ///      quorum..trainer_count accepted trainers (receipt.find_rule_violation).
+    ///      , or }. Every round uses that rule and has architecture.fragment_count fragments,
+    ///      each with quorum..trainer_count accepted trainers (receipt.find_rule_violation).
     function _checkSpec(Receipt memory r, RoundRecord[] memory recs) private pure returns (bool) {
         bytes memory s = r.specCanonical;
         uint256[SPEC_KEYS] memory at = _scanTopLevel(s);
@@ -306,13 +311,15 @@ library TrainingReceiptVerifier {
         if (!_matchValue(s, at[3], toDecimal(recs.length))) return false;
         (bool quorumOk, uint256 quorum) = _readCount(s, at[4]);
         (bool countOk, uint256 trainerCount) = _readCount(s, at[5]);
-        if (!quorumOk || !countOk) return false;
+        (bool fragmentsOk, uint256 fragmentCount) = _readCount(s, at[FRAGMENT_COUNT_SLOT]);
+        if (!quorumOk || !countOk || !fragmentsOk) return false;
         uint8 rk = recs[0].ruleKind;
         uint32 rp = recs[0].ruleParam;
         if (!_matchValue(s, at[6], _ruleJson(rk, rp))) return false;
         for (uint256 i = 0; i < recs.length; ++i) {
             if (recs[i].ruleKind != rk || recs[i].ruleParam != rp) return false;
             FragmentOutcome[] memory frags = recs[i].fragments;
+            if (frags.length != fragmentCount) return false;
             for (uint256 f = 0; f < frags.length; ++f) {
                 uint256 k = frags[f].accepted.length;
                 if (k < quorum || k > trainerCount) return false;
@@ -350,7 +357,9 @@ library TrainingReceiptVerifier {
         ok = s[i] == "," || s[i] == "}";
     }
 
-    /// @dev Where the values of the SPEC_KEYS keys start, at depth 1 of the top-level object; 0
+    /// @dev Where the values of the SPEC_KEYS keys start: slots 0-6 at depth 1 of the top-level
+    ///      object, slot 7 "fragment_count" at depth 2 inside the top-level "architecture"
+    ///      object, found in the same single pass (nested values of other keys never count); 0
     ///      means missing (a value never starts at 0: the object opens with '{'). A duplicate
     ///      key, or an unbalanced close, zeroes them all.
     function _scanTopLevel(bytes memory s) private pure returns (uint256[SPEC_KEYS] memory at) {
@@ -361,6 +370,8 @@ library TrainingReceiptVerifier {
         bool inStr = false;
         bool esc = false;
         bool expectKey = false;
+        bool archNext = false; // the depth-1 value being read is that of "architecture"
+        bool inArch = false; // inside the "architecture" object (at depth 2 or deeper)
         for (uint256 i = 0; i < n; ++i) {
             bytes1 c = s[i];
             if (inStr) {
@@ -370,31 +381,37 @@ library TrainingReceiptVerifier {
                 continue;
             }
             if (c == '"') {
-                if (depth == 1 && expectKey) {
-                    uint256 which;
-                    uint256 vstart;
-                    (which, vstart) = _whichKey(s, i);
-                    if (which < SPEC_KEYS) {
+                if (expectKey && depth == 1) {
+                    (uint256 which, uint256 vstart) = _whichKey(s, i);
+                    archNext = which == ARCHITECTURE_KEY;
+                    if (which < FRAGMENT_COUNT_SLOT) {
                         if (at[which] != 0) return none; // duplicate key
                         at[which] = vstart;
                     }
+                } else if (expectKey && _matchAt(s, i, '"fragment_count":')) {
+                    // depth 2 inside "architecture": the only place expectKey is set below depth 1
+                    if (at[FRAGMENT_COUNT_SLOT] != 0) return none;
+                    at[FRAGMENT_COUNT_SLOT] = i + 17;
                 }
                 inStr = true;
                 expectKey = false;
             } else if (c == "{" || c == "[") {
                 ++depth;
-                expectKey = (c == "{" && depth == 1);
+                if (depth == 2) inArch = archNext && c == "{";
+                expectKey = c == "{" && (depth == 1 || (depth == 2 && inArch));
             } else if (c == "}" || c == "]") {
                 if (depth == 0) return none;
                 --depth;
-            } else if (c == "," && depth == 1) {
-                expectKey = true;
+                if (depth < 2) inArch = false;
+            } else if (c == ",") {
+                if (depth == 1) archNext = false;
+                expectKey = depth == 1 || (depth == 2 && inArch);
             }
         }
     }
 
-    /// @dev If s[q..] is one of the SPEC_KEYS keys with its quotes and the colon, which one
-    ///      (0..SPEC_KEYS - 1) and where its value starts; otherwise (SPEC_KEYS, 0).
+    /// @dev If s[q..] is one of the depth-1 keys with its quotes and the colon, which one
+    ///      (0..6, or ARCHITECTURE_KEY) and where its value starts; otherwise (SPEC_KEYS + 1, 0).
     function _whichKey(bytes memory s, uint256 q) private pure returns (uint256, uint256) {
         if (_matchAt(s, q, '"task_id":')) return (0, q + 10);
         if (_matchAt(s, q, '"sponsor_address":')) return (1, q + 18);
@@ -403,7 +420,8 @@ library TrainingReceiptVerifier {
         if (_matchAt(s, q, '"quorum":')) return (4, q + 9);
         if (_matchAt(s, q, '"trainer_count":')) return (5, q + 16);
         if (_matchAt(s, q, '"aggregation":')) return (6, q + 14);
-        return (SPEC_KEYS, 0);
+        if (_matchAt(s, q, '"architecture":')) return (ARCHITECTURE_KEY, q + 15);
+        return (SPEC_KEYS + 1, 0);
     }
 
     function _matchAt(bytes memory s, uint256 at, bytes memory pat) private pure returns (bool) {

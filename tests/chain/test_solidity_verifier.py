@@ -183,7 +183,8 @@ RECEIPTS: dict[str, Callable[[], TrainingReceipt]] = {
     "median-8": lambda: build_receipt(8, aggregation="CoordinateMedian", rule=(RuleKind.COORDINATE_MEDIAN, 0)),
     # A metadata key spelled like the top-level fields: only the top-level ones count.
     "shadow-keys": lambda: build_receipt(
-        2, metadata={"task_id": "other", "max_rounds": 7, "z": {"reward_pool": "1", "s": '"task_id":"x"'}}
+        2, metadata={"task_id": "other", "max_rounds": 7, "quorum": 1, "trainer_count": 99, "fragment_count": 9,
+                     "aggregation": "Krum", "z": {"reward_pool": "1", "s": '"task_id":"x"'}}
     ),
 }
 
@@ -567,9 +568,14 @@ def rule_forgeries(receipt: TrainingReceipt) -> Iterator[tuple[str, TrainingRece
         yield "above-trainer-count", rewritten(receipt, spec=with_spec(trainer_count=spec.quorum))
     other = "CoordinateMedian" if spec.aggregation.to_spec() == "Mean" else "Mean"
     yield "spec-rule-other", rewritten(receipt, spec=with_spec(aggregation=other))
+    # A fragment that does not exist, its accepted trainers paid for it.
+    yield "extra-fragment", rewritten(receipt, edit=lambda rec: dataclasses.replace(
+        rec, fragments=rec.fragments + rec.fragments[:1]))
+    architecture = {**doc["architecture"], "fragment_count": spec.architecture.fragment_count + 1}
+    yield "spec-fragment-count+1", rewritten(receipt, spec=with_spec(architecture=architecture))
 
 
-@pytest.mark.parametrize("name", ["mean-2", "trimmed-3-slashed", "node-run-slashed", "median-8"])
+@pytest.mark.parametrize("name", ["mean-2", "trimmed-3-slashed", "node-run-slashed", "median-8", "shadow-keys"])
 def test_transcripts_breaking_the_rule_or_quorum_are_refused_by_both(verifier: Any, name: str) -> None:
     """A node committing a round below quorum (honest inputs dropped from the aggregate and the
     payouts) or with another rule than the spec's, root and weights recomputed: every other rule
@@ -582,7 +588,7 @@ def test_transcripts_breaking_the_rule_or_quorum_are_refused_by_both(verifier: A
         assert verify_receipt_root(forged), label
         assert not py_verify(forged.run_root, data), label
         assert not sol_verify(verifier, forged.run_root, data), label
-    assert {"below-quorum", "spec-rule-other"} <= set(labels)
+    assert {"below-quorum", "spec-rule-other", "extra-fragment", "spec-fragment-count+1"} <= set(labels)
 
 
 @pytest.mark.parametrize("rounds", [2, 8])
