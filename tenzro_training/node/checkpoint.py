@@ -59,7 +59,10 @@ def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
 
 
 def _read_bounded(path: Path, uri: str, max_bytes: int) -> bytes:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: opening a FIFO (or a terminal) for reading would otherwise wait for a writer,
+    # on the node's one service thread; with it the open returns and fstat refuses the file.
+    # It changes nothing for a regular file.
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:

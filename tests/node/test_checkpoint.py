@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor, TimeoutError
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,23 @@ def test_invalid_directory_and_missing_file(tmp_path: Path) -> None:
         load_init_checkpoint(spec_for(tmp_path.as_uri(), "0x" + "00" * 32), max_bytes=1 << 20)
     with pytest.raises(CheckpointError):
         load_init_checkpoint(spec_for((tmp_path / "none").as_uri(), "0x" + "00" * 32), max_bytes=1 << 20)
+
+
+def test_invalid_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO named as the checkpoint: opening it for reading would block until a writer comes,
+    on the node's one service thread (every RPC call would hang). It is refused at once."""
+    fifo = tmp_path / "init.safetensors"
+    os.mkfifo(fifo)
+    spec = spec_for(fifo.as_uri(), "0x" + "00" * 32)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(load_init_checkpoint, spec, max_bytes=1 << 20)
+        try:
+            error = future.exception(timeout=30)  # a hang guard, not a timing assertion
+        except TimeoutError:
+            with open(fifo, "wb"):  # release the blocked open so the worker can end
+                pass
+            pytest.fail("opening the FIFO blocked")
+    assert isinstance(error, CheckpointError) and "not a regular file" in str(error)
 
 
 @pytest.mark.parametrize(
