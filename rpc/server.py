@@ -17,6 +17,13 @@ HTTP behaviour:
   streamed without it is cut off as soon as it passes the limit. The connection is then closed
   rather than drained. ``client_max_size`` is set to the same limit on purpose (aiohttp's default
   of 1 MiB would answer larger bodies with a plain-text 413 outside our control).
+- ``Content-Encoding``: ``gzip``/``x-gzip`` and ``deflate`` (zlib-wrapped or raw) are decoded
+  here, not by aiohttp (``auto_decompress`` is off): the stream must end exactly at its end
+  (aiohttp accepted a gzip body cut before its CRC/size trailer) and the decoded body is held to
+  the same limit (413). Another encoding is 415 with a JSON-RPC error.
+- A request aiohttp cannot parse (broken chunked framing, conflicting lengths, oversized
+  headers) is answered by :func:`start_server`'s handler with a JSON-RPC -32600 and its 4xx
+  status, not aiohttp's plain-text message (which echoes the parser's exception text).
 - Never a 500: a middleware turns any exception into a JSON-RPC -32603 (logged, text not sent).
 
 Threading: the dispatcher (JSON parse, params, the service call) runs on ONE worker thread, so
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +44,8 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
 
 from rpc.dispatcher import DEFAULT_MAX_BATCH, METHODS, Dispatcher, serialize_json
 from rpc.errors import (
@@ -90,6 +99,52 @@ def _too_large(limit: int) -> web.Response:
     return response
 
 
+def _refused(app: web.Application, reason: str, message: str, status: int) -> web.Response:
+    _count_rejected(app, reason)
+    response = _json_response(compute_error_response(InvalidRequest(message), None), status=status)
+    response.force_close()
+    return response
+
+
+class _BodyError(Exception):
+    """Why a Content-Encoding body was refused: ``reason`` (the rejected-bodies metric label)."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+_GZIP: Final = ("gzip", "x-gzip")
+_IDENTITY: Final = ("", "identity")
+
+
+def _decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
+    """The body under its ``Content-Encoding`` (one of gzip/x-gzip/deflate/identity), at most
+    ``limit`` bytes decoded; _BodyError("too_large" | "unreadable" | "unsupported_encoding").
+
+    A stream must end exactly where the body does: a gzip member cut before its CRC-32/size
+    trailer, or followed by anything, is unreadable (zlib reports both: ``eof``, ``unused_data``)."""
+    if encoding in _GZIP:
+        wbits = 16 + zlib.MAX_WBITS
+    elif encoding == "deflate":
+        # RFC 9110 "deflate" is the zlib format; some clients send raw DEFLATE. A zlib header is
+        # CM = 8 in the low nibble of the first byte and a 16-bit check divisible by 31.
+        wrapped = len(raw) >= 2 and raw[0] & 0x0F == 8 and int.from_bytes(raw[:2], "big") % 31 == 0
+        wbits = zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
+    else:
+        raise _BodyError("unsupported_encoding")
+    decoder = zlib.decompressobj(wbits)
+    try:
+        body = decoder.decompress(raw, limit + 1)
+    except zlib.error:
+        raise _BodyError("unreadable") from None
+    if len(body) > limit or decoder.unconsumed_tail:
+        raise _BodyError("too_large")
+    if not decoder.eof or decoder.unused_data:
+        raise _BodyError("unreadable")
+    return body
+
+
 @web.middleware
 async def _catch_all(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -124,18 +179,26 @@ async def _post(request: web.Request) -> web.StreamResponse:
     if request.content_length is not None and request.content_length > limit:
         _count_rejected(app, "too_large")
         return _too_large(limit)
+    encodings = request.headers.getall("Content-Encoding", [])
+    encoding = encodings[0].strip().lower() if len(encodings) == 1 else "" if not encodings else ","
+    if encoding not in _IDENTITY + _GZIP + ("deflate",):
+        # Before reading: one of gzip/x-gzip/deflate/identity, once (no stacked codings).
+        return _refused(app, "unsupported_encoding", "unsupported Content-Encoding", 415)
     try:
         body = await request.read()  # bounded by client_max_size == limit, with or without a length
     except (HttpProcessingError, RequestPayloadError, ConnectionError):
-        # Broken chunked framing, a body shorter than its Content-Length, a Content-Encoding
-        # body that does not decompress (RequestPayloadError is no HttpProcessingError), a
-        # client that went away.
+        # Broken chunked framing, a body shorter than its Content-Length, a client that went
+        # away (RequestPayloadError is no HttpProcessingError).
         log.debug("JSON-RPC request body could not be read", exc_info=True)
-        _count_rejected(app, "unreadable")
-        error = compute_error_response(InvalidRequest("request body could not be read"), None)
-        response = _json_response(error, status=400)
-        response.force_close()
-        return response
+        return _refused(app, "unreadable", "request body could not be read", 400)
+    if encoding not in _IDENTITY:
+        try:
+            body = await asyncio.to_thread(_decode_body, body, encoding, limit)  # up to ~100 MB of zlib
+        except _BodyError as exc:
+            if exc.reason == "too_large":
+                _count_rejected(app, "too_large")
+                return _too_large(limit)
+            return _refused(app, exc.reason, "request body could not be read", 400)
     loop = asyncio.get_running_loop()
     answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body)
     if answer is None:
@@ -173,12 +236,17 @@ def create_app(
     if type(max_body_bytes) is not int or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
     registry = Registry() if metrics is None else metrics
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_catch_all])
+    # auto_decompress off: _post decodes Content-Encoding itself, strictly (see _decode_body);
+    # handler_args reach every runner's request handlers, start_server's or a test client's.
+    app = web.Application(
+        client_max_size=max_body_bytes, middlewares=[_catch_all], handler_args={"auto_decompress": False}
+    )
     app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS), max_batch=max_batch)
     app[_METRICS] = registry
     app[_REJECTED] = registry.counter(
         "tenzro_rpc_rejected_bodies_total",
-        "HTTP request bodies refused before JSON-RPC parsing: too_large (413) or unreadable (400).",
+        "HTTP requests refused before JSON-RPC parsing: too_large (413), unreadable (400: body or "
+        "HTTP framing), unsupported_encoding (415).",
         ("reason",),
     )
     app[_MAX_BODY] = max_body_bytes
@@ -217,6 +285,44 @@ class RunningServer:
         await self.runner.cleanup()
 
 
+def _json_error_server(rejected: Counter) -> type[web.Server]:
+    """An aiohttp ``Server`` whose connections answer a request aiohttp itself cannot parse
+    (broken chunked framing, conflicting Content-Length, oversized headers: before any
+    application code runs) with a JSON-RPC error instead of aiohttp's text/plain 400, whose body
+    is the parser's exception text and echoes the client's bytes.
+
+    Why this shape: aiohttp has no public hook for those answers; ``RequestHandler.handle_error``
+    is the method that writes them, and the handler class is chosen by ``Server.__call__``.
+    start_server swaps the runner's server to this subclass, which swaps each new connection's
+    handler to a subclass overriding ``handle_error`` (same slots, so the swap is exact).
+    tests/rpc/test_server.py checks the answers, so an aiohttp change that bypasses this fails
+    there."""
+
+    class JsonErrorHandler(RequestHandler):
+        __slots__ = ()
+
+        def handle_error(
+            self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+        ) -> web.StreamResponse:
+            # aiohttp's own logging, and its ConnectionError when a response already went out.
+            super().handle_error(request, status, exc, message)
+            if 400 <= status < 500:
+                rejected.inc("unreadable")
+                response = _json_response(compute_error_response(InvalidRequest("malformed HTTP request"), None), status)
+            else:  # never a 500 (a handler timeout or failure)
+                response = _json_response(compute_error_response(InternalError(), None))
+            response.force_close()
+            return response
+
+    class JsonErrorServer(web.Server):
+        def __call__(self) -> RequestHandler:
+            handler = super().__call__()
+            handler.__class__ = JsonErrorHandler
+            return handler
+
+    return JsonErrorServer
+
+
 async def start_server(
     service: TrainingService,
     host: str = DEFAULT_HOST,
@@ -232,6 +338,8 @@ async def start_server(
     app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
+    assert runner.server is not None  # set up
+    runner.server.__class__ = _json_error_server(app[_REJECTED])
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -7,11 +7,13 @@ thread and the tests talk to it with the standard library's blocking HTTP client
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import random
 import socket
 import threading
+import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -305,14 +307,47 @@ def _raw_exchange(port: int, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
-def test_invalid_broken_chunked_body_gets_no_500(small: LiveServer) -> None:
-    # aiohttp's HTTP parser may reject the framing before our handler runs (then it answers or
-    # closes on its own); when the handler is reading, it answers a JSON 400. Never a 500.
-    head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    reply = _raw_exchange(small.port, head + b"5\r\n[1,2]\r\nzz\r\n")
-    assert b" 500 " not in reply and b" 200 " not in reply
-    status, _h, _body = small.request("GET", "/")
-    assert status == 200
+def _raw_reply(port: int, data: bytes) -> bytes:
+    """Send ``data`` and read until the server closes (without half-closing first: aiohttp drops
+    a connection whose client already shut its side down before the answer is written)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _split_reply(reply: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # broken chunked framing: a chunk size that is not hex
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n[1,2]\r\nzz\r\n",
+        # two Content-Length headers, Content-Length with chunked, a negative length
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n[]",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -2\r\n\r\n[]",
+        # a header line far over aiohttp's limit
+        b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\nContent-Length: 2\r\n\r\n[]",
+    ],
+)
+def test_invalid_http_framing_gets_a_json_rpc_400_without_parser_text(small: LiveServer, request_bytes: bytes) -> None:
+    """aiohttp rejects these before any application code runs; its own answer was text/plain
+    with the parser's exception text (echoing the client's bytes). Never a 500, never text."""
+    status, headers, body = _split_reply(_raw_reply(small.port, request_bytes))
+    assert 400 <= status < 500 and headers["content-type"].startswith("application/json"), (status, body[:200])
+    reply = json.loads(body)
+    assert reply["id"] is None and reply["error"] == {
+        "code": -32600, "message": "invalid request: malformed HTTP request",
+        "data": {"type": "InvalidRequest", "reason": "malformed HTTP request"}}
+    assert small.request("GET", "/")[0] == 200
 
 
 def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
@@ -321,3 +356,68 @@ def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
     assert b" 500 " not in reply
     status, _h, body = small.request("GET", "/")
     assert status == 200
+
+
+# --- Content-Encoding ------------------------------------------------------------------------------
+
+
+def _listing() -> bytes:
+    return json.dumps(req("tenzro_training_listRuns", {}, 1)).encode()
+
+
+def _deflate(data: bytes, wbits: int) -> bytes:
+    enc = zlib.compressobj(wbits=wbits)
+    return enc.compress(data) + enc.flush()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        ("gzip", gzip.compress(_listing())),
+        ("x-gzip", gzip.compress(_listing())),
+        ("GZip", gzip.compress(_listing())),
+        ("deflate", _deflate(_listing(), zlib.MAX_WBITS)),  # RFC 9110 deflate: zlib format
+        ("deflate", _deflate(_listing(), -zlib.MAX_WBITS)),  # raw DEFLATE, as some clients send
+        ("identity", _listing()),
+    ],
+)
+def test_encoded_bodies_are_decoded(live: LiveServer, encoding: str, body: bytes) -> None:
+    status, _headers, data = live.request("POST", "/", body, {"Content-Encoding": encoding})
+    assert status == 200 and "result" in json.loads(data)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        gzip.compress(_listing())[:-8],  # cut before its CRC-32 and size trailer: was executed
+        gzip.compress(_listing())[:-1],
+        gzip.compress(_listing())[:-12],  # was a 200 with a -32700
+        gzip.compress(_listing()) + b"x",  # trailing bytes
+        gzip.compress(_listing())[:-8] + b"\0\0\0\0" + gzip.compress(_listing())[-4:],  # bad CRC
+        b"",
+        b"0123456789",
+    ],
+)
+def test_invalid_gzip_body_is_a_json_400_and_not_executed(body: bytes) -> None:
+    with LiveServer(FakeService()) as server:
+        status, _headers, data = server.request("POST", "/", body, {"Content-Encoding": "gzip"})
+        assert status == 400 and json.loads(data)["error"]["code"] == -32600
+        assert server.service.calls == []
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, gzip", "gzip,identity", "bogus"])
+def test_unsupported_content_encoding_is_a_json_415(encoding: str) -> None:
+    """aiohttp answered br/zstd with a text/plain 400 naming the Python package to install."""
+    with LiveServer(FakeService()) as server:
+        status, headers, data = server.request("POST", "/", b"xx", {"Content-Encoding": encoding})
+        assert status == 415 and headers["Content-Type"].startswith("application/json")
+        error = json.loads(data)["error"]
+        assert error["code"] == -32600 and error["data"] == {"type": "InvalidRequest", "reason": "unsupported Content-Encoding"}
+        assert server.service.calls == []
+
+
+def test_a_gzip_bomb_is_a_413(small: LiveServer) -> None:
+    bomb = gzip.compress(b" " * (SMALL_LIMIT * 64))  # ~256 KiB of whitespace in a few hundred bytes
+    assert len(bomb) < SMALL_LIMIT
+    status, _headers, data = small.request("POST", "/", bomb, {"Content-Encoding": "gzip"})
+    assert status == 413 and json.loads(data)["error"]["data"]["type"] == "RequestTooLarge"
