@@ -16,7 +16,7 @@ tree is an internal error: code -32603, message ``"internal error"``, ``data.typ
 ``"InternalError"``. Its text is never sent (the dispatcher logs it with the traceback).
 
 ``data`` holds ``type`` plus the exception's *safe public attributes*: instance attributes not
-starting with ``_`` whose values are ints, bools, short strings, short byte strings (sent as ``0x``
+starting with ``_`` whose values are ints, bools, finite floats, short strings, short byte strings (sent as ``0x``
 hex) or short int sequences. Strings that look like filesystem paths or file URIs are dropped, and
 classes whose attributes or text may carry node-local paths (storage errors, CheckpointError) send
 neither. Ints outside the IEEE-754 safe range (|n| > 2**53 - 1) are sent as decimal strings so a
@@ -25,6 +25,7 @@ JavaScript client cannot silently round an attoTNZO amount.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -292,6 +293,8 @@ def _safe_value(value: object) -> object:
         return value
     if kind is int:
         return _safe_int(value)  # type: ignore[arg-type]
+    if kind is float:  # a finite bound such as PayloadValueOutOfRange.limit (JSON has no NaN/inf)
+        return value if math.isfinite(value) else None  # type: ignore[arg-type]
     if kind is str:
         text: str = value  # type: ignore[assignment]
         if len(text) > MAX_DATA_STR_CHARS or _PATH_LIKE.match(text):

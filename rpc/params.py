@@ -57,7 +57,8 @@ __all__ = [
 
 DEFAULT_LIST_LIMIT: Final = 50
 MAX_LIST_LIMIT: Final = 500
-MAX_OFFSET: Final = 2**63 - 1
+MAX_OFFSET: Final = 2**53 - 1
+"""listRuns' largest offset: the largest integer every JSON client reads exactly (it is echoed)."""
 RUN_STATUSES: Final = frozenset(
     {"Posted", "Electing", "Enrolling", "Training", "Sealed", "Cancelled", "Failed"}
 )

@@ -71,7 +71,7 @@ from tenzro_training.ledger import (
     SponsorMismatch,
     SupplyOverflow,
 )
-from tenzro_training.payload import PayloadNonFinite, PayloadTooLarge
+from tenzro_training.payload import PayloadNonFinite, PayloadTooLarge, PayloadValueOutOfRange
 
 _ECHO = object()
 
@@ -247,6 +247,8 @@ ERROR_SAMPLES: list[tuple[BaseException, int, dict[str, Any]]] = [
      {"type": "StragglerWindowOpen", "task_id": "t1", "round": 2, "straggler_deadline_ms": 1000}),
     (PayloadError("bad"), 1400, {"type": "PayloadError"}),
     (PayloadNonFinite("w", 3), 1400, {"type": "PayloadNonFinite", "name": "w", "count": 3}),
+    (PayloadValueOutOfRange("w", 2, 1e6), 1400, {"type": "PayloadValueOutOfRange", "name": "w", "count": 2, "limit": 1e6}),
+    (PayloadValueOutOfRange("w", 2, float("inf")), 1400, {"type": "PayloadValueOutOfRange", "name": "w", "count": 2}),
     (PayloadTooLarge("payload", 11, 10), 1400,
      {"type": "PayloadTooLarge", "what": "payload", "size": 11, "limit": 10}),
     (FragmentError("f"), 1401, {"type": "FragmentError"}),
@@ -356,6 +358,7 @@ BAD_OTHER_PARAMS: list[tuple[str, dict[str, object], str]] = [
     ("tenzro_training_listRuns", {"status": 1}, "status"),
     ("tenzro_training_listRuns", {"offset": -1}, "offset"),
     ("tenzro_training_listRuns", {"offset": "0"}, "offset"),
+    ("tenzro_training_listRuns", {"offset": 2**53}, "offset"),  # echoed: beyond what JSON clients read exactly
     ("tenzro_training_listRuns", {"limit": 0}, "limit"),
     ("tenzro_training_listRuns", {"limit": 501}, "limit"),
     ("tenzro_training_listRuns", {"limit": False}, "limit"),
