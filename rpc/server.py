@@ -109,8 +109,8 @@ def _refused(app: web.Application, reason: str, message: str, status: int) -> we
 class _BodyError(Exception):
     """Why a Content-Encoding body was refused: ``reason`` (the rejected-bodies metric label)."""
 
-    def __init__(self, reason: str, message: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
         self.reason = reason
 
 
