@@ -25,7 +25,7 @@ from tenzro_training.receipt_check import (
     check_receipt,
     check_receipt_document,
 )
-from tests.chain.conftest import run_to_sealed, trainer_party
+from tests.chain.conftest import rewritten_receipt, run_to_sealed, trainer_party
 from tests.node.conftest import SYNCERS, TRAINERS
 
 Doc = dict[str, Any]
@@ -543,21 +543,9 @@ def test_invalid_random_replacement_never_raises(good: Doc, path: list[int], val
 
 
 def _rewritten(doc: Doc, edit_record: Any) -> TrainingReceipt:
-    """The receipt with every round record edited and everything derived from the transcript
-    (accepted counts, run root) recomputed, as a node forging it would."""
-    import dataclasses
-
-    from tenzro_training.receipt import compute_accepted_counts
-    from tenzro_training.records import compute_run_leaves
-    from tenzro_training.merkle import run_root as compute_run_root
-
-    r = TrainingReceipt.from_dict(doc["receipt"])
-    transcript = tuple(edit_record(rec) for rec in r.transcript)
-    counts = compute_accepted_counts(transcript)
-    forged = dataclasses.replace(r, transcript=transcript, trainers=tuple(
-        dataclasses.replace(t, accepted_submissions=counts.get(t.address, 0)) for t in r.trainers))
-    root = compute_run_root(compute_run_leaves(r.spec.canonical_bytes(), transcript, forged.final_record))
-    return dataclasses.replace(forged, run_root=root)
+    """The document's receipt with every round record edited and everything derived from the
+    transcript recomputed, as a node forging it would."""
+    return rewritten_receipt(TrainingReceipt.from_dict(doc["receipt"]), edit=edit_record)
 
 
 def test_invalid_transcript_below_quorum_with_inputs_dropped(good: Doc) -> None:

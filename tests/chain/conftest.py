@@ -14,6 +14,7 @@ contracts, and an eth-tester chain (py-evm Prague) with TRAINING_VERIFY at 0x100
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import sys
@@ -32,8 +33,10 @@ from storage.memory import MemoryStore
 from tenzro_training import auth
 from tenzro_training.node.service import NodeService
 from tenzro_training.payload import compute_payload_hash
-from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.merkle import run_root
+from tenzro_training.receipt import TrainingReceipt, compute_accepted_counts, compute_syncers
 from tenzro_training.receipt_abi import encode_receipt
+from tenzro_training.records import RoundRecord, compute_run_leaves
 from tenzro_training.spec import TrainingTaskSpec
 from tests.node.conftest import (
     GRACE_MS,
@@ -160,6 +163,27 @@ def run_to_sealed(
     answer = service.get_receipt(task_id)
     receipt = TrainingReceipt.from_dict(answer["receipt"])
     return SealedRun(task_id, store, service, receipt, encode_receipt(receipt), trainers, doc)
+
+
+def rewritten_receipt(
+    receipt: TrainingReceipt,
+    *,
+    spec: TrainingTaskSpec | None = None,
+    edit: Callable[[RoundRecord], RoundRecord] = lambda rec: rec,
+) -> TrainingReceipt:
+    """``receipt`` with its spec and/or round records replaced and everything the root and the
+    transcript determine recomputed (accepted counts, syncers, final model hash, run root), as
+    a node forging it would: a self-consistent forgery that only the semantic rules can catch."""
+    spec = receipt.spec if spec is None else spec
+    transcript = tuple(edit(rec) for rec in receipt.transcript)
+    counts = compute_accepted_counts(transcript)
+    forged = dataclasses.replace(
+        receipt, spec=spec, transcript=transcript, final_model_hash=transcript[-1].model_hash,
+        trainers=tuple(dataclasses.replace(t, accepted_submissions=counts.get(t.address, 0)) for t in receipt.trainers),
+        syncers=compute_syncers(transcript),
+    )
+    root = run_root(compute_run_leaves(spec.canonical_bytes(), transcript, forged.final_record))
+    return dataclasses.replace(forged, run_root=root)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from tenzro_training.records import (
 )
 from tenzro_training.rules import RuleKind
 from tenzro_training.spec import TrainingTaskSpec
-from tests.chain.conftest import SwitchableLookup, run_to_sealed
+from tests.chain.conftest import SwitchableLookup, rewritten_receipt, run_to_sealed
 
 ROOT = Path(__file__).resolve().parents[2]
 GAS = 30_000_000
@@ -529,24 +529,6 @@ def test_accepted_helper_matches_transcript(verifier: Any) -> None:
 # --- gas ----------------------------------------------------------------------------------------
 
 
-def rewritten(receipt: TrainingReceipt, spec: TrainingTaskSpec | None = None,
-              edit: Callable[[RoundRecord], RoundRecord] = lambda rec: rec) -> TrainingReceipt:
-    """``receipt`` with its spec and/or round records replaced and everything the root and the
-    transcript determine recomputed (weights, syncers, final model record, run root): a
-    self-consistent forgery."""
-    spec = receipt.spec if spec is None else spec
-    transcript = tuple(edit(rec) for rec in receipt.transcript)
-    counts = compute_accepted_counts(transcript)
-    trainers = tuple(dataclasses.replace(t, accepted_submissions=counts.get(t.address, 0)) for t in receipt.trainers)
-    final = transcript[-1].model_hash
-    leaves = compute_run_leaves(spec.canonical_bytes(), transcript, None) + [
-        eth_abi.encode(FINAL_MODEL_RECORD_ABI_TYPES, [2, 1, spec.task_id, len(transcript), final])
-    ]
-    syncers = tuple(dict.fromkeys(rec.syncer for rec in transcript))
-    return dataclasses.replace(receipt, spec=spec, run_root=run_root(leaves), final_model_hash=final,
-                               transcript=transcript, trainers=trainers, syncers=syncers)
-
-
 def rule_forgeries(receipt: TrainingReceipt) -> Iterator[tuple[str, TrainingReceipt]]:
     """Self-consistent receipts whose transcript breaks the spec's aggregation or quorum rule."""
     spec = receipt.spec
@@ -562,17 +544,17 @@ def rule_forgeries(receipt: TrainingReceipt) -> Iterator[tuple[str, TrainingRece
                                                    *rec.fragments[1:]))
 
     if spec.quorum >= 2:
-        yield "below-quorum", rewritten(receipt, edit=below_quorum)
+        yield "below-quorum", rewritten_receipt(receipt, edit=below_quorum)
     most = max(len(o.accepted) for rec in receipt.transcript for o in rec.fragments)
     if most > spec.quorum:  # M lowered to K, under the largest accepted set
-        yield "above-trainer-count", rewritten(receipt, spec=with_spec(trainer_count=spec.quorum))
+        yield "above-trainer-count", rewritten_receipt(receipt, spec=with_spec(trainer_count=spec.quorum))
     other = "CoordinateMedian" if spec.aggregation.to_spec() == "Mean" else "Mean"
-    yield "spec-rule-other", rewritten(receipt, spec=with_spec(aggregation=other))
+    yield "spec-rule-other", rewritten_receipt(receipt, spec=with_spec(aggregation=other))
     # A fragment that does not exist, its accepted trainers paid for it.
-    yield "extra-fragment", rewritten(receipt, edit=lambda rec: dataclasses.replace(
+    yield "extra-fragment", rewritten_receipt(receipt, edit=lambda rec: dataclasses.replace(
         rec, fragments=rec.fragments + rec.fragments[:1]))
     architecture = {**doc["architecture"], "fragment_count": spec.architecture.fragment_count + 1}
-    yield "spec-fragment-count+1", rewritten(receipt, spec=with_spec(architecture=architecture))
+    yield "spec-fragment-count+1", rewritten_receipt(receipt, spec=with_spec(architecture=architecture))
 
 
 @pytest.mark.parametrize("name", ["mean-2", "trimmed-3-slashed", "node-run-slashed", "median-8", "shadow-keys"])
