@@ -212,6 +212,21 @@ class AggregationRule:
                     f"Krum f={self.param} needs K > 2f + 2 = {2 * self.param + 2}, got K={k}"
                 )
 
+    def validate_for_accepted_counts(self, quorum: int, trainer_count: int) -> None:
+        """Raise AggregationError unless the rule is defined for every accepted count K..M.
+
+        A round aggregates however many submissions it accepted, anywhere from the quorum to
+        trainer_count once stragglers arrive within the grace window, so a rule valid only at K
+        can make a round unfinalizable (TrimmedMean alpha_bps 5000 over 4 inputs trims all
+        four). Two counts decide it: Krum's condition only gets easier as K grows, and
+        TrimmedMean fails some count iff alpha_bps >= 5000 (every even count fails then, and of
+        K and K + 1 one is even) or it fails K itself.
+        """
+        _check_k(quorum)
+        _check_k(trainer_count)
+        for k in range(quorum, min(trainer_count, quorum + 1) + 1):
+            self.validate_for_quorum(k)
+
     def is_valid_for_quorum(self, k: int) -> bool:
         """Predicate form of ``validate_for_quorum``."""
         try:

@@ -48,6 +48,7 @@ from tenzro_training.errors import (
     RoundMismatch,
     RunError,
     RunFull,
+    SpecError,
     StakeTooLow,
     TaskExists,
 )
@@ -388,15 +389,17 @@ def process_post_task(
     initial_model_hash: bytes,
     *,
     existing: RunState | None = None,
+    max_grace_window_ms: int | None = None,
 ) -> Transition:
     """Create a run in Posted and escrow ``spec.reward_pool`` from the sponsor.
 
     ``signer`` (recovered by the shell) must be ``spec.sponsor_address`` (NotSponsor).
     ``existing`` is the run already stored under ``spec.task_id``, if any: the same spec again
     is a harmless replay (no change), a different one raises TaskExists. The spec must be
-    supported (modality, tier) and its outer-optimizer overrides valid (SpecError); the
-    sponsor's balance must cover the pool (ledger InsufficientBalance). ``initial_model_hash``
-    is ``fragments.compute_model_hash`` of the verified init checkpoint.
+    supported (``TrainingTaskSpec.validate_supported``), its ``grace_window_ms`` at most the
+    node's ``max_grace_window_ms`` (None: no limit) and its outer-optimizer overrides valid
+    (SpecError); the sponsor's balance must cover the pool (ledger InsufficientBalance).
+    ``initial_model_hash`` is ``fragments.compute_model_hash`` of the verified init checkpoint.
     """
     if not isinstance(spec, TrainingTaskSpec):
         raise InvalidRunArgument("?", "spec", f"expected a TrainingTaskSpec, got {type(spec).__name__}")
@@ -416,6 +419,11 @@ def process_post_task(
             return Transition(existing, ledger)
         raise TaskExists(task_id)
     spec.validate_supported()
+    if max_grace_window_ms is not None and spec.grace_window_ms > max_grace_window_ms:
+        raise SpecError(
+            "grace_window_ms",
+            f"must be <= {max_grace_window_ms} ms on this node (its max_grace_window_ms), got {spec.grace_window_ms}",
+        )
     OuterConfig.from_spec(spec)  # reject bad outer_lr / outer_momentum overrides at posting
     ledger = escrow_reward(ledger, task_id, signer, spec.reward_pool)
     election = ElectionState(

@@ -515,13 +515,28 @@ class TrainingTaskSpec:
         return spec
 
     def validate_supported(self) -> None:
-        """Raise SpecError if the spec asks for a modality or tier this node cannot run yet."""
+        """Raise SpecError if a node must not start the spec as a run.
+
+        That is: a modality or tier this node cannot run yet, or an aggregation rule that is
+        defined at the quorum but not at some larger accepted count up to trainer_count, which
+        would leave any round that accepts a straggler unfinalizable. This is an admission check
+        (postTask, a trainer deciding to stake), not a validity rule of the value: specs stored
+        or sealed before it existed still load and verify.
+        """
         modality = self.architecture.modality
         if modality not in SUPPORTED_MODALITIES:
             message = f"modality {modality.value} is not supported yet"
             raise SpecError("architecture.modality", message)
         if self.tier not in SUPPORTED_TIERS:
             raise SpecError("tier", f"tier {self.tier.value} is not supported yet")
+        try:
+            self.aggregation.validate_for_accepted_counts(self.quorum, self.trainer_count)
+        except AggregationError as exc:
+            raise SpecError(
+                "aggregation",
+                f"must be defined for every accepted count from quorum {self.quorum} to "
+                f"trainer_count {self.trainer_count}: {exc}",
+            ) from None
 
     # --- serializing --------------------------------------------------------------------------
 

@@ -128,6 +128,37 @@ def test_invalid_trimmed_mean_trims_everything() -> None:
         assert not AggregationRule.trimmed_mean(10000).is_valid_for_quorum(k)
 
 
+def _valid_for_every_count_brute_force(rule: AggregationRule, k: int, m: int) -> bool:
+    return all(rule.is_valid_for_quorum(n) for n in range(k, m + 1))
+
+
+def test_accepted_counts_agree_with_checking_every_count() -> None:
+    """The two-count shortcut gives the brute-force answer over every count K..M."""
+    rules = [AggregationRule.mean(), AggregationRule.coordinate_median()]
+    rules += [AggregationRule.trimmed_mean(a) for a in (0, 1, 2500, 3333, 4999, 5000, 5001, 6666, 6667, 9999, 10000)]
+    rules += [AggregationRule.krum(f) for f in (0, 1, 3)]
+    for rule in rules:
+        for k in range(1, 14):
+            for m in range(k, 16):
+                expected = _valid_for_every_count_brute_force(rule, k, m)
+                try:
+                    rule.validate_for_accepted_counts(k, m)
+                    got = True
+                except AggregationError:
+                    got = False
+                assert got == expected, (rule, k, m)
+
+
+def test_invalid_trimmed_mean_at_a_straggler_count() -> None:
+    """Valid at K = 3 (one value left) but not at 4 stragglers-included inputs (none left)."""
+    rule = AggregationRule.trimmed_mean(5000)
+    rule.validate_for_quorum(3)
+    rule.validate_for_accepted_counts(3, 3)
+    with pytest.raises(AggregationError, match="K=4"):
+        rule.validate_for_accepted_counts(3, 4)
+    AggregationRule.trimmed_mean(4999).validate_for_accepted_counts(1, 10**9)  # never trims all
+
+
 def test_invalid_krum_quorum_too_small() -> None:
     with pytest.raises(AggregationError, match="K > 2f \\+ 2"):
         AggregationRule.krum(1).validate_for_quorum(4)

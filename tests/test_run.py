@@ -26,6 +26,7 @@ from tenzro_training.errors import (
     QuorumNotReached,
     RoundMismatch,
     RunFull,
+    SpecError,
     StakeTooLow,
     TaskExists,
     TenzroError,
@@ -346,6 +347,26 @@ def test_invalid_post_bad_outer_override() -> None:
     env = Env()
     with pytest.raises(TenzroError):
         env.post(spec=make_spec(metadata={"outer_lr": -1}))
+
+
+def test_invalid_post_grace_window_above_the_nodes_limit() -> None:
+    env = Env()
+    with pytest.raises(SpecError) as info:
+        process_post_task(make_spec(), SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_grace_window_ms=GRACE_MS - 1)
+    assert info.value.path == "grace_window_ms"
+    t = process_post_task(make_spec(), SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_grace_window_ms=GRACE_MS)
+    assert t.run.status is RunStatus.POSTED
+
+
+def test_invalid_post_rule_undefined_for_a_straggler_count() -> None:
+    """The value loads (a stored run or a sealed receipt may hold it), but no new run starts."""
+    doc = make_spec(trainer_count=4, quorum=3).to_dict()
+    doc["aggregation"] = {"TrimmedMean": {"alpha_bps": 5000}}
+    spec = TrainingTaskSpec.from_dict(doc, supported_only=False)
+    env = Env()
+    with pytest.raises(SpecError) as info:
+        env.apply(process_post_task, spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL)
+    assert info.value.path == "aggregation"
 
 
 def test_invalid_post_different_spec_under_same_task_id() -> None:

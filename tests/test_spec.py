@@ -604,6 +604,20 @@ def test_aggregation_is_checked_against_the_specs_quorum() -> None:
     assert TrainingTaskSpec.from_dict(doc).aggregation_rule.kind is RuleKind.KRUM
 
 
+def test_invalid_rule_undefined_at_a_larger_accepted_count() -> None:
+    """alpha_bps 5000 keeps one value of K = 7 but none of 8: a round that accepts the 8th
+    trainer's straggling submission could never be finalized, so the node refuses the spec."""
+    doc = with_value("aggregation", {"TrimmedMean": {"alpha_bps": 5000}})
+    doc["quorum"] = 7
+    err = assert_rejected(doc, "aggregation")
+    assert "every accepted count from quorum 7 to trainer_count 8" in err.reason
+    # The value itself is well formed: stored runs and sealed receipts holding it still load.
+    spec = TrainingTaskSpec.from_dict(doc, supported_only=False)
+    assert spec.aggregation_rule == AggregationRule.trimmed_mean(5000)
+    doc["trainer_count"] = 7
+    assert TrainingTaskSpec.from_dict(doc).quorum == 7  # K = M = 7: every round aggregates 7
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +42,16 @@ DEFAULT_MAX_CHECKPOINT_BYTES: Final = 16 << 30
 DEFAULT_MAX_GRADIENT_ABS: Final = 1e6
 """An outer gradient is the change of a weight over H inner steps: O(lr * H), far below 1 for
 any sane run; 1e6 leaves six orders of magnitude of headroom and still cannot overflow."""
+DEFAULT_MIN_STAKE: Final = 10**18
+"""1 TNZO, what `tenzro trainer run` stakes by default. A free stake would make enrolling and
+then staying silent (a failed run) or equivocating (a slash of nothing) cost an attacker
+nothing; an operator who wants that (a private deployment) sets ``timings.min_stake`` to "0"."""
+DEFAULT_TIMINGS: Final = RunTimings(min_stake=DEFAULT_MIN_STAKE)
+DEFAULT_MAX_GRACE_WINDOW_MS: Final = 3_600_000
+"""A spec's straggler window, once a round reaches quorum, is the only deadline left on it, and a
+run in Training cannot be cancelled: a spec with a window of years lets one silent trainer lock
+the escrow and every stake for that long. One hour, the default round timeout."""
+_MAX_JSON_INT: Final = 2**53 - 1
 _F32_MAX: Final = 3.4028234663852886e38
 _U256: Final = 2**256
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,77}")
@@ -51,7 +61,7 @@ _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
-    "prune_payloads", "rpc_max_batch", "max_gradient_abs",
+    "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -178,8 +188,11 @@ class NodeConfig:
     data_dir/"models"."""
     chain_id: int = 1337
     """EIP-712 domain chain id every signature is checked under."""
-    timings: RunTimings = RunTimings()
-    """Windows (ms) and min_stake, copied into each run when it is posted."""
+    timings: RunTimings = DEFAULT_TIMINGS
+    """Windows (ms) and min_stake, copied into each run when it is posted (a config that lists
+    only some of them keeps these defaults for the rest)."""
+    max_grace_window_ms: int = DEFAULT_MAX_GRACE_WINDOW_MS
+    """Largest ``grace_window_ms`` a posted spec may ask for (postTask refuses a larger one)."""
     candidates: tuple[Candidate, ...] = ()
     """Registered syncer candidates (address, VRF public key, stake): the election's inputs."""
     syncer_identities: tuple[SyncerIdentity, ...] = ()
@@ -284,6 +297,7 @@ class NodeConfig:
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
         _bool("prune_payloads", self.prune_payloads)
+        _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -339,7 +353,7 @@ class NodeConfig:
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                 "rpc_max_batch", "max_gradient_abs")
+                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -382,6 +396,7 @@ class NodeConfig:
             "prune_payloads": self.prune_payloads,
             "rpc_max_batch": self.rpc_max_batch,
             "max_gradient_abs": self.max_gradient_abs,
+            "max_grace_window_ms": self.max_grace_window_ms,
         }
 
 
@@ -392,7 +407,7 @@ def _timings_from_dict(value: object) -> RunTimings:
         if key in d:
             kwargs[key] = _amount(f"timings.{key}", d[key]) if key == "min_stake" else d[key]
     try:
-        return RunTimings(**kwargs)
+        return replace(DEFAULT_TIMINGS, **kwargs)
     except EncodingError as exc:
         raise ConfigError("timings", str(exc)) from None
 

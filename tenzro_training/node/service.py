@@ -411,7 +411,8 @@ class NodeService:
             return self._post_result(existing)
         # Every refusal the core can make (unsupported spec, outer config, balance) comes before
         # the checkpoint is read: a dry run with a placeholder model hash.
-        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH)
+        grace_cap = self._config.max_grace_window_ms
+        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, max_grace_window_ms=grace_cap)
         state = load_init_checkpoint(
             task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
         )
@@ -421,7 +422,7 @@ class NodeService:
             ref = task.init_checkpoint()
             raise CheckpointError(ref.uri if ref else "", f"cannot split into fragments: {exc}") from None
         del state
-        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash)
+        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, max_grace_window_ms=grace_cap)
         t = self._ticket_own(t, now)
         extra: list[Operation] = [
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tenzro_training import vrf
-from tenzro_training.node.config import ConfigError, NodeConfig, SyncerIdentity
+from tenzro_training.node.config import DEFAULT_MIN_STAKE, ConfigError, NodeConfig, SyncerIdentity
 from tenzro_training.records import Candidate
 from tenzro_training.run_state import RunTimings
 
@@ -17,10 +17,17 @@ from tests.node.conftest import SYNCERS, VRF_SECRETS, make_config
 
 def test_defaults() -> None:
     config = NodeConfig()
-    assert config.data_dir is None and config.chain_id == 1337 and config.timings == RunTimings()
+    assert config.data_dir is None and config.chain_id == 1337
+    # A trainer's stake must cost something by default: 1 TNZO, what `tenzro trainer run` stakes.
+    assert config.timings == RunTimings(min_stake=10**18) and config.timings.min_stake == DEFAULT_MIN_STAKE
+    assert config.max_grace_window_ms == 3_600_000
     assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
     assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
     assert NodeConfig.from_dict({}, data_dir=None) == config
+    # Timings listed in part keep the node's defaults for the rest, min_stake included.
+    partial = NodeConfig.from_dict({"timings": {"election_window_ms": 7}}, data_dir=None)
+    assert partial.timings.min_stake == DEFAULT_MIN_STAKE and partial.timings.election_window_ms == 7
+    assert NodeConfig.from_dict({"timings": {"min_stake": "0"}}, data_dir=None).timings.min_stake == 0
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -95,6 +102,10 @@ def _base() -> dict[str, Any]:
         ({"max_gradient_abs": 1e39}, "max_gradient_abs"),
         ({"max_gradient_abs": True}, "max_gradient_abs"),
         ({"max_gradient_abs": "1e6"}, "max_gradient_abs"),
+        ({"max_grace_window_ms": -1}, "max_grace_window_ms"),
+        ({"max_grace_window_ms": 2**53}, "max_grace_window_ms"),
+        ({"max_grace_window_ms": "60000"}, "max_grace_window_ms"),
+        ({"timings": {"min_stake": -1}}, "timings.min_stake"),
     ],
 )
 def test_invalid_config(change: dict[str, Any], path: str) -> None:
@@ -202,5 +213,5 @@ def test_the_documented_example_config_is_valid() -> None:
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                "rpc_max_batch", "max_gradient_abs"):
+                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms"):
         assert example[key] == getattr(defaults, key), key

@@ -39,6 +39,7 @@ from tenzro_training.errors import (
 from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
 from tenzro_training.ledger import InsufficientBalance, Ledger
 from tenzro_training.node import persistence
+from tenzro_training.node.config import DEFAULT_MAX_GRACE_WINDOW_MS
 from tenzro_training.node.model_state import decode_round_count
 from tenzro_training.node.replay import ReplayMismatch
 from tenzro_training.node.service import NodeService
@@ -313,6 +314,26 @@ class TestRefusals:
         before = snapshot(net.store)
         with pytest.raises(SpecError):
             net.post(spec)
+        assert snapshot(net.store) == before
+
+    def test_invalid_post_task_grace_window_above_the_nodes_limit(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        cap = DEFAULT_MAX_GRACE_WINDOW_MS  # make_config keeps the default
+        before = snapshot(net.store)
+        with pytest.raises(SpecError) as info:
+            net.post(spec_dict(*checkpoint, grace_window_ms=cap + 1))
+        assert info.value.path == "grace_window_ms" and str(cap) in info.value.reason
+        assert snapshot(net.store) == before
+        assert net.post(spec_dict(*checkpoint, grace_window_ms=cap))["task_id"] == "run-1"  # the limit itself is fine
+
+    def test_invalid_post_task_rule_undefined_for_a_straggler_count(
+        self, net: Net, checkpoint: tuple[str, str]
+    ) -> None:
+        """K = 3 of M = 4 with alpha 5000: a round that accepts all 4 trims every value."""
+        spec = spec_dict(*checkpoint, trainer_count=4, quorum=3, aggregation={"TrimmedMean": {"alpha_bps": 5000}})
+        before = snapshot(net.store)
+        with pytest.raises(SpecError) as info:
+            net.post(spec)
+        assert info.value.path == "aggregation" and "trainer_count 4" in info.value.reason
         assert snapshot(net.store) == before
 
     def test_invalid_post_task_pool_above_balance(self, net: Net, checkpoint: tuple[str, str]) -> None:
