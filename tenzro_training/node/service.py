@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from storage.files import write_file_atomically
+from storage.files import remove_temporary_files, write_file_atomically
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.addresses import Address, format_address, parse_address, validate_address_bytes
@@ -277,9 +277,13 @@ class NodeService:
 
     def _restore_model_files(self) -> None:
         """A sealed run's model file is written after its batch committed; a crash in between
-        leaves it missing, so it is regenerated here from the stored final weights."""
+        leaves it missing, so it is regenerated here from the stored final weights, and a crash
+        during the write leaves a model-sized temporary file, removed here (this process holds
+        the store, so no other node writes into its models directory)."""
         if self._config.data_dir is None:
             return
+        for path in remove_temporary_files(self._config.data_dir / "models"):
+            log.warning("removed %s, left by a model file write that did not finish", path.name)
         for task_id, run in sorted(self._runs.items()):
             if run.status is RunStatus.SEALED and not self._model_file(task_id).exists():
                 self._write_model_file(task_id)

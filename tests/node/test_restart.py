@@ -98,7 +98,7 @@ def test_restart_mid_round_continues_exactly(tmp_path: Path) -> None:
     store.close()
 
 
-def test_missing_model_file_is_regenerated_at_start(tmp_path: Path) -> None:
+def test_missing_model_file_is_regenerated_and_stale_temporaries_removed_at_start(tmp_path: Path) -> None:
     spec = spec_dict(*write_checkpoint(tmp_path / "ckpt"))
     store = RocksStore(tmp_path / "db")
     net = make_net(store, tmp_path / "data")
@@ -109,9 +109,13 @@ def test_missing_model_file_is_regenerated_at_start(tmp_path: Path) -> None:
     net.service.close()
     store.close()
     path.unlink()
+    # What a SIGKILL between write_file_atomically's write and its rename leaves behind.
+    stale = path.parent / f".{path.name}.k1ll3d.tmp"
+    stale.write_bytes(data)
     store = RocksStore(tmp_path / "db")
     net = make_net(store, tmp_path / "data")
     assert path.read_bytes() == data
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # the stale one is gone
     path.unlink()
     assert net.service.final_model_path(net.task_id).read_bytes() == data  # also on demand
     net.service.close()
