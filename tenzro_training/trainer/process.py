@@ -263,9 +263,13 @@ class PayloadStore:
             raise TrainerProcessError(f"cannot save payload {self.path(round_, fragment)}: {exc.strerror}") from None
 
     def prune(self, before_round: int | None) -> None:
-        """Delete the saved payloads of rounds < ``before_round`` (None: all of them)."""
+        """Delete the saved payloads of rounds < ``before_round`` (None: all of them), and the
+        temporary files of saves this trainer's earlier process did not finish (killed)."""
+        from storage.files import remove_temporary_files
+
         if not self.dir.is_dir():
             return
+        remove_temporary_files(self.dir)
         for file in self.dir.glob("round-*-fragment-*.payload"):
             try:
                 round_ = int(file.name.split("-")[1])

@@ -604,6 +604,18 @@ def test_a_partially_saved_round_keeps_the_saved_fragment(tmp_path) -> None:  # 
     assert tr.payloads.dir.is_relative_to(tmp_path / "state")
 
 
+def test_prune_removes_saved_payloads_and_unfinished_saves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
+    for r in range(3):
+        tr.payloads.save(r, 0, b"p%d" % r)
+    stale = tr.payloads.dir / ".round-2-fragment-1.payload.k1ll3d.tmp"  # a save killed before its rename
+    stale.write_bytes(b"half")
+    tr.payloads.prune(2)
+    assert sorted(p.name for p in tr.payloads.dir.iterdir()) == ["round-2-fragment-0.payload"]
+    tr.payloads.prune(None)
+    assert list(tr.payloads.dir.iterdir()) == []
+
+
 # --- nothing is staked before every check that can refuse the trainer (reviewer repro fake_enroll.py) -
 
 
