@@ -59,6 +59,7 @@ SUBMIT_FRAGMENTS = 4  # ~269k fp32 values per fragment: a ~1.03 MiB payload
 FINALIZE_MODEL = {"context_len": 64, "horizon": 16, "patch_len": 16, "d_model": 256, "n_layers": 16, "n_heads": 4, "d_ff": 1024}
 FINALIZE_FRAGMENTS = 12  # ~1.05M values per fragment
 TRAINERS = 8
+GRACE_MS = 10**8  # the straggler window never closes mid-bench: a round closes when all M have submitted
 RULES = {
     "Mean": "Mean",
     "TrimmedMean": {"TrimmedMean": {"alpha_bps": 1250}},
@@ -95,7 +96,8 @@ class Bench:
             election_window_ms=10, enrollment_window_ms=10**9, round_timeout_ms=10**9, finalize_window_ms=10**9
         )
         self.accounts = {f"{a['role']}:{a['index']}": a for a in doc["accounts"]}
-        self.config = NodeConfig(data_dir=None, model_snapshot_rounds=snapshot_rounds, **kwargs)
+        self.config = NodeConfig(data_dir=None, model_snapshot_rounds=snapshot_rounds, max_grace_window_ms=GRACE_MS,
+                                 **kwargs)
         self.clock = Clock()
         self.store = open_store(None if store == "memory" else workdir / "db")
         self.service = NodeService(self.config, self.store, clock=self.clock)
@@ -132,7 +134,7 @@ class Bench:
                 "metadata": {**meta, "init_checkpoint": {"uri": path.as_uri(), "sha256": sha}},
             },
             "tier": "Open", "aggregation": rule, "trainer_count": TRAINERS, "quorum": TRAINERS, "inner_steps": 1,
-            "max_rounds": rounds, "grace_window_ms": 10**8, "reward_pool": str(10**21),
+            "max_rounds": rounds, "grace_window_ms": GRACE_MS, "reward_pool": str(10**21),
             "dataset_ref": "statsmodels:co2", "dataset_hash": "0x" + "22" * 32, "min_throughput": None,
             "created_at": 1761350400,
         }
@@ -281,8 +283,12 @@ class Server:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(kind, child, str(workdir), submit_requests, canned), daemon=True)
         self.proc.start()
-        if not self.conn.poll(600):
-            raise RuntimeError(f"{kind} server did not start")
+        deadline = time.monotonic() + 600
+        while not self.conn.poll(0.2):  # a child that died (its traceback is on stderr) never answers
+            if not self.proc.is_alive():
+                raise RuntimeError(f"{kind} server exited (code {self.proc.exitcode}) before it started")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} server did not start")
         self.port, self.info = self.conn.recv()
         self.url = f"http://127.0.0.1:{self.port}/"
 
