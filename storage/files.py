@@ -1,8 +1,9 @@
 """Whole-file writes that a crash can never leave half-done.
 
 What this module is: :func:`write_file_atomically`, used for files derived from or beside the
-store, and :func:`remove_temporary_files`, which clears what a killed writer left behind (the node's final model file, checkpoints a trainer or sponsor writes). What it is NOT: the
-node's state, which lives in the key-value store (:mod:`storage.interface`).
+store (the node's final model file, checkpoints a trainer or sponsor writes, a trainer's saved
+payloads), and :func:`remove_temporary_files`, which clears what a killed writer left behind.
+What it is NOT: the node's state, which lives in the key-value store (:mod:`storage.interface`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def remove_temporary_files(directory: str | os.PathLike[str]) -> list[Path]:
         return removed
     for entry in entries:
         name = entry.name
-        if len(name) <= len(_TMP_PREFIX + _TMP_SUFFIX) or not name.startswith(_TMP_PREFIX) or not name.endswith(_TMP_SUFFIX):
+        ours = name.startswith(_TMP_PREFIX) and name.endswith(_TMP_SUFFIX)
+        if not ours or len(name) <= len(_TMP_PREFIX + _TMP_SUFFIX):
             continue
         if entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
