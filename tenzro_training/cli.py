@@ -48,15 +48,31 @@ class CliError(TenzroError):
 # --- JSON-RPC client --------------------------------------------------------------------------
 
 
+MAX_REPLY_BYTES = 256 << 20
+"""Largest answer read from a node (getRun of a big run is a few MB; a receipt less)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 class RpcClient:
-    """Minimal synchronous JSON-RPC 2.0 client over HTTP (stdlib only)."""
+    """Minimal synchronous JSON-RPC 2.0 client over HTTP (stdlib only).
+
+    The node at ``--rpc`` is not trusted to be one: every answer is bounded in size and nesting
+    (py_ecc raises the recursion limit, so a deep document would crash the process), parsed as
+    strict JSON (no NaN/Infinity) and must be a JSON-RPC response whose result is an object, as
+    every tenzro_training_* result is. ``answers`` counts the answers read, so that ``main`` can
+    tell a field missing from a node's answer from a bug of this program."""
+
+    answers: int = 0
 
     def __init__(self, url: str, timeout: float = 120.0) -> None:
         self.url = url
         self.timeout = timeout
         self._next_id = 1
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         import http.client
         import urllib.error
         import urllib.request
@@ -71,9 +87,9 @@ class RpcClient:
                 self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
             )
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                raw = resp.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
-            raw = exc.read()
+            raw = exc.read(MAX_REPLY_BYTES + 1)
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(f"cannot reach node at {self.url}: {reason}", EXIT_UNREACHABLE) from None
@@ -81,21 +97,37 @@ class RpcClient:
             raise CliError(f"cannot talk to a node at {self.url}: {type(exc).__name__}", EXIT_UNREACHABLE) from None
         except ValueError as exc:  # urllib: unknown URL type, a URL it cannot parse
             raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+        return self._read_reply(raw)
+
+    def _read_reply(self, raw: bytes) -> dict[str, Any]:
+        from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
+
+        if len(raw) > MAX_REPLY_BYTES:
+            raise CliError(f"node at {self.url} answered more than {MAX_REPLY_BYTES} bytes", EXIT_RPC_ERROR)
+        if not is_json_depth_ok(raw):
+            raise CliError(f"node at {self.url} answered JSON nested deeper than {MAX_JSON_NESTING}", EXIT_RPC_ERROR)
         try:
-            reply = json.loads(raw)
-        except ValueError:
+            reply = json.loads(raw, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
             raise CliError(f"node at {self.url} did not answer JSON-RPC", EXIT_UNREACHABLE) from None
-        if not isinstance(reply, dict):
-            raise CliError("unexpected JSON-RPC reply shape", EXIT_RPC_ERROR)
+        if not isinstance(reply, dict) or ("error" in reply) == ("result" in reply):
+            raise CliError(f"node at {self.url} sent a reply that is not a JSON-RPC response", EXIT_RPC_ERROR)
         if "error" in reply:
-            err = reply["error"] or {}
-            data = err.get("data") or {}
-            kind = data.get("type", "") if isinstance(data, dict) else ""
-            label = f" {kind}" if kind else ""
-            code = err.get("code")
-            raise CliError(f"error {code}{label}: {err.get('message')}", EXIT_RPC_ERROR,
-                           rpc_code=code if type(code) is int else None)
-        return reply.get("result")
+            err = reply["error"]
+            code = err.get("code") if isinstance(err, dict) else None
+            message = err.get("message") if isinstance(err, dict) else None
+            if type(code) is not int or not isinstance(message, str):
+                raise CliError(f"node at {self.url} sent a malformed JSON-RPC error object", EXIT_RPC_ERROR)
+            data = err.get("data")
+            kind = data.get("type") if isinstance(data, dict) else None
+            label = f" {kind}" if isinstance(kind, str) and kind else ""
+            raise CliError(f"error {code}{label}: {message}", EXIT_RPC_ERROR, rpc_code=code)
+        result = reply["result"]
+        if not isinstance(result, dict):
+            got = "null" if result is None else type(result).__name__
+            raise CliError(f"node at {self.url} answered a {got} where a JSON object was expected", EXIT_RPC_ERROR)
+        RpcClient.answers += 1
+        return result
 
 
 # --- keys ---------------------------------------------------------------------------------------
@@ -851,6 +883,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TenzroError as exc:  # local validation (spec, address, signing inputs)
         print(f"tenzro: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        if not RpcClient.answers:  # no node answer was read: a bug of this program, with its traceback
+            raise
+        # A well-formed JSON-RPC answer whose fields are not what this command reads.
+        print(f"tenzro: cannot read the node's answer ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return EXIT_RPC_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK

@@ -30,10 +30,12 @@ KEY_ADDRESS = "0x2c7536E3605D9C16a7a3D7b1898e529396a65c23"
 
 
 class FakeNode:
-    """Answers each method from ``replies`` (a result, or ``{"error": {...}}``); records calls."""
+    """Answers each method from ``replies`` (a result, or ``{"error": {...}}``) or, verbatim, from
+    ``raw`` (bytes: a node that is not one); records calls."""
 
     def __init__(self) -> None:
         self.replies: dict[str, Any] = {}
+        self.raw: dict[str, bytes] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         node = self
 
@@ -46,7 +48,7 @@ class FakeNode:
                     out = {"jsonrpc": "2.0", "id": body["id"], "error": reply["error"]}
                 else:
                     out = {"jsonrpc": "2.0", "id": body["id"], "result": reply}
-                data = json.dumps(out).encode()
+                data = node.raw.get(body["method"]) or json.dumps(out).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -432,6 +434,103 @@ def test_finalize_reads_the_round_from_the_node(
     assert method == "tenzro_training_finalizeRound" and params["round"] == 4
     sig = bytes.fromhex(params["signature"][2:])
     assert auth.recover_signer(auth.FinalizeRound(task_id="t", round=4), sig) == KEY_ADDRESS
+
+
+# --- a node that is not one: every answer is checked before it is used ------------------------------
+
+_RESULT_COMMANDS = [
+    ("tenzro_training_listRuns", ["train", "list-runs"]),
+    ("tenzro_training_getRun", ["train", "get-run", "--task-id", "t"]),
+    ("tenzro_training_getReceipt", ["train", "get-receipt", "--task-id", "t"]),
+    ("tenzro_training_getRun", ["train", "finalize-round", "--task-id", "t"]),
+]
+
+
+@pytest.mark.parametrize(("result", "shown"), [(None, "null"), ([1], "list"), ("x", "str"), (7, "int")])
+@pytest.mark.parametrize(("method", "argv"), _RESULT_COMMANDS)
+def test_invalid_result_that_is_not_an_object_exits_1(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path, method: str, argv: list[str],
+    result: object, shown: str,
+) -> None:
+    fake_node.replies[method] = result
+    signing = ["--key-file", str(key_file)] if "finalize-round" in argv else []
+    code, out, err = run(capsys, *argv, *signing, "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and out == ""
+    assert err == f"tenzro: node at {fake_node.url} answered a {shown} where a JSON object was expected\n"
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"runs":[],"total":NaN}}', "did not answer JSON-RPC"),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"x":Infinity}}', "did not answer JSON-RPC"),
+    (b'{"jsonrpc":"2.0","id":1,"error":"boom"}', "malformed JSON-RPC error object"),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":"1","message":"m"}}', "malformed JSON-RPC error object"),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"},"result":{}}', "not a JSON-RPC response"),
+    (b'{"jsonrpc":"2.0","id":1}', "not a JSON-RPC response"),
+    (b"[]", "not a JSON-RPC response"),
+])
+def test_invalid_answers_get_one_line(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, raw: bytes, says: str
+) -> None:
+    fake_node.raw["tenzro_training_listRuns"] = raw
+    code, out, err = run(capsys, "train", "list-runs", "--rpc", fake_node.url)
+    assert code in (EXIT_RPC_ERROR, EXIT_UNREACHABLE) and out == "" and says in err and err.count("\n") == 1
+
+
+def test_invalid_deeply_nested_answer_does_not_crash_the_process(fake_node: FakeNode) -> None:
+    """py_ecc raises the recursion limit to 100000, so json.loads on this overflowed the C stack
+    (the process died by SIGSEGV, exit -11). A child process, so that a regression cannot take
+    the test runner with it."""
+    import subprocess
+    import sys
+
+    depth = 100_000
+    fake_node.raw["tenzro_training_listRuns"] = b'{"jsonrpc":"2.0","id":1,"result":' + b"[" * depth + b"]" * depth + b"}"
+    done = subprocess.run([sys.executable, "-m", "tenzro_training.cli", "train", "list-runs", "--rpc", fake_node.url],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == EXIT_RPC_ERROR, done.stderr[-2000:]
+    assert done.stderr == f"tenzro: node at {fake_node.url} answered JSON nested deeper than 128\n"
+
+
+def test_invalid_field_in_a_well_formed_answer_exits_1(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
+) -> None:
+    fake_node.replies["tenzro_training_getRun"] = {"round": "four"}
+    code, out, err = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file),
+                         "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and out == ""
+    assert err.startswith("tenzro: cannot read the node's answer (ValueError:") and err.count("\n") == 1
+
+
+def test_invalid_program_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any node answer, a KeyError is this program's bug: it is not dressed as the node's."""
+    monkeypatch.setattr(cli.RpcClient, "answers", 0)
+
+    def broken(args: Any) -> None:
+        raise KeyError("bug")
+
+    monkeypatch.setattr(cli, "cmd_list_runs", broken)
+    with pytest.raises(KeyError):
+        cli.main(["train", "list-runs"])
+
+
+def test_syncer_skips_malformed_answers_and_keeps_polling(fake_node: FakeNode) -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    fake_node.replies["tenzro_training_listRuns"] = {"runs": [{"task_id": "a"}, {"task_id": "b"}], "total": 2}
+    fake_node.replies["tenzro_training_getRun"] = {"status": "Training", "syncer": KEY_ADDRESS, "round": "x"}
+    lines: list[str] = []
+    daemon = SyncerDaemon(cli.RpcClient(fake_node.url), KEY, emit=lines.append)
+    assert daemon.poll_once() == 0
+    assert lines == [f"getRun {t}: the node's answer has no valid round; skipped" for t in ("a", "b")]
+    fake_node.replies["tenzro_training_getRun"] = {
+        "status": "Training", "syncer": KEY_ADDRESS, "round": 0, "quorum_at_ms": 1, "straggler_deadline_ms": "soon",
+        "now_ms": 5,
+    }
+    lines.clear()
+    assert daemon.poll_once() == 0 and len(lines) == 2 and "cannot read the node's answer" in lines[0]
+    fake_node.replies["tenzro_training_listRuns"] = {"runs": [1, 2], "total": 2}
+    with pytest.raises(cli.CliError, match="listRuns answer is malformed"):
+        daemon.poll_once()
 
 
 # --- make-gradient -----------------------------------------------------------------------------------

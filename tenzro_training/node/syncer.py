@@ -73,14 +73,20 @@ class SyncerDaemon:
         self.address = str(Account.from_key(self.private_key).address)
 
     def _training_runs(self) -> Iterator[str]:
+        from tenzro_training.cli import EXIT_RPC_ERROR, CliError
+
         offset = 0
         while True:
             page = self.client.call(
                 "tenzro_training_listRuns", {"status": "Training", "offset": offset, "limit": _PAGE}
             )
             runs = page.get("runs", []) if isinstance(page, dict) else []
+            if not isinstance(runs, list) or not all(
+                isinstance(run, dict) and isinstance(run.get("task_id"), str) for run in runs
+            ):
+                raise CliError("the node's listRuns answer is malformed", EXIT_RPC_ERROR)
             for run in runs:
-                yield str(run["task_id"])
+                yield run["task_id"]
             if len(runs) < _PAGE:
                 return
             offset += len(runs)
@@ -101,9 +107,17 @@ class SyncerDaemon:
                 continue  # the run vanished or the node refused: look again next poll
             if not isinstance(view, dict) or str(view.get("syncer") or "").lower() != self.address.lower():
                 continue
-            if not is_round_closed(view):
+            round_ = view.get("round")
+            if type(round_) is not int or round_ < 0:
+                self.emit(f"getRun {task_id}: the node's answer has no valid round; skipped")
                 continue
-            round_ = int(view["round"])
+            try:
+                closed = is_round_closed(view)
+            except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type
+                self.emit(f"getRun {task_id}: cannot read the node's answer ({exc}); skipped")
+                continue
+            if not closed:
+                continue
             if self._finalize(task_id, round_):
                 done += 1
         return done
