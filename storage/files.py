@@ -2,17 +2,19 @@
 
 What this module is: :func:`write_file_atomically`, used for files derived from or beside the
 store (the node's final model file, checkpoints a trainer or sponsor writes, a trainer's saved
-payloads), and :func:`remove_temporary_files`, which clears what a killed writer left behind.
+payloads), :func:`remove_temporary_files`, which clears what a killed writer left behind, and
+:func:`read_regular_file`, for files a user or a spec names (which may be anything).
 What it is NOT: the node's state, which lives in the key-value store (:mod:`storage.interface`).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["remove_temporary_files", "write_file_atomically"]
+__all__ = ["NotReadable", "read_regular_file", "remove_temporary_files", "write_file_atomically"]
 
 _TMP_PREFIX = "."
 _TMP_SUFFIX = ".tmp"
@@ -70,3 +72,52 @@ def remove_temporary_files(directory: str | os.PathLike[str]) -> list[Path]:
             Path(entry.path).unlink(missing_ok=True)
             removed.append(Path(entry.path))
     return sorted(removed)
+
+
+class NotReadable(ValueError):
+    """A named file is not something to read whole: ``reason`` says why (one line, no path)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``, or NotReadable.
+
+    Why not ``Path.read_bytes``: a FIFO blocks the open until a writer comes, and ``/dev/zero``
+    or ``/dev/urandom`` never end (reading one fills memory until the kernel kills the process).
+    The file is opened non-blocking, refused unless fstat says it is a regular file, and read
+    to one byte past the limit, so a file that grows while it is read is refused too.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise NotReadable(f"cannot open: {exc.strerror or exc}") from None
+    except ValueError:  # an embedded NUL byte
+        raise NotReadable("cannot open: the path holds a NUL byte") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotReadable("not a regular file")
+        if info.st_size > max_bytes:
+            raise NotReadable(f"file is {info.st_size} bytes, the limit is {max_bytes}")
+        chunks = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise NotReadable(f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise NotReadable(f"file is larger than the limit of {max_bytes} bytes")
+    return data

@@ -169,12 +169,21 @@ def _select_account(doc: dict[str, Any], account: str | None, key_file: str) -> 
     raise CliError(f"no account {account!r} in {key_file} (have {', '.join(names)})")
 
 
+MAX_INPUT_FILE_BYTES = 256 << 20
+"""Largest spec, key, receipt or payload file read (above the node's 64 MiB payload default)."""
+MAX_CHECKPOINT_FILE_BYTES = 16 << 30
+"""Largest --checkpoint hashed, the node's max_checkpoint_bytes default."""
+
+
 def _read_text(path: str, what: str) -> str:
-    """A UTF-8 text file the user named, or a CliError that says which and why."""
+    """A UTF-8 text file the user named, or a CliError that says which and why (a FIFO or a
+    device is refused at once instead of blocking or filling memory)."""
+    from storage.files import NotReadable, read_regular_file
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        return read_regular_file(path, MAX_INPUT_FILE_BYTES).decode("utf-8")
+    except NotReadable as exc:
+        raise CliError(f"cannot read {what} {path}: {exc.reason}") from None
     except UnicodeDecodeError:
         raise CliError(f"{what} {path} is not UTF-8 text") from None
 
@@ -386,10 +395,12 @@ def cmd_enroll(args: argparse.Namespace) -> None:
 def cmd_submit_gradient(args: argparse.Namespace) -> None:
     from tenzro_training.payload import compute_payload_hash
 
+    from storage.files import NotReadable, read_regular_file
+
     try:
-        payload = Path(args.payload).read_bytes()
-    except OSError as exc:
-        raise CliError(f"cannot read payload {args.payload}: {exc.strerror}") from None
+        payload = read_regular_file(args.payload, MAX_INPUT_FILE_BYTES)
+    except NotReadable as exc:
+        raise CliError(f"cannot read payload {args.payload}: {exc.reason}") from None
     key = load_signing_key(args)
     payload_hash = compute_payload_hash(payload)
     msg = auth.SubmitOuterGradient(
@@ -493,10 +504,12 @@ def compute_task_layouts(spec: Any, checkpoint: str | None = None) -> tuple[Any,
     if sha is None:
         import hashlib
 
+        from storage.files import NotReadable, read_regular_file
+
         try:
-            sha = "0x" + hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError as exc:
-            raise CliError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+            sha = "0x" + hashlib.sha256(read_regular_file(path, MAX_CHECKPOINT_FILE_BYTES)).hexdigest()
+        except NotReadable as exc:
+            raise CliError(f"cannot read checkpoint {path}: {exc.reason}") from None
     state = load_checkpoint(path, sha)  # CheckpointError (a TenzroError) -> exit 2
     # The node holds the global model in fp32 whatever architecture.dtype says, and layouts
     # (their hashes name dtypes) are computed from that fp32 state (docs/node.md).

@@ -788,6 +788,8 @@ def test_node_config_precedence(tmp_path: Path) -> None:
         ("[]", "expected a JSON object"),
         ('{"timings": {"election_window_ms": 0}}', "election_window_ms"),
         ('{"no_such_key": 1}', "no_such_key"),
+        ('{"rpc_port": 0, "rpc_port": 1}', "duplicate key 'rpc_port'"),  # json.loads kept the last, silently
+        ('{"max_gradient_abs": NaN}', "NaN is not JSON"),
     ],
 )
 def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:
@@ -799,6 +801,29 @@ def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:
         load_node_config(tmp_path / "d", config_file=str(path))
     with pytest.raises(NodeStartupError, match="cannot read config"):
         load_node_config(tmp_path / "d", config_file=str(tmp_path / "absent.json"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_invalid_input_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO blocked `tenzro node --config` (and every CLI file read) until a writer came, and
+    /dev/zero filled memory until the kernel killed the process."""
+    import os
+
+    from tenzro_training.node.main import NodeStartupError, load_node_config
+
+    if kind == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    elif kind == "device":
+        path = "/dev/zero"
+    else:
+        path = str(tmp_path)
+    with pytest.raises(NodeStartupError, match=r"cannot read config .*: (not a regular file|cannot open)"):
+        load_node_config(tmp_path / "d", config_file=path)
+    for read in (lambda: cli.load_private_key(path), lambda: cli._read_text(path, "spec")):
+        with pytest.raises(CliError, match=r"cannot read .*: (not a regular file|cannot open)") as info:
+            read()
+        assert info.value.exit_code == EXIT_USAGE
 
 
 def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

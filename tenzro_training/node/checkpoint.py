@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -29,6 +28,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
+from storage.files import NotReadable, read_regular_file
 from tenzro_training.errors import CheckpointError, FragmentError, SpecError
 from tenzro_training.fragments import get_dtype_name, validate_tensor_name
 from tenzro_training.spec import TrainingTaskSpec
@@ -59,36 +59,12 @@ def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
 
 
 def _read_bounded(path: Path, uri: str, max_bytes: int) -> bytes:
-    # O_NONBLOCK: opening a FIFO (or a terminal) for reading would otherwise wait for a writer,
-    # on the node's one service thread; with it the open returns and fstat refuses the file.
-    # It changes nothing for a regular file.
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    # Non-blocking open and a regular-file check (storage.files): a FIFO would otherwise block
+    # the node's one service thread until a writer came. No symlink: the path is resolved above.
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise CheckpointError(uri, f"cannot open: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(uri, "not a regular file")
-        if info.st_size > max_bytes:
-            raise CheckpointError(uri, f"file is {info.st_size} bytes, the limit is {max_bytes}")
-        chunks = []
-        remaining = max_bytes + 1  # one byte more than allowed reveals a file that grew
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    except OSError as exc:
-        raise CheckpointError(uri, f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > max_bytes:
-        raise CheckpointError(uri, f"file is larger than the limit of {max_bytes} bytes")
-    return data
+        return read_regular_file(path, max_bytes, follow_symlinks=False)
+    except NotReadable as exc:
+        raise CheckpointError(uri, exc.reason) from None
 
 
 def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:

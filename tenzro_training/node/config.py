@@ -289,6 +289,8 @@ class NodeConfig:
         object.__setattr__(self, "allowed_checkpoint_dirs", dirs)
         if not isinstance(self.rpc_host, str) or not self.rpc_host:
             raise ConfigError("rpc_host", "expected a non-empty string")
+        if len(self.rpc_host) > 253 or any(not 0x20 < ord(c) < 0x7F for c in self.rpc_host):
+            raise ConfigError("rpc_host", "expected a host name or IP address (printable ASCII, no spaces)")
         _int("rpc_port", self.rpc_port, 0, 65535)
         _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
         _int("rpc_max_batch", self.rpc_max_batch, 1, 1_000_000)

@@ -48,19 +48,38 @@ class NodeStartupError(TenzroError):
     """The node cannot start (bad config, store unavailable, port taken); one line for stderr."""
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _config_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:  # json.loads keeps the last silently: which one did the operator mean?
+            raise ValueError(f"duplicate key {key[:100]!r}")
+        obj[key] = value
+    return obj
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _read_config_file(path: str) -> dict[str, Any]:
+    from storage.files import NotReadable, read_regular_file
     from tenzro_training.jsontext import is_json_depth_ok
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise NodeStartupError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        raw = read_regular_file(path, MAX_CONFIG_BYTES)
+    except NotReadable as exc:
+        raise NodeStartupError(f"cannot read config {path}: {exc.reason}") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise NodeStartupError(f"config {path} is not UTF-8 text") from None
     if not is_json_depth_ok(text):
         raise NodeStartupError(f"config {path}: JSON nested too deeply")
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_config_object, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise NodeStartupError(f"config {path} is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

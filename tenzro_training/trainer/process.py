@@ -472,10 +472,16 @@ class _Trainer:
             where, obj = "the node's spec", view.get("spec")
         else:
             where = f"spec {self.cfg.spec_path}"
+            from storage.files import NotReadable, read_regular_file
+            from tenzro_training.jsontext import is_json_depth_ok
+
             try:
-                obj = json.loads(self.cfg.spec_path.read_text())
-            except OSError as exc:
-                raise TrainerProcessError(f"cannot read {where}: {exc.strerror}") from None
+                text = read_regular_file(self.cfg.spec_path, 64 << 20)
+                if not is_json_depth_ok(text):  # py_ecc's recursion limit: a deep file would crash json
+                    raise ValueError("JSON nested too deeply")
+                obj = json.loads(text)
+            except NotReadable as exc:
+                raise TrainerProcessError(f"cannot read {where}: {exc.reason}") from None
             except ValueError as exc:
                 raise TrainerProcessError(f"{where} is not valid JSON: {exc}") from None
         try:

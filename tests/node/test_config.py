@@ -215,3 +215,11 @@ def test_the_documented_example_config_is_valid() -> None:
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms"):
         assert example[key] == getattr(defaults, key), key
+
+
+@pytest.mark.parametrize("host", ["a\x00b", "local host", "h\n", "\u00e9.example", "x" * 254])
+def test_invalid_rpc_host(host: str) -> None:
+    """A NUL byte reached the socket layer and ended `tenzro node` with a traceback."""
+    with pytest.raises(ConfigError) as info:
+        NodeConfig(rpc_host=host)
+    assert info.value.path == "rpc_host"

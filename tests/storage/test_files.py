@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.files import remove_temporary_files, write_file_atomically
+from storage.files import NotReadable, read_regular_file, remove_temporary_files, write_file_atomically
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,3 +52,27 @@ files.write_file_atomically({str(tmp_path / "run-1.safetensors")!r}, b"x" * 4096
     assert sorted(p.name for p in tmp_path.iterdir()) == [".dir.tmp", ".keep", ".tmp", "run-2.safetensors"]
     assert remove_temporary_files(tmp_path) == []
     assert remove_temporary_files(tmp_path / "missing") == []
+
+
+def test_read_regular_file_bounds_and_kinds(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"12345")
+    assert read_regular_file(f, 5) == b"12345"
+    with pytest.raises(NotReadable, match="file is 5 bytes, the limit is 4"):
+        read_regular_file(f, 4)
+    link = tmp_path / "link"
+    link.symlink_to(f)
+    assert read_regular_file(link, 5) == b"12345"
+    with pytest.raises(NotReadable, match="cannot open"):
+        read_regular_file(link, 5, follow_symlinks=False)
+    with pytest.raises(NotReadable, match="cannot open"):
+        read_regular_file(tmp_path / "missing", 5)
+    with pytest.raises(NotReadable, match="NUL"):
+        read_regular_file(str(tmp_path / "a\x00b"), 5)
+    for not_regular in (tmp_path, Path("/dev/zero")):
+        with pytest.raises(NotReadable, match="not a regular file"):
+            read_regular_file(not_regular, 5)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotReadable, match="not a regular file"):  # returns at once: no writer needed
+        read_regular_file(fifo, 5)
