@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -81,15 +82,16 @@ class RpcClient:
             {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
         ).encode()
         self._next_id += 1
+        deadline = time.monotonic() + self.timeout
         try:
             # Built inside the try: Request() itself raises ValueError for "foo", "" or "http://[::1".
             req = urllib.request.Request(
                 self.url, data=body, headers={"Content-Type": "application/json"}, method="POST"
             )
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read(MAX_REPLY_BYTES + 1)
+                raw = self._read_body(resp, deadline)
         except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
-            raw = exc.read(MAX_REPLY_BYTES + 1)
+            raw = self._read_body(exc, deadline)
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(f"cannot reach node at {self.url}: {reason}", EXIT_UNREACHABLE) from None
@@ -98,6 +100,25 @@ class RpcClient:
         except ValueError as exc:  # urllib: unknown URL type, a URL it cannot parse
             raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
         return self._read_reply(raw)
+
+    def _read_body(self, resp: Any, deadline: float) -> bytes:
+        """The answer's body, read as it arrives: the socket timeout applies to each read, so a
+        server sending a byte a second would otherwise hold the command for days."""
+        if getattr(resp, "fp", True) is None:  # an HTTPError that came without a body
+            return b""
+        read = getattr(resp, "read1", None) or resp.read
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_REPLY_BYTES:
+            if time.monotonic() > deadline:
+                raise CliError(f"node at {self.url} did not finish its answer within {self.timeout:g} s",
+                               EXIT_UNREACHABLE)
+            chunk = read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
 
     def _read_reply(self, raw: bytes) -> dict[str, Any]:
         from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok

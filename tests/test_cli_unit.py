@@ -491,6 +491,40 @@ def test_invalid_deeply_nested_answer_does_not_crash_the_process(fake_node: Fake
     assert done.stderr == f"tenzro: node at {fake_node.url} answered JSON nested deeper than 128\n"
 
 
+def test_invalid_trickled_answer_is_cut_at_the_timeout() -> None:
+    """The socket timeout applies to each read: a byte every 0.1 s kept the command waiting for
+    the whole Content-Length (100,000 s here); the client's timeout now bounds the answer."""
+    import time
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with pytest.raises(CliError, match=r"did not finish its answer within 1 s") as info:
+            cli.RpcClient(url, timeout=1.0).call("tenzro_training_listRuns", {})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert info.value.exit_code == EXIT_UNREACHABLE
+
+
 def test_invalid_field_in_a_well_formed_answer_exits_1(
     capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
 ) -> None:
