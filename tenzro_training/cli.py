@@ -53,10 +53,6 @@ MAX_REPLY_BYTES = 256 << 20
 """Largest answer read from a node (getRun of a big run is a few MB; a receipt less)."""
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 class RpcClient:
     """Minimal synchronous JSON-RPC 2.0 client over HTTP (stdlib only).
 
@@ -121,14 +117,14 @@ class RpcClient:
         return b"".join(chunks)
 
     def _read_reply(self, raw: bytes) -> dict[str, Any]:
-        from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
+        from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, refuse_json_constant
 
         if len(raw) > MAX_REPLY_BYTES:
             raise CliError(f"node at {self.url} answered more than {MAX_REPLY_BYTES} bytes", EXIT_RPC_ERROR)
         if not is_json_depth_ok(raw):
             raise CliError(f"node at {self.url} answered JSON nested deeper than {MAX_JSON_NESTING}", EXIT_RPC_ERROR)
         try:
-            reply = json.loads(raw, parse_constant=_refuse_constant)
+            reply = json.loads(raw, parse_constant=refuse_json_constant)
         except (ValueError, RecursionError):
             raise CliError(f"node at {self.url} did not answer JSON-RPC", EXIT_UNREACHABLE) from None
         if not isinstance(reply, dict) or ("error" in reply) == ("result" in reply):

@@ -54,3 +54,9 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
 def is_json_depth_ok(raw: bytes | str, limit: int = MAX_JSON_NESTING) -> bool:
     """True when ``raw`` cannot nest deeper than ``limit``."""
     return compute_json_depth_bound(raw) <= limit
+
+
+def refuse_json_constant(name: str) -> None:
+    """``json.loads(..., parse_constant=refuse_json_constant)``: NaN, Infinity and -Infinity are
+    Python's extensions, not JSON; raises ValueError (what json.loads raises for bad text)."""
+    raise ValueError(f"{name} is not JSON")

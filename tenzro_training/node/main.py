@@ -60,13 +60,9 @@ def _config_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _read_config_file(path: str) -> dict[str, Any]:
     from storage.files import NotReadable, read_regular_file
-    from tenzro_training.jsontext import is_json_depth_ok
+    from tenzro_training.jsontext import is_json_depth_ok, refuse_json_constant
 
     try:
         raw = read_regular_file(path, MAX_CONFIG_BYTES)
@@ -79,7 +75,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
     if not is_json_depth_ok(text):
         raise NodeStartupError(f"config {path}: JSON nested too deeply")
     try:
-        obj = json.loads(text, object_pairs_hook=_config_object, parse_constant=_refuse_constant)
+        obj = json.loads(text, object_pairs_hook=_config_object, parse_constant=refuse_json_constant)
     except ValueError as exc:
         raise NodeStartupError(f"config {path} is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
