@@ -188,7 +188,9 @@ class RocksStore(KVStore):
 
     def _open_error(self, error: Exception) -> StorageError:
         message = str(error)
-        if "lock" in message.lower():
+        # RocksDB: "IO error: While lock file: <path>/LOCK: Resource temporarily unavailable".
+        # Not any "lock": a damaged store says "Corruption: block checksum mismatch".
+        if "lock file" in message.lower() or "/LOCK" in message:
             return StorageError(
                 f"store at {self._path!r} is already open (RocksDB LOCK is held by another "
                 f"process or another opener in this process); only one read-write opener "

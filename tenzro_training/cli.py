@@ -235,10 +235,12 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
         if problem is not None:  # warn, not refuse: the key works, but the operator should know
             print(f"tenzro: warning: key file {key_file}: {problem}", file=sys.stderr)
         if text.startswith("{"):
+            from tenzro_training.jsontext import loads_bounded
+
             try:
-                doc = json.loads(text)
-            except ValueError:
-                raise CliError(f"key file {key_file}: not valid JSON") from None
+                doc = loads_bounded(text)
+            except ValueError as exc:
+                raise CliError(f"key file {key_file}: not valid JSON ({exc})") from None
             if not isinstance(doc, dict):
                 raise CliError(f"key file {key_file}: expected a JSON object")
             if "private_key" in doc:
@@ -369,9 +371,11 @@ def cmd_verify_receipt(args: argparse.Namespace) -> None:
     from tenzro_training.receipt_check import check_receipt_document
 
     if args.file is not None:
+        from tenzro_training.jsontext import loads_bounded
+
         text = _read_text(args.file, "receipt file")
         try:
-            document = json.loads(text)
+            document = loads_bounded(text)
         except ValueError:
             document = None  # not JSON: reported as a failed "decode" check
     else:
@@ -733,6 +737,25 @@ def cmd_syncer_run(args: argparse.Namespace) -> None:
 # --- parser ---------------------------------------------------------------------------------
 
 
+def _chain_id(text: str) -> int:
+    """argparse type: an EIP-712 chain id (1..2^256-1), refused at parse time (exit 2) rather
+    than when the first signature is made or checked, perhaps hours later."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a decimal chain id, got {text!r}") from None
+    if not 0 < value < 2**256:
+        raise argparse.ArgumentTypeError(f"a chain id is 1..2^256-1, got {text}")
+    return value
+
+
+def _dir_path(text: str) -> str:
+    """argparse type: a non-empty directory path (``""`` would silently mean the current one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory path, got an empty string")
+    return text
+
+
 def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool = True) -> None:
     """``--rpc``, ``--json`` (only for commands that print a result: not the long-running
     trainer and syncer processes, whose output is log lines) and the signing flags."""
@@ -742,7 +765,7 @@ def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool =
     if signing:
         p.add_argument("--key-file", help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
         p.add_argument("--account", help="with a dev-accounts.json key file: sponsor, trainer:N, syncer:N or an address")
-        p.add_argument("--chain-id", type=int, default=auth.DEFAULT_CHAIN_ID, help="EIP-712 chain id")
+        p.add_argument("--chain-id", type=_chain_id, default=auth.DEFAULT_CHAIN_ID, help="EIP-712 chain id")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -750,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     top = parser.add_subparsers(dest="command", required=True)
 
     node = top.add_parser("node", help="run the node (JSON-RPC service)")
-    node.add_argument("--data-dir", required=True, help="directory for RocksDB, models and keys")
+    node.add_argument("--data-dir", required=True, type=_dir_path, help="directory for RocksDB, models and keys")
     node.add_argument("--rpc-host", help="JSON-RPC bind address (default: config rpc_host, 127.0.0.1)")
     node.add_argument("--rpc-port", type=int, help="JSON-RPC port, 0 = any free port (default: config rpc_port, 8545)")
     node.add_argument("--config", help="node config JSON file (docs/node.md)")
@@ -769,7 +792,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "receipt. Opens the store read-only: it can run beside the node. Exit status 1 when a "
                     "difference is found (docs/node.md \"Auditing a store\").",
     )
-    audit.add_argument("--data-dir", required=True, help="the node's data directory")
+    audit.add_argument("--data-dir", required=True, type=_dir_path, help="the node's data directory")
     audit.add_argument("--task-id", action="append", help="audit only this run (repeatable; default: every run)")
     audit.add_argument("--allow-checkpoint-dir", action="append", metavar="DIR",
                        help="read init checkpoints only under DIR (repeatable; default: wherever the spec points)")
@@ -803,7 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--task-id", help="fetch the receipt with getReceipt from --rpc")
     source.add_argument("--file", help="a file written by get-receipt --out")
-    p.add_argument("--chain-id", type=int, help="EIP-712 chain id to verify under (default: the attestations')")
+    p.add_argument("--chain-id", type=_chain_id, help="EIP-712 chain id to verify under (default: the attestations')")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_verify_receipt)
 
@@ -848,7 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = train.add_parser("export-model", help="write the sealed final model of a run (safetensors)")
     p.add_argument("--task-id", required=True)
-    p.add_argument("--data-dir", required=True, help="the node's data directory")
+    p.add_argument("--data-dir", required=True, type=_dir_path, help="the node's data directory")
     p.add_argument("--out", required=True)
     p.add_argument("--check-receipt", action="store_true", help="compare its hash with the node's receipt")
     _client_flags(p, signing=False)

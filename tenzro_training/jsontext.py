@@ -5,7 +5,8 @@ Why this exists: py_ecc (imported by eth-account) raises the interpreter's recur
 C stack and kills the process instead of raising. Every parse of untrusted JSON in the project
 (spec files, payload headers, JSON-RPC bodies, gossip) therefore checks nesting depth here first.
 
-This module is part of the pure core; it is not a JSON parser.
+This module is part of the pure core. Its one parsing entry point, :func:`loads_bounded`, is
+``json.loads`` behind the depth check, for readers that need nothing more.
 """
 
 from __future__ import annotations
@@ -60,3 +61,15 @@ def refuse_json_constant(name: str) -> None:
     """``json.loads(..., parse_constant=refuse_json_constant)``: NaN, Infinity and -Infinity are
     Python's extensions, not JSON; raises ValueError (what json.loads raises for bad text)."""
     raise ValueError(f"{name} is not JSON")
+
+
+def loads_bounded(text: str | bytes) -> object:
+    """``json.loads`` of untrusted text, depth-checked first and without NaN/Infinity.
+
+    Raises ValueError (as json.loads does) for malformed, too deeply nested or non-JSON text.
+    """
+    if not is_json_depth_ok(text):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_NESTING}")
+    import json
+
+    return json.loads(text, parse_constant=refuse_json_constant)

@@ -13,7 +13,6 @@ at each dev start). A shell module: it does file I/O.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import stat
@@ -23,6 +22,7 @@ from typing import Any
 from tenzro_training import vrf
 from tenzro_training.addresses import format_address, parse_address
 from tenzro_training.errors import TenzroError
+from tenzro_training.jsontext import loads_bounded
 
 __all__ = [
     "KeyFileError",
@@ -138,7 +138,7 @@ def parse_vrf_document(path: Path | str, text: str, address: bytes) -> bytes:
     body = text.strip()
     if body.startswith("{"):
         try:
-            doc: Any = json.loads(body)
+            doc: Any = loads_bounded(body)
         except ValueError:
             raise KeyFileError(path, "not valid JSON") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("vrf_secret"), str):

@@ -721,7 +721,44 @@ def test_syncer_daemon_logs_a_refusal_once() -> None:
     assert len(lines) == 1 and "refused" in lines[0]
 
 
-@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1"])
+@pytest.mark.parametrize("argv", [
+    ["syncer", "run", "--once", "--key-file", "k", "--chain-id", "0"],
+    ["train", "finalize-round", "--task-id", "t", "--chain-id", "-1"],
+    ["train", "verify-receipt", "--file", "r.json", "--chain-id", str(2**256)],
+    ["train", "address", "--key-file", "k", "--chain-id", "x"],
+    ["node", "--data-dir", ""],
+    ["audit", "--data-dir", " "],
+    ["train", "export-model", "--task-id", "t", "--data-dir", "", "--out", "m"],
+])
+def test_invalid_chain_id_or_empty_data_dir_is_a_usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """A chain id of 0 started a syncer that died at its first finalize, hours later; an empty
+    --data-dir silently meant the current directory."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == EXIT_USAGE and ("--chain-id" in err or "--data-dir" in err)
+
+
+@pytest.mark.parametrize("kind", ["receipt", "key"])
+def test_invalid_deeply_nested_file_does_not_crash_the_process(tmp_path: Path, kind: str) -> None:
+    """py_ecc's recursion limit made json.loads of these overflow the C stack (exit -11)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "deep.json"
+    if kind == "receipt":
+        path.write_text("[" * 200_000)
+        argv, expected = ["train", "verify-receipt", "--file", str(path)], EXIT_RPC_ERROR  # a failed decode check
+    else:
+        path.write_text('{"private_key":' + "[" * 200_000)
+        argv, expected = ["train", "address", "--key-file", str(path)], EXIT_USAGE
+    done = subprocess.run([sys.executable, "-m", "tenzro_training.cli", *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == expected, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "0", "-1", "1e10"])
 def test_invalid_syncer_poll_interval_exits_2(
     capsys: pytest.CaptureFixture[str], key_file: Path, fake_node: FakeNode, interval: str
 ) -> None:
@@ -824,6 +861,7 @@ def test_node_config_precedence(tmp_path: Path) -> None:
         ('{"no_such_key": 1}', "no_such_key"),
         ('{"rpc_port": 0, "rpc_port": 1}', "duplicate key 'rpc_port'"),  # json.loads kept the last, silently
         ('{"max_gradient_abs": NaN}', "NaN is not JSON"),
+        ('{"timings": null}', "timings"),  # was dropped silently
     ],
 )
 def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:

@@ -111,11 +111,12 @@ def load_node_config(
         obj = NodeConfig(data_dir=data_dir, **kwargs).to_dict()
     if config_file is not None:
         overrides = _read_config_file(config_file)
+        has_timings = "timings" in overrides
         timings = overrides.pop("timings", None)
         obj.update(overrides)
         if isinstance(timings, dict) and isinstance(obj.get("timings"), dict):
             obj["timings"] = {**obj["timings"], **timings}  # a partial timings object keeps the rest
-        elif timings is not None:
+        elif has_timings:  # null, a list...: NodeConfig refuses it with the field's path
             obj["timings"] = timings
     if rpc_host is not None:
         obj["rpc_host"] = rpc_host

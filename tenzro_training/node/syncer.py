@@ -173,7 +173,8 @@ def run_syncer_from_args(args: argparse.Namespace) -> None:
     """``tenzro syncer run``: returns (exit 0) on Ctrl-C/SIGTERM or after ``--once``."""
     from tenzro_training.cli import CliError, RpcClient, load_signing_key
 
-    if not 0 < args.poll_interval < float("inf"):  # NaN too: it would poll with no pause at all
+    # NaN too: it would poll with no pause at all; above TIMEOUT_MAX (~292 years) Event.wait overflows.
+    if not 0 < args.poll_interval <= threading.TIMEOUT_MAX:
         raise CliError("--poll-interval must be a positive number of seconds")
     key = load_signing_key(args)
     stop = threading.Event()

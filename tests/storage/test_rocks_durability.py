@@ -282,6 +282,27 @@ def test_invalid_second_opener_in_process(tmp_path: Path) -> None:
         assert again.get(CF_TRAINING_RUNS, b"k2") == b"v2"
 
 
+def test_invalid_damaged_store_is_not_reported_as_already_open(tmp_path: Path) -> None:
+    """RocksDB's "Corruption: block checksum mismatch" holds the letters "lock": it was reported
+    as another process holding the LOCK, which sends an operator after the wrong problem."""
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        with store.atomic_batch() as batch:
+            for i in range(2000):
+                batch.put(CF_TRAINING_RUNS, b"k%d" % i, b"v" * 100)
+    tables = list(path.glob("*.sst"))
+    assert tables  # written at open/close (WAL recovery flushes them)
+    for table in tables:
+        data = bytearray(table.read_bytes())
+        for i in range(100, len(data) - 100, 7):
+            data[i] ^= 0xFF
+        table.write_bytes(bytes(data))
+    with pytest.raises(StorageError) as info:
+        RocksStore(path)
+    assert "Corruption" in str(info.value) and "already open" not in str(info.value)
+    assert str(info.value).startswith(f"cannot open store at {str(path)!r}")
+
+
 def test_invalid_second_opener_in_another_process(tmp_path: Path) -> None:
     path = tmp_path / "db"
     holder = spawn(HOLDER, str(path), stdin=subprocess.PIPE)
