@@ -206,11 +206,15 @@ def _read_text(path: str, what: str) -> str:
 
 
 def _write_out(path: str, data: bytes) -> None:
-    """Write an ``--out`` file whole or not at all (a reader never sees half of it)."""
+    """Write an ``--out`` file whole or not at all (a reader never sees half of it), replacing
+    what is there, with the mode a plain create would give (0666 less the umask: a user with
+    umask 077 gets 0600, as from shell redirection)."""
     from storage.files import write_file_atomically
 
+    mask = os.umask(0)
+    os.umask(mask)
     try:
-        write_file_atomically(path, data)
+        write_file_atomically(path, data, mode=0o666 & ~mask)
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -616,10 +620,20 @@ def cmd_export_model(args: argparse.Namespace) -> None:
 
     from tenzro_training.fragments import compute_model_hash
 
+    from storage import schema
+    from storage.files import NotReadable, read_regular_file
+
+    try:
+        schema.run_key(args.task_id)  # a valid task id is a file name: no "/" to leave models/
+    except schema.KeyFormatError as exc:
+        raise CliError(str(exc)) from None
     data_dir = Path(args.data_dir)
     model_file = data_dir / "models" / f"{args.task_id}.safetensors"
-    if model_file.is_file():
-        data = model_file.read_bytes()
+    if model_file.exists():
+        try:
+            data = read_regular_file(model_file, MAX_CHECKPOINT_FILE_BYTES)
+        except NotReadable as exc:
+            raise CliError(f"cannot read {model_file}: {exc.reason}") from None
     elif (data_dir / "db").is_dir():
         data = _export_from_store(data_dir, args.task_id)
     else:
@@ -627,7 +641,7 @@ def cmd_export_model(args: argparse.Namespace) -> None:
     try:
         model_hash = compute_model_hash(safetensors.torch.load(data))
     except Exception as exc:  # a damaged file: safetensors raises several exception types
-        raise CliError(f"{model_file}: not a readable safetensors model: {exc}", EXIT_RPC_ERROR) from None
+        raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
     if args.check_receipt:
         reply = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
@@ -807,15 +821,18 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_post_task)
 
-    p = train.add_parser("list-runs")
+    p = train.add_parser("list-runs", help="list the node's runs (optionally of one status), a page at a time")
     p.add_argument("--status")
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--limit", type=int, default=50)
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_list_runs)
 
-    for verb, func in (("get-run", cmd_get_run), ("get-receipt", cmd_get_receipt)):
-        p = train.add_parser(verb)
+    for verb, func, text in (
+        ("get-run", cmd_get_run, "show a run: status, round, trainers, syncer, deadlines, committed rounds"),
+        ("get-receipt", cmd_get_receipt, "show a sealed run's TrainingReceipt"),
+    ):
+        p = train.add_parser(verb, help=text)
         p.add_argument("--task-id", required=True)
         if verb == "get-receipt":
             p.add_argument("--out", help="also write the whole result (receipt, abi, attestations) to this file")
@@ -830,14 +847,14 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_verify_receipt)
 
-    p = train.add_parser("enroll-trainer")
+    p = train.add_parser("enroll-trainer", help="enroll the signer as a trainer, bonding --stake")
     p.add_argument("--task-id", required=True)
     p.add_argument("--did", required=True)
     p.add_argument("--stake", required=True, help="attoTNZO")
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_enroll)
 
-    p = train.add_parser("submit-gradient")
+    p = train.add_parser("submit-gradient", help="submit an outer-gradient payload file inline (signed by the trainer)")
     p.add_argument("--task-id", required=True)
     p.add_argument("--round", type=int, required=True)
     p.add_argument("--fragment", type=int, required=True)
@@ -845,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(p, signing=True)
     p.set_defaults(func=cmd_submit_gradient)
 
-    p = train.add_parser("finalize-round")
+    p = train.add_parser("finalize-round", help="finalize the run's current round (signed by its syncer)")
     p.add_argument("--task-id", required=True)
     p.add_argument("--round", type=int, help="defaults to the run's current round")
     _client_flags(p, signing=True)

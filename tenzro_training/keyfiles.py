@@ -56,7 +56,7 @@ def create_private_file(path: Path | str, text: str) -> None:
     if path.exists():
         raise KeyFileError(path, "already exists; refusing to overwrite a key")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
@@ -73,6 +73,18 @@ def create_private_file(path: Path | str, text: str) -> None:
         raise KeyFileError(path, f"cannot write: {exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and every missing parent 0700 (``mkdir(parents=True, mode=...)``
+    applies the mode to the last one only, the parents get the umask's 0755)."""
+    missing = []
+    for d in (directory, *directory.parents):
+        if d.exists():
+            break
+        missing.append(d)
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
 
 
 def shared_mode_problem(mode: int) -> str | None:

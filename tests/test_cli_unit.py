@@ -646,6 +646,43 @@ def test_invalid_export_model_not_a_data_dir(capsys: pytest.CaptureFixture[str],
     assert code == EXIT_USAGE and "not a node data directory" in err
 
 
+def test_out_files_follow_the_umask(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o077)
+    try:
+        cli._write_out(str(tmp_path / "private"), b"x")
+        os.umask(0o022)
+        cli._write_out(str(tmp_path / "shared"), b"y")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "private").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o644
+
+
+@pytest.mark.parametrize("task_id", ["../../evil", "a/b", ""])
+def test_invalid_export_model_task_id_cannot_leave_the_models_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, task_id: str
+) -> None:
+    (tmp_path / "node" / "models").mkdir(parents=True)
+    (tmp_path / "evil.safetensors").write_bytes(b"planted")  # node/models/../../evil.safetensors
+    code, _, err = run(capsys, "train", "export-model", "--task-id", task_id, "--data-dir", str(tmp_path / "node"),
+                       "--out", str(tmp_path / "out"))
+    assert code == EXIT_USAGE and "task_id must be" in err and not (tmp_path / "out").exists()
+
+
+def test_invalid_export_model_file_that_is_not_regular(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import os
+
+    models = tmp_path / "node" / "models"
+    models.mkdir(parents=True)
+    os.mkfifo(models / "t1.safetensors")
+    code, _, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path / "node"),
+                       "--out", str(tmp_path / "out"))
+    assert code == EXIT_USAGE and "not a regular file" in err
+
+
 # --- syncer daemon ----------------------------------------------------------------------------------
 
 

@@ -23,6 +23,16 @@ from tenzro_training.keyfiles import (
 )
 
 
+def test_create_private_file_makes_every_new_parent_private(tmp_path: Path) -> None:
+    """mkdir(parents=True, mode=0o700) left the intermediate directories at 0755."""
+    import os
+    import stat
+
+    create_private_file(tmp_path / "a" / "b" / "c.key", "secret\n")
+    for d in (tmp_path / "a", tmp_path / "a" / "b"):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+
+
 def test_create_private_file_is_owner_only_and_never_overwrites(tmp_path: Path) -> None:
     path = tmp_path / "keys" / "a.json"
     old_umask = os.umask(0)  # even a permissive umask gives 0600
