@@ -46,6 +46,7 @@ from rpc.errors import (
     ParseError,
     compute_error_object,
     compute_error_response,
+    get_error_entry,
 )
 from rpc.params import (
     CancelTaskParams,
@@ -301,6 +302,10 @@ class Dispatcher:
             result = self._call(name, params)
         except TenzroError as exc:
             error = compute_error_object(exc)
+            if not get_error_entry(type(exc)).public:
+                # The client gets only the table's message (the reason may name node-local files):
+                # the operator is the one who can see why, so the node says it here.
+                log.warning("JSON-RPC %s refused with %d: %s", name[:128], error["code"], str(exc)[:1000])
         except Exception:
             # Unexpected: a bug or an environment fault. The client learns only that it happened.
             log.exception("internal error in JSON-RPC method %s", name[:128])

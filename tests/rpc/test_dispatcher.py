@@ -122,6 +122,27 @@ def test_tenzro_errors_are_not_logged_as_internal(caplog: pytest.LogCaptureFixtu
     assert caplog.records == []
 
 
+def test_a_non_public_refusal_is_logged_for_the_operator(caplog: pytest.LogCaptureFixture) -> None:
+    """A CheckpointError reaches the client as its table message only (its reason may name
+    node-local files); the node's log was silent, so an operator could not see why a postTask
+    (e.g. a fragment_count above the model's element count) was refused. Public refusals stay
+    out of the log: a client can cause any number of them."""
+    from tenzro_training.errors import CheckpointError
+
+    service = FakeService()
+    service.error = CheckpointError("file:///srv/ck.safetensors", "cannot split into fragments: 18 > 17 elements")
+    with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
+        answer = Dispatcher(service).handle(json.dumps(get_run()))
+    assert answer is not None and b"/srv/ck" not in answer and b"18 > 17" not in answer
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "cannot split into fragments: 18 > 17 elements" in caplog.records[0].getMessage()
+    caplog.clear()
+    service.error = UnknownTask("t1")
+    with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
+        Dispatcher(service).handle(json.dumps(get_run()))
+    assert caplog.records == []
+
+
 # -- strict JSON ----------------------------------------------------------------------------------
 
 
