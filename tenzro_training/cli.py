@@ -78,6 +78,9 @@ class RpcClient:
             {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
         ).encode()
         self._next_id += 1
+        scheme = self.url.partition(":")[0].lower() if ":" in self.url else ""
+        if scheme not in ("http", "https"):  # urllib would also open file:, data: and ftp: URLs
+            raise CliError(f"bad --rpc URL {self.url!r}: expected an http:// or https:// URL", EXIT_UNREACHABLE)
         deadline = time.monotonic() + self.timeout
         try:
             # Built inside the try: Request() itself raises ValueError for "foo", "" or "http://[::1".
@@ -763,6 +766,13 @@ def _chain_id(text: str) -> int:
     return value
 
 
+def _file_path(text: str) -> str:
+    """argparse type: a non-empty file path (``""`` would name the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    return text
+
+
 def _dir_path(text: str) -> str:
     """argparse type: a non-empty directory path (``""`` would silently mean the current one)."""
     if not text.strip():
@@ -835,7 +845,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = train.add_parser(verb, help=text)
         p.add_argument("--task-id", required=True)
         if verb == "get-receipt":
-            p.add_argument("--out", help="also write the whole result (receipt, abi, attestations) to this file")
+            p.add_argument("--out", type=_file_path,
+                           help="also write the whole result (receipt, abi, attestations) to this file")
         _client_flags(p, signing=False)
         p.set_defaults(func=func)
 
@@ -882,14 +893,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-seed", type=int, default=0, help="same seed, task, round, fragment -> same payload")
     p.add_argument("--scale", type=float, default=1e-3, help="standard deviation of the values")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--out", required=True, help="payload file to write")
+    p.add_argument("--out", required=True, type=_file_path, help="payload file to write")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_make_gradient)
 
     p = train.add_parser("export-model", help="write the sealed final model of a run (safetensors)")
     p.add_argument("--task-id", required=True)
     p.add_argument("--data-dir", required=True, type=_dir_path, help="the node's data directory")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, type=_file_path)
     p.add_argument("--check-receipt", action="store_true", help="compare its hash with the node's receipt")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_export_model)
@@ -923,13 +934,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="verb", required=True
     )
     p = keys.add_parser("new-account", help="a new secp256k1 account key file (mode 600, never overwritten)")
-    p.add_argument("--out", required=True, help="the key file to create")
+    p.add_argument("--out", required=True, type=_file_path, help="the key file to create")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_keys_new_account)
     p = keys.add_parser("new-vrf", help="a new ECVRF secret for a syncer candidate, and its config entries")
     p.add_argument("--address", required=True, help="the candidate's account address")
     p.add_argument("--stake", required=True, help="the candidate's registered stake (attoTNZO)")
-    p.add_argument("--out", required=True, help="the secret file to create (mode 600, never overwritten)")
+    p.add_argument("--out", required=True, type=_file_path, help="the secret file to create (mode 600, never overwritten)")
     p.add_argument("--json", action="store_true", help="print the config entries as JSON")
     p.set_defaults(func=cmd_keys_new_vrf)
 

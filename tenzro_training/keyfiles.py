@@ -55,6 +55,11 @@ def create_private_file(path: Path | str, text: str) -> None:
     path = Path(path)
     if path.exists():
         raise KeyFileError(path, "already exists; refusing to overwrite a key")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():  # mkdir would say only "File exists"
+                raise KeyFileError(path, f"cannot create: {parent} is not a directory")
+            break
     try:
         _make_private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -310,7 +310,8 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545", "foo", "", "http://[::1"]
+    "url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545", "foo", "", "http://[::1",
+            "file:///etc/hostname", "data:,{}", "ftp://127.0.0.1/"]  # urllib opens the last three
 )
 def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
     code, out, err = run(capsys, "train", "list-runs", "--rpc", url)
@@ -774,6 +775,17 @@ def test_invalid_chain_id_or_empty_data_dir_is_a_usage_error(capsys: pytest.Capt
         cli.main(argv)
     err = capsys.readouterr().err
     assert info.value.code == EXIT_USAGE and ("--chain-id" in err or "--data-dir" in err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["keys", "new-account", "--out", ""],
+    ["train", "get-receipt", "--task-id", "t", "--out", " "],
+])
+def test_invalid_empty_out_is_a_usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """keys new-account --out "" said ".: already exists; refusing to overwrite a key"."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == EXIT_USAGE and "--out" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["receipt", "key"])

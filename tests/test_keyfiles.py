@@ -33,6 +33,12 @@ def test_create_private_file_makes_every_new_parent_private(tmp_path: Path) -> N
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
 
 
+def test_invalid_key_path_under_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "existing.key").write_text("x")
+    with pytest.raises(KeyFileError, match="existing.key is not a directory"):
+        create_private_file(tmp_path / "existing.key" / "sub" / "new.key", "secret\n")
+
+
 def test_create_private_file_is_owner_only_and_never_overwrites(tmp_path: Path) -> None:
     path = tmp_path / "keys" / "a.json"
     old_umask = os.umask(0)  # even a permissive umask gives 0600
