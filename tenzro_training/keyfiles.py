@@ -55,13 +55,8 @@ def create_private_file(path: Path | str, text: str) -> None:
     path = Path(path)
     if path.exists():
         raise KeyFileError(path, "already exists; refusing to overwrite a key")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():  # mkdir would say only "File exists"
-                raise KeyFileError(path, f"cannot create: {parent} is not a directory")
-            break
     try:
-        _make_private_dirs(path.parent)
+        _make_private_dirs(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
@@ -80,12 +75,14 @@ def create_private_file(path: Path | str, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and every missing parent 0700 (``mkdir(parents=True, mode=...)``
-    applies the mode to the last one only, the parents get the umask's 0755)."""
+def _make_private_dirs(path: Path) -> None:
+    """Create every missing parent directory of ``path`` 0700 (``mkdir(parents=True, mode=...)``
+    applies the mode to the last one only, the others get the umask's 0755)."""
     missing = []
-    for d in (directory, *directory.parents):
+    for d in path.parents:
         if d.exists():
+            if not d.is_dir():  # mkdir would say only "File exists"
+                raise KeyFileError(path, f"cannot create: {d} is not a directory")
             break
         missing.append(d)
     for d in reversed(missing):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -473,13 +472,10 @@ class _Trainer:
         else:
             where = f"spec {self.cfg.spec_path}"
             from storage.files import NotReadable, read_regular_file
-            from tenzro_training.jsontext import is_json_depth_ok
+            from tenzro_training.jsontext import loads_bounded
 
             try:
-                text = read_regular_file(self.cfg.spec_path, 64 << 20)
-                if not is_json_depth_ok(text):  # py_ecc's recursion limit: a deep file would crash json
-                    raise ValueError("JSON nested too deeply")
-                obj = json.loads(text)
+                obj = loads_bounded(read_regular_file(self.cfg.spec_path, 64 << 20))
             except NotReadable as exc:
                 raise TrainerProcessError(f"cannot read {where}: {exc.reason}") from None
             except ValueError as exc:
