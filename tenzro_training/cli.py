@@ -53,6 +53,11 @@ MAX_REPLY_BYTES = 256 << 20
 """Largest answer read from a node (getRun of a big run is a few MB; a receipt less)."""
 
 
+_RECOVERED_SIGNER_FIELD = {"WrongSigner": "actual", "NotSponsor": "address", "NotSyncer": "address",
+                           "NotEnrolled": "address"}
+"""Error data field holding the address the node recovered from a call's signature (docs/rpc.md)."""
+
+
 class RpcClient:
     """Minimal synchronous JSON-RPC 2.0 client over HTTP (stdlib only).
 
@@ -64,9 +69,11 @@ class RpcClient:
 
     answers: int = 0
 
-    def __init__(self, url: str, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, timeout: float = 120.0, *, signer: tuple[str, int] | None = None) -> None:
         self.url = url
         self.timeout = timeout
+        self.signer = signer
+        """(address, chain id) of the key this client's calls are signed with, for the hint below."""
         self._next_id = 1
 
     def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +126,21 @@ class RpcClient:
             size += len(chunk)
         return b"".join(chunks)
 
+    def _domain_hint(self, data: dict[str, Any]) -> str:
+        """A signature checked under another EIP-712 domain (chain id) does not fail: it recovers
+        to an unrelated address, so the node answers "not the syncer/sponsor/enrolled" and the
+        user looks at the wrong thing. When the address the node recovered is not this key's,
+        say that the chain id is the likely cause."""
+        field = _RECOVERED_SIGNER_FIELD.get(str(data.get("type")))
+        recovered = data.get(field) if field else None
+        if self.signer is None or not isinstance(recovered, str):
+            return ""
+        address, chain_id = self.signer
+        if recovered.lower() == address.lower():
+            return ""
+        return (f" (the node recovered {recovered[:42]} from the signature, not this key's {address}: "
+                f"it checks signatures for another chain id; this one was signed for --chain-id {chain_id})")
+
     def _read_reply(self, raw: bytes) -> dict[str, Any]:
         from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, refuse_json_constant
 
@@ -141,7 +163,8 @@ class RpcClient:
             data = err.get("data")
             kind = data.get("type") if isinstance(data, dict) else None
             label = f" {kind}" if isinstance(kind, str) and kind else ""
-            raise CliError(f"error {code}{label}: {message}", EXIT_RPC_ERROR, rpc_code=code)
+            hint = self._domain_hint(data) if isinstance(data, dict) else ""
+            raise CliError(f"error {code}{label}: {message}{hint}", EXIT_RPC_ERROR, rpc_code=code)
         result = reply["result"]
         if not isinstance(result, dict):
             got = "null" if result is None else type(result).__name__
@@ -321,13 +344,19 @@ def _human_run(run: dict[str, Any]) -> str:
 # --- commands -----------------------------------------------------------------------------------
 
 
+def signing_client(args: argparse.Namespace, key: bytes, timeout: float = 120.0) -> RpcClient:
+    """A client for calls signed with ``key``: its refusals can say when the node recovered
+    another signer (a wrong --chain-id)."""
+    return RpcClient(args.rpc, timeout, signer=(key_address(key), args.chain_id))
+
+
 def cmd_post_task(args: argparse.Namespace) -> None:
     from tenzro_training.spec import TrainingTaskSpec
 
     spec = TrainingTaskSpec.from_json(_read_text(args.spec, "spec"))  # SpecError -> exit 2 with the field path
     key = load_signing_key(args)
     sig = _sign(auth.PostTask(task_id=spec.task_id, spec_hash=spec.spec_hash()), key, args.chain_id)
-    result = RpcClient(args.rpc).call(
+    result = signing_client(args, key).call(
         "tenzro_training_postTask", {"spec": spec.to_dict(), "signature": sig}
     )
     _emit(args, result, lambda r: _kv(r, ["task_id", "spec_hash", "status"]))
@@ -407,7 +436,7 @@ def cmd_enroll(args: argparse.Namespace) -> None:
     msg = auth.EnrollTrainer(
         task_id=args.task_id, did=args.did, trainer=parse_address(address), stake=stake
     )
-    result = RpcClient(args.rpc).call(
+    result = signing_client(args, key).call(
         "tenzro_training_enrollTrainer",
         {
             "task_id": args.task_id,
@@ -434,7 +463,7 @@ def cmd_submit_gradient(args: argparse.Namespace) -> None:
     msg = auth.SubmitOuterGradient(
         task_id=args.task_id, round=args.round, fragment=args.fragment, payload_hash=payload_hash
     )
-    result = RpcClient(args.rpc).call(
+    result = signing_client(args, key).call(
         "tenzro_training_submitOuterGradient",
         {
             "task_id": args.task_id,
@@ -448,11 +477,11 @@ def cmd_submit_gradient(args: argparse.Namespace) -> None:
 
 
 def cmd_finalize(args: argparse.Namespace) -> None:
-    client = RpcClient(args.rpc)
+    key = load_signing_key(args)
+    client = signing_client(args, key)
     round_ = args.round
     if round_ is None:
         round_ = int(client.call("tenzro_training_getRun", {"task_id": args.task_id})["round"])
-    key = load_signing_key(args)
     msg = auth.FinalizeRound(task_id=args.task_id, round=round_)
     result = client.call(
         "tenzro_training_finalizeRound",
@@ -464,7 +493,7 @@ def cmd_finalize(args: argparse.Namespace) -> None:
 def cmd_cancel(args: argparse.Namespace) -> None:
     key = load_signing_key(args)
     msg = auth.CancelTask(task_id=args.task_id)
-    result = RpcClient(args.rpc).call(
+    result = signing_client(args, key).call(
         "tenzro_training_cancelTask",
         {"task_id": args.task_id, "signature": _sign(msg, key, args.chain_id)},
     )

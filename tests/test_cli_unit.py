@@ -87,6 +87,7 @@ def closed_url() -> str:
 def key_file(tmp_path: Path) -> Path:
     path = tmp_path / "key.hex"
     path.write_text("0x" + KEY.hex() + "\n")
+    path.chmod(0o600)  # as `tenzro keys new` writes it: no "readable by others" warning on stderr
     return path
 
 
@@ -1118,3 +1119,26 @@ def test_console_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str]) ->
 
     assert main(["keys", "new-account", "--out", "/proc/nope/key.json"]) == EXIT_USAGE
     assert capsys.readouterr().err.startswith("tenzro: ")
+
+
+@pytest.mark.parametrize(("error_type", "field"), [
+    ("NotSyncer", "address"), ("NotSponsor", "address"), ("NotEnrolled", "address"), ("WrongSigner", "actual"),
+])
+def test_a_refusal_naming_another_recovered_signer_hints_at_the_chain_id(
+    fake_node: FakeNode, error_type: str, field: str
+) -> None:
+    other = "0x" + "ab" * 20
+    fake_node.replies["tenzro_training_finalizeRound"] = {
+        "error": {"code": 1315, "message": "refused", "data": {"type": error_type, field: other}}
+    }
+    signed = cli.RpcClient(fake_node.url, signer=(KEY_ADDRESS, 5))
+    with pytest.raises(CliError) as info:
+        signed.call("tenzro_training_finalizeRound", {})
+    assert f"the node recovered {other} from the signature, not this key's {KEY_ADDRESS}" in str(info.value)
+    assert "--chain-id 5)" in str(info.value)
+    # The node recovered this key's own address (really not the syncer), or an unsigned call: no hint.
+    fake_node.replies["tenzro_training_finalizeRound"]["error"]["data"][field] = KEY_ADDRESS.lower()
+    for client in (signed, cli.RpcClient(fake_node.url)):
+        with pytest.raises(CliError) as info:
+            client.call("tenzro_training_finalizeRound", {})
+        assert str(info.value) == f"error 1315 {error_type}: refused"

@@ -58,12 +58,12 @@ from tenzro_training.auth import (
 )
 from tenzro_training.election import ExclusionReason, TicketRejected, make_ticket
 from tenzro_training.errors import (
-    CheckpointError,
     FragmentError,
     InvalidState,
     NotEnrolled,
     PayloadError,
     PayloadUnavailable,
+    SpecError,
     TenzroError,
     UnknownTask,
 )
@@ -423,8 +423,9 @@ class NodeService:
         try:
             initial = compute_initial_model(state, task.architecture.fragment_count)
         except FragmentError as exc:
-            ref = task.init_checkpoint()
-            raise CheckpointError(ref.uri if ref else "", f"cannot split into fragments: {exc}") from None
+            # A property of the spec against the sponsor's own model (more fragments than
+            # elements): a public SpecError naming the field, not a private CheckpointError.
+            raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
         del state
         t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, max_grace_window_ms=grace_cap)
         t = self._ticket_own(t, now)

@@ -171,7 +171,7 @@ class SyncerDaemon:
 
 def run_syncer_from_args(args: argparse.Namespace) -> None:
     """``tenzro syncer run``: returns (exit 0) on Ctrl-C/SIGTERM or after ``--once``."""
-    from tenzro_training.cli import CliError, RpcClient, load_signing_key
+    from tenzro_training.cli import CliError, signing_client, load_signing_key
 
     # NaN too: it would poll with no pause at all; above TIMEOUT_MAX (~292 years) Event.wait overflows.
     if not 0 < args.poll_interval <= threading.TIMEOUT_MAX:
@@ -185,7 +185,7 @@ def run_syncer_from_args(args: argparse.Namespace) -> None:
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         daemon = SyncerDaemon(
-            RpcClient(args.rpc, timeout=60.0),
+            signing_client(args, key, timeout=60.0),
             key,
             args.chain_id,
             emit=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True),

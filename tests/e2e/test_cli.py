@@ -68,6 +68,13 @@ def test_a_run_through_the_cli(node: NodeProcess, tiny_model: TinyModel, tmp_pat
     # A trainer signing finalize is refused by the node: exit 1, one line on stderr.
     r = tenzro("train", "finalize-round", "--task-id", "e2e-cli", "--key-file", keys, "--account", "trainer:0", "--rpc", url)
     assert r.code == 1 and "NotSyncer" in r.err and r.err.count("\n") == 1
+    assert "recovered" not in r.err  # the node recovered the trainer's own address: no chain hint
+    # The syncer's key, signing for another chain: the node recovers an unrelated address, and
+    # the refusal says the chain id is the likely cause.
+    r = tenzro("train", "finalize-round", "--task-id", "e2e-cli", "--key-file", keys, "--account", syncer,
+               "--chain-id", "1", "--rpc", url)
+    assert r.code == 1 and "NotSyncer" in r.err and r.err.count("\n") == 1
+    assert "another chain id" in r.err and "--chain-id 1)" in r.err
     r = tenzro("train", "finalize-round", "--task-id", "e2e-cli", "--key-file", keys, "--account", syncer, "--rpc", url, "--json")
     assert r.code == 0, r.err
     assert r.json()["round"] == 0 and r.json()["status"] == "Training"

@@ -53,3 +53,19 @@ def test_service_over_json_rpc(net: Net, checkpoint: tuple[str, str]) -> None:
     assert view["submission_counts"] == [1, 0]
     no_receipt = call(rpc, "getReceipt", task_id=task.task_id)
     assert no_receipt["error"]["data"]["type"] == "InvalidState"
+
+
+def test_too_many_fragments_is_a_public_spec_error(net: Net, checkpoint: tuple[str, str]) -> None:
+    """The sponsor learns which field is wrong (it was a private CheckpointError, code 1101 with
+    only a fixed message, so the reason reached the node's log and not the client)."""
+    rpc = Dispatcher(net.service)
+    spec = spec_dict(*checkpoint)
+    spec["architecture"]["fragment_count"] = 18  # the test model has 17 elements
+    task = TrainingTaskSpec.from_dict(spec)
+    sig = SPONSOR.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))
+    error = call(rpc, "postTask", spec=spec, signature="0x" + sig.hex())["error"]
+    assert error["code"] == 1100
+    assert error["data"]["type"] == "SpecError"
+    assert error["data"]["path"] == "architecture.fragment_count"
+    assert "exceeds the model's 17 elements" in error["data"]["reason"]
+    assert call(rpc, "listRuns")["result"]["total"] == 0

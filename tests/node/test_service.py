@@ -304,8 +304,10 @@ class TestRefusals:
         spec = spec_dict(*checkpoint)
         spec["architecture"]["fragment_count"] = 18  # the model has 17 elements
         before = snapshot(net.store)
-        with pytest.raises(CheckpointError):
+        with pytest.raises(SpecError) as info:  # public: the sponsor is told which field and why
             net.post(spec)
+        assert info.value.path == "architecture.fragment_count"
+        assert "fragment_count 18 exceeds the model's 17 elements" in info.value.reason
         assert snapshot(net.store) == before
 
     def test_invalid_post_task_without_init_checkpoint(self, net: Net, checkpoint: tuple[str, str]) -> None:
