@@ -208,8 +208,13 @@ def _select_account(doc: dict[str, Any], account: str | None, key_file: str) -> 
         ):
             return str(entry.get("private_key", ""))
     if account is None:
-        raise CliError(f"key file {key_file} holds several accounts: pick one with --account ({', '.join(names[:6])}, ...)")
-    raise CliError(f"no account {account!r} in {key_file} (have {', '.join(names)})")
+        if len(names) == 1:  # nothing to pick from
+            return _select_account(doc, names[0], key_file)
+        if not names:
+            raise CliError(f"key file {key_file}: its accounts list has no entries")
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise CliError(f"key file {key_file} holds {len(names)} accounts: pick one with --account ({shown})")
+    raise CliError(f"no account {account!r} in {key_file} (have {', '.join(names) or 'none'})")
 
 
 MAX_INPUT_FILE_BYTES = 256 << 20
@@ -273,7 +278,11 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
                 raise CliError(f"key file {key_file}: not valid JSON ({exc})") from None
             if not isinstance(doc, dict):
                 raise CliError(f"key file {key_file}: expected a JSON object")
+            if "private_key" in doc and "accounts" in doc:
+                raise CliError(f"key file {key_file}: holds both a private_key and an accounts list; keep one")
             if "private_key" in doc:
+                if account is not None:  # it used to be ignored, signing with the one key silently
+                    raise CliError(f"--account needs a dev-accounts.json key file; {key_file} holds one private_key")
                 text = str(doc["private_key"])
             else:
                 text = _select_account(doc, account, key_file)

@@ -598,11 +598,13 @@ def decode_payload(
     if size < 8:
         raise PayloadTruncated(f"payload is {size} bytes, shorter than the 8-byte length prefix")
     header_len = int.from_bytes(view[:8], "little")
+    # Length against the bytes present first: a file that is not safetensors at all (its first
+    # 8 bytes read as a huge length) is a format error, not a header "too large".
+    if 8 + header_len > size:
+        raise PayloadTruncated(f"header declares {header_len} bytes, only {size - 8} follow")
     header_cap = compute_max_header_bytes(layout)
     if header_len > header_cap:
         raise PayloadTooLarge("header", header_len, header_cap)
-    if 8 + header_len > size:
-        raise PayloadTruncated(f"header declares {header_len} bytes, only {size - 8} follow")
     raw = bytes(view[8 : 8 + header_len])
     header, dtype, _ = _parse_checked_header(raw, layout)
     if expected is not None:

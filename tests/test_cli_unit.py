@@ -205,11 +205,25 @@ def test_key_from_dev_accounts_file(tmp_path: Path) -> None:
 
 def test_invalid_dev_accounts_selection(tmp_path: Path, key_file: Path) -> None:
     path = tmp_path / "dev-accounts.json"
-    path.write_text(json.dumps({"accounts": [{"role": "trainer", "index": 0, "private_key": "0x" + "22" * 32}]}))
-    with pytest.raises(CliError, match="--account"):
-        cli.load_private_key(str(path))
+    one = {"role": "trainer", "index": 0, "private_key": "0x" + "22" * 32}
+    path.write_text(json.dumps({"accounts": [one]}))
+    assert cli.load_private_key(str(path)) == bytes.fromhex("22" * 32)  # one entry: nothing to pick
     with pytest.raises(CliError, match="no account 'trainer:7'"):
         cli.load_private_key(str(path), "trainer:7")
+    path.write_text(json.dumps({"accounts": [one, {**one, "index": 1, "private_key": "0x" + "33" * 32}]}))
+    with pytest.raises(CliError) as info:
+        cli.load_private_key(str(path))
+    assert str(info.value).endswith("holds 2 accounts: pick one with --account (trainer:0, trainer:1)")
+    path.write_text(json.dumps({"accounts": []}))
+    with pytest.raises(CliError, match="accounts list has no entries"):
+        cli.load_private_key(str(path))
+    # A single-key JSON file with --account: refused (the flag used to be ignored silently).
+    path.write_text(json.dumps({"private_key": "0x" + "22" * 32}))
+    with pytest.raises(CliError, match="--account needs a dev-accounts.json key file"):
+        cli.load_private_key(str(path), "trainer:1")
+    path.write_text(json.dumps({"private_key": "0x" + "22" * 32, "accounts": [one]}))
+    with pytest.raises(CliError, match="both a private_key and an accounts list"):
+        cli.load_private_key(str(path), "trainer:0")
     with pytest.raises(CliError, match="dev-accounts.json"):
         cli.load_private_key(str(key_file), "trainer:0")
     with pytest.raises(CliError, match="--key-file"):
