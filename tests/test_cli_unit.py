@@ -7,6 +7,7 @@ tests need no node process (tests/e2e covers the real one).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -37,12 +38,14 @@ class FakeNode:
         self.replies: dict[str, Any] = {}
         self.raw: dict[str, bytes] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, str]] = []
         node = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server naming)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 node.calls.append((body["method"], body["params"]))
+                node.headers.append(dict(self.headers))
                 reply = node.replies.get(body["method"], {"error": {"code": -32601, "message": "method not found"}})
                 if isinstance(reply, dict) and set(reply) == {"error"}:
                     out = {"jsonrpc": "2.0", "id": body["id"], "error": reply["error"]}
@@ -326,12 +329,31 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
 
 @pytest.mark.parametrize(
     "url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545", "foo", "", "http://[::1",
-            "file:///etc/hostname", "data:,{}", "ftp://127.0.0.1/"]  # urllib opens the last three
+            "file:///etc/hostname", "data:,{}", "ftp://127.0.0.1/",  # urllib opens these three
+            "http://127.0.0.1:99999/", "http://127.0.0.1:0/", "http:///x", "http://a b/", "http://h/\x00",
+            "http://u:secret@[::1", "http://u:secret@h/ x"]
 )
 def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
     code, out, err = run(capsys, "train", "list-runs", "--rpc", url)
     assert code == EXIT_UNREACHABLE and out == ""
-    assert err.startswith("tenzro: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("tenzro: bad --rpc URL ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "secret" not in err
+
+
+def test_credentials_in_the_rpc_url_are_sent_as_basic_auth_and_never_shown(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, closed_url: str
+) -> None:
+    fake_node.replies["tenzro_training_listRuns"] = {"runs": [], "total": 0, "offset": 0, "limit": 50}
+    url = fake_node.url.replace("http://", "http://ops%40x:s%3Acret@")
+    code, _, err = run(capsys, "train", "list-runs", "--rpc", url, "--json")
+    assert code == EXIT_OK, err
+    assert fake_node.headers[-1]["Authorization"] == "Basic " + base64.b64encode(b"ops@x:s:cret").decode()
+    run(capsys, "train", "list-runs", "--rpc", fake_node.url)
+    assert "Authorization" not in fake_node.headers[-1]
+    # Unreachable: the message names the endpoint without the credentials (urllib took
+    # "user:pw@host" for a host name and printed the password).
+    code, _, err = run(capsys, "train", "list-runs", "--rpc", closed_url.replace("http://", "http://u:secret@"))
+    assert code == EXIT_UNREACHABLE and "secret" not in err and f"cannot reach node at {closed_url}" in err
 
 
 def test_a_server_that_is_not_http_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
