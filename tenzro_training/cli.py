@@ -53,6 +53,18 @@ MAX_REPLY_BYTES = 256 << 20
 """Largest answer read from a node (getRun of a big run is a few MB; a receipt less)."""
 
 
+def _no_redirect_opener() -> Any:
+    """urllib, except that a 3xx is an HTTPError: urllib would replay the call as a GET without
+    its body, and send the Authorization header to whatever host the redirect names."""
+    import urllib.request
+
+    class _Refuse(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    return urllib.request.build_opener(_Refuse())
+
+
 def parse_rpc_url(url: str) -> tuple[str, str | None]:
     """(endpoint without credentials, Authorization header or None) for an ``--rpc`` value.
 
@@ -134,9 +146,12 @@ class RpcClient:
         deadline = time.monotonic() + self.timeout
         try:
             req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _no_redirect_opener().open(req, timeout=self.timeout) as resp:
                 raw = self._read_body(resp, deadline)
         except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
+            if 300 <= exc.code < 400:
+                raise CliError(f"node at {self.url} answered HTTP {exc.code} (a redirect, which is not "
+                               "followed: pass the URL it names as --rpc)", EXIT_UNREACHABLE) from None
             raw = self._read_body(exc, deadline)
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)

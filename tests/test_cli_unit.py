@@ -1178,3 +1178,31 @@ def test_a_refusal_naming_another_recovered_signer_hints_at_the_chain_id(
         with pytest.raises(CliError) as info:
             client.call("tenzro_training_finalizeRound", {})
         assert str(info.value) == f"error 1315 {error_type}: refused"
+
+
+def test_invalid_redirect_is_not_followed(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
+    """A 3xx is refused: urllib would have replayed the call as a bodiless GET to the named host,
+    with the Authorization header."""
+    seen: list[str] = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(307)
+            self.send_header("Location", fake_node.url)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://u:secret@127.0.0.1:{server.server_address[1]}/"
+        code, out, err = run(capsys, "train", "list-runs", "--rpc", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == EXIT_UNREACHABLE and out == "" and "answered HTTP 307 (a redirect" in err
+    assert seen and fake_node.calls == []  # the target was never called
