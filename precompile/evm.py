@@ -3,9 +3,9 @@
 What this module is: :func:`make_vm_class` (a Prague computation subclass whose precompile map
 adds ``0x...1008`` -> :func:`precompile.verify.training_verify`, with the State and VM subclasses
 around it), :func:`make_tester_backend` / :func:`make_web3` for eth-tester and web3, and
-:func:`sealed_lookup_from_store`, the ``sealed`` view wired to a node's receipt store
-(``CF_TRAINING_RECEIPTS``): per task, the sealed receipt's run root and the SHA-256 of its
-canonical ABI bytes.
+:func:`sealed_lookup_from_store`, the ``sealed`` view wired to a node's store: per task, the
+sealed record the node wrote with the seal (the receipt's run root and the SHA-256 of its
+canonical ABI bytes).
 
 What it is NOT: the verification rules (``precompile.verify`` / ``tenzro_training.receipt_abi``)
 or a production client integration. The lookup is a Python callable captured per VM class, so
@@ -31,7 +31,6 @@ from precompile.verify import (
     SealedLookup,
     SealedReceipt,
     compute_gas,
-    compute_sealed_receipt,
     training_verify,
 )
 from storage import schema
@@ -71,17 +70,19 @@ def make_web3(sealed: SealedLookup) -> Web3:
 
 def sealed_lookup_from_store(store: KVStore) -> SealedLookup:
     """The ``sealed`` view of a node's storage: the :class:`SealedReceipt` (run root and digest of
-    the canonical ABI bytes) of the stored sealed receipt of a task, or None. Read-only (one
-    ``get`` per call); an unreadable record counts as none. The digest is recomputed from the
-    stored receipt with ``encode_receipt``, the same bytes getReceipt's ``abi`` answers, so the
-    precompile accepts exactly those bytes and nothing else with the same root."""
+    the canonical ABI bytes, the same bytes getReceipt's ``abi`` answers) the node wrote with the
+    seal (``schema.sealed_record_key``), or None. Read-only: one ``get`` of 64 bytes per call,
+    whatever the receipt's size, as the precompile's base gas prices it (recomputing the digest
+    from a stored receipt of megabytes on every call was unpriced work anyone could repeat). An
+    unreadable record counts as none."""
 
     def lookup(task_id: str) -> SealedReceipt | None:
         try:
-            raw = store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+            raw = store.get(schema.CF_META, schema.sealed_record_key(task_id))
             if raw is None:
                 return None
-            return compute_sealed_receipt(persistence.decode_receipt(raw))
+            run_root, digest = persistence.decode_sealed_record(raw)
+            return SealedReceipt(run_root, digest)
         except Exception:  # noqa: BLE001 -- a bad task id or record means "not sealed"
             return None
 

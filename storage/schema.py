@@ -107,7 +107,7 @@ ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
 
 # --- schema version -----------------------------------------------------------------------
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Version of the layout in this module. Bump it on any incompatible change of a family, a key
 format or a value encoding stored here; a store with a newer version refuses to open.
 
@@ -115,12 +115,15 @@ History: 1, the first layout, kept every run's current weights and momentum in
 :data:`CF_MODEL_STATE`. 2 keeps them as of the run's model snapshot
 (:func:`model_snapshot_key`) and the node replays the rounds after it; a version-1 store is
 read as version 2 (a run without a snapshot record has its snapshot at its current round,
-which is what version 1 stored) and is marked 2 when opened, see
-:data:`UPGRADABLE_SCHEMA_VERSIONS`."""
-UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1})
+which is what version 1 stored). 3 adds each sealed run's :func:`sealed_record_key` (its run
+root and receipt digest, what TRAINING_VERIFY's lookup reads), written with the seal; the node
+writes the missing ones of an older store at startup. Older stores are marked 3 when opened,
+see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
+UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 """Older versions whose data this code reads as it is: opening such a store rewrites its version
 key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:
-it would take snapshot weights for current ones)."""
+version 1 code would take snapshot weights for current ones, version 2 code would seal runs
+without the record the precompile looks up)."""
 SCHEMA_VERSION_KEY: Final = b"schema_version"
 """Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
 
@@ -538,3 +541,21 @@ def payloads_pruned_key(task_id: str) -> bytes:
     rounds before this one (u64; :data:`PAYLOADS_PRUNED_ALL`: every payload) were deleted on
     purpose. Absent: none were. b"T" || lp(task_id) || b"p"."""
     return TASK_RECORD_MARK + _task_field(task_id) + _PAYLOADS_PRUNED_KIND
+
+
+# --- sealed records (schema version 3) ----------------------------------------------------------
+#
+# What the chain state holds for a sealed run (SPEC "TRAINING_VERIFY"): its run root and the
+# SHA-256 of its receipt's canonical ABI bytes, written in the sealing batch, so the
+# precompile's lookup is one small read instead of decoding and re-encoding a receipt of up to
+# megabytes on every call (unpriced work an attacker could repeat for the precompile's base gas).
+
+__all__ += ["sealed_record_key"]
+
+_SEALED_RECORD_KIND: Final = b"v"
+
+
+def sealed_record_key(task_id: str) -> bytes:
+    """Key in :data:`CF_META` of a sealed run's record (run root || receipt digest, 64 bytes):
+    b"T" || lp(task_id) || b"v"."""
+    return TASK_RECORD_MARK + _task_field(task_id) + _SEALED_RECORD_KIND

@@ -216,6 +216,20 @@ def _check_receipt(store: KVStore, run: RunState, progress: _Progress) -> None:
     if stored_receipt != persistence.encode_receipt(receipt):
         raise StorageError(f"the stored receipt of {task_id} differs from the one its records give")
     progress.checks.append("run root and receipt")
+    # What TRAINING_VERIFY pays against: a wrong record would refuse every honest claim (or,
+    # with another receipt's digest, accept that one). A store older than schema 3 has none
+    # until a node opens it (and writes it); the audit opens stores read-only.
+    record = store.get(schema.CF_META, schema.sealed_record_key(task_id))
+    if record is None and _stored_schema_version(store) < 3:
+        return
+    if record != persistence.encode_sealed_record(receipt):
+        raise StorageError(f"the sealed record of {task_id} (TRAINING_VERIFY's lookup) differs from its receipt's")
+    progress.checks.append("sealed record")
+
+
+def _stored_schema_version(store: KVStore) -> int:
+    raw = store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY)
+    return schema.SCHEMA_VERSION if raw is None else schema.decode_schema_version(raw)
 
 
 def _check_snapshot(

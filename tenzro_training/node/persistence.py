@@ -44,6 +44,8 @@ from tenzro_training.errors import TenzroError
 from tenzro_training.jsontext import is_json_depth_ok
 from tenzro_training.ledger import Escrow, Ledger, compute_changes
 from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.receipt_abi import compute_receipt_digest
+from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
 from tenzro_training.receipt_check import SlashingAttestation
 from tenzro_training.run_state import RunState
 
@@ -60,6 +62,7 @@ __all__ = [
     "decode_json",
     "decode_receipt",
     "decode_run",
+    "decode_sealed_record",
     "decode_submission_record",
     "decode_supply",
     "decode_u256",
@@ -70,6 +73,7 @@ __all__ = [
     "encode_receipt",
     "encode_round_reports",
     "encode_run",
+    "encode_sealed_record",
     "encode_submission_record",
     "encode_supply",
     "encode_u256",
@@ -181,6 +185,21 @@ class SubmissionRecord:
     signature: bytes
     """The trainer's 65-byte EIP-712 signature over SubmitOuterGradient(task, round, fragment,
     payload_hash): kept so an equivocation's first message can be shown later."""
+
+
+def encode_sealed_record(receipt: TrainingReceipt) -> bytes:
+    """The :func:`storage.schema.sealed_record_key` value of a sealed receipt: its run root
+    (32 bytes) || the SHA-256 of ``receipt_abi.encode_receipt`` of it (32 bytes), the bytes
+    getReceipt's ``abi`` answers and TRAINING_VERIFY accepts. EncodingError if it cannot be
+    ABI-encoded."""
+    return receipt.run_root + compute_receipt_digest(encode_receipt_abi(receipt))
+
+
+def decode_sealed_record(raw: bytes) -> tuple[bytes, bytes]:
+    """(run root, receipt digest) of a sealed record; StorageError if it is not 64 bytes."""
+    if not isinstance(raw, bytes) or len(raw) != 64:
+        raise StorageError(f"a sealed record must be 64 bytes, got {len(raw) if isinstance(raw, bytes) else raw!r}")
+    return raw[:32], raw[32:]
 
 
 def encode_submission_record(record: SubmissionRecord) -> bytes:

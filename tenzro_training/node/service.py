@@ -215,6 +215,7 @@ class NodeService:
         self._load_runs()
         self._load_finalize_signatures()
         self._record_legacy_snapshots()
+        self._record_legacy_sealed_records()
         self._restore_model_files()
 
     # --- startup ---------------------------------------------------------------------------
@@ -273,6 +274,22 @@ class NodeService:
                 ops.append((BatchOp.PUT, schema.CF_META, key, encode_round_count(len(run.records))))
         if ops:
             log.info("recorded model snapshots of %d run(s) from a schema-1 store", len(ops))
+        self._write(ops)
+
+    def _record_legacy_sealed_records(self) -> None:
+        """A store of schema version 1 or 2 has no sealed records (TRAINING_VERIFY's lookup):
+        write each sealed run's from its stored receipt, once, before anything can ask for it."""
+        ops: list[Operation] = []
+        for task_id, run in sorted(self._runs.items()):
+            key = schema.sealed_record_key(task_id)
+            if run.status is not RunStatus.SEALED or self._store.contains(schema.CF_META, key):
+                continue
+            raw = self._store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+            if raw is None:
+                raise StorageError(f"the sealed run {task_id} has no stored receipt: the store is damaged")
+            ops.append((BatchOp.PUT, schema.CF_META, key, persistence.encode_sealed_record(persistence.decode_receipt(raw))))
+        if ops:
+            log.info("recorded the sealed records of %d run(s) from an older store", len(ops))
         self._write(ops)
 
     def _restore_model_files(self) -> None:
@@ -776,8 +793,11 @@ class NodeService:
         sealed = t.run.status is RunStatus.SEALED
         if sealed:
             extra += _fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
+            receipt = compute_receipt(t.run)
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
-                          persistence.encode_receipt(compute_receipt(t.run))))
+                          persistence.encode_receipt(receipt)))
+            extra.append((BatchOp.PUT, schema.CF_META, schema.sealed_record_key(task_id),
+                          persistence.encode_sealed_record(receipt)))
         elif (round + 1) % self._config.model_snapshot_rounds == 0:
             extra += self._snapshot_ops(task_id, round + 1, update.weights, update.momentum)
             if self._config.prune_payloads:  # every stored payload is of a round up to this one

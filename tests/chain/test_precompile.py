@@ -141,8 +141,39 @@ def test_sealed_lookup_from_store(sealed_run: SealedRun) -> None:
     assert lookup("not a task id!") is None
     broken = MemoryStore()
     with broken.atomic_batch() as batch:
-        batch.put(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("x"), b"{not json")
+        batch.put(schema.CF_META, schema.sealed_record_key("x"), b"\x01" * 63)
     assert sealed_lookup_from_store(broken)("x") is None
+
+
+class _CountingStore(MemoryStore):
+    """A MemoryStore that records every (family, key) read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, bytes]] = []
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        self.reads.append((cf, key))
+        return super().get(cf, key)
+
+
+def test_sealed_lookup_reads_one_small_record_not_the_receipt(sealed_run: SealedRun) -> None:
+    """The lookup is priced as one state read inside GAS_BASE: it must not decode and re-encode
+    the stored receipt (megabytes for a long run) on every call, as it did."""
+    store = _CountingStore()
+    with store.atomic_batch() as batch:
+        for cf in (schema.CF_META, schema.CF_TRAINING_RECEIPTS):
+            for key, value in sealed_run.store.iterate(cf):
+                batch.put(cf, key, value)
+    lookup = sealed_lookup_from_store(store)
+    store.reads.clear()
+    assert lookup(sealed_run.task_id) == compute_sealed_receipt(sealed_run.receipt)
+    assert store.reads == [(schema.CF_META, schema.sealed_record_key(sealed_run.task_id))]
+    # Without its record a receipt does not count as sealed (a node writes the record with the
+    # seal, and for an older store at startup: tests/node/test_service.py).
+    with store.atomic_batch() as batch:
+        batch.delete(schema.CF_META, schema.sealed_record_key(sealed_run.task_id))
+    assert lookup(sealed_run.task_id) is None
 
 
 def test_fuzzed_inputs_never_crash(chain: Chain, sealed_run: SealedRun) -> None:

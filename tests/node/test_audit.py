@@ -80,7 +80,7 @@ def test_a_sealed_and_a_training_run_reproduce_bit_for_bit(node: Node) -> None:
         sealed, training = (a.to_dict() for a in audit_store(store))
     assert sealed == {
         "task_id": "run-1", "status": "Sealed", "ok": True, "rounds_committed": 5, "rounds_replayed": 5,
-        "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt"], "problem": None,
+        "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt", "sealed record"], "problem": None,
     }
     assert training["ok"] and training["status"] == "Training" and training["rounds_replayed"] == 2
     assert training["checks"] == ["initial model", "snapshot of round 2"]
@@ -97,7 +97,7 @@ def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint:
         node.stop()
     assert sealed["ok"] and sealed["rounds_replayed"] == 0
     assert sealed["checks"] == ["initial model", "payloads pruned: no round replayed", "final weights hash",
-                                "run root and receipt"]
+                                "run root and receipt", "sealed record"]
     assert training["ok"] and training["rounds_committed"] == 3 and training["rounds_replayed"] == 1
     assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)"]
     node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_FINAL, 1), flip_last_byte)

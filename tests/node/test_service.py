@@ -886,6 +886,30 @@ class TestModelReplay:
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
 
+    def test_an_older_store_gets_its_sealed_records_written_at_startup(self, checkpoint: tuple[str, str]) -> None:
+        """Schema 3 writes each sealed run's record (run root || receipt digest, TRAINING_VERIFY's
+        lookup) in the sealing batch; a store sealed by an older version gets it at startup."""
+        from precompile.verify import compute_sealed_receipt
+        from storage.memory import MemoryStore
+        from tenzro_training.node.persistence import decode_sealed_record
+
+        store, clock = MemoryStore(), FakeClock()
+        net = self.open(store, clock)
+        start(net, checkpoint, max_rounds=2)
+        play_round(net, 0)
+        key = schema.sealed_record_key(net.task_id)
+        assert store.get(schema.CF_META, key) is None  # not sealed yet
+        play_round(net, 1)
+        receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+        expected = compute_sealed_receipt(receipt)
+        assert decode_sealed_record(store.get(schema.CF_META, key)) == (expected.run_root, expected.receipt_digest)
+        net.service.close()
+        written = store.get(schema.CF_META, key)
+        with store.atomic_batch() as batch:
+            batch.delete(schema.CF_META, key)
+        self.open(store, clock).service.close()
+        assert store.get(schema.CF_META, key) == written
+
     @pytest.mark.parametrize("budget", [0, 10**9])
     def test_finalize_reads_cached_payloads_not_the_store(
         self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch, budget: int

@@ -206,14 +206,16 @@ def test_invalid_older_schema_version_refuses_to_open(tmp_path: Path) -> None:
 
 
 def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -> None:
-    """A version-1 store is read as it is and rewritten as the current version, so code that
-    only knows version 1 refuses it afterwards instead of misreading its model state."""
-    assert 1 in UPGRADABLE_SCHEMA_VERSIONS and SCHEMA_VERSION == 2
-    path = tmp_path / "db"
-    write_version(path, encode_schema_version(1))
-    with RocksStore(path) as store:
-        assert store.get(CF_TRAINING_RUNS, b"run") == b"state"  # the data is untouched
-    assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
+    """A version-1 or -2 store is read as it is and rewritten as the current version, so code
+    that only knows the old version refuses it afterwards instead of misreading its model state
+    (1) or sealing runs without their sealed record (2)."""
+    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2} and SCHEMA_VERSION == 3
+    for old in (1, 2):
+        path = tmp_path / f"db{old}"
+        write_version(path, encode_schema_version(old))
+        with RocksStore(path) as store:
+            assert store.get(CF_TRAINING_RUNS, b"run") == b"state"  # the data is untouched
+        assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
 
 
 def test_invalid_malformed_schema_version(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_column_family_names() -> None:
 
 
 def test_schema_version_encoding() -> None:
-    assert schema.SCHEMA_VERSION == 2 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1})
+    assert schema.SCHEMA_VERSION == 3 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1, 2})
     assert schema.SCHEMA_VERSION_KEY == b"schema_version"
     assert schema.encode_schema_version(1) == b"\x00\x00\x00\x01"
     assert schema.encode_schema_version(0x01020304) == b"\x01\x02\x03\x04"
@@ -368,6 +368,9 @@ def test_finalize_signature_key_vectors() -> None:
     assert schema.finalize_signature_key("ab", 3) == b"T\x02abf\x00\x00\x00\x03"
     assert schema.model_snapshot_key("ab") == b"T\x02abn"
     assert schema.payloads_pruned_key("ab") == b"T\x02abp"
+    assert schema.sealed_record_key("ab") == b"T\x02abv"
+    kinds = [schema.tensor_specs_key, schema.model_snapshot_key, schema.payloads_pruned_key, schema.sealed_record_key]
+    assert len({make("ab") for make in kinds}) == len(kinds)
     assert schema.finalize_signature_prefix("ab") == b"T\x02abf"
     # Distinct from the other per-task records of CF_META.
     others = {schema.tensor_specs_key("ab"), schema.round_reports_key("ab", 3), schema.round_reports_prefix("ab")}
