@@ -60,7 +60,11 @@ __all__ = [
     "TRAINER_ABI_TYPE",
     "MAX_RECEIPT_BYTES",
     "RECEIPT_DIGEST_LENGTH",
+    "MAX_DID_BYTES",
     "compute_receipt_digest",
+    "compute_receipt_size",
+    "compute_receipt_size_bound",
+    "compute_round_record_size",
     "encode_receipt",
     "decode_receipt",
     "verify_receipt_bytes",
@@ -83,6 +87,62 @@ RECEIPT_DIGEST_LENGTH = 32
 
 _WORD = 32
 _U256 = 2**256
+
+MAX_DID_BYTES = len("did:tenzro:") + 32 + len(":") + 128
+"""The longest DID the grammar allows (``did:tenzro:<kind 1-32>:<id 1-128>``, ASCII): 172."""
+
+
+# --- sizes ---------------------------------------------------------------------------------------
+#
+# A receipt carries the whole transcript (SPEC), so its size grows with rounds x fragments x
+# trainers, and a claim must carry it in one transaction: calldata, the precompile's per-word
+# gas, and the contract's memory all grow with it. A node refuses at postTask a spec whose receipt
+# could outgrow what it can still get paid for (node config ``max_receipt_bytes``), using the
+# bound below; the exact formula is tested against the encoder.
+
+
+def _padded(n: int) -> int:
+    return -(-n // _WORD) * _WORD
+
+
+def compute_round_record_size(task_id_bytes: int, accepted_per_fragment: list[int]) -> int:
+    """Bytes of ``encode_round_record`` of a record with this task id length and these
+    accepted-list lengths: 10 head words, the task id string, and the fragments array (one
+    offset, five head words, and the ``accepted`` array per fragment)."""
+    fragments = len(accepted_per_fragment)
+    return (10 * _WORD + _WORD + _padded(task_id_bytes) + _WORD
+            + fragments * (_WORD + 5 * _WORD + _WORD) + _WORD * sum(accepted_per_fragment))
+
+
+def compute_receipt_size(
+    task_id_bytes: int, spec_bytes: int, round_record_sizes: list[int], did_bytes: list[int], syncers: int
+) -> int:
+    """Bytes of ``encode_receipt`` of a receipt with these parts: the tuple's offset and 11 head
+    words, then the tails of taskId, specCanonical, roundRecords (an offset and a length word
+    per record), trainers (an offset, 5 head words and the DID string each) and syncers."""
+    return (_WORD + 11 * _WORD
+            + _WORD + _padded(task_id_bytes)
+            + _WORD + _padded(spec_bytes)
+            + _WORD + sum(2 * _WORD + _padded(n) for n in round_record_sizes)
+            + _WORD + sum(_WORD + 5 * _WORD + _WORD + _padded(n) for n in did_bytes)
+            + _WORD + _WORD * syncers)
+
+
+def compute_receipt_size_bound(spec: TrainingTaskSpec) -> int:
+    """The most bytes the receipt of a run of ``spec`` can take: every round accepts every
+    trainer in every fragment, every trainer's DID is as long as the grammar allows, and every
+    round has a different syncer. A sealed receipt is never longer (tested)."""
+    if not isinstance(spec, TrainingTaskSpec):
+        raise EncodingError(f"compute_receipt_size_bound needs a TrainingTaskSpec, got {type(spec).__name__}")
+    task_id_bytes = len(spec.task_id.encode())
+    m, rounds = spec.trainer_count, spec.max_rounds
+    record = compute_round_record_size(task_id_bytes, [m] * spec.architecture.fragment_count)
+    return (_WORD + 11 * _WORD
+            + _WORD + _padded(task_id_bytes)
+            + _WORD + _padded(len(spec.canonical_bytes()))
+            + _WORD + rounds * (2 * _WORD + _padded(record))
+            + _WORD + m * (7 * _WORD + _padded(MAX_DID_BYTES))
+            + _WORD + _WORD * rounds)
 
 
 # --- a strict decoder for the few ABI types the receipt uses ---------------------------------

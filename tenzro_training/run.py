@@ -94,6 +94,7 @@ from tenzro_training.run_events import (
     TrainerSlashed,
     TrainingStarted,
 )
+from tenzro_training.receipt_abi import compute_receipt_size_bound
 from tenzro_training.run_state import (
     DID_PATTERN,
     ElectionEntry,
@@ -390,6 +391,7 @@ def process_post_task(
     *,
     existing: RunState | None = None,
     max_grace_window_ms: int | None = None,
+    max_receipt_bytes: int | None = None,
 ) -> Transition:
     """Create a run in Posted and escrow ``spec.reward_pool`` from the sponsor.
 
@@ -397,7 +399,9 @@ def process_post_task(
     ``existing`` is the run already stored under ``spec.task_id``, if any: the same spec again
     is a harmless replay (no change), a different one raises TaskExists. The spec must be
     supported (``TrainingTaskSpec.validate_supported``), its ``grace_window_ms`` at most the
-    node's ``max_grace_window_ms`` (None: no limit) and its outer-optimizer overrides valid
+    node's ``max_grace_window_ms`` (None: no limit), the receipt its run could seal at most the
+    node's ``max_receipt_bytes`` (None: no limit; a larger one could not be carried by a claim,
+    so the trainers could never be paid on chain) and its outer-optimizer overrides valid
     (SpecError); the sponsor's balance must cover the pool (ledger InsufficientBalance).
     ``initial_model_hash`` is ``fragments.compute_model_hash`` of the verified init checkpoint.
     """
@@ -424,6 +428,16 @@ def process_post_task(
             "grace_window_ms",
             f"must be <= {max_grace_window_ms} ms on this node (its max_grace_window_ms), got {spec.grace_window_ms}",
         )
+    if max_receipt_bytes is not None:
+        bound = compute_receipt_size_bound(spec)
+        if bound > max_receipt_bytes:
+            raise SpecError(
+                "max_rounds",
+                f"a run of {spec.max_rounds} rounds x {spec.architecture.fragment_count} fragments x "
+                f"{spec.trainer_count} trainers can seal a receipt of {bound} bytes, above this node's "
+                f"max_receipt_bytes {max_receipt_bytes} (what one claim transaction can carry): use "
+                "fewer rounds, fragments or trainers, and chain tasks for a longer training",
+            )
     OuterConfig.from_spec(spec)  # reject bad outer_lr / outer_momentum overrides at posting
     ledger = escrow_reward(ledger, task_id, signer, spec.reward_pool)
     election = ElectionState(

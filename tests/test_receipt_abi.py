@@ -323,3 +323,41 @@ def test_mutated_receipts_never_raise_and_rarely_verify(receipt: TrainingReceipt
         decode_receipt(raw_b)
     except EncodingError:
         pass
+
+
+# --- sizes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rounds", "fragments", "trainers"), [(1, 1, 1), (3, 2, 3), (4, 5, 7), (2, 12, 8)])
+def test_size_formulas_equal_the_encoder_and_bound_every_receipt(rounds: int, fragments: int, trainers: int) -> None:
+    from tenzro_training.receipt_abi import (
+        compute_receipt_size, compute_receipt_size_bound, compute_round_record_size,
+    )
+    from tests.synthetic_receipts import synthetic_receipt, synthetic_spec
+
+    spec = synthetic_spec(rounds, fragments, trainers)
+    for worst in (False, True):
+        r = synthetic_receipt(spec, worst_case=worst)
+        assert verify_receipt(r)  # a valid receipt, root and weights included
+        leaves = [encode_round_record(rec) for rec in r.transcript]
+        for rec, leaf in zip(r.transcript, leaves):
+            assert compute_round_record_size(len(r.task_id), [len(f.accepted) for f in rec.fragments]) == len(leaf)
+        size = compute_receipt_size(len(r.task_id), len(spec.canonical_bytes()), [len(x) for x in leaves],
+                                    [len(t.did) for t in r.trainers], len(r.syncers))
+        assert size == len(encode_receipt(r))
+        bound = compute_receipt_size_bound(spec)
+        # The bound is reached exactly by the worst case, and never exceeded.
+        assert (size == bound) if worst else (size < bound)
+
+
+def test_size_bound_of_a_real_sealed_receipt(receipt: TrainingReceipt) -> None:
+    from tenzro_training.receipt_abi import compute_receipt_size_bound
+
+    assert len(encode_receipt(receipt)) <= compute_receipt_size_bound(receipt.spec)
+
+
+def test_invalid_size_bound_of_a_non_spec() -> None:
+    from tenzro_training.receipt_abi import compute_receipt_size_bound
+
+    with pytest.raises(EncodingError):
+        compute_receipt_size_bound({"max_rounds": 1})  # type: ignore[arg-type]

@@ -358,6 +358,22 @@ def test_invalid_post_grace_window_above_the_nodes_limit() -> None:
     assert t.run.status is RunStatus.POSTED
 
 
+def test_invalid_post_receipt_bound_above_the_nodes_limit() -> None:
+    """A run whose receipt could outgrow what a claim carries is refused at posting: its
+    trainers could never be paid on chain (found by the contracts review)."""
+    from tenzro_training.receipt_abi import compute_receipt_size_bound
+
+    env = Env()
+    spec = make_spec()
+    bound = compute_receipt_size_bound(spec)
+    with pytest.raises(SpecError) as info:
+        process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_receipt_bytes=bound - 1)
+    assert info.value.path == "max_rounds"
+    assert f"receipt of {bound} bytes" in info.value.reason and "chain tasks" in info.value.reason
+    t = process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_receipt_bytes=bound)
+    assert t.run.status is RunStatus.POSTED
+
+
 def test_invalid_post_rule_undefined_for_a_straggler_count() -> None:
     """The value loads (a stored run or a sealed receipt may hold it), but no new run starts."""
     doc = make_spec(trainer_count=4, quorum=3).to_dict()

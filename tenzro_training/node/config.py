@@ -23,6 +23,7 @@ from rpc.dispatcher import DEFAULT_MAX_BATCH
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
 from tenzro_training.errors import EncodingError, TenzroError, VRFError
+from tenzro_training.receipt_abi import MAX_RECEIPT_BYTES
 from tenzro_training.records import Candidate
 from tenzro_training.run_state import RunTimings
 
@@ -51,6 +52,13 @@ DEFAULT_MAX_GRACE_WINDOW_MS: Final = 3_600_000
 """A spec's straggler window, once a round reaches quorum, is the only deadline left on it, and a
 run in Training cannot be cancelled: a spec with a window of years lets one silent trainer lock
 the escrow and every stake for that long. One hour, the default round timeout."""
+DEFAULT_MAX_RECEIPT_BYTES: Final = 512 * 1024
+"""Largest receipt a posted spec's run may seal (``receipt_abi.compute_receipt_size_bound``).
+A claim carries the whole receipt in one transaction: measured with the shipped escrow on
+py-evm (Prague), a worst-case receipt of this size claims in about 20M gas, inside a 30M block
+(tests/chain/test_escrow.py); at ~690 KB a claim no longer fits, and the precompile's absolute cap
+(MAX_RECEIPT_BYTES, 4 MiB) is far beyond what any block carries. About 80 rounds for 12 fragments
+and 8 trainers (docs/receipt.md "Receipt size")."""
 _MAX_JSON_INT: Final = 2**53 - 1
 _F32_MAX: Final = 3.4028234663852886e38
 _U256: Final = 2**256
@@ -61,7 +69,7 @@ _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
-    "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms",
+    "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -193,6 +201,9 @@ class NodeConfig:
     only some of them keeps these defaults for the rest)."""
     max_grace_window_ms: int = DEFAULT_MAX_GRACE_WINDOW_MS
     """Largest ``grace_window_ms`` a posted spec may ask for (postTask refuses a larger one)."""
+    max_receipt_bytes: int = DEFAULT_MAX_RECEIPT_BYTES
+    """Largest receipt a posted spec's run could seal (postTask refuses a spec whose bound is
+    larger: its trainers could not be paid, the claim would not fit a block)."""
     candidates: tuple[Candidate, ...] = ()
     """Registered syncer candidates (address, VRF public key, stake): the election's inputs."""
     syncer_identities: tuple[SyncerIdentity, ...] = ()
@@ -300,6 +311,7 @@ class NodeConfig:
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
         _bool("prune_payloads", self.prune_payloads)
         _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
+        _int("max_receipt_bytes", self.max_receipt_bytes, 1, MAX_RECEIPT_BYTES)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -355,7 +367,7 @@ class NodeConfig:
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms")
+                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -399,6 +411,7 @@ class NodeConfig:
             "rpc_max_batch": self.rpc_max_batch,
             "max_gradient_abs": self.max_gradient_abs,
             "max_grace_window_ms": self.max_grace_window_ms,
+            "max_receipt_bytes": self.max_receipt_bytes,
         }
 
 

@@ -432,8 +432,9 @@ class NodeService:
             return self._post_result(existing)
         # Every refusal the core can make (unsupported spec, outer config, balance) comes before
         # the checkpoint is read: a dry run with a placeholder model hash.
-        grace_cap = self._config.max_grace_window_ms
-        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, max_grace_window_ms=grace_cap)
+        caps = {"max_grace_window_ms": self._config.max_grace_window_ms,
+                "max_receipt_bytes": self._config.max_receipt_bytes}
+        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, **caps)
         state = load_init_checkpoint(
             task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
         )
@@ -444,7 +445,7 @@ class NodeService:
             # elements): a public SpecError naming the field, not a private CheckpointError.
             raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
         del state
-        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, max_grace_window_ms=grace_cap)
+        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, **caps)
         t = self._ticket_own(t, now)
         extra: list[Operation] = [
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))

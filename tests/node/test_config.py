@@ -21,6 +21,7 @@ def test_defaults() -> None:
     # A trainer's stake must cost something by default: 1 TNZO, what `tenzro trainer run` stakes.
     assert config.timings == RunTimings(min_stake=10**18) and config.timings.min_stake == DEFAULT_MIN_STAKE
     assert config.max_grace_window_ms == 3_600_000
+    assert config.max_receipt_bytes == 512 * 1024
     assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
     assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
     assert NodeConfig.from_dict({}, data_dir=None) == config
@@ -105,6 +106,8 @@ def _base() -> dict[str, Any]:
         ({"max_grace_window_ms": -1}, "max_grace_window_ms"),
         ({"max_grace_window_ms": 2**53}, "max_grace_window_ms"),
         ({"max_grace_window_ms": "60000"}, "max_grace_window_ms"),
+        ({"max_receipt_bytes": 0}, "max_receipt_bytes"),
+        ({"max_receipt_bytes": 4 * 1024 * 1024 + 1}, "max_receipt_bytes"),  # the precompile's cap
         ({"timings": {"min_stake": -1}}, "timings.min_stake"),
     ],
 )
@@ -213,7 +216,7 @@ def test_the_documented_example_config_is_valid() -> None:
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms"):
+                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes"):
         assert example[key] == getattr(defaults, key), key
 
 

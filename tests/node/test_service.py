@@ -318,6 +318,16 @@ class TestRefusals:
             net.post(spec)
         assert snapshot(net.store) == before
 
+    def test_invalid_post_task_receipt_above_the_nodes_limit(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        from tenzro_training.node.config import DEFAULT_MAX_RECEIPT_BYTES
+
+        spec = spec_dict(*checkpoint, max_rounds=10_000)  # 2 fragments x 3 trainers: ~9 MB
+        before = snapshot(net.store)
+        with pytest.raises(SpecError) as info:
+            net.post(spec)
+        assert info.value.path == "max_rounds" and f"max_receipt_bytes {DEFAULT_MAX_RECEIPT_BYTES}" in info.value.reason
+        assert snapshot(net.store) == before
+
     def test_invalid_post_task_grace_window_above_the_nodes_limit(self, net: Net, checkpoint: tuple[str, str]) -> None:
         cap = DEFAULT_MAX_GRACE_WINDOW_MS  # make_config keeps the default
         before = snapshot(net.store)
