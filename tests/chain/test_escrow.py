@@ -14,6 +14,7 @@ import eth_abi
 import pytest
 from eth_account import Account
 from eth_utils import keccak
+from web3 import Web3
 from web3.logs import DISCARD
 
 from tenzro_training.receipt_abi import RECEIPT_ABI_TYPE, _abi_value, encode_receipt
@@ -422,3 +423,36 @@ def test_invalid_withdraw_of_nothing_and_twice(setup: Setup) -> None:
 
 def test_encode_from_node_receipt_equals_getreceipt_abi(sealed_run: SealedRun) -> None:
     assert encode_receipt(sealed_run.receipt).hex() == sealed_run.service.get_receipt(sealed_run.task_id)["abi"][2:]
+
+
+def test_the_largest_receipt_a_default_node_admits_is_claimable_in_one_block(chain: Chain, sealed_run: SealedRun) -> None:
+    """A run a default node accepts must be payable: the worst-case receipt of the longest run
+    of the example spec's shape (12 fragments, 8 trainers) that ``max_receipt_bytes`` admits is
+    claimed, every trainer credited, inside a 30M-gas block. (Before the limit a node accepted
+    the example's 1,024 rounds; past ~105 rounds no claim fit a block.)"""
+    from precompile import SealedReceipt, compute_sealed_receipt
+    from tenzro_training.node.config import DEFAULT_MAX_RECEIPT_BYTES
+    from tenzro_training.receipt_abi import compute_receipt_size_bound
+    from tests.synthetic_receipts import synthetic_receipt, synthetic_spec
+
+    def spec_of(rounds: int) -> Any:
+        return synthetic_spec(rounds, 12, 8, task_id="largest-admitted", sponsor_address=SPONSOR.text)
+
+    rounds = 1
+    while compute_receipt_size_bound(spec_of(rounds + 1)) <= DEFAULT_MAX_RECEIPT_BYTES:
+        rounds += 1
+    receipt = synthetic_receipt(spec_of(rounds), worst_case=True)
+    data = encode_receipt(receipt)
+    assert len(data) == compute_receipt_size_bound(receipt.spec) <= DEFAULT_MAX_RECEIPT_BYTES
+    s = make_setup(chain, sealed_run)
+    record: SealedReceipt = compute_sealed_receipt(receipt)
+    chain.sealed.source = lambda task_id: record if task_id == receipt.task_id else None
+    assert s.deposit(receipt.task_id).status == 1
+    block_gas = chain.w3.eth.get_block("latest").gasLimit
+    assert block_gas >= 30_000_000
+    rc = chain.send(s.escrow.functions.claim(data, receipt.run_root), STRANGER.key, gas=30_000_000)
+    assert rc.status == 1
+    credited = [s.escrow.functions.owedTo(s.token.address, Web3.to_checksum_address(t.address)).call()
+                for t in receipt.trainers]
+    assert all(c > 0 for c in credited) and sum(credited) <= AMOUNT
+    print(f"largest admitted receipt: {rounds} rounds, {len(data)} bytes, claim gas {rc.gasUsed}")
