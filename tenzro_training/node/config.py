@@ -52,13 +52,13 @@ DEFAULT_MAX_GRACE_WINDOW_MS: Final = 3_600_000
 """A spec's straggler window, once a round reaches quorum, is the only deadline left on it, and a
 run in Training cannot be cancelled: a spec with a window of years lets one silent trainer lock
 the escrow and every stake for that long. One hour, the default round timeout."""
-DEFAULT_MAX_RECEIPT_BYTES: Final = 512 * 1024
+DEFAULT_MAX_RECEIPT_BYTES: Final = 768 * 1024
 """Largest receipt a posted spec's run may seal (``receipt_abi.compute_receipt_size_bound``).
 A claim carries the whole receipt in one transaction: measured with the shipped escrow on
-py-evm (Prague), a worst-case receipt of this size claims in about 20M gas, inside a 30M block
-(tests/chain/test_escrow.py); at ~690 KB a claim no longer fits, and the precompile's absolute cap
-(MAX_RECEIPT_BYTES, 4 MiB) is far beyond what any block carries. About 80 rounds for 12 fragments
-and 8 trainers (docs/receipt.md "Receipt size")."""
+py-evm (Prague), a worst-case receipt of this size claims in 18.5-20.8M gas, inside a 30M block
+with room to spare (tests/chain/test_escrow.py; EIP-7623's calldata floor dominates), and the
+precompile's absolute cap (MAX_RECEIPT_BYTES, 4 MiB) is far beyond what any block carries.
+About 124 rounds for 12 fragments and 8 trainers (docs/receipt.md "Receipt size")."""
 _MAX_JSON_INT: Final = 2**53 - 1
 _F32_MAX: Final = 3.4028234663852886e38
 _U256: Final = 2**256

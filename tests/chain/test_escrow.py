@@ -425,18 +425,22 @@ def test_encode_from_node_receipt_equals_getreceipt_abi(sealed_run: SealedRun) -
     assert encode_receipt(sealed_run.receipt).hex() == sealed_run.service.get_receipt(sealed_run.task_id)["abi"][2:]
 
 
-def test_the_largest_receipt_a_default_node_admits_is_claimable_in_one_block(chain: Chain, sealed_run: SealedRun) -> None:
+@pytest.mark.parametrize(("fragments", "trainers"), [(12, 8), (2, 64)])
+def test_the_largest_receipt_a_default_node_admits_is_claimable_in_one_block(
+    chain: Chain, sealed_run: SealedRun, fragments: int, trainers: int
+) -> None:
     """A run a default node accepts must be payable: the worst-case receipt of the longest run
-    of the example spec's shape (12 fragments, 8 trainers) that ``max_receipt_bytes`` admits is
-    claimed, every trainer credited, inside a 30M-gas block. (Before the limit a node accepted
-    the example's 1,024 rounds; past ~105 rounds no claim fit a block.)"""
+    of this shape that ``max_receipt_bytes`` admits is claimed, every trainer credited, inside a
+    30M-gas block. 12 x 8 is the example spec's shape; 2 x 64 makes the receipt mostly accepted
+    addresses, its densest non-zero bytes (EIP-7623 prices calldata by them). Before the limit a
+    node accepted the example's 1,024 rounds, and past ~105 rounds no claim fit a block."""
     from precompile import SealedReceipt, compute_sealed_receipt
     from tenzro_training.node.config import DEFAULT_MAX_RECEIPT_BYTES
     from tenzro_training.receipt_abi import compute_receipt_size_bound
     from tests.synthetic_receipts import synthetic_receipt, synthetic_spec
 
     def spec_of(rounds: int) -> Any:
-        return synthetic_spec(rounds, 12, 8, task_id="largest-admitted", sponsor_address=SPONSOR.text)
+        return synthetic_spec(rounds, fragments, trainers, task_id="largest-admitted", sponsor_address=SPONSOR.text)
 
     rounds = 1
     while compute_receipt_size_bound(spec_of(rounds + 1)) <= DEFAULT_MAX_RECEIPT_BYTES:
@@ -455,4 +459,5 @@ def test_the_largest_receipt_a_default_node_admits_is_claimable_in_one_block(cha
     credited = [s.escrow.functions.owedTo(s.token.address, Web3.to_checksum_address(t.address)).call()
                 for t in receipt.trainers]
     assert all(c > 0 for c in credited) and sum(credited) <= AMOUNT
-    print(f"largest admitted receipt: {rounds} rounds, {len(data)} bytes, claim gas {rc.gasUsed}")
+    print(f"largest admitted receipt ({fragments} x {trainers}): {rounds} rounds, {len(data)} bytes, "
+          f"claim gas {rc.gasUsed}")

@@ -21,7 +21,7 @@ def test_defaults() -> None:
     # A trainer's stake must cost something by default: 1 TNZO, what `tenzro trainer run` stakes.
     assert config.timings == RunTimings(min_stake=10**18) and config.timings.min_stake == DEFAULT_MIN_STAKE
     assert config.max_grace_window_ms == 3_600_000
-    assert config.max_receipt_bytes == 512 * 1024
+    assert config.max_receipt_bytes == 768 * 1024
     assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
     assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
     assert NodeConfig.from_dict({}, data_dir=None) == config
