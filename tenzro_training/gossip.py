@@ -710,45 +710,69 @@ def _expected_hash(msg: ChunkedMessage) -> bytes:
 class ChunkAssembler:
     """Bounded reassembly of chunked byte strings (payloads, weights).
 
-    ``add(chunk)`` returns the whole byte string once its last missing chunk arrives and the SHA-256
-    of the concatenation equals the announced hash; otherwise None. Bounds: at most ``max_pending``
-    incomplete streams and ``max_total_bytes`` announced bytes across them; one stream announcing
-    more than ``max_total_bytes`` on its own is rejected.
+    ``add(chunk, source)`` returns the whole byte string once its last missing chunk arrives and
+    the SHA-256 of the concatenation equals the announced hash; otherwise None. ``source`` is the
+    libp2p peer that published the chunk (its libp2p-signed originator, not the forwarder).
+
+    A stream is one source's chunks under one header (every field but seq and data,
+    :func:`compute_stream_key`). The source matters because the header's Tenzro signature covers
+    only the payload hash, not the chunk bytes or the announced size: a peer that copies a
+    genuine header onto random bytes makes chunks that pass validation. Kept apart by source,
+    its forgeries form a stream of their own that fails its hash check, instead of taking the
+    genuine chunks' places in the genuine stream (which then failed on every republish).
+
+    Bounds: at most ``max_pending`` incomplete streams and ``max_total_bytes`` announced bytes
+    across them (reserved when a stream starts, so one in progress can always finish); one stream
+    announcing more than ``max_total_bytes`` on its own is rejected; at most ``max_per_source``
+    incomplete streams per source: a source's new stream beyond that evicts its own least
+    recently active one, so one peer (copying one signature onto many announced sizes, which cost
+    it a few bytes each) cannot reserve the whole buffer.
 
     Eviction (a new stream that does not fit): streams that received no chunk while
-    ``stale_after`` chunks went through the assembler are evicted first, least recently active
-    first (counted in ``evicted``). If that does not make room, the NEW stream is refused
-    (its chunk dropped, counted in ``refused``): a stream in progress is never evicted by a newer,
+    ``stale_after`` chunks went through the assembler, or for ``idle_s`` seconds of ``clock``, are
+    evicted first, least recently active first (counted in ``evicted``); so room held by a peer
+    that stopped sending comes back. If that does not make room, the NEW stream is refused (its
+    chunk dropped, counted in ``refused``): a stream in progress is never evicted by a newer,
     less complete one, so many concurrent streams cannot thrash each other into zero completions,
     and a flood of forged first chunks cannot push out a genuine stream that is progressing.
 
     Every stream dropped without delivery (evicted, refused, hash mismatch) is reported to
-    ``on_drop(stream_key)``: the owner of the dedup cache forgets that stream's chunks there, so
-    a republish of the genuine bytes is accepted again. Completed streams are remembered
-    (``max_done`` keys) so late duplicates of their chunks return None instead of starting a new
-    stream.
+    ``on_drop(stream_key)`` (the key without the source): the owner of the dedup cache forgets
+    that stream's chunks there, so a republish of the genuine bytes is accepted again. Completed
+    streams are remembered (``max_done`` keys) so late duplicates of their chunks return None
+    instead of starting a new stream.
 
     Not thread-safe; one owner (the consumer of a subscription) uses it.
     """
 
     def __init__(self, max_total_bytes: int, max_pending: int, max_done: int = 4096, *,
-                 stale_after: int | None = None,
+                 stale_after: int | None = None, max_per_source: int | None = None,
+                 idle_s: float | None = None, clock: Callable[[], float] | None = None,
                  on_drop: Callable[[tuple[object, ...]], None] | None = None) -> None:
         self._pending: OrderedDict[tuple[object, ...], dict[int, bytes]] = OrderedDict()
         self._sizes: dict[tuple[object, ...], int] = {}
         self._active: dict[tuple[object, ...], int] = {}
+        self._last_chunk_at: dict[tuple[object, ...], float] = {}
+        self._per_source: dict[object, int] = {}
         self._done: OrderedDict[tuple[object, ...], None] = OrderedDict()
         self._fixed_stale = stale_after
         self.resize(max_total_bytes, max_pending)
         if max_done < 0:
             raise ValueError("max_done >= 0 required")
+        if max_per_source is not None and max_per_source < 1:
+            raise ValueError("max_per_source >= 1 required")
+        if (idle_s is None) != (clock is None) or (idle_s is not None and idle_s <= 0):
+            raise ValueError("idle_s > 0 and clock go together")
         self.max_done = max_done
+        self.max_per_source = max_per_source
+        self.idle_s = idle_s
+        self._clock = clock
         self.on_drop = on_drop
         self._tick = 0
         self.pending_bytes = 0
         """Sum of the announced total sizes of incomplete streams (the memory bound)."""
         self.evicted = 0
-        """Incomplete streams dropped for room (stale)."""
+        """Incomplete streams dropped for room (stale or idle, or a source's own beyond its share)."""
         self.refused = 0
         """New streams refused for lack of room."""
         self.hash_mismatches = 0
@@ -768,13 +792,25 @@ class ChunkAssembler:
         return len(self._pending)
 
     def _drop(self, key: tuple[object, ...]) -> None:
-        self._pending.pop(key, None)
+        if self._pending.pop(key, None) is not None:
+            source = key[0]
+            left = self._per_source[source] - 1
+            if left:
+                self._per_source[source] = left
+            else:
+                del self._per_source[source]
         self._active.pop(key, None)
+        self._last_chunk_at.pop(key, None)
         self.pending_bytes -= self._sizes.pop(key, 0)
 
     def _lost(self, key: tuple[object, ...]) -> None:
         if self.on_drop is not None:
-            self.on_drop(key)
+            self.on_drop(key[1:])
+
+    def _evict(self, key: tuple[object, ...]) -> None:
+        self._drop(key)
+        self.evicted += 1
+        self._lost(key)
 
     def _remember_done(self, key: tuple[object, ...]) -> None:
         self._done[key] = None
@@ -784,47 +820,63 @@ class ChunkAssembler:
     def _fits(self, size: int) -> bool:
         return len(self._pending) < self.max_pending and self.pending_bytes + size <= self.max_total_bytes
 
-    def _make_room(self, size: int) -> bool:
-        """Evict stale streams (least recently active first) until ``size`` fits; False if it cannot."""
+    def _is_stale(self, key: tuple[object, ...], now: float | None) -> bool:
+        if self._tick - self._active[key] > self.stale_after:
+            return True
+        return now is not None and self.idle_s is not None and now - self._last_chunk_at[key] > self.idle_s
+
+    def _make_room(self, size: int, now: float | None) -> bool:
+        """Evict stale or idle streams (least recently active first) until ``size`` fits; False if it cannot."""
         if self._fits(size):
             return True
-        stale = sorted((at, key) for key, at in self._active.items() if self._tick - at > self.stale_after)
+        stale = sorted((at, key) for key, at in self._active.items() if self._is_stale(key, now))
         for _, key in stale:
-            self._drop(key)
-            self.evicted += 1
-            self._lost(key)
+            self._evict(key)
             if self._fits(size):
                 return True
         return False
 
-    def add(self, chunk: ChunkedMessage) -> bytes | None:
-        """Take one chunk; return the verified whole byte string when this chunk completes it.
+    def _make_source_room(self, source: object) -> None:
+        """A source at its share gives up its own least recently active stream."""
+        if self.max_per_source is None or self._per_source.get(source, 0) < self.max_per_source:
+            return
+        _, oldest = min((at, key) for key, at in self._active.items() if key[0] == source)
+        self._evict(oldest)
+
+    def add(self, chunk: ChunkedMessage, source: object = None) -> bytes | None:
+        """Take one chunk published by ``source``; return the verified whole byte string when
+        this chunk completes its stream.
 
         Raises GossipReject when the chunk is not a canonical chunk, the stream alone exceeds the
         byte bound, or the completed bytes do not hash to the announced hash (the stream is dropped).
         """
-        key = compute_stream_key(chunk)
+        key = (source,) + compute_stream_key(chunk)
         validate_chunk_geometry(chunk.seq, chunk.total_chunks, chunk.total_size, len(chunk.data))
         if key in self._done:
             return None  # a late duplicate of a stream already delivered
         self._tick += 1
+        now = self._clock() if self._clock is not None else None
         parts = self._pending.get(key)
         if parts is None:
             if chunk.total_size > self.max_total_bytes:
                 self._lost(key)
                 raise GossipReject(f"stream of {chunk.total_size} bytes exceeds the buffer of {self.max_total_bytes}")
-            if not self._make_room(chunk.total_size):
+            self._make_source_room(source)
+            if not self._make_room(chunk.total_size, now):
                 self.refused += 1
                 self._lost(key)
                 return None
             parts = {}
             self._pending[key] = parts
+            self._per_source[source] = self._per_source.get(source, 0) + 1
             self._sizes[key] = chunk.total_size
             self.pending_bytes += chunk.total_size
         if chunk.seq in parts:
             return None  # duplicate chunk
         parts[chunk.seq] = chunk.data
         self._active[key] = self._tick
+        if now is not None:
+            self._last_chunk_at[key] = now
         if len(parts) < chunk.total_chunks:
             return None
         whole = b"".join(parts[i] for i in range(chunk.total_chunks))

@@ -776,3 +776,60 @@ def test_seen_cache_forgets_a_stream_from_another_thread() -> None:
     assert len(seen) == 4 and ("c", 1) not in seen
     seen.forget_stream("s3")
     assert len(seen) == 0
+
+
+def test_assembler_forged_chunks_from_another_peer_do_not_poison_the_genuine_stream() -> None:
+    """Probe repro attack_poison.py: a peer that copies a genuine header onto random bytes and
+    sends every seq first used to take the genuine chunks' places, so the genuine stream failed
+    its hash check on every republish. Streams are now kept apart by their publishing peer."""
+    dropped: list[object] = []
+    genuine = payload_chunks(payload=os.urandom(4 * MAX_CHUNK_BYTES))
+    forged = [dataclasses.replace(c, data=os.urandom(len(c.data))) for c in genuine]
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=8, on_drop=dropped.append)
+    out = []
+    for fake, real in zip(forged, genuine):
+        try:
+            out.append(asm.add(fake, "attacker"))
+        except GossipReject:
+            out.append("forgery refused")
+        out.append(asm.add(real, "trainer"))
+    assert out[-2:] == ["forgery refused", b"".join(c.data for c in genuine)]
+    assert asm.hash_mismatches == 1 and asm.completed == 1
+    assert dropped == [g.compute_stream_key(genuine[0])]  # on_drop gets the key without the peer
+
+
+def test_assembler_one_peer_cannot_reserve_the_buffer_with_copied_headers() -> None:
+    """Probe repro attack_phantom.py: one copied signature and 64 announced sizes (a few bytes
+    sent each) used to fill every stream slot, and new genuine payloads were refused even after
+    the attacker left. A peer now holds at most max_per_source streams."""
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm = ChunkAssembler(max_total_bytes=64 * 3 * MAX_CHUNK_BYTES, max_pending=64, max_per_source=4)
+    for extra in range(1, 65):
+        phantom = dataclasses.replace(genuine[0], total_size=2 * MAX_CHUNK_BYTES + extra, total_chunks=3, seq=2,
+                                      data=b"x" * extra)
+        assert asm.add(phantom, "attacker") is None
+    assert len(asm) == 4 and asm.evicted == 60 and asm.refused == 0
+    other = payload_chunks(trainer_index=1, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    assert [asm.add(c, "trainer-1") for c in other][-1] == b"".join(c.data for c in other)
+    assert [asm.add(c, "trainer-0") for c in genuine][-1] == b"".join(c.data for c in genuine)
+
+
+def test_assembler_gives_the_room_of_idle_streams_to_new_ones() -> None:
+    now = [0.0]
+    asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=64, idle_s=30.0, clock=lambda: now[0])
+    stuck = payload_chunks(payload=os.urandom(4 * MAX_CHUNK_BYTES))
+    asm.add(stuck[0], "gone")
+    fresh = payload_chunks(trainer_index=1, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    assert asm.add(fresh[0], "trainer") is None and asm.refused == 1  # no room while the other is live
+    now[0] = 31.0
+    assert asm.add(fresh[0], "trainer") is None and asm.evicted == 1
+    assert asm.add(fresh[1], "trainer") == b"".join(c.data for c in fresh)
+
+
+def test_invalid_assembler_settings() -> None:
+    with pytest.raises(ValueError):
+        ChunkAssembler(max_total_bytes=1, max_pending=1, max_per_source=0)
+    with pytest.raises(ValueError):
+        ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=5.0)  # no clock
+    with pytest.raises(ValueError):
+        ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=0.0, clock=lambda: 0.0)

@@ -64,6 +64,12 @@ MAX_QUEUED_REQUESTS: Final = 64
 """ModelRequests waiting for the answering task; more are dropped (counted)."""
 MAX_ASSEMBLY_BYTES: Final = 1 << 30
 """Default cap of the payload reassembly buffer (the bridge's ``max_assembly_bytes``)."""
+PAYLOAD_STREAMS_PER_PEER: Final = 4
+"""Incomplete payload streams one publishing peer may hold in the buffer (a trainer publishes
+its fragments one after the other, so it holds one or two); a fifth evicts its own oldest."""
+PAYLOAD_STREAM_IDLE_S: Final = 30.0
+"""A payload stream with no new chunk for this long gives its room to a new one (a trainer's
+chunks follow each other within milliseconds to a few seconds)."""
 
 
 def compute_weights_bytes(fragments: Sequence[torch.Tensor]) -> bytes:
@@ -103,7 +109,9 @@ class GossipBridge:
         self._max_assembly_bytes = max_assembly_bytes
         # Until runs are known: room for 4 of the largest payloads (resized by _resize_payloads).
         self._payloads = g.ChunkAssembler(max_total_bytes=min(max_assembly_bytes, 4 * max_payload_bytes),
-                                          max_pending=64, on_drop=self._seen.forget_stream)
+                                          max_pending=64, max_per_source=PAYLOAD_STREAMS_PER_PEER,
+                                          idle_s=PAYLOAD_STREAM_IDLE_S, clock=time.monotonic,
+                                          on_drop=self._seen.forget_stream)
         # task_id -> (stream sizes, trainer_count): written on the asyncio thread, read (one dict
         # lookup) by the validators on the libp2p thread.
         self._sizes: dict[str, tuple[g.StreamSizes, int]] = {}
@@ -257,7 +265,7 @@ class GossipBridge:
         while True:
             item = await queue.get()
             try:
-                await self._handle(g.decode_message(item.data))
+                await self._handle(g.decode_message(item.data), item.from_peer)
             except asyncio.CancelledError:
                 raise
             except (GossipReject, GossipIgnore) as exc:
@@ -265,19 +273,19 @@ class GossipBridge:
             except Exception:  # one bad message must not stop the drain
                 log.exception("gossip message handling failed")
 
-    async def _handle(self, msg: Any) -> None:
+    async def _handle(self, msg: Any, source: str) -> None:
         if isinstance(msg, g.PayloadChunk):
-            await self._on_payload_chunk(msg)
+            await self._on_payload_chunk(msg, source)
         elif isinstance(msg, g.ElectionTicketMsg):
             await self._on_ticket(msg)
         elif isinstance(msg, g.ModelRequest):
             await self._on_model_request(msg)
 
-    async def _on_payload_chunk(self, chunk: Any) -> None:
+    async def _on_payload_chunk(self, chunk: Any, source: str) -> None:
         a = self._payloads
         evicted, refused = a.evicted, a.refused
         try:
-            payload = a.add(chunk)
+            payload = a.add(chunk, source)
         except GossipReject as exc:
             self.counters["payloads_refused"] += 1
             log.warning("payload %s of %s round %d fragment %d dropped at reassembly: %s (a republish is accepted)",

@@ -342,7 +342,7 @@ class _Inbox:
         while True:
             item = await queue.get()
             try:
-                self._on_message(item.data)
+                self._on_message(item.data, item.from_peer)
             except TenzroError as exc:
                 log.debug("dropped a gossip message: %s", exc)
 
@@ -354,15 +354,15 @@ class _Inbox:
                         what, model_hash.hex(), self.counters["forged"])
         return weights
 
-    def _add(self, msg: Any) -> bytes | None:
+    def _add(self, msg: Any, source: str | None) -> bytes | None:
         try:
-            return self._assembler.add(msg)
+            return self._assembler.add(msg, source)
         except GossipReject:
             self.counters["forged"] += 1
             log.warning("dropped a %s stream whose bytes do not match its data hash", type(msg).__name__)
             return None
 
-    def _on_message(self, data: bytes) -> None:
+    def _on_message(self, data: bytes, source: str | None = None) -> None:
         g = self._g
         msg = g.decode_message(data)
         if getattr(msg, "task_id", None) != self._task_id:
@@ -375,7 +375,7 @@ class _Inbox:
                     or len(self.finalized) >= self.MAX_CANDIDATES:
                 self._unexpected(msg)
                 return
-            whole = self._add(msg)
+            whole = self._add(msg, source)
             if whole is not None and msg.round == self.await_round:
                 weights = self._check(whole, msg.model_hash, "RoundFinalized")
                 if weights is not None:
@@ -386,7 +386,7 @@ class _Inbox:
                     or len(self.models) >= self.MAX_CANDIDATES:
                 self._unexpected(msg)
                 return
-            whole = self._add(msg)
+            whole = self._add(msg, source)
             if whole is not None:
                 weights = self._check(whole, msg.model_hash, "ModelChunk")
                 if weights is not None:
