@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any, TypeVar
 import multiaddr
 import trio
 from libp2p import new_host
+from libp2p.exceptions import ValidationError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -227,12 +229,53 @@ class _QueueSizer(dict):  # type: ignore[type-arg]
 
 
 class _TunedPubsub(Pubsub):
-    """Pubsub with sized outbound queues and a count of writes in flight (for a clean stop)."""
+    """Pubsub with sized outbound queues, a count of writes in flight (for a clean stop), and
+    three fixes to py-libp2p 0.8.1's message intake (found by the gossip probe):
 
-    def __init__(self, *args: Any, max_rpc_bytes: int, **kwargs: Any) -> None:
+    - No validation cache. It remembered each result by message id (originator + seqno) for
+      300 s, longer than the 120 s seen-cache, so a message re-sent under an old accepted id
+      after 120 s was delivered without running the validator. Our validators are cheap and
+      dedup themselves; every message now runs them.
+    - No message in the error. Its ValidationError formatted the whole protobuf
+      (``f"msg={msg}"``, ~60 ms for a 1 MiB chunk), for every message refused or ignored, so a
+      flood of invalid chunks slowed the node to ~19 messages/s.
+    - Exactly one topic, one this host validates or subscribes to. The scorer keeps a counter per (peer, topic)
+      for every topic an invalid message lists: 50,000 names per message grew the node's memory
+      by ~20 MB a message. Our messages carry one topic.
+
+    And the seqno counter starts at the clock in nanoseconds (py-libp2p: seconds). A peer that
+    restarts with its persisted key, having sent more messages than seconds had passed, reused
+    message ids the network still remembered, and its messages vanished without a trace.
+    """
+
+    def __init__(self, *args: Any, max_rpc_bytes: int, on_reject: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(*args, max_inbound_rpc_size=max_rpc_bytes, **kwargs)
         self.peer_queues = _QueueSizer(max_rpc_bytes)
         self.writes_in_flight = 0
+        self.counter = time.time_ns()
+        self._on_reject = on_reject
+        self._my_id = self.host.get_id()
+
+    async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        topics = msg.topicIDs
+        if msg_forwarder == self._my_id:  # our own publish (it may be to a topic we only fan out to)
+            await super().push_msg(msg_forwarder, msg)
+            return
+        if len(topics) != 1 or (topics[0] not in self.topic_validators and topics[0] not in self.subscribed_topics_receive):
+            self._on_reject()
+            log.info("rejected a message from %s listing %d topic(s): one topic of ours expected",
+                     msg_forwarder, len(topics))
+            return
+        await super().push_msg(msg_forwarder, msg)
+
+    async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        for topic_validator in self.get_msg_validators(msg):
+            if topic_validator.is_async:  # none of ours are; kept for completeness
+                ok = await topic_validator.validator(msg_forwarder, msg)
+            else:
+                ok = topic_validator.validator(msg_forwarder, msg)
+            if not ok:
+                raise ValidationError("refused by the topic validator")
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         self.writes_in_flight += 1
@@ -351,7 +394,8 @@ class P2PHost:
             spam_protection_enabled=False,
             on_drop=self._count_outbound_drop,
         )
-        pubsub = _TunedPubsub(host, router, strict_signing=True, max_rpc_bytes=cfg.max_rpc_bytes)
+        pubsub = _TunedPubsub(host, router, strict_signing=True, max_rpc_bytes=cfg.max_rpc_bytes,
+                              on_reject=self._count_reject)
         self._host, self._pubsub, self._router = host, pubsub, router
         self._my_id = host.get_id().to_bytes()
         for topic in self._validators:
@@ -671,6 +715,9 @@ class P2PHost:
 
     def _count_outbound_drop(self, n: int) -> None:
         self._counters.dropped_outbound += n
+
+    def _count_reject(self) -> None:
+        self._counters.rejected += 1
 
     def stats(self) -> dict[str, int]:
         """published, delivered, rejected, ignored, dropped (outbound + inbox), plus their parts,

@@ -271,3 +271,25 @@ def test_a_sigstopped_peer_delays_publishing_once_not_every_publish(tmp_path: Pa
     slow, stats = asyncio.run(main())
     assert stats["stalled_peers"] == 1, stats
     assert len(slow) <= 1, slow  # at most the one publish that found the peer stalled
+
+
+def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Peer]) -> None:
+    """Probe repro scen_seqno.sh: py-libp2p starts its message counter at the clock in seconds,
+    so a peer that sent more messages than seconds had passed and restarted with its persisted
+    key reused message ids the subscriber still remembered (120 s), and its messages vanished
+    with no counter moving. The counter now starts at the clock in nanoseconds."""
+    s = spawn("s", "sub")
+    first = spawn("p", "pub", (s.addr,))
+    first.send(cmd="wait_peers", topic=RAW, count=1)
+    first.expect("peers")
+    first.send(cmd="publish_raw", count=300, size=64)
+    first.expect("published")
+    assert {s.expect("raw")["i"] for _ in range(300)} == set(range(300))
+    first.kill()
+    again = spawn("p", "pub", (s.addr,))  # same key file: same peer id
+    assert again.peer_id == first.peer_id
+    again.send(cmd="wait_peers", topic=RAW, count=1)
+    again.expect("peers")
+    again.send(cmd="publish_raw", count=5, size=64)
+    again.expect("published")
+    assert {s.expect("raw")["i"] for _ in range(5)} == set(range(5))
