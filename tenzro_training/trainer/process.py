@@ -11,8 +11,10 @@ with its own libp2p identity, and per round:
 2. runs the inner loop on its shard, publishes each fragment's payload as ``PayloadChunk`` gossip,
    and calls ``submitOuterGradient`` with ONLY the payload hash, retrying while the node answers
    ``PayloadUnavailable`` (1312: its bridge has not reassembled the bytes yet), bounded by
-   ``submit_timeout_s`` (the chunks are republished once on the way). A round closed to it
-   (LateSubmission, RoundMismatch) is skipped, never fatal;
+   ``submit_timeout_s`` (the chunks are republished once on the way); past it, the same signed
+   submission goes inline over JSON-RPC (gossip that never delivers, through loss or peers that
+   forge chunks, costs time, not the round). A round closed to it (LateSubmission, RoundMismatch)
+   is skipped, never fatal;
 3. waits for the node's ``RoundFinalized`` gossip (as long as the deadlines getRun reports allow),
    applies the new fragment weights and checks the model hash against the message and against the
    round record the run committed;
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import logging
 import os
 import secrets
@@ -430,6 +433,8 @@ class _Trainer:
         self.cfg = cfg
         self.say = announce
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
+        self.inline_submissions = 0
+        """Payloads sent inline over JSON-RPC because gossip did not deliver them in time."""
         self.address = str(Account.from_key(cfg.private_key).address)
         self.addr_bytes = _unhex(self.address)
         self.weights: list[torch.Tensor] | None = None
@@ -606,13 +611,17 @@ class _Trainer:
             deadline = time.monotonic() + self.cfg.submit_timeout_s
             republish_at = time.monotonic() + self.cfg.submit_timeout_s / 4
             tries = 0
+            inline = False
             while True:
                 tries += 1
+                params: dict[str, Any] = {"task_id": self.cfg.task_id, "round": round_, "fragment": f,
+                                          "signature": _hex(sig)}
+                if inline:
+                    params["payload"] = base64.b64encode(payloads[f]).decode("ascii")
+                else:
+                    params["payload_hash"] = _hex(digest)
                 try:
-                    await self.call("tenzro_training_submitOuterGradient", {
-                        "task_id": self.cfg.task_id, "round": round_, "fragment": f,
-                        "payload_hash": _hex(digest), "signature": _hex(sig),
-                    })
+                    await self.call("tenzro_training_submitOuterGradient", params)
                     break
                 except CliError as exc:
                     code = get_rpc_error_code(exc)
@@ -630,10 +639,20 @@ class _Trainer:
                         raise
                     now = time.monotonic()
                     if now > deadline:
-                        raise TrainerProcessError(
-                            f"round {round_} fragment {f}: the node never held payload {_hex(digest)} "
-                            f"({tries} tries in {self.cfg.submit_timeout_s:g}s)"
-                        ) from None
+                        if inline:  # cannot happen (an inline payload is never "unavailable"): a node bug
+                            raise TrainerProcessError(
+                                f"round {round_} fragment {f}: the node never held payload {_hex(digest)}"
+                            ) from None
+                        # Gossip did not get the payload to the node (peers that drop or forge
+                        # chunks, a partition): the same signed submission goes inline over
+                        # JSON-RPC instead, the path that needs no gossip at all.
+                        log.warning("round %d fragment %d: the node never held payload %s over gossip "
+                                    "(%d tries in %gs); sending it inline over JSON-RPC",
+                                    round_, f, _hex(digest), tries, self.cfg.submit_timeout_s)
+                        self.say(f"round {round_} fragment {f}: gossip did not deliver the payload; sent inline")
+                        self.inline_submissions += 1
+                        inline = True
+                        continue
                     if now > republish_at:  # gossip may have lost a chunk: send the payload again
                         await self.publish_payload(round_, f, payloads[f], sig)
                         republish_at = deadline + 1

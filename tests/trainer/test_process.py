@@ -689,3 +689,27 @@ def test_invalid_multiaddrs_are_refused_before_anything_starts(tmp_path, listen,
     with pytest.raises(TrainerProcessError, match=match):
         TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32, spec_path=None,
                              p2p_key=tmp_path / "unused", bootstrap=bootstrap, listen=listen)
+
+
+def test_a_payload_gossip_never_delivered_is_sent_inline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Peers that drop or forge chunks (the gossip probe) used to fail the trainer's round after
+    submit_timeout_s of PayloadUnavailable; the same signed submission now goes over JSON-RPC."""
+    import asyncio
+    import base64
+
+    tr, said = _bare_trainer(tmp_path, submit_timeout_s=0.2)
+    sent: list[dict[str, object]] = []
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        sent.append(params)
+        if "payload" not in params:
+            raise _error(1312, "PayloadUnavailable")
+        return {"accepted_count": 1}
+
+    tr.call = call  # type: ignore[method-assign]
+    assert asyncio.run(tr.submit(0, [b"payload"], asyncio.Event())) is True
+    assert all("payload_hash" in p and "payload" not in p for p in sent[:-1]) and len(sent) > 1
+    last = sent[-1]
+    assert base64.b64decode(str(last["payload"])) == b"payload" and "payload_hash" not in last
+    assert last["signature"] == sent[0]["signature"]  # the same signed submission
+    assert tr.inline_submissions == 1 and said == ["round 0 fragment 0: gossip did not deliver the payload; sent inline"]
