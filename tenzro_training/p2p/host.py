@@ -52,6 +52,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import PriorityQueue
 from libp2p.tools.anyio_service import background_trio_service
 
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
@@ -95,7 +96,12 @@ logging.getLogger("libp2p.network.auto_connector").setLevel(logging.WARNING)
 OUTBOUND_QUEUE_RPCS = 1024
 """Per-peer outbound RPC queue length (libp2p's default is 32). Relays need room beyond what
 publish backpressure keeps free: a publisher waits above a quarter of it."""
+OUTBOUND_QUEUE_BYTES = 256 << 20
+"""Per-peer outbound queue bytes. The count alone let a peer that stops reading pin 1,024 RPCs
+of up to ``max_rpc_bytes`` each (over 1 GiB per such peer of relayed 1 MiB chunks, found by the
+gossip probe); past this, RPCs to it are dropped (counted as dropped_outbound)."""
 _HIGH_WATER = OUTBOUND_QUEUE_RPCS // 4
+_HIGH_WATER_BYTES = OUTBOUND_QUEUE_BYTES // 4
 _POLL_S = 0.002
 
 T = TypeVar("T")
@@ -214,6 +220,34 @@ class _Inbox(asyncio.Queue):  # type: ignore[type-arg]
         return item
 
 
+class _ByteBoundedQueue(PriorityQueue):
+    """libp2p's per-peer PriorityQueue, also bounded by the bytes it holds (``OUTBOUND_QUEUE_BYTES``)."""
+
+    def __init__(self, max_size: int, max_bytes: int) -> None:
+        super().__init__(max_size)
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def push(self, rpc: Any, priority: bool = False) -> bool:
+        size = rpc.ByteSize()
+        if self.bytes + size > self.max_bytes or not super().push(rpc, priority):
+            return False
+        self.bytes += size
+        return True
+
+    def pop(self) -> Any:
+        rpc = super().pop()
+        if rpc is not None:
+            self.bytes -= rpc.ByteSize()
+        return rpc
+
+
+def _queue_level(queue: Any) -> float:
+    """How full a peer queue is against the publish high-water mark (1.0 = at it), by count or bytes."""
+    held = getattr(queue._queue, "bytes", 0)
+    return max(len(queue) / _HIGH_WATER, held / _HIGH_WATER_BYTES)
+
+
 class _QueueSizer(dict):  # type: ignore[type-arg]
     """Pubsub's ``peer_queues`` map: sizes each per-peer RpcQueue the moment Pubsub registers it,
     before anything can be pushed into it (libp2p has no constructor option for these limits)."""
@@ -224,7 +258,7 @@ class _QueueSizer(dict):  # type: ignore[type-arg]
 
     def __setitem__(self, peer_id: ID, queue: Any) -> None:
         queue.max_message_size = self._max_rpc_bytes
-        queue._queue.max_size = OUTBOUND_QUEUE_RPCS
+        queue._queue = _ByteBoundedQueue(OUTBOUND_QUEUE_RPCS, OUTBOUND_QUEUE_BYTES)
         super().__setitem__(peer_id, queue)
 
 
@@ -627,14 +661,14 @@ class P2PHost:
         queues = pubsub.peer_queues
         for peer in list(self._full_since):
             q = queues.get(peer)
-            if q is None or len(q) < _HIGH_WATER // 2:
+            if q is None or _queue_level(q) < 0.5:
                 self._full_since.pop(peer, None)
                 if peer in self._stalled:
                     self._stalled.discard(peer)
                     log.info("peer %s reads again; publishes wait for it again", peer)
         full = []
         for peer, q in queues.items():
-            if len(q) < _HIGH_WATER or peer in self._stalled:
+            if _queue_level(q) < 1.0 or peer in self._stalled:
                 continue
             since = self._full_since.setdefault(peer, now)
             if now - since >= self.config.publish_timeout_s:

@@ -71,3 +71,33 @@ def test_invalid_topic_lists_are_rejected_before_validation(monkeypatch: pytest.
         trio.run(pubsub.push_msg, PEER, message(*ok))
     trio.run(pubsub.push_msg, ME, message("fanout-only"))  # our own publish is never refused here
     assert [list(m.topicIDs) for m in passed] == [["t"], ["u"], ["fanout-only"]] and events == ["rejected"]
+
+
+def test_outbound_queues_are_bounded_by_bytes() -> None:
+    """A peer that stops reading pinned 1,024 RPCs of up to 8 MiB each (over 1 GiB per such peer
+    of relayed 1 MiB chunks); now at most OUTBOUND_QUEUE_BYTES, and the publish high-water mark
+    counts bytes too."""
+    from libp2p.pubsub.rpc_queue import RpcQueue
+
+    from tenzro_training.p2p.host import OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_RPCS, _queue_level, _QueueSizer
+
+    queues = _QueueSizer(8 << 20)
+    queues[PEER] = RpcQueue()
+    q = queues[PEER]
+    chunk = rpc_pb2.RPC(publish=[message("t", data=b"\1" * (1 << 20))])
+    pushed = 0
+    while q.push(chunk):
+        pushed += 1
+    assert pushed == OUTBOUND_QUEUE_BYTES // chunk.ByteSize() < OUTBOUND_QUEUE_RPCS
+    assert _queue_level(q) == pytest.approx(4.0, rel=0.01)  # 4x the high-water mark, by bytes
+    held = q._queue.bytes
+    assert held == pushed * chunk.ByteSize()
+    assert q._queue.pop() is chunk and q._queue.bytes == held - chunk.ByteSize()
+    assert q.push(chunk) and not q.push(chunk)
+    small = rpc_pb2.RPC(publish=[message("t")])
+    while q._queue.pop() is not None:
+        pass
+    assert q._queue.bytes == 0 and _queue_level(q) == 0
+    for _ in range(OUTBOUND_QUEUE_RPCS):
+        assert q.push(small)
+    assert not q.push(small)  # the count bound still holds
