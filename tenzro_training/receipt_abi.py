@@ -131,7 +131,10 @@ def compute_receipt_size(
 def compute_receipt_size_bound(spec: TrainingTaskSpec) -> int:
     """The most bytes the receipt of a run of ``spec`` can take: every round accepts every
     trainer in every fragment, every trainer's DID is as long as the grammar allows, and every
-    round has a different syncer. A sealed receipt is never longer (tested)."""
+    round has a different syncer. A receipt a node seals is never longer (tested): it lists at
+    most ``trainer_count`` trainers because enrollment refuses more (RunFull). The validity rules
+    do not require that, so a receipt nobody sealed can be longer; none is paid (TRAINING_VERIFY
+    pays only the sealed bytes)."""
     if not isinstance(spec, TrainingTaskSpec):
         raise EncodingError(f"compute_receipt_size_bound needs a TrainingTaskSpec, got {type(spec).__name__}")
     task_id_bytes = len(spec.task_id.encode())

@@ -392,6 +392,7 @@ def process_post_task(
     existing: RunState | None = None,
     max_grace_window_ms: int | None = None,
     max_receipt_bytes: int | None = None,
+    max_trainer_count: int | None = None,
 ) -> Transition:
     """Create a run in Posted and escrow ``spec.reward_pool`` from the sponsor.
 
@@ -400,8 +401,9 @@ def process_post_task(
     is a harmless replay (no change), a different one raises TaskExists. The spec must be
     supported (``TrainingTaskSpec.validate_supported``), its ``grace_window_ms`` at most the
     node's ``max_grace_window_ms`` (None: no limit), the receipt its run could seal at most the
-    node's ``max_receipt_bytes`` (None: no limit; a larger one could not be carried by a claim,
-    so the trainers could never be paid on chain) and its outer-optimizer overrides valid
+    node's ``max_receipt_bytes`` and its ``trainer_count`` at most the node's
+    ``max_trainer_count`` (None: no limit; a claim carries the whole receipt and credits each
+    payee, so past either the trainers could never be paid on chain) and its outer-optimizer overrides valid
     (SpecError); the sponsor's balance must cover the pool (ledger InsufficientBalance).
     ``initial_model_hash`` is ``fragments.compute_model_hash`` of the verified init checkpoint.
     """
@@ -427,6 +429,12 @@ def process_post_task(
         raise SpecError(
             "grace_window_ms",
             f"must be <= {max_grace_window_ms} ms on this node (its max_grace_window_ms), got {spec.grace_window_ms}",
+        )
+    if max_trainer_count is not None and spec.trainer_count > max_trainer_count:
+        raise SpecError(
+            "trainer_count",
+            f"must be <= {max_trainer_count} on this node (its max_trainer_count: a claim credits every "
+            f"payee in one transaction), got {spec.trainer_count}",
         )
     if max_receipt_bytes is not None:
         bound = compute_receipt_size_bound(spec)

@@ -51,11 +51,13 @@ def synthetic_receipt(spec: TrainingTaskSpec, *, worst_case: bool = False) -> Tr
         records.append(RoundRecord(spec.task_id, r, syncer, 1, RuleKind.MEAN, 0, tuple(outcomes), _h(f"model/{r}")))
     transcript = tuple(records)
     counts = compute_accepted_counts(transcript)
-    did_id = "x" * (MAX_DID_BYTES - len("did:tenzro:") - 32 - 1 - 3) if worst_case else ""
-    trainers = tuple(
-        ReceiptTrainer(f"did:tenzro:{'k' * 32 if worst_case else 'node'}:{did_id}t{i:02d}", a, 10**18, counts[a], False)
-        for i, a in enumerate(addresses)
-    )
+    def did(i: int) -> str:
+        if not worst_case:
+            return f"did:tenzro:node:t{i}"
+        suffix = f"t{i:05d}"
+        return f"did:tenzro:{'k' * 32}:" + "x" * (MAX_DID_BYTES - len("did:tenzro:") - 33 - len(suffix)) + suffix
+
+    trainers = tuple(ReceiptTrainer(did(i), a, 10**18, counts[a], False) for i, a in enumerate(addresses))
     final_hash = _h(f"model/{spec.max_rounds - 1}")
     final = FinalModelRecord(spec.task_id, spec.max_rounds, final_hash)
     root = run_root(compute_run_leaves(spec.canonical_bytes(), transcript, final))

@@ -374,6 +374,18 @@ def test_invalid_post_receipt_bound_above_the_nodes_limit() -> None:
     assert t.run.status is RunStatus.POSTED
 
 
+def test_invalid_post_trainer_count_above_the_nodes_limit() -> None:
+    """One claim credits every payee (~36K gas each): past ~900 trainers no claim fits a block
+    whatever the receipt's size (found by the second contracts review)."""
+    env = Env()
+    spec = make_spec()
+    with pytest.raises(SpecError) as info:
+        process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_trainer_count=spec.trainer_count - 1)
+    assert info.value.path == "trainer_count" and "max_trainer_count" in info.value.reason
+    t = process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, max_trainer_count=spec.trainer_count)
+    assert t.run.status is RunStatus.POSTED
+
+
 def test_invalid_post_rule_undefined_for_a_straggler_count() -> None:
     """The value loads (a stored run or a sealed receipt may hold it), but no new run starts."""
     doc = make_spec(trainer_count=4, quorum=3).to_dict()

@@ -59,6 +59,11 @@ py-evm (Prague), a worst-case receipt of this size claims in 18.5-20.8M gas, ins
 with room to spare (tests/chain/test_escrow.py; EIP-7623's calldata floor dominates), and the
 precompile's absolute cap (MAX_RECEIPT_BYTES, 4 MiB) is far beyond what any block carries.
 About 124 rounds for 12 fragments and 8 trainers (docs/receipt.md "Receipt size")."""
+DEFAULT_MAX_TRAINER_COUNT: Final = 256
+"""Largest ``trainer_count`` a posted spec may ask for. A claim credits every payee in the same
+transaction (~36K gas each: a fresh storage slot, an event), on top of the receipt's calldata:
+the worst-case receipt of 256 trainers at ``max_receipt_bytes`` claims in 22.0M gas, and ~900
+trainers no longer fit a 30M block whatever the receipt's size (tests/chain/test_escrow.py)."""
 _MAX_JSON_INT: Final = 2**53 - 1
 _F32_MAX: Final = 3.4028234663852886e38
 _U256: Final = 2**256
@@ -70,6 +75,7 @@ _TOP_KEYS: Final = (
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
+    "max_trainer_count",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -204,6 +210,9 @@ class NodeConfig:
     max_receipt_bytes: int = DEFAULT_MAX_RECEIPT_BYTES
     """Largest receipt a posted spec's run could seal (postTask refuses a spec whose bound is
     larger: its trainers could not be paid, the claim would not fit a block)."""
+    max_trainer_count: int = DEFAULT_MAX_TRAINER_COUNT
+    """Largest ``trainer_count`` a posted spec may ask for (postTask refuses more: one claim
+    credits every payee)."""
     candidates: tuple[Candidate, ...] = ()
     """Registered syncer candidates (address, VRF public key, stake): the election's inputs."""
     syncer_identities: tuple[SyncerIdentity, ...] = ()
@@ -312,6 +321,7 @@ class NodeConfig:
         _bool("prune_payloads", self.prune_payloads)
         _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
         _int("max_receipt_bytes", self.max_receipt_bytes, 1, MAX_RECEIPT_BYTES)
+        _int("max_trainer_count", self.max_trainer_count, 1, _MAX_JSON_INT)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -367,7 +377,8 @@ class NodeConfig:
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes")
+                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
+                 "max_trainer_count")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -412,6 +423,7 @@ class NodeConfig:
             "max_gradient_abs": self.max_gradient_abs,
             "max_grace_window_ms": self.max_grace_window_ms,
             "max_receipt_bytes": self.max_receipt_bytes,
+            "max_trainer_count": self.max_trainer_count,
         }
 
 

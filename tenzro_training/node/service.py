@@ -433,7 +433,8 @@ class NodeService:
         # Every refusal the core can make (unsupported spec, outer config, balance) comes before
         # the checkpoint is read: a dry run with a placeholder model hash.
         caps = {"max_grace_window_ms": self._config.max_grace_window_ms,
-                "max_receipt_bytes": self._config.max_receipt_bytes}
+                "max_receipt_bytes": self._config.max_receipt_bytes,
+                "max_trainer_count": self._config.max_trainer_count}
         process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, **caps)
         state = load_init_checkpoint(
             task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes

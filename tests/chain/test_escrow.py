@@ -425,15 +425,20 @@ def test_encode_from_node_receipt_equals_getreceipt_abi(sealed_run: SealedRun) -
     assert encode_receipt(sealed_run.receipt).hex() == sealed_run.service.get_receipt(sealed_run.task_id)["abi"][2:]
 
 
-@pytest.mark.parametrize(("fragments", "trainers"), [(12, 8), (2, 64)])
+@pytest.mark.parametrize(("fragments", "trainers"), [(12, 8), (2, 64), (1, 256)])
 def test_the_largest_receipt_a_default_node_admits_is_claimable_in_one_block(
     chain: Chain, sealed_run: SealedRun, fragments: int, trainers: int
 ) -> None:
     """A run a default node accepts must be payable: the worst-case receipt of the longest run
     of this shape that ``max_receipt_bytes`` admits is claimed, every trainer credited, inside a
     30M-gas block. 12 x 8 is the example spec's shape; 2 x 64 makes the receipt mostly accepted
-    addresses, its densest non-zero bytes (EIP-7623 prices calldata by them). Before the limit a
-    node accepted the example's 1,024 rounds, and past ~105 rounds no claim fit a block."""
+    addresses, its densest non-zero bytes (EIP-7623 prices calldata by them); 1 x 256 has the
+    most payees ``max_trainer_count`` admits (each credit costs ~36K gas). Before the limits a
+    node accepted the example's 1,024 rounds (past ~105 no claim fit a block) and any number of
+    trainers (past ~900 none did)."""
+    from tenzro_training.node.config import DEFAULT_MAX_TRAINER_COUNT
+
+    assert trainers <= DEFAULT_MAX_TRAINER_COUNT
     from precompile import SealedReceipt, compute_sealed_receipt
     from tenzro_training.node.config import DEFAULT_MAX_RECEIPT_BYTES
     from tenzro_training.receipt_abi import compute_receipt_size_bound

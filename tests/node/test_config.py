@@ -22,6 +22,7 @@ def test_defaults() -> None:
     assert config.timings == RunTimings(min_stake=10**18) and config.timings.min_stake == DEFAULT_MIN_STAKE
     assert config.max_grace_window_ms == 3_600_000
     assert config.max_receipt_bytes == 768 * 1024
+    assert config.max_trainer_count == 256
     assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
     assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
     assert NodeConfig.from_dict({}, data_dir=None) == config
@@ -108,6 +109,7 @@ def _base() -> dict[str, Any]:
         ({"max_grace_window_ms": "60000"}, "max_grace_window_ms"),
         ({"max_receipt_bytes": 0}, "max_receipt_bytes"),
         ({"max_receipt_bytes": 4 * 1024 * 1024 + 1}, "max_receipt_bytes"),  # the precompile's cap
+        ({"max_trainer_count": 0}, "max_trainer_count"),
         ({"timings": {"min_stake": -1}}, "timings.min_stake"),
     ],
 )
@@ -216,7 +218,8 @@ def test_the_documented_example_config_is_valid() -> None:
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes"):
+                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
+                "max_trainer_count"):
         assert example[key] == getattr(defaults, key), key
 
 

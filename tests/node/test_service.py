@@ -328,6 +328,14 @@ class TestRefusals:
         assert info.value.path == "max_rounds" and f"max_receipt_bytes {DEFAULT_MAX_RECEIPT_BYTES}" in info.value.reason
         assert snapshot(net.store) == before
 
+    def test_invalid_post_task_trainer_count_above_the_nodes_limit(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        spec = spec_dict(*checkpoint, trainer_count=257, quorum=2)
+        before = snapshot(net.store)
+        with pytest.raises(SpecError) as info:
+            net.post(spec)
+        assert info.value.path == "trainer_count" and "<= 256" in info.value.reason
+        assert snapshot(net.store) == before
+
     def test_invalid_post_task_grace_window_above_the_nodes_limit(self, net: Net, checkpoint: tuple[str, str]) -> None:
         cap = DEFAULT_MAX_GRACE_WINDOW_MS  # make_config keeps the default
         before = snapshot(net.store)
