@@ -731,10 +731,13 @@ class ChunkAssembler:
     Eviction (a new stream that does not fit): streams that received no chunk while
     ``stale_after`` chunks went through the assembler, or for ``idle_s`` seconds of ``clock``, are
     evicted first, least recently active first (counted in ``evicted``); so room held by a peer
-    that stopped sending comes back. If that does not make room, the NEW stream is refused (its
-    chunk dropped, counted in ``refused``): a stream in progress is never evicted by a newer,
-    less complete one, so many concurrent streams cannot thrash each other into zero completions,
-    and a flood of forged first chunks cannot push out a genuine stream that is progressing.
+    that stopped sending comes back. Then streams that hold fewer received bytes than the new
+    stream's first chunk, fewest first, if evicting them makes room: announcing a stream costs a
+    few bytes, holding a slot against honest traffic now costs whole chunks. Otherwise the NEW
+    stream is refused (its chunk dropped, counted in ``refused``): a stream in progress (a whole
+    chunk or more) is never evicted by a newer one, so many concurrent streams cannot thrash each
+    other into zero completions, and a flood of forged first chunks cannot push out a genuine
+    stream that is progressing.
 
     Every stream dropped without delivery (evicted, refused, hash mismatch) is reported to
     ``on_drop(stream_key)`` (the key without the source): the owner of the dedup cache forgets
@@ -753,6 +756,7 @@ class ChunkAssembler:
         self._sizes: dict[tuple[object, ...], int] = {}
         self._active: dict[tuple[object, ...], int] = {}
         self._last_chunk_at: dict[tuple[object, ...], float] = {}
+        self._held: dict[tuple[object, ...], int] = {}
         self._per_source: dict[object, int] = {}
         self._done: OrderedDict[tuple[object, ...], None] = OrderedDict()
         self._fixed_stale = stale_after
@@ -801,6 +805,7 @@ class ChunkAssembler:
                 del self._per_source[source]
         self._active.pop(key, None)
         self._last_chunk_at.pop(key, None)
+        self._held.pop(key, None)
         self.pending_bytes -= self._sizes.pop(key, 0)
 
     def _lost(self, key: tuple[object, ...]) -> None:
@@ -825,14 +830,31 @@ class ChunkAssembler:
             return True
         return now is not None and self.idle_s is not None and now - self._last_chunk_at[key] > self.idle_s
 
-    def _make_room(self, size: int, now: float | None) -> bool:
-        """Evict stale or idle streams (least recently active first) until ``size`` fits; False if it cannot."""
+    def _make_room(self, size: int, now: float | None, incoming: int) -> bool:
+        """Make room for a new stream of ``size`` announced bytes whose first chunk carries
+        ``incoming`` bytes; False if it cannot.
+
+        First stale or idle streams go (least recently active first). Then, only if that is
+        enough, streams holding fewer received bytes than the incoming chunk, fewest first: a
+        stream announced with a few bytes sent (what forged headers under many signing keys cost
+        an attacker: the gossip probe held all 64 slots for ~5 KB/s) yields to one that brings
+        more. A stream in progress holds at least one whole chunk, so it is not pushed out by a
+        newcomer's first chunk (no thrashing among honest streams)."""
         if self._fits(size):
             return True
         stale = sorted((at, key) for key, at in self._active.items() if self._is_stale(key, now))
         for _, key in stale:
             self._evict(key)
             if self._fits(size):
+                return True
+        weaker = sorted((held, self._active[key], key) for key, held in self._held.items() if held < incoming)
+        count, reserved, chosen = len(self._pending), self.pending_bytes, []
+        for _, _, key in weaker:
+            chosen.append(key)
+            count, reserved = count - 1, reserved - self._sizes[key]
+            if count < self.max_pending and reserved + size <= self.max_total_bytes:
+                for victim in chosen:
+                    self._evict(victim)
                 return True
         return False
 
@@ -862,7 +884,7 @@ class ChunkAssembler:
                 self._lost(key)
                 raise GossipReject(f"stream of {chunk.total_size} bytes exceeds the buffer of {self.max_total_bytes}")
             self._make_source_room(source)
-            if not self._make_room(chunk.total_size, now):
+            if not self._make_room(chunk.total_size, now, len(chunk.data)):
                 self.refused += 1
                 self._lost(key)
                 return None
@@ -874,6 +896,7 @@ class ChunkAssembler:
         if chunk.seq in parts:
             return None  # duplicate chunk
         parts[chunk.seq] = chunk.data
+        self._held[key] = self._held.get(key, 0) + len(chunk.data)
         self._active[key] = self._tick
         if now is not None:
             self._last_chunk_at[key] = now

@@ -833,3 +833,28 @@ def test_invalid_assembler_settings() -> None:
         ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=5.0)  # no clock
     with pytest.raises(ValueError):
         ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=0.0, clock=lambda: 0.0)
+
+
+def test_assembler_streams_announced_for_a_few_bytes_yield_to_one_that_brings_a_chunk() -> None:
+    """Probe repro attack_sybil.py: one connection signing with 17 libp2p keys, 4 phantom
+    streams each (a copied header, only the short last chunk sent, 1-64 bytes), renewed every
+    5 s, held all 64 slots for ~5 KB/s and refused every honest payload. Held bytes now decide."""
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES + 64))
+    asm = ChunkAssembler(max_total_bytes=64 * 4 * MAX_CHUNK_BYTES, max_pending=64, max_per_source=4)
+    for sybil in range(16):
+        for extra in range(4):
+            size = 2 * MAX_CHUNK_BYTES + 1 + 4 * sybil + extra
+            phantom = dataclasses.replace(genuine[0], total_size=size, total_chunks=3, seq=2,
+                                          data=b"x" * (size - 2 * MAX_CHUNK_BYTES))
+            asm.add(phantom, f"sybil-{sybil}")
+    assert len(asm) == 64 and asm.refused == 0
+    honest = payload_chunks(trainer_index=1, payload=os.urandom(2 * MAX_CHUNK_BYTES + 5))
+    assert [asm.add(c, "trainer-1") for c in honest][-1] == b"".join(c.data for c in honest)
+    assert asm.evicted == 1 and asm.refused == 0
+    # A stream in progress (a whole chunk held) is not pushed out by a newcomer's first chunk.
+    real = [payload_chunks(trainer_index=i % 3, fragment=i // 3, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+            for i in range(2)]
+    full = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=1)
+    full.add(real[0][0], "a")
+    assert full.add(real[1][0], "b") is None and full.refused == 1 and full.evicted == 0
+    assert full.add(real[0][1], "a") == b"".join(c.data for c in real[0])

@@ -96,7 +96,7 @@ logging.getLogger("libp2p.network.auto_connector").setLevel(logging.WARNING)
 OUTBOUND_QUEUE_RPCS = 1024
 """Per-peer outbound RPC queue length (libp2p's default is 32). Relays need room beyond what
 publish backpressure keeps free: a publisher waits above a quarter of it."""
-OUTBOUND_QUEUE_BYTES = 256 << 20
+OUTBOUND_QUEUE_BYTES = 128 << 20
 """Per-peer outbound queue bytes. The count alone let a peer that stops reading pin 1,024 RPCs
 of up to ``max_rpc_bytes`` each (over 1 GiB per such peer of relayed 1 MiB chunks, found by the
 gossip probe); past this, RPCs to it are dropped (counted as dropped_outbound)."""
