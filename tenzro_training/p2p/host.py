@@ -230,16 +230,21 @@ class _ByteBoundedQueue(PriorityQueue):
 
     def push(self, rpc: Any, priority: bool = False) -> bool:
         size = rpc.ByteSize()
-        if self.bytes + size > self.max_bytes or not super().push(rpc, priority):
+        if len(self) >= self.max_size or self.bytes + size > self.max_bytes:
             return False
+        # Each entry keeps the size it was counted with, so the total cannot drift whatever
+        # happens to the message object later.
+        (self._priority if priority else self._non_priority).append((rpc, size))
         self.bytes += size
         return True
 
     def pop(self) -> Any:
-        rpc = super().pop()
-        if rpc is not None:
-            self.bytes -= rpc.ByteSize()
-        return rpc
+        for side in (self._priority, self._non_priority):
+            if side:
+                rpc, size = side.popleft()
+                self.bytes -= size
+                return rpc
+        return None
 
 
 def _queue_level(queue: Any) -> float:
