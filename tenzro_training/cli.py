@@ -78,8 +78,13 @@ def parse_rpc_url(url: str) -> tuple[str, str | None]:
     def bad(reason: str, shown: str) -> CliError:
         return CliError(f"bad --rpc URL {shown!r}: {reason}", EXIT_UNREACHABLE)
 
-    # Before it parses, a URL is shown with everything up to its last "@" cut out.
-    raw_shown = url if "@" not in url else url.partition("://")[0] + "://...@" + url.rpartition("@")[2]
+    def redacted(text: str) -> str:  # everything up to the last "@" cut out, scheme kept
+        if "@" not in text:
+            return text
+        scheme, sep, _ = text.partition("://")
+        return f"{scheme}://...@{text.rpartition('@')[2]}" if sep else f"...@{text.rpartition('@')[2]}"
+
+    raw_shown = redacted(url)
     if any(c.isspace() or not c.isprintable() for c in url):
         raise bad("it contains whitespace or control characters", raw_shown)
     try:
@@ -87,7 +92,9 @@ def parse_rpc_url(url: str) -> tuple[str, str | None]:
     except ValueError as exc:  # "http://[::1"
         raise bad(str(exc), raw_shown) from None
     netloc = parts.netloc.rpartition("@")[2]
-    shown = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    # An "@" left outside the host part ("user:pw@host" without a scheme, "http:/user:pw@host")
+    # may still carry a password: such a URL is shown redacted.
+    shown = redacted(urllib.parse.urlunsplit(parts._replace(netloc=netloc)))
     if parts.scheme.lower() not in ("http", "https"):
         raise bad("expected an http:// or https:// URL", shown)
     if not parts.hostname:

@@ -673,14 +673,18 @@ def compute_stream_key(msg: ChunkedMessage) -> tuple[object, ...]:
     raise GossipReject(f"not a chunked message: {type(msg).__name__}")
 
 
-def compute_chunk_dedup_key(tag: str, msg: ChunkedMessage) -> tuple[object, ...]:
-    """The dedup key of one chunk: its stream key, its seq and the SHA-256 of its data.
+def compute_chunk_dedup_key(tag: str, msg: ChunkedMessage, source: object = None) -> tuple[object, ...]:
+    """The dedup key of one chunk: its publishing peer, its stream key, its seq and the SHA-256
+    of its data. ``key[1]`` = (source,) + stream key is the stream the chunk belongs to, exactly
+    as :class:`ChunkAssembler` keys it.
 
-    Together these cover every field of the message, so the key identifies the whole encoded
-    message: a relay that copies a signed header onto other bytes makes a DIFFERENT key, and the
-    genuine chunk is never ignored as a duplicate of the forgery (the forgery fails reassembly).
+    Together these cover every field of the message and who published it: a peer that copies a
+    signed header onto other bytes makes a DIFFERENT key, and so does a peer that republishes a
+    genuine chunk byte for byte. Either way the genuine chunk from its own publisher is never
+    ignored as a duplicate of the copy (which would leave the genuine stream, kept apart by
+    publisher in the assembler, waiting forever for that seq).
     """
-    return (tag, compute_stream_key(msg), msg.seq, hashlib.sha256(msg.data).digest())
+    return (tag, (source,) + compute_stream_key(msg), msg.seq, hashlib.sha256(msg.data).digest())
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,8 +744,9 @@ class ChunkAssembler:
     stream that is progressing.
 
     Every stream dropped without delivery (evicted, refused, hash mismatch) is reported to
-    ``on_drop(stream_key)`` (the key without the source): the owner of the dedup cache forgets
-    that stream's chunks there, so a republish of the genuine bytes is accepted again. Completed
+    ``on_drop((source,) + stream_key)``, the stream ``compute_chunk_dedup_key`` indexes its
+    chunks under: the owner of the dedup cache forgets that stream's chunks there, so a
+    republish of the genuine bytes is accepted again. Completed
     streams are remembered (``max_done`` keys) so late duplicates of their chunks return None
     instead of starting a new stream.
 
@@ -810,7 +815,7 @@ class ChunkAssembler:
 
     def _lost(self, key: tuple[object, ...]) -> None:
         if self.on_drop is not None:
-            self.on_drop(key[1:])
+            self.on_drop(key)
 
     def _evict(self, key: tuple[object, ...]) -> None:
         self._drop(key)
@@ -858,12 +863,16 @@ class ChunkAssembler:
                 return True
         return False
 
-    def _make_source_room(self, source: object) -> None:
-        """A source at its share gives up its own least recently active stream."""
+    def _make_source_room(self, source: object, size: int) -> bool:
+        """A source at its share gives up its own least recently active stream for a new one of
+        ``size`` announced bytes, if that makes room for it; False (nothing evicted) if not."""
         if self.max_per_source is None or self._per_source.get(source, 0) < self.max_per_source:
-            return
+            return True
         _, oldest = min((at, key) for key, at in self._active.items() if key[0] == source)
+        if self.pending_bytes - self._sizes[oldest] + size > self.max_total_bytes:
+            return False
         self._evict(oldest)
+        return True
 
     def add(self, chunk: ChunkedMessage, source: object = None) -> bytes | None:
         """Take one chunk published by ``source``; return the verified whole byte string when
@@ -883,8 +892,8 @@ class ChunkAssembler:
             if chunk.total_size > self.max_total_bytes:
                 self._lost(key)
                 raise GossipReject(f"stream of {chunk.total_size} bytes exceeds the buffer of {self.max_total_bytes}")
-            self._make_source_room(source)
-            if not self._make_room(chunk.total_size, now, len(chunk.data)):
+            if not (self._make_source_room(source, chunk.total_size)
+                    and self._make_room(chunk.total_size, now, len(chunk.data))):
                 self.refused += 1
                 self._lost(key)
                 return None
@@ -947,6 +956,9 @@ class GossipContext:
     """The run's stream sizes (from its fragment layouts), or None when the receiver does not
     know them (yet): then chunks of that run are IGNOREd. Leaving the whole field None checks
     sizes only against ``max_payload_bytes``/``max_model_bytes`` (receivers without layouts)."""
+    source: object = None
+    """The peer that published the message (its libp2p-signed originator): part of a chunk's
+    dedup key, as of its reassembly stream."""
 
 
 def _get_sizes(ctx: GossipContext, task_id: str) -> StreamSizes | None:
@@ -1058,7 +1070,7 @@ def validate_payload_chunk_gossip(msg: PayloadChunk, ctx: GossipContext, seen: S
     # [REJECT] the message is a PayloadChunk (constructed, so its fields and geometry are valid).
     if not isinstance(msg, PayloadChunk):
         raise GossipReject("expected a PayloadChunk")
-    key = compute_chunk_dedup_key("payload", msg)
+    key = compute_chunk_dedup_key("payload", msg, ctx.source)
     # [IGNORE] not seen before (the same whole message: another body is not a duplicate).
     if key in seen:
         raise GossipIgnore("duplicate payload chunk")
@@ -1125,7 +1137,7 @@ def validate_model_chunk_gossip(msg: ModelChunk, ctx: GossipContext, seen: SeenC
     # [REJECT] the message is a ModelChunk.
     if not isinstance(msg, ModelChunk):
         raise GossipReject("expected a ModelChunk")
-    key = compute_chunk_dedup_key("model-chunk", msg)
+    key = compute_chunk_dedup_key("model-chunk", msg, ctx.source)
     # [IGNORE] not seen before (the same whole message).
     if key in seen:
         raise GossipIgnore("duplicate model chunk")
@@ -1207,7 +1219,7 @@ def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, 
     # [REJECT] the message is a RoundFinalizedMsg.
     if not isinstance(msg, RoundFinalizedMsg):
         raise GossipReject("expected a RoundFinalizedMsg")
-    key = compute_chunk_dedup_key("finalized", msg)
+    key = compute_chunk_dedup_key("finalized", msg, ctx.source)
     # [IGNORE] not seen before (the same whole message).
     if key in seen:
         raise GossipIgnore("duplicate round-finalized chunk")

@@ -125,11 +125,11 @@ def validate_gossip_as_trainer(
             and origin not in model_sources):
         raise GossipIgnore(f"weights published by {origin}, not by this trainer's node")
     if isinstance(msg, PayloadChunk):
-        _payload_chunk(msg, view, seen)
+        _payload_chunk(msg, view, seen, origin)
     elif isinstance(msg, RoundFinalizedMsg):
-        _round_finalized(msg, view, seen)
+        _round_finalized(msg, view, seen, origin)
     elif isinstance(msg, ModelChunk):
-        key = compute_chunk_dedup_key("model-chunk", msg)
+        key = compute_chunk_dedup_key("model-chunk", msg, origin)
         _dedup(key, seen)
         _check_model_size(msg.total_size, view)
         seen.add(key, stream=key[1])  # the hash is checked against the committed one on the whole model
@@ -170,8 +170,8 @@ def _dedup(key: tuple[object, ...], seen: SeenCache) -> None:
         raise GossipIgnore("duplicate")
 
 
-def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) -> None:
-    key = compute_chunk_dedup_key("payload", msg)
+def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache, origin: str | None) -> None:
+    key = compute_chunk_dedup_key("payload", msg, origin)
     _dedup(key, seen)
     # [IGNORE] not for a round that had ended when the view was read (a replay of old chunks).
     if msg.round < view.round:
@@ -193,8 +193,8 @@ def _payload_chunk(msg: PayloadChunk, view: TrainerGossipView, seen: SeenCache) 
     seen.add(key, stream=key[1])
 
 
-def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: SeenCache) -> None:
-    key = compute_chunk_dedup_key("finalized", msg)
+def _round_finalized(msg: RoundFinalizedMsg, view: TrainerGossipView, seen: SeenCache, origin: str | None) -> None:
+    key = compute_chunk_dedup_key("finalized", msg, origin)
     _dedup(key, seen)
     # [IGNORE] not older than the last finalized round as of the view (late joiners use ModelRequest).
     if msg.round + 1 < view.round:

@@ -331,7 +331,9 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
     "url", ["http://127.0.0.1:abc/", "ftp2://127.0.0.1/", "127.0.0.1:8545", "foo", "", "http://[::1",
             "file:///etc/hostname", "data:,{}", "ftp://127.0.0.1/",  # urllib opens these three
             "http://127.0.0.1:99999/", "http://127.0.0.1:0/", "http:///x", "http://a b/", "http://h/\x00",
-            "http://u:secret@[::1", "http://u:secret@h/ x"]
+            "http://u:secret@[::1", "http://u:secret@h/ x",
+            # without "://" the credentials are not in a host part (review repro rpcurl.py)
+            "u:secret@localhost:8545", "http:/u:secret@host:8545", "u:secret@host 8545"]
 )
 def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str], url: str) -> None:
     code, out, err = run(capsys, "train", "list-runs", "--rpc", url)

@@ -649,7 +649,7 @@ def test_assembler_refuses_a_new_stream_rather_than_evict_one_in_progress() -> N
     assert len(asm) == 2
     assert asm.add(streams[2][0]) is None  # max_pending reached: the NEW stream is refused
     assert len(asm) == 2 and asm.refused == 1 and asm.evicted == 0 and asm.pending_bytes == 4 * MAX_CHUNK_BYTES
-    assert dropped == [g.compute_stream_key(streams[2][0])]  # its dedup entries get forgotten
+    assert dropped == [(None,) + g.compute_stream_key(streams[2][0])]  # its dedup entries get forgotten
     assert asm.add(streams[1][1]) == streams[1][0].data + streams[1][1].data
     assert asm.add(streams[0][1]) == streams[0][0].data + streams[0][1].data
     assert asm.add(streams[2][0]) is None and asm.add(streams[2][1]) == streams[2][0].data + streams[2][1].data
@@ -665,7 +665,7 @@ def test_assembler_evicts_stale_streams_least_recently_active_first() -> None:
         asm.add(c)  # 4 chunks went through since idle's last one: idle is stale
     new = payload_chunks(payload=b"n" * 10, trainer_index=1)
     assert asm.add(new[0]) == b"n" * 10
-    assert asm.evicted == 1 and dropped == [g.compute_stream_key(idle[0])]
+    assert asm.evicted == 1 and dropped == [(None,) + g.compute_stream_key(idle[0])]
     assert [asm.add(c) for c in busy[4:]][-1] == b"b" * (9 * MAX_CHUNK_BYTES)  # never evicted while active
 
 
@@ -795,7 +795,7 @@ def test_assembler_forged_chunks_from_another_peer_do_not_poison_the_genuine_str
         out.append(asm.add(real, "trainer"))
     assert out[-2:] == ["forgery refused", b"".join(c.data for c in genuine)]
     assert asm.hash_mismatches == 1 and asm.completed == 1
-    assert dropped == [g.compute_stream_key(genuine[0])]  # on_drop gets the key without the peer
+    assert dropped == [("attacker",) + g.compute_stream_key(genuine[0])]  # the forger's own stream
 
 
 def test_assembler_one_peer_cannot_reserve_the_buffer_with_copied_headers() -> None:
@@ -858,3 +858,45 @@ def test_assembler_streams_announced_for_a_few_bytes_yield_to_one_that_brings_a_
     full.add(real[0][0], "a")
     assert full.add(real[1][0], "b") is None and full.refused == 1 and full.evicted == 0
     assert full.add(real[0][1], "a") == b"".join(c.data for c in real[0])
+
+
+def test_a_genuine_chunk_copied_by_another_peer_first_still_completes_its_stream() -> None:
+    """Review repro echo.py: with streams kept apart by publisher but the dedup key not, a copy
+    of a genuine chunk from another peer, arriving first, made the genuine chunk a "duplicate":
+    it was neither delivered nor relayed and the genuine stream waited forever. The dedup key
+    now names the publisher too. The validator and the assembler run together here, as in the
+    node's bridge."""
+    w = World()
+    w.to_training()
+    seen = SeenCache()
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=8, on_drop=seen.forget_stream)
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES + 7))
+    out = []
+    for chunk in [genuine[0]] + genuine:  # the copier's seq 0 arrives before the trainer's
+        source = "copier" if len(out) == 0 else "trainer"
+        data = g.encode_message(chunk)
+        g.validate_gossip(g.TOPIC_TRAINING, data, w.ctx(source=source), seen)
+        out.append(asm.add(chunk, source))
+    assert out[-1] == b"".join(c.data for c in genuine) and asm.completed == 1
+    # The same chunk again from the same publisher is still a duplicate.
+    with pytest.raises(GossipIgnore, match="duplicate"):
+        g.validate_gossip(g.TOPIC_TRAINING, g.encode_message(genuine[0]), w.ctx(source="copier"), seen)
+
+
+def test_assembler_a_peer_keeps_its_streams_when_its_new_one_could_not_fit_anyway() -> None:
+    """Review repro source_room2.py: a peer at its share gave up its oldest stream first, and
+    the new one was then refused for room: a stream lost for nothing."""
+    asm = ChunkAssembler(max_total_bytes=5 * MAX_CHUNK_BYTES, max_pending=8, max_per_source=1)
+    old = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    other = payload_chunks(trainer_index=1, payload=os.urandom(3 * MAX_CHUNK_BYTES))
+    asm.add(old[0], "peer")
+    asm.add(other[0], "other")
+    big = payload_chunks(fragment=1, payload=os.urandom(4 * MAX_CHUNK_BYTES))
+    assert asm.add(big[0], "peer") is None and asm.refused == 1 and asm.evicted == 0
+    assert asm.add(old[1], "peer") == b"".join(c.data for c in old)  # still there, and completes
+    # When the new stream fits once the peer's oldest is gone, that one still makes way.
+    first = payload_chunks(fragment=2, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    second = payload_chunks(fragment=3, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm.add(first[0], "peer")
+    assert asm.add(second[0], "peer") is None and asm.evicted == 1 and len(asm) == 2
+    assert asm.add(second[1], "peer") == b"".join(c.data for c in second)

@@ -202,6 +202,7 @@ class GossipBridge:
             ctx = g.GossipContext(
                 get_run=self._service.get_run_state, get_candidate=self._get_candidate, chain_id=self._chain_id,
                 now_ms=self._clock(), max_payload_bytes=self._max_payload_bytes, get_sizes=self._get_sizes,
+                source=from_peer,
             )
             g.validate_gossip(topic, data, ctx, self._seen)
 

@@ -371,12 +371,12 @@ class _Inbox:
         if getattr(msg, "task_id", None) != self._task_id:
             return
         if isinstance(msg, (g.RoundFinalizedMsg, g.ModelChunk)) and msg.total_size != self._model_bytes:
-            self._unexpected(msg)
+            self._unexpected(msg, source)
             return
         if isinstance(msg, g.RoundFinalizedMsg):
             if msg.round != self.await_round or msg.data_hash in self.finalized \
                     or len(self.finalized) >= self.MAX_CANDIDATES:
-                self._unexpected(msg)
+                self._unexpected(msg, source)
                 return
             whole = self._add(msg, source)
             if whole is not None and msg.round == self.await_round:
@@ -387,7 +387,7 @@ class _Inbox:
         elif isinstance(msg, g.ModelChunk):
             if (msg.round, msg.model_hash) != self.await_model or msg.data_hash in self.models \
                     or len(self.models) >= self.MAX_CANDIDATES:
-                self._unexpected(msg)
+                self._unexpected(msg, source)
                 return
             whole = self._add(msg, source)
             if whole is not None:
@@ -399,14 +399,14 @@ class _Inbox:
             self.sealed = msg
             self.changed.set()
 
-    def _unexpected(self, msg: Any) -> None:
+    def _unexpected(self, msg: Any, source: str | None) -> None:
         """Drop a weights chunk nobody awaits, and forget it in the validators' dedup cache:
         the node answers every ModelRequest with the SAME bytes, so a copy that arrived before
         this trainer asked (another trainer's answer) would otherwise make every later copy a
         "duplicate" that never reaches the inbox (seen in the e2e run: two trainers starved)."""
         self.counters["unexpected"] += 1
         if self._seen is not None:
-            self._seen.forget_stream(self._g.compute_stream_key(msg))
+            self._seen.forget_stream((source,) + self._g.compute_stream_key(msg))
 
     def discard_finalized(self, data_hash: bytes) -> None:
         """Forget a RoundFinalized candidate that turned out not to match the round record, so

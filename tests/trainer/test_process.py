@@ -247,7 +247,7 @@ def test_a_model_answer_seen_before_asking_does_not_hide_the_next_copy() -> None
                 validate(data, "node")
             except GossipIgnore:
                 continue  # a duplicate: gossipsub drops it before the inbox
-            inbox._on_message(data)
+            inbox._on_message(data, "node")
 
     deliver()  # before this trainer asked: dropped
     assert inbox.models == {} and inbox.counters["unexpected"] == len(answer)
