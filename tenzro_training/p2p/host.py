@@ -473,6 +473,7 @@ class P2PHost:
                         unreachable.add(addr)
                 if cfg.bootstrap:
                     nursery.start_soon(self._keep_bootstrap_connected)
+                nursery.start_soon(self._watch_stalled_peers)
                 self._running = self._started = True
                 self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
                     lambda: ready.done() or ready.set_result(None)
@@ -695,6 +696,18 @@ class P2PHost:
         with trio.fail_after(self.config.connect_timeout_s):
             await self._host.connect(info)
             await self._pubsub.wait_for_peer(info.peer_id, timeout=self.config.connect_timeout_s)
+
+    async def _watch_stalled_peers(self) -> None:
+        """Run the stall check (``_full_peers``) even while this host publishes nothing, so a
+        peer that stopped reading what this host only RELAYS to it is found and counted too
+        (``stalled_peers`` missed it: the check ran only inside ``publish``)."""
+        pubsub = self._pubsub
+        assert pubsub is not None
+        interval = max(0.05, min(1.0, self.config.publish_timeout_s / 4))
+        while True:
+            await trio.sleep(interval)
+            async with self._publish_lock:  # publish runs the same check: one at a time
+                self._full_peers(pubsub)
 
     async def _keep_bootstrap_connected(self) -> None:
         """Every ``redial_interval_s``, dial each bootstrap peer that has no pubsub stream.

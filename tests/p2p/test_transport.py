@@ -293,3 +293,37 @@ def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Pee
     again.send(cmd="publish_raw", count=5, size=64)
     again.expect("published")
     assert {s.expect("raw")["i"] for _ in range(5)} == set(range(5))
+
+
+def test_a_peer_stalled_on_relayed_traffic_is_counted(tmp_path: Path) -> None:
+    """The stall check ran only inside publish, so a peer that stopped reading what a host only
+    relays to it never showed in stalled_peers (found by the gossip probe's re-run)."""
+    import asyncio
+
+    from tenzro_training.p2p import P2PConfig, P2PHost
+
+    async def main() -> dict[str, int]:
+        host = P2PHost(P2PConfig(key_path=tmp_path / "relay.key", publish_timeout_s=1.0))
+        await host.start()
+        await host.subscribe(RAW)  # in the mesh: it relays
+        c = await asyncio.to_thread(Peer, tmp_path, "c", "sub", (host.addrs[0],))
+        p = await asyncio.to_thread(Peer, tmp_path, "p", "pub", (host.addrs[0],))
+        try:
+            await host.wait_for_peers(RAW, 1, timeout=TIMEOUT)  # C (P only publishes: fanout)
+            p.send(cmd="wait_peers", topic=RAW, count=1)
+            await asyncio.to_thread(p.expect, "peers")
+            os.kill(c.proc.pid, signal.SIGSTOP)
+            p.send(cmd="publish_raw", count=1200, size=64 << 10)
+            await asyncio.to_thread(p.expect, "published")
+            deadline = time.monotonic() + TIMEOUT
+            while host.stats()["stalled_peers"] == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            return host.stats()
+        finally:
+            os.kill(c.proc.pid, signal.SIGKILL)
+            c.proc.wait()
+            p.kill()
+            await host.stop()
+
+    stats = asyncio.run(main())
+    assert stats["stalled_peers"] == 1 and stats["published"] == 0, stats
