@@ -278,9 +278,9 @@ class _TunedPubsub(Pubsub):
     - No message in the error. Its ValidationError formatted the whole protobuf
       (``f"msg={msg}"``, ~60 ms for a 1 MiB chunk), for every message refused or ignored, so a
       flood of invalid chunks slowed the node to ~19 messages/s.
-    - Exactly one topic, one this host validates or subscribes to. The scorer keeps a counter per (peer, topic)
-      for every topic an invalid message lists: 50,000 names per message grew the node's memory
-      by ~20 MB a message. Our messages carry one topic.
+    - Exactly one topic, one this host validates or subscribes to. The scorer keeps a counter
+      per (peer, topic) for every topic an invalid message lists: 50,000 names per message grew
+      the node's memory by ~20 MB a message. Our messages carry one topic.
 
     And the seqno counter starts at the clock in nanoseconds (py-libp2p: seconds). A peer that
     restarts with its persisted key, having sent more messages than seconds had passed, reused
@@ -300,7 +300,8 @@ class _TunedPubsub(Pubsub):
         if msg_forwarder == self._my_id:  # our own publish (it may be to a topic we only fan out to)
             await super().push_msg(msg_forwarder, msg)
             return
-        if len(topics) != 1 or (topics[0] not in self.topic_validators and topics[0] not in self.subscribed_topics_receive):
+        ours = len(topics) == 1 and (topics[0] in self.topic_validators or topics[0] in self.subscribed_topics_receive)
+        if not ours:
             self._on_reject()
             log.info("rejected a message from %s listing %d topic(s): one topic of ours expected",
                      msg_forwarder, len(topics))
@@ -701,12 +702,12 @@ class P2PHost:
         """Run the stall check (``_full_peers``) even while this host publishes nothing, so a
         peer that stopped reading what this host only RELAYS to it is found and counted too
         (``stalled_peers`` missed it: the check ran only inside ``publish``)."""
-        pubsub = self._pubsub
-        assert pubsub is not None
+        pubsub, lock = self._pubsub, self._publish_lock
+        assert pubsub is not None and lock is not None  # both set before the nursery starts this
         interval = max(0.05, min(1.0, self.config.publish_timeout_s / 4))
         while True:
             await trio.sleep(interval)
-            async with self._publish_lock:  # publish runs the same check: one at a time
+            async with lock:  # publish runs the same check: one at a time
                 self._full_peers(pubsub)
 
     async def _keep_bootstrap_connected(self) -> None:
