@@ -49,6 +49,7 @@ __all__ = [
     "MODEL_WEIGHTS",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_KEY",
+    "SEALED_RECORDS_SINCE",
     "UPGRADABLE_SCHEMA_VERSIONS",
     "EvidenceKey",
     "ModelKey",
@@ -119,6 +120,8 @@ which is what version 1 stored). 3 adds each sealed run's :func:`sealed_record_k
 root and receipt digest, what TRAINING_VERIFY's lookup reads), written with the seal; the node
 writes the missing ones of an older store at startup. Older stores are marked 3 when opened,
 see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
+SEALED_RECORDS_SINCE: Final = 3
+"""The first schema version whose stores hold a sealed record for every sealed run."""
 UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 """Older versions whose data this code reads as it is: opening such a store rewrites its version
 key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:

@@ -728,9 +728,10 @@ class ChunkAssembler:
     Bounds: at most ``max_pending`` incomplete streams and ``max_total_bytes`` announced bytes
     across them (reserved when a stream starts, so one in progress can always finish); one stream
     announcing more than ``max_total_bytes`` on its own is rejected; at most ``max_per_source``
-    incomplete streams per source: a source's new stream beyond that evicts its own least
-    recently active one, so one peer (copying one signature onto many announced sizes, which cost
-    it a few bytes each) cannot reserve the whole buffer.
+    incomplete streams per source: a source's new stream beyond that takes the place of its own
+    least recently active one (when that makes room; otherwise the new one is refused), so one
+    peer (copying one signature onto many announced sizes, which cost it a few bytes each)
+    cannot reserve the whole buffer.
 
     Eviction (a new stream that does not fit): streams that received no chunk while
     ``stale_after`` chunks went through the assembler, or for ``idle_s`` seconds of ``clock``, are
@@ -746,9 +747,9 @@ class ChunkAssembler:
     Every stream dropped without delivery (evicted, refused, hash mismatch) is reported to
     ``on_drop((source,) + stream_key)``, the stream ``compute_chunk_dedup_key`` indexes its
     chunks under: the owner of the dedup cache forgets that stream's chunks there, so a
-    republish of the genuine bytes is accepted again. Completed
-    streams are remembered (``max_done`` keys) so late duplicates of their chunks return None
-    instead of starting a new stream.
+    republish of the genuine bytes is accepted again. Completed streams are remembered
+    (``max_done`` keys) so late duplicates of their chunks return None instead of starting a new
+    stream.
 
     Not thread-safe; one owner (the consumer of a subscription) uses it.
     """

@@ -220,7 +220,7 @@ def _check_receipt(store: KVStore, run: RunState, progress: _Progress) -> None:
     # with another receipt's digest, accept that one). A store older than schema 3 has none
     # until a node opens it (and writes it); the audit opens stores read-only.
     record = store.get(schema.CF_META, schema.sealed_record_key(task_id))
-    if record is None and _stored_schema_version(store) < 3:
+    if record is None and _stored_schema_version(store) < schema.SEALED_RECORDS_SINCE:
         return
     if record != persistence.encode_sealed_record(receipt):
         raise StorageError(f"the sealed record of {task_id} (TRAINING_VERIFY's lookup) differs from its receipt's")

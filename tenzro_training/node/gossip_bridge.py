@@ -66,7 +66,7 @@ MAX_ASSEMBLY_BYTES: Final = 1 << 30
 """Default cap of the payload reassembly buffer (the bridge's ``max_assembly_bytes``)."""
 PAYLOAD_STREAMS_PER_PEER: Final = 4
 """Incomplete payload streams one publishing peer may hold in the buffer (a trainer publishes
-its fragments one after the other, so it holds one or two); a fifth evicts its own oldest."""
+its fragments one after the other, so it holds one or two); a fifth takes its own oldest's place."""
 PAYLOAD_STREAM_IDLE_S: Final = 30.0
 """A payload stream with no new chunk for this long gives its room to a new one (a trainer's
 chunks follow each other within milliseconds to a few seconds)."""
