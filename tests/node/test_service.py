@@ -247,6 +247,49 @@ class TestWholeRun:
         assert view["has_receipt"] is False and view["status"] == "Training"
         json.dumps(view)  # JSON-able as the transport needs
 
+    def test_get_run_json_is_the_view_of_every_state(self, net: Net, checkpoint: tuple[str, str]) -> None:
+        """getRun's JSON text (the state part rendered once per run state) is exactly get_run's
+        view: after every transition, and with the clock moved but the state unchanged."""
+
+        def check() -> dict[str, Any]:
+            view = net.service.get_run(net.task_id)
+            assert json.loads(net.service.get_run_json(net.task_id)) == view
+            return view
+
+        net.post(spec_dict(*checkpoint))
+        assert check()["status"] == "Electing"  # post_task ticks once
+        net.elect()
+        check()
+        for i in range(3):
+            net.enroll(i)
+            assert len(check()["trainers"]) == i + 1
+        net.submit(0, 0, 1)
+        before = check()
+        assert before["submission_counts"] == [0, 1]
+        net.clock.advance(5)  # the same state, a later clock
+        after = check()
+        assert after["now_ms"] == before["now_ms"] + 5
+        assert {k: v for k, v in after.items() if k != "now_ms"} == {k: v for k, v in before.items() if k != "now_ms"}
+        rounds = before["max_rounds"]
+        for r in range(rounds):
+            play_round(net, r)
+            view = check()
+            assert len(view["round_records"]) == r + 1
+        assert view["status"] == "Sealed" and view["has_receipt"] is True
+
+    def test_get_run_json_answers_each_run_past_its_cache(
+        self, net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import tenzro_training.node.service as service_module
+
+        monkeypatch.setattr(service_module, "RUN_JSON_CACHE_RUNS", 1)
+        net.post(spec_dict(*checkpoint))
+        net.post(spec_dict(*checkpoint, task_id="run-2", reward_pool="1"))
+        for task_id in ("run-1", "run-2", "run-1", "run-2"):
+            assert json.loads(net.service.get_run_json(task_id)) == net.service.get_run(task_id)
+            assert json.loads(net.service.get_run_json(task_id))["task_id"] == task_id
+        assert len(net.service._run_json) == 1
+
     def test_get_run_serves_what_a_trainer_needs_to_check_the_model_hash(self, net: Net,
                                                                         checkpoint: tuple[str, str]) -> None:
         """The zero-element tensor is in no fragment but has a record in the model hash: getRun

@@ -59,6 +59,7 @@ from tenzro_training.errors import (
     UnknownTask,
     VRFError,
 )
+from tenzro_training.jsontext import serialize_json
 from tenzro_training.ledger import (
     AmountOutOfRange,
     BondNotFound,
@@ -132,6 +133,9 @@ class FakeService:
 
     def get_run(self, task_id: str) -> Any:
         return self._call("get_run", task_id=task_id)
+
+    def get_run_json(self, task_id: str) -> bytes:
+        return serialize_json(self.get_run(task_id))  # a non-JSON result raises: -32603, as a node's would
 
     def get_receipt(self, task_id: str) -> Any:
         return self._call("get_receipt", task_id=task_id)

@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rpc.params as params_module
-from rpc.dispatcher import MAX_NESTING, METHODS, Dispatcher, parse_json
+from rpc.dispatcher import MAX_NESTING, METHODS, Dispatcher, parse_json, serialize_json
 from rpc.errors import (
     ERROR_TABLE,
     INTERNAL_ERROR,
@@ -103,6 +103,26 @@ def test_output_is_compact_ascii_json() -> None:
     answer.decode("ascii")
     assert b": " not in answer and b", " not in answer
     assert json.loads(answer)["result"]["name"] == "ünïcode"
+
+
+def test_a_batch_splices_service_serialized_results_and_isolates_unserializable_ones() -> None:
+    """getRun's result arrives serialized (JsonText) and is spliced in; the body is still one
+    compact JSON array, and a result that cannot be serialized fails its element only."""
+    service = FakeService()
+    dispatcher = Dispatcher(service)
+    list_runs = {"jsonrpc": "2.0", "method": "tenzro_training_listRuns", "params": {}, "id": "b"}
+    body = json.dumps([get_run(id=1), list_runs, get_run(id=None), 7])
+    answer = dispatcher.handle(body)
+    assert answer is not None
+    parsed = json.loads(answer)
+    assert answer == serialize_json(parsed)
+    assert [a["id"] for a in parsed] == [1, "b", None, None]
+    assert parsed[0]["result"] == parsed[2]["result"] == {"method": "get_run", "task_id": "t1"}
+    assert parsed[1]["result"]["method"] == "list_runs" and parsed[3]["error"]["code"] == -32600
+    service.result = {"raw": b"\x00"}
+    parsed = json.loads(dispatcher.handle(body) or b"")
+    assert [a["error"]["code"] for a in parsed] == [INTERNAL_ERROR, INTERNAL_ERROR, INTERNAL_ERROR, -32600]
+    assert [a["id"] for a in parsed] == [1, "b", None, None]
 
 
 def test_unexpected_exception_is_logged_with_traceback(caplog: pytest.LogCaptureFixture) -> None:
