@@ -28,6 +28,7 @@ MAX_JSON_NESTING: Final = 128
 # receipt took TRAINING_VERIFY ~240 s for ~250k gas.
 _JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_OPENERS: Final = bytes(b for b in range(256) if b not in b"[{")
 
 
 def compute_json_depth_bound(raw: bytes | str) -> int:
@@ -38,13 +39,14 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     failing, so a check against it never lets a too-deep document through.
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    # Fast path: a document cannot nest deeper than its number of opening brackets. "[" (0x5B)
-    # and "{" (0x7B) differ only in bit 0x20, so they are exactly the bytes b with
-    # b | 0x20 == 0x7B: two vectorised numpy passes, ~0.24 ms for the 1.4 MB body of a 1 MiB
-    # base64 payload, against ~0.41 ms for deleting every other byte with bytes.translate,
-    # ~0.7 ms for two bytes.count passes and ~1.2 ms for two compares (measured on the 2-core
-    # CI machine; every submission pays it).
-    openers = int(np.count_nonzero((np.frombuffer(data, dtype=np.uint8) | 0x20) == 0x7B))
+    # Fast path: a document cannot nest deeper than its number of opening brackets. Counted by
+    # deleting every other byte in one C pass (no temporary the size of the input): ~0.45-0.63 ms
+    # for the 1.4 MB body of a 1 MiB base64 payload in the node. Measured against it on the
+    # 2-core CI machine: ~1.2 ms for a vectorised numpy compare (two temporaries), ~0.75 ms for
+    # two bytes.count passes, and 0.77-1.9 ms in the node for one numpy pass over
+    # ``(b | 0x20) == 0x7B`` ("[" and "{" differ only in bit 0x20), which is faster alone
+    # (~0.24 ms) but allocates a body-sized temporary on every call.
+    openers = len(data.translate(None, _NOT_OPENERS))
     if openers <= MAX_JSON_NESTING:
         return openers
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
