@@ -285,6 +285,13 @@ class _TunedPubsub(Pubsub):
     And the seqno counter starts at the clock in nanoseconds (py-libp2p: seconds). A peer that
     restarts with its persisted key, having sent more messages than seconds had passed, reused
     message ids the network still remembered, and its messages vanished without a trace.
+
+    And one peer's bytes can no longer stop the host. py-libp2p's stream handler let any error
+    but a stream error out of its read loop (a frame that is not a protobuf RPC: DecodeError),
+    up through the swarm's nursery, and the whole host stopped: 15 bytes of garbage on a pubsub
+    stream took a node off the network (found by a CI run, then reproduced on purpose). Now
+    any error reading or handling a peer's RPCs, and any error handling one of its messages,
+    drops that stream or message (counted as rejected, logged) and nothing else.
     """
 
     def __init__(self, *args: Any, max_rpc_bytes: int, on_reject: Callable[[], None], **kwargs: Any) -> None:
@@ -306,7 +313,24 @@ class _TunedPubsub(Pubsub):
             log.info("rejected a message from %s listing %d topic(s): one topic of ours expected",
                      msg_forwarder, len(topics))
             return
-        await super().push_msg(msg_forwarder, msg)
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:  # noqa: BLE001 - it runs as a pubsub task: an error would stop the host
+            self._on_reject()
+            log.warning("dropped a message from %s that could not be handled: %s", msg_forwarder, type(exc).__name__)
+
+    async def stream_handler(self, stream: Any) -> None:
+        try:
+            await super().stream_handler(stream)
+        except Exception as exc:  # noqa: BLE001 - see the class docstring: one peer, not the host
+            peer_id = stream.muxed_conn.peer_id
+            self._on_reject()
+            log.warning("closed the pubsub stream of %s: its RPCs could not be handled (%s)", peer_id, type(exc).__name__)
+            try:
+                await stream.reset()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self._handle_dead_peer(peer_id)
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
         for topic_validator in self.get_msg_validators(msg):

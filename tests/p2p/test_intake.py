@@ -73,6 +73,21 @@ def test_invalid_topic_lists_are_rejected_before_validation(monkeypatch: pytest.
     assert [list(m.topicIDs) for m in passed] == [["t"], ["u"], ["fanout-only"]] and events == ["rejected"]
 
 
+def test_a_message_that_cannot_be_handled_is_dropped_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer's message is handled in a pubsub task, where an error would stop the whole host:
+    it is counted as rejected instead. Our own publish still raises to the publisher."""
+
+    async def base_push(self: Pubsub, forwarder: ID, msg: rpc_pb2.Message) -> None:
+        raise ValueError("a malformed field")
+
+    monkeypatch.setattr(Pubsub, "push_msg", base_push)
+    pubsub, events = bare_pubsub({"t": lambda f, m: True})
+    trio.run(pubsub.push_msg, PEER, message("t"))
+    assert events == ["rejected"]
+    with pytest.raises(ValueError):
+        trio.run(pubsub.push_msg, ME, message("t"))
+
+
 def test_outbound_queues_are_bounded_by_bytes() -> None:
     """A peer that stops reading pinned 1,024 RPCs of up to 8 MiB each (over 1 GiB per such peer
     of relayed 1 MiB chunks); now at most OUTBOUND_QUEUE_BYTES, and the publish high-water mark
