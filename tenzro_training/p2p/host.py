@@ -39,6 +39,7 @@ import hashlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,6 +302,7 @@ class _TunedPubsub(Pubsub):
         self.counter = time.time_ns()
         self._on_reject = on_reject
         self._my_id = self.host.get_id()
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
         topics = msg.topicIDs
@@ -342,9 +344,20 @@ class _TunedPubsub(Pubsub):
                 raise ValidationError("refused by the topic validator")
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        """One RPC at a time per stream. py-libp2p writes to a peer's stream from its queue's
+        sender task and, directly, from gossipsub (pending and IWANT-requested messages); yamux
+        sends a write as several frames when it exceeds the send window (256 KiB; our chunks
+        are 1 MiB) and takes its lock per frame, so two RPCs written at once interleaved their
+        frames: the receiver read a corrupt protobuf and dropped the stream with what was on it
+        (seen in a CI run of bench_gossip_finalize; before the stream_handler fix, it stopped
+        the receiving host)."""
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
         self.writes_in_flight += 1
         try:
-            return await super().write_msg(stream, rpc_msg)
+            async with lock:
+                return await super().write_msg(stream, rpc_msg)
         finally:
             self.writes_in_flight -= 1
 

@@ -5,6 +5,7 @@ peer's sequence numbers) is in test_transport.py."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) ->
     pubsub.subscribed_topics_receive = dict.fromkeys(subscribed)  # type: ignore[assignment]
     pubsub._my_id = ME
     pubsub._on_reject = lambda: events.append("rejected")
+    pubsub._write_locks = weakref.WeakKeyDictionary()
+    pubsub.writes_in_flight = 0
     return pubsub, events
 
 
@@ -86,6 +89,56 @@ def test_a_message_that_cannot_be_handled_is_dropped_not_raised(monkeypatch: pyt
     assert events == ["rejected"]
     with pytest.raises(ValueError):
         trio.run(pubsub.push_msg, ME, message("t"))
+
+
+class SplitStream:
+    """Writes like yamux past its send window: in two frames with a checkpoint between them."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    async def write(self, data: bytes) -> None:
+        half = len(data) // 2
+        self.out += data[:half]
+        await trio.sleep(0)
+        self.out += data[half:]
+
+
+def read_rpcs(raw: bytes) -> list[rpc_pb2.RPC]:
+    rpcs, pos = [], 0
+    while pos < len(raw):
+        size, shift = 0, 0
+        while True:
+            byte = raw[pos]
+            pos += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        rpc = rpc_pb2.RPC()
+        rpc.ParseFromString(raw[pos : pos + size])
+        rpcs.append(rpc)
+        pos += size
+    return rpcs
+
+
+def test_rpcs_written_at_once_to_one_stream_do_not_interleave() -> None:
+    """py-libp2p writes to a peer's stream from two tasks, and yamux sends a large write as
+    several frames: two RPCs written at once interleaved, and the receiver read a corrupt
+    protobuf (seen in CI). Writes to one stream now go one RPC at a time."""
+    pubsub, _ = bare_pubsub({})
+    stream = SplitStream()
+    rpcs = [rpc_pb2.RPC(publish=[message("t", data=bytes([c]) * 5000)]) for c in b"ab"]
+
+    async def both() -> None:
+        async with trio.open_nursery() as nursery:
+            for rpc in rpcs:
+                nursery.start_soon(pubsub.write_msg, stream, rpc)
+
+    trio.run(both)
+    got = read_rpcs(bytes(stream.out))
+    assert sorted(r.publish[0].data for r in got) == [b"a" * 5000, b"b" * 5000]
+    assert pubsub.writes_in_flight == 0
 
 
 def test_outbound_queues_are_bounded_by_bytes() -> None:
