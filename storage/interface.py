@@ -50,6 +50,7 @@ __all__ = [
     "KeyFormatError",
     "SchemaVersionError",
     "StorageError",
+    "StoreLocked",
 ]
 
 
@@ -62,6 +63,11 @@ _T = TypeVar("_T")
 class StorageError(TenzroError):
     """A store cannot do what was asked: unknown column family, closed store, locked or
     unreadable data directory, a batch used twice, a failed write."""
+
+
+class StoreLocked(StorageError):
+    """Another opener holds the data directory (RocksDB's LOCK): a running node, usually. Its
+    own type so that a tool reading beside a node can say that rather than the lock's text."""
 
 
 class SchemaVersionError(StorageError):

@@ -29,7 +29,7 @@ from typing import Any
 import rocksdict
 
 from storage import schema
-from storage.interface import BatchOp, KVStore, Operation, SchemaVersionError, StorageError
+from storage.interface import BatchOp, KVStore, Operation, SchemaVersionError, StorageError, StoreLocked
 
 __all__ = ["RocksStore"]
 
@@ -191,7 +191,7 @@ class RocksStore(KVStore):
         # RocksDB: "IO error: While lock file: <path>/LOCK: Resource temporarily unavailable".
         # Not any "lock": a damaged store says "Corruption: block checksum mismatch".
         if "lock file" in message.lower() or "/LOCK" in message:
-            return StorageError(
+            return StoreLocked(
                 f"store at {self._path!r} is already open (RocksDB LOCK is held by another "
                 f"process or another opener in this process); only one read-write opener "
                 f"at a time: {message}"

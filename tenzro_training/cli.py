@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from tenzro_training import auth
 from tenzro_training.addresses import parse_address
-from tenzro_training.console import EXIT_INTERRUPTED
+from tenzro_training.console import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from tenzro_training.errors import TenzroError
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -698,14 +698,22 @@ def cmd_make_gradient(args: argparse.Namespace) -> None:
 def _export_from_store(data_dir: Path, task_id: str) -> bytes:
     """The sealed model of ``task_id`` read through a NodeService over a store nobody else holds."""
     from storage import open_store
-    from storage.interface import StorageError
+    from storage.interface import StorageError, StoreLocked
     from tenzro_training.node.config import NodeConfig
     from tenzro_training.node.service import NodeService
 
     try:
         store = open_store(data_dir / "db", create=False)
+    except StoreLocked:
+        # A running node writes a run's model file the moment the run seals: none means this
+        # node does not have task_id Sealed. Say that, not the store lock's text.
+        raise CliError(
+            f"cannot export {task_id}: no {data_dir / 'models' / (task_id + '.safetensors')}, and the node "
+            f"holding {data_dir / 'db'} is running, so that run is unknown to it or not Sealed "
+            f"(`tenzro train get-run --task-id {task_id}` shows its status)", EXIT_RPC_ERROR,
+        ) from None
     except StorageError as exc:
-        raise CliError(f"{exc} (a running node writes the sealed model to {data_dir / 'models'})") from None
+        raise CliError(str(exc)) from None
     try:
         service = NodeService(NodeConfig(data_dir=data_dir), store)
         try:
@@ -883,13 +891,15 @@ def _dir_path(text: str) -> str:
 def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool = True) -> None:
     """``--rpc``, ``--json`` (only for commands that print a result: not the long-running
     trainer and syncer processes, whose output is log lines) and the signing flags."""
-    p.add_argument("--rpc", default=os.environ.get("TENZRO_RPC", DEFAULT_RPC), help="node JSON-RPC URL")
+    p.add_argument("--rpc", default=os.environ.get("TENZRO_RPC", DEFAULT_RPC),
+                   help=f"node JSON-RPC URL (default: $TENZRO_RPC, else {DEFAULT_RPC})")
     if json_output:
         p.add_argument("--json", action="store_true", help="print the raw JSON result")
     if signing:
         p.add_argument("--key-file", help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
         p.add_argument("--account", help="with a dev-accounts.json key file: sponsor, trainer:N, syncer:N or an address")
-        p.add_argument("--chain-id", type=_chain_id, default=auth.DEFAULT_CHAIN_ID, help="EIP-712 chain id")
+        p.add_argument("--chain-id", type=_chain_id, default=auth.DEFAULT_CHAIN_ID,
+                       help=f"EIP-712 chain id (default {auth.DEFAULT_CHAIN_ID}, the dev chain's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1072,6 +1082,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RPC_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`tenzro ... --json | head`): no traceback, and
+        # stdout pointed at /dev/null so the interpreter's flush at exit does not fail again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
     return EXIT_OK
 
 

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a command stopped by Ctrl-C."""
 
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE, what shells report for a command whose reader went away (``... | head``)."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:

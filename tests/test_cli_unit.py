@@ -531,6 +531,26 @@ def test_invalid_deeply_nested_answer_does_not_crash_the_process(fake_node: Fake
     assert done.stderr == f"tenzro: node at {fake_node.url} answered JSON nested deeper than 128\n"
 
 
+def test_output_to_a_closed_pipe_exits_141_without_a_traceback(tmp_path: Path) -> None:
+    """`tenzro ... --json | head` whose reader has gone: Python's BrokenPipeError was a
+    traceback and exit 1 (which means a JSON-RPC error). A child process with a pipe whose
+    read end is closed before it starts, so every write fails."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "tenzro_training.cli", "keys", "new-account", "--out",
+                               str(tmp_path / "k.json"), "--json"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr[-2000:]
+    assert (tmp_path / "k.json").exists()  # the work was done; only its report had no reader
+
+
 def test_invalid_trickled_answer_is_cut_at_the_timeout() -> None:
     """The socket timeout applies to each read: a byte every 0.1 s kept the command waiting for
     the whole Content-Length (100,000 s here); the client's timeout now bounds the answer."""
@@ -699,6 +719,24 @@ def test_out_files_follow_the_umask(tmp_path: Path) -> None:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "private").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o644
+
+
+def test_invalid_export_model_beside_a_running_node_says_the_run_is_not_sealed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A running node holds the store's lock and writes a run's model file when it seals: with
+    no file, the answer is that the run is unknown or not Sealed there, not the lock's text."""
+    from storage import open_store
+
+    store = open_store(tmp_path / "node" / "db")  # the running node's lock
+    try:
+        code, out, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir",
+                             str(tmp_path / "node"), "--out", str(tmp_path / "o"))
+    finally:
+        store.close()
+    assert code == EXIT_RPC_ERROR and out == "" and err.count("\n") == 1
+    assert "unknown to it or not Sealed" in err and "get-run --task-id t1" in err and "LOCK" not in err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("task_id", ["../../evil", "a/b", ""])
