@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import socket
 import threading
 import time
 import weakref
@@ -55,6 +56,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import PriorityQueue
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.transport.tcp import tcp as _libp2p_tcp
 
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
 from tenzro_training.p2p.keys import load_or_create_peer_key
@@ -69,6 +71,23 @@ logging.getLogger("libp2p").propagate = True
 
 _starting = threading.local()
 """Per host thread, while its listeners start: ``failures`` collects py-libp2p's listener errors."""
+
+
+def _set_reuse_addr(sock: Any) -> None:
+    """py-libp2p 0.8.1 puts SO_REUSEPORT on its listening sockets (for TCP hole punching, which
+    we do not use), so a second node told to listen on a port another node already listens on
+    bound it too, silently, and the kernel dealt each incoming connection to one or the other
+    (found by a README walkthrough probe: two dev nodes on one p2p port, each with its own peer
+    id). SO_REUSEADDR alone still lets a restarted node bind past TIME_WAIT connections, and a
+    port in use is an error at start (P2PError, exit 2 from ``tenzro node``). Its hole-punch
+    dial falls back to an ephemeral source port when it cannot share the listen port."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        pass
+
+
+_libp2p_tcp._set_reuse_flags = _set_reuse_addr
 
 
 class _QuietFailedDials(logging.Filter):

@@ -210,6 +210,38 @@ def test_garbage_on_a_pubsub_stream_closes_that_stream_not_the_host(spawn: Calla
     assert s.quit() == 0 and "Traceback" not in s.stderr
 
 
+def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path) -> None:
+    """py-libp2p put SO_REUSEPORT on its listeners, so a second node on a port in use bound it
+    too and the kernel split the incoming connections between two peer ids (README walkthrough
+    probe). It is now an error at start; the port is free again once the first host stops."""
+    import asyncio
+
+    from tenzro_training.p2p import P2PConfig, P2PHost
+    from tenzro_training.p2p.host import P2PError
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = (f"/ip4/127.0.0.1/tcp/{port}",)
+
+    async def scenario() -> None:
+        first = P2PHost(P2PConfig(key_path=tmp_path / "a.key", listen=listen))
+        await first.start()
+        try:
+            second = P2PHost(P2PConfig(key_path=tmp_path / "b.key", listen=listen))
+            with pytest.raises(P2PError, match="cannot listen|in use"):
+                await second.start()
+            await second.stop()
+        finally:
+            await first.stop()
+        again = P2PHost(P2PConfig(key_path=tmp_path / "b.key", listen=listen))
+        await again.start()
+        assert again.addrs[0].startswith(listen[0])
+        await again.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_restarted_bootstrap_peer_is_redialed(spawn: Callable[..., Peer]) -> None:
     """A node that restarts (same key, same address) gets its trainers back without their help:
     each one redials its bootstrap peer and gossip flows again."""
