@@ -421,6 +421,36 @@ def signing_client(args: argparse.Namespace, key: bytes, timeout: float = 120.0)
     return RpcClient(args.rpc, timeout, signer=(key_address(key), args.chain_id))
 
 
+def cmd_init_checkpoint(args: argparse.Namespace) -> None:
+    """A sponsor's first step: the spec names its initial weights (URI + SHA-256) and the node
+    verifies them at postTask, so they must exist before the task does."""
+    from tenzro_training.jsontext import loads_bounded
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.model import config_from_spec, count_params, create_init_checkpoint, save_checkpoint
+
+    text = _read_text(args.spec, "spec")
+    spec = TrainingTaskSpec.from_json(text)  # SpecError -> exit 2 with the field path
+    cfg = config_from_spec(spec)  # UnknownFamily / ModelConfigError -> exit 2
+    out = Path(args.out)
+    try:
+        sha256 = save_checkpoint(create_init_checkpoint(cfg, args.seed), out)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
+    result = {"out": str(out), "uri": out.resolve().as_uri(), "sha256": sha256, "seed": args.seed,
+              "param_count": count_params(cfg)}
+    if args.spec_out:
+        doc = loads_bounded(text)
+        assert isinstance(doc, dict)  # from_json accepted it
+        doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": result["uri"], "sha256": sha256}
+        TrainingTaskSpec.from_dict(doc)  # still a valid spec
+        _write_out(args.spec_out, (json.dumps(doc, indent=2) + "\n").encode())
+        result["spec_out"] = str(args.spec_out)
+    if spec.architecture.param_count != result["param_count"]:
+        print(f"tenzro: note: the spec's architecture.param_count is {spec.architecture.param_count}; "
+              f"the model its metadata describes has {result['param_count']}", file=sys.stderr)
+    _emit(args, result, lambda r: _kv(r, ["out", "uri", "sha256", "param_count", "spec_out"]))
+
+
 def cmd_post_task(args: argparse.Namespace) -> None:
     from tenzro_training.spec import TrainingTaskSpec
 
@@ -881,6 +911,13 @@ def _file_path(text: str) -> str:
     return text
 
 
+def _seed(text: str) -> int:
+    """argparse type: a weights seed, a decimal integer in [0, 2**63)."""
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}")
+    return int(text)
+
+
 def _dir_path(text: str) -> str:
     """argparse type: a non-empty directory path (``""`` would silently mean the current one)."""
     if not text.strip():
@@ -936,6 +973,15 @@ def build_parser() -> argparse.ArgumentParser:
     train = top.add_parser("train", help="sponsor, trainer and syncer calls").add_subparsers(
         dest="verb", required=True
     )
+    p = train.add_parser("init-checkpoint",
+                         help="write the initial model a spec's metadata describes, and its URI and SHA-256")
+    p.add_argument("--spec", required=True, help="the TrainingTaskSpec (its init_checkpoint, if any, is ignored)")
+    p.add_argument("--out", required=True, type=_file_path, help="the safetensors file to write")
+    p.add_argument("--seed", type=_seed, default=0, help="weights seed: the same spec and seed give the same file (default 0)")
+    p.add_argument("--spec-out", type=_file_path, help="also write the spec with architecture.metadata.init_checkpoint set")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_init_checkpoint)
+
     p = train.add_parser("post-task", help="post a TrainingTaskSpec (signed by its sponsor)")
     p.add_argument("--spec", required=True)
     _client_flags(p, signing=True)

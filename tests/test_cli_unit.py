@@ -8,6 +8,7 @@ tests need no node process (tests/e2e covers the real one).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import socket
@@ -699,6 +700,45 @@ def test_export_model_from_model_file(capsys: pytest.CaptureFixture[str], tmp_pa
     )
     assert code == EXIT_OK and out.read_bytes() == (tmp_path / "node" / "models" / "t1.safetensors").read_bytes()
     assert json.loads(text)["model_hash"] == "0x" + compute_model_hash(state).hex()
+
+
+def test_init_checkpoint_writes_what_the_node_verifies_at_post_task(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The sponsor's first step from the CLI alone: the shipped example spec (no checkpoint) ->
+    a checkpoint file and a spec naming it, which the node's loader accepts; same seed, same
+    bytes; another seed, other weights."""
+    from tenzro_training.node.checkpoint import load_init_checkpoint
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.model import config_from_spec, count_params
+
+    example = Path(cli.__file__).parent / "data" / "timesfm-200m-task.json"
+    code, out, err = run(capsys, "train", "init-checkpoint", "--spec", str(example), "--out",
+                         str(tmp_path / "a.safetensors"), "--spec-out", str(tmp_path / "spec.json"), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert "param_count is 200000000" in err  # the example declares more than its metadata describes
+    data = (tmp_path / "a.safetensors").read_bytes()
+    assert result["sha256"] == "0x" + hashlib.sha256(data).hexdigest()
+    assert result["uri"] == (tmp_path / "a.safetensors").resolve().as_uri()
+    spec = TrainingTaskSpec.from_json((tmp_path / "spec.json").read_text())
+    ref = spec.init_checkpoint()
+    assert ref is not None and (ref.uri, ref.sha256) == (result["uri"], result["sha256"])
+    state = load_init_checkpoint(spec, allowed_dirs=(tmp_path,), max_bytes=1 << 30)
+    assert sum(t.numel() for t in state.values()) == result["param_count"] == count_params(config_from_spec(spec))
+    assert run(capsys, "train", "init-checkpoint", "--spec", str(example), "--out", str(tmp_path / "b.safetensors"))[0] == 0
+    assert (tmp_path / "b.safetensors").read_bytes() == data
+    assert run(capsys, "train", "init-checkpoint", "--spec", str(example), "--out", str(tmp_path / "c.safetensors"),
+               "--seed", "7")[0] == 0
+    assert (tmp_path / "c.safetensors").read_bytes() != data
+
+
+def test_invalid_init_checkpoint_spec(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "spec.json").write_text(json.dumps({"task_id": "t"}))
+    code, out, err = run(capsys, "train", "init-checkpoint", "--spec", str(tmp_path / "spec.json"), "--out",
+                         str(tmp_path / "x"))
+    assert code == EXIT_USAGE and out == "" and err.startswith("tenzro: ") and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
 
 
 def test_invalid_export_model_not_a_data_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
