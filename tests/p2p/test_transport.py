@@ -115,6 +115,15 @@ def poll_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+def send_raw_and_receive(pub: Peer, sub: Peer, count: int) -> None:
+    """``pub`` waits for ``sub`` on RAW, publishes ``count`` messages and ``sub`` gets them all."""
+    pub.send(cmd="wait_peers", topic=RAW, count=1)
+    pub.expect("peers")
+    pub.send(cmd="publish_raw", count=count, size=64)
+    pub.expect("published")
+    assert {sub.expect("raw")["i"] for _ in range(count)} == set(range(count))
+
+
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Peer]]:
     peers: list[Peer] = []
@@ -201,12 +210,7 @@ def test_garbage_on_a_pubsub_stream_closes_that_stream_not_the_host(spawn: Calla
                              capture_output=True, text=True, timeout=TIMEOUT)
     assert hostile.returncode == 0 and '"sent"' in hostile.stdout, hostile.stderr[-3000:]
     poll_until(lambda: s.stats()["rejected"] >= 1, "the garbage stream is counted as rejected")
-    p = spawn("p", "pub", (s.addr,))
-    p.send(cmd="wait_peers", topic=RAW, count=1)
-    p.expect("peers")
-    p.send(cmd="publish_raw", count=5, size=64)
-    p.expect("published")
-    assert {s.expect("raw")["i"] for _ in range(5)} == set(range(5))
+    send_raw_and_receive(spawn("p", "pub", (s.addr,)), s, 5)
     assert s.quit() == 0 and "Traceback" not in s.stderr
 
 
@@ -330,19 +334,11 @@ def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Pee
     with no counter moving. The counter now starts at the clock in nanoseconds."""
     s = spawn("s", "sub")
     first = spawn("p", "pub", (s.addr,))
-    first.send(cmd="wait_peers", topic=RAW, count=1)
-    first.expect("peers")
-    first.send(cmd="publish_raw", count=300, size=64)
-    first.expect("published")
-    assert {s.expect("raw")["i"] for _ in range(300)} == set(range(300))
+    send_raw_and_receive(first, s, 300)
     first.kill()
     again = spawn("p", "pub", (s.addr,))  # same key file: same peer id
     assert again.peer_id == first.peer_id
-    again.send(cmd="wait_peers", topic=RAW, count=1)
-    again.expect("peers")
-    again.send(cmd="publish_raw", count=5, size=64)
-    again.expect("published")
-    assert {s.expect("raw")["i"] for _ in range(5)} == set(range(5))
+    send_raw_and_receive(again, s, 5)
 
 
 def test_a_peer_stalled_on_relayed_traffic_is_counted(tmp_path: Path) -> None:
