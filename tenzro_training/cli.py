@@ -1107,12 +1107,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="make one pass and exit (for scripts)")
     _client_flags(p, signing=True, json_output=False)
     p.set_defaults(func=cmd_syncer_run)
+    _mark_command_parsers(parser)
     return parser
+
+
+def _mark_command_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command's namespace the parser that owns it (``command_parser``), so an
+    unknown flag is reported with that command's usage line: argparse reports leftovers from
+    the top parser, and `tenzro node --confg x` showed `tenzro [-h] {node,...}`."""
+    for action in parser._actions:  # argparse has no public walk over its subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(command_parser=sub)
+                _mark_command_parsers(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         args.func(args)
     except CliError as exc:
         print(f"tenzro: {exc}", file=sys.stderr)

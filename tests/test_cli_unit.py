@@ -532,6 +532,20 @@ def test_invalid_deeply_nested_answer_does_not_crash_the_process(fake_node: Fake
     assert done.stderr == f"tenzro: node at {fake_node.url} answered JSON nested deeper than 128\n"
 
 
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["node", "--data-dir", "d", "--confg", "x"], "usage: tenzro node "),
+    (["train", "get-run", "--task-id", "t", "--bogus"], "usage: tenzro train get-run "),
+    (["keys", "new-account", "--out", "k", "--x"], "usage: tenzro keys new-account "),
+])
+def test_invalid_unknown_flag_names_its_command(capsys: pytest.CaptureFixture[str], argv: list[str], usage: str) -> None:
+    """argparse reported leftovers from the top parser: `tenzro node --confg x` printed the
+    top-level usage, which does not list --config (README walkthrough probe)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == EXIT_USAGE and err.startswith(usage) and "unrecognized arguments" in err
+
+
 def test_output_to_a_closed_pipe_exits_141_without_a_traceback(tmp_path: Path) -> None:
     """`tenzro ... --json | head` whose reader has gone: Python's BrokenPipeError was a
     traceback and exit 1 (which means a JSON-RPC error). A child process with a pipe whose
