@@ -21,6 +21,7 @@ rocksdict facts this module is built around (measured, see the shared dependency
 
 from __future__ import annotations
 
+import fcntl
 import os
 import weakref
 from collections.abc import Iterator
@@ -127,6 +128,7 @@ class RocksStore(KVStore):
         self._views: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}
         self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        self._dir_lock: int | None = None  # a descriptor of the directory, flock'ed while open
         self._write_options = rocksdict.WriteOptions()
         self._write_options.sync = self._sync
         self._write_options.disable_wal = False
@@ -158,6 +160,8 @@ class RocksStore(KVStore):
         exists = os.path.exists(os.path.join(path, "CURRENT"))
         if not exists and not create:
             raise StorageError(f"no store at {path!r} (opened with create=False)")
+        if not self._read_only:
+            self._lock_directory()
         if exists:
             on_disk = self._list_families()
             families = [name for name in on_disk if name != _DEFAULT_CF]
@@ -179,6 +183,24 @@ class RocksStore(KVStore):
             if name in self._cf_set:
                 self._attach(name)
         self._check_schema(on_disk)
+
+    def _lock_directory(self) -> None:
+        """Take an exclusive flock on the directory itself, beside RocksDB's LOCK file. Why:
+        RocksDB's lock lives on a file, and a deleted ``LOCK`` let a second read-write node open
+        the same store; the two then overwrote each other's MANIFEST and lost acknowledged
+        writes or left the store unopenable (found by the storage fault probe). A lock on the
+        directory's own descriptor cannot be removed with the directory in place."""
+        os.makedirs(self._path, exist_ok=True)
+        fd = os.open(self._path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(fd)
+            raise StoreLocked(
+                f"store at {self._path!r} is already open (its directory is locked by another process "
+                f"or another opener in this process); only one read-write opener at a time: {error}"
+            ) from None
+        self._dir_lock = fd
 
     def _list_families(self) -> list[str]:
         try:
@@ -318,3 +340,6 @@ class RocksStore(KVStore):
         db, self._db = self._db, None
         if db is not None:
             db.close()
+        lock, self._dir_lock = self._dir_lock, None
+        if lock is not None:
+            os.close(lock)  # releases the flock, after the database (and its LOCK) is closed

@@ -20,6 +20,7 @@ import pytest
 import rocksdict
 
 from storage import SchemaVersionError, StorageError
+from storage.interface import StoreLocked
 from storage.rocks import RocksStore
 from storage.schema import (
     CF_ACCOUNTS,
@@ -282,6 +283,30 @@ def test_invalid_second_opener_in_process(tmp_path: Path) -> None:
             batch.put(CF_TRAINING_RUNS, b"k2", b"v2")
     with RocksStore(path) as again:
         assert again.get(CF_TRAINING_RUNS, b"k2") == b"v2"
+
+
+def test_invalid_second_opener_after_the_lock_file_is_deleted(tmp_path: Path) -> None:
+    """RocksDB's lock is a file: with ``LOCK`` deleted a second read-write node got in, and the
+    two overwrote each other's MANIFEST (acknowledged writes lost, or a store that no longer
+    opened; storage fault probe). The directory itself is locked too. (Within one process
+    RocksDB also remembers its locked files, so the holder is another process.)"""
+    path = tmp_path / "db"
+    holder = spawn(HOLDER, str(path), stdin=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdin is not None
+    try:
+        assert holder.stdout.readline() == b"ready\n"
+        (path / "LOCK").unlink()
+        with pytest.raises(StoreLocked, match="already open"):
+            RocksStore(path)
+        with RocksStore(path, read_only=True) as reader:  # readers take no lock
+            assert reader.get(CF_META, SCHEMA_VERSION_KEY) is not None
+    finally:
+        holder.stdin.write(b"done\n")
+        holder.stdin.flush()
+        holder.communicate(timeout=30)
+    assert holder.returncode == 0
+    with RocksStore(path) as store:  # released with the holder
+        assert store.get(CF_META, SCHEMA_VERSION_KEY) is not None
 
 
 def test_invalid_damaged_store_is_not_reported_as_already_open(tmp_path: Path) -> None:
