@@ -34,14 +34,20 @@ __all__ = [
 
 
 def open_store(
-    path: str | os.PathLike[str] | None, *, sync: bool = False, create: bool = True, read_only: bool = False
+    path: str | os.PathLike[str] | None,
+    *,
+    sync: bool = False,
+    create: bool = True,
+    read_only: bool = False,
+    wal_recovery: str = "strict",
 ) -> KVStore:
     """Open the node's store: a :class:`~storage.rocks.RocksStore` in directory ``path``, or a
-    fresh :class:`MemoryStore` when ``path`` is None (``sync``, ``create`` and ``read_only`` then
-    do nothing). ``read_only``: an existing store, read beside whoever has it open (RocksStore)."""
+    fresh :class:`MemoryStore` when ``path`` is None (the other arguments then do nothing).
+    ``read_only``: an existing store, read beside whoever has it open (RocksStore).
+    ``wal_recovery``: ``storage.rocks.WAL_RECOVERY_MODES``."""
     if path is None:
         return MemoryStore()
     # Imported here so that using the memory store never loads the RocksDB extension.
     from storage.rocks import RocksStore
 
-    return RocksStore(path, sync=sync, create=create, read_only=read_only)
+    return RocksStore(path, sync=sync, create=create, read_only=read_only, wal_recovery=wal_recovery)

@@ -32,20 +32,36 @@ import rocksdict
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, SchemaVersionError, StorageError, StoreLocked
 
-__all__ = ["RocksStore"]
+__all__ = ["WAL_RECOVERY_MODES", "RocksStore"]
 
 _DEFAULT_CF = "default"  # RocksDB always has it; the schema never uses it
 
 
-def _raw_options(*, create: bool = False) -> rocksdict.Options:
+WAL_RECOVERY_MODES = ("strict", "point_in_time")
+"""How an open replays the write-ahead log (``RocksStore(wal_recovery=...)``):
+
+- ``strict`` (default): a record torn at the very end of a log (the batch being written when the
+  process died, never acknowledged) is dropped; damage anywhere else refuses the open. Until
+  2026-11-25 the store opened in point-in-time mode, which stops at the first damaged record
+  and silently drops every later batch: 64 flipped bytes early in a log emptied a store of a
+  sealed run and its receipt, and the audit had nothing left to check (storage fault probe).
+- ``point_in_time``: the operator's choice for a store refused as above (e.g. after a power loss
+  with ``sync=False``): recover every batch before the damage, drop the rest.
+"""
+
+
+def _raw_options(*, create: bool = False, wal_recovery: str = "strict") -> rocksdict.Options:
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(create)
     # Open creates families only for a brand-new database; in an existing one they are created
     # explicitly, after the schema-version check (a newer store must not be touched).
     options.create_missing_column_families(create)
-    # After a crash, recover every write whose WAL record is complete and stop at the first torn
-    # one: an acknowledged batch survives and a half-written batch is dropped as a whole.
-    options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
+    # An acknowledged batch is whole in the WAL, so only the unacknowledged tail can be torn
+    # by a crash (dropped as a whole: no half batch); see WAL_RECOVERY_MODES.
+    if wal_recovery == "strict":
+        options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.tolerate_corrupted_tail_records())
+    else:
+        options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
     options.set_keep_log_file_num(4)
     return options
 
@@ -118,9 +134,18 @@ class RocksStore(KVStore):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, sync: bool = False, create: bool = True, read_only: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        sync: bool = False,
+        create: bool = True,
+        read_only: bool = False,
+        wal_recovery: str = "strict",
     ) -> None:
         super().__init__(schema.ALL_COLUMN_FAMILIES)
+        if wal_recovery not in WAL_RECOVERY_MODES:
+            raise ValueError(f"wal_recovery must be one of {WAL_RECOVERY_MODES}, got {wal_recovery!r}")
+        self._wal_recovery = wal_recovery
         self._path = os.fspath(path)
         self._sync = bool(sync)
         self._read_only = bool(read_only)
@@ -173,7 +198,7 @@ class RocksStore(KVStore):
         try:
             self._db = rocksdict.Rdict(
                 path,
-                _raw_options(create=not exists),
+                _raw_options(create=not exists, wal_recovery=self._wal_recovery),
                 column_families={name: _raw_options() for name in families},
                 access_type=rocksdict.AccessType.read_only() if self._read_only else rocksdict.AccessType.read_write(),
             )
@@ -217,6 +242,16 @@ class RocksStore(KVStore):
                 f"store at {self._path!r} is already open (RocksDB LOCK is held by another "
                 f"process or another opener in this process); only one read-write opener "
                 f"at a time: {message}"
+            )
+        # The WAL reader says only "Corruption: checksum mismatch"; table and MANIFEST damage
+        # name their file.
+        wal = "Corruption" in message and ".sst" not in message and "MANIFEST" not in message
+        if wal and self._wal_recovery == "strict":
+            return StorageError(
+                f"cannot open store at {self._path!r}: its write-ahead log is damaged before its end, and "
+                f"opening it would drop every batch written after the damage: {message}. Restore the "
+                f"store from a backup, or, to open it anyway and lose those batches, set "
+                f'"wal_recovery": "point_in_time" in the node config (docs/storage.md)'
             )
         return StorageError(f"cannot open store at {self._path!r}: {message}")
 

@@ -71,7 +71,7 @@ _DECIMAL = re.compile(r"0|[1-9][0-9]{0,77}")
 _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
 
 _TOP_KEYS: Final = (
-    "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes",
+    "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes", "wal_recovery",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
@@ -222,6 +222,10 @@ class NodeConfig:
     """(address, attoTNZO) balances credited once, when the store is first created."""
     sync_writes: bool = False
     """fsync every batch (survives power loss); the WAL is always on either way."""
+    wal_recovery: str = "strict"
+    """How the store's open replays its write-ahead log (``storage.rocks.WAL_RECOVERY_MODES``):
+    ``strict`` refuses a log damaged before its end; ``point_in_time`` opens it anyway,
+    dropping every batch after the damage (an operator's explicit choice)."""
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     """Largest outer-gradient payload accepted (inline or over gossip)."""
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
@@ -300,6 +304,8 @@ class NodeConfig:
             raise ConfigError("genesis", "the balances add up to more than a uint256")
         object.__setattr__(self, "genesis", genesis)
         _bool("sync_writes", self.sync_writes)
+        if self.wal_recovery not in ("strict", "point_in_time"):
+            raise ConfigError("wal_recovery", 'expected "strict" or "point_in_time"')
         _int("max_payload_bytes", self.max_payload_bytes, 1, 2**40)
         _int("max_checkpoint_bytes", self.max_checkpoint_bytes, 1, 2**50)
         dirs = tuple(Path(d) for d in self.allowed_checkpoint_dirs)
@@ -375,7 +381,7 @@ class NodeConfig:
                     raise ConfigError(f"allowed_checkpoint_dirs[{i}]", "expected a path string")
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
-        plain = ("sync_writes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
+        plain = ("sync_writes", "wal_recovery", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count")
@@ -409,6 +415,7 @@ class NodeConfig:
             ],
             "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self.genesis],
             "sync_writes": self.sync_writes,
+            "wal_recovery": self.wal_recovery,
             "max_payload_bytes": self.max_payload_bytes,
             "max_checkpoint_bytes": self.max_checkpoint_bytes,
             "allowed_checkpoint_dirs": [str(p) for p in self.allowed_checkpoint_dirs],

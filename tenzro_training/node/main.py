@@ -232,7 +232,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
 
     _make_data_dir(data_dir)
     try:
-        store = open_store(data_dir / "db", sync=bool(config.sync_writes))
+        store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery)
     except StorageError as exc:
         raise NodeStartupError(str(exc)) from None
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-node")

@@ -33,7 +33,8 @@ def test_defaults() -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    config = make_config(tmp_path, allowed_checkpoint_dirs=(tmp_path,), sync_writes=True, rpc_port=0)
+    config = make_config(tmp_path, allowed_checkpoint_dirs=(tmp_path,), sync_writes=True, rpc_port=0,
+                         wal_recovery="point_in_time")
     obj = config.to_dict()
     assert "data_dir" not in obj
     assert NodeConfig.from_dict(obj, data_dir=tmp_path) == config
@@ -92,6 +93,8 @@ def _base() -> dict[str, Any]:
         ({"rpc_host": ""}, "rpc_host"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"sync_writes": "yes"}, "sync_writes"),
+        ({"wal_recovery": "lenient"}, "wal_recovery"),
+        ({"wal_recovery": None}, "wal_recovery"),
         ({"model_cache_runs": -1}, "model_cache_runs"),
         ({"model_snapshot_rounds": 0}, "model_snapshot_rounds"),
         ({"model_snapshot_rounds": 1.5}, "model_snapshot_rounds"),
