@@ -9,7 +9,9 @@ writes the bytes back; params, errors and batches are the dispatcher's.
 HTTP behaviour:
 - ``POST /`` with any content type: the JSON-RPC body. 200 with a JSON body, or 204 (no body)
   when the request held only notifications.
-- ``GET /``: ``{"ok": true}`` (health). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
+- ``GET /``: ``{"ok": true}`` (health), or 503 ``{"ok": false, "error": <reason>}`` while the
+  ``health_check`` given to :func:`create_app` names one (the node: ``storage_write_failed``,
+  docs/node.md "Storage failures"). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
   the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a
   JSON-RPC-shaped error body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
@@ -81,6 +83,7 @@ _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
 _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
 _REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
+_HEALTH_CHECK: Final = web.AppKey("rpc_health_check", object)  # Callable[[], str | None] | None
 _JSON: Final = "application/json"
 _HEALTH: Final = serialize_json({"ok": True})
 
@@ -206,8 +209,12 @@ async def _post(request: web.Request) -> web.StreamResponse:
     return web.Response(body=answer, content_type=_JSON)
 
 
-async def _health(_request: web.Request) -> web.StreamResponse:
-    return web.Response(body=_HEALTH, content_type=_JSON)
+async def _health(request: web.Request) -> web.StreamResponse:
+    check = request.app[_HEALTH_CHECK]
+    failure = None if check is None else check()
+    if failure is None:
+        return web.Response(body=_HEALTH, content_type=_JSON)
+    return _json_response({"ok": False, "error": failure}, status=503)
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
@@ -223,6 +230,7 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     executor: Executor | None = None,
     metrics: Registry | None = None,
+    health_check: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """The aiohttp application serving JSON-RPC for ``service`` at ``/``.
 
@@ -232,6 +240,8 @@ def create_app(
     ``max_batch``: most requests a JSON-RPC batch may hold (a larger one is one -32600).
     ``metrics``: the registry ``GET /metrics`` renders, to which the app adds the JSON-RPC
     request metrics (a fresh one when omitted); the node adds its own to the same registry.
+    ``health_check``: called by ``GET /`` on the event loop (it must be quick and thread-safe);
+    a returned reason (a fixed token, never exception text) makes the answer a 503.
     """
     if type(max_body_bytes) is not int or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
@@ -250,6 +260,7 @@ def create_app(
         ("reason",),
     )
     app[_MAX_BODY] = max_body_bytes
+    app[_HEALTH_CHECK] = health_check
     if executor is None:
         owned = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-rpc")
         app[_EXECUTOR] = owned
@@ -333,9 +344,11 @@ async def start_server(
     executor: Executor | None = None,
     shutdown_timeout: float = 10.0,
     metrics: Registry | None = None,
+    health_check: Callable[[], str | None] | None = None,
 ) -> RunningServer:
     """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
-    app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics)
+    app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics,
+                     health_check=health_check)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     assert runner.server is not None  # set up

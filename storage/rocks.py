@@ -161,7 +161,10 @@ class RocksStore(KVStore):
             self._open(create and not self._read_only)
         except BaseException:
             self._closed = True
-            self._release()
+            try:
+                self._release()
+            except StorageError:  # the open's own error is the one to report
+                pass
             raise
 
     def __repr__(self) -> str:
@@ -369,12 +372,24 @@ class RocksStore(KVStore):
         self._cursors = weakref.WeakSet()
         views, self._views = self._views, {}
         self._handles = {}
+        # After a failed write (a full disk) every close below raises RocksDB's kept error
+        # ("Writer has previous error"), a bare Exception: each still runs, the directory lock
+        # is released last, and the first error is reported as a StorageError.
+        errors: list[Exception] = []
         for view in views.values():
-            view.close()
+            try:
+                view.close()
+            except Exception as error:
+                errors.append(error)
         del views
         db, self._db = self._db, None
-        if db is not None:
-            db.close()
+        try:
+            if db is not None:
+                db.close()
+        except Exception as error:
+            errors.append(error)
         lock, self._dir_lock = self._dir_lock, None
         if lock is not None:
             os.close(lock)  # releases the flock, after the database (and its LOCK) is closed
+        if errors:
+            raise StorageError(f"closing {self._path!r} failed: {errors[0]}")

@@ -735,11 +735,12 @@ def _export_from_store(data_dir: Path, task_id: str) -> bytes:
     try:
         store = open_store(data_dir / "db", create=False)
     except StoreLocked:
-        # A running node writes a run's model file the moment the run seals: none means this
-        # node does not have task_id Sealed. Say that, not the store lock's text.
+        # A running node writes a run's model file the moment the run seals (and retries while
+        # it cannot, e.g. on a full disk). Say that, not the store lock's text.
         raise CliError(
             f"cannot export {task_id}: no {data_dir / 'models' / (task_id + '.safetensors')}, and the node "
-            f"holding {data_dir / 'db'} is running, so that run is unknown to it or not Sealed "
+            f"holding {data_dir / 'db'} is running, so that run is unknown to it or not Sealed, or its "
+            f"model file could not be written yet (the node's log says so; it retries) "
             f"(`tenzro train get-run --task-id {task_id}` shows its status)", EXIT_RPC_ERROR,
         ) from None
     except StorageError as exc:

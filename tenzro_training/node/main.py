@@ -42,6 +42,10 @@ log = logging.getLogger("tenzro.node")
 TICK_INTERVAL_S: Final = 0.1
 """Longest sleep between two ticks; the loop wakes earlier for a deadline due sooner."""
 EXIT_STARTUP: Final = 2
+EXIT_STORAGE: Final = 1
+"""``tenzro node`` stopped (SIGINT/SIGTERM) but its store reported an error while closing."""
+TICK_FAILURE_LOG_S: Final = 60.0
+"""A tick failing the same way again is logged at most this often (it is retried every tick)."""
 
 
 class NodeStartupError(TenzroError):
@@ -137,15 +141,31 @@ def _tick(service: Any) -> int | None:
 
 async def _tick_forever(service: Any, executor: ThreadPoolExecutor, metrics: Any) -> None:
     loop = asyncio.get_running_loop()
+    last_failure, last_logged, repeats = "", 0.0, 0
     while True:
         try:
             deadline = await loop.run_in_executor(executor, _tick, service)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a failing tick must not kill the node; it is retried
-            log.exception("tick failed")
+        except Exception as exc:  # a failing tick must not kill the node; it is retried
             metrics.tick_failures.inc()
             deadline = None
+            # Logged with its traceback when new, then at most every TICK_FAILURE_LOG_S: a store
+            # that refuses writes (a full disk) failed every tick, 10 tracebacks a second into
+            # a log on that same disk (storage fault probe).
+            failure, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+            if failure != last_failure:
+                log.exception("tick failed")
+                last_failure, last_logged, repeats = failure, now, 0
+            elif now - last_logged >= TICK_FAILURE_LOG_S:
+                log.error("tick failed %d more times in %.0f s: %s", repeats + 1, now - last_logged, failure)
+                last_logged, repeats = now, 0
+            else:
+                repeats += 1
+        else:
+            if last_failure:
+                log.info("tick works again")
+                last_failure = ""
         delay = TICK_INTERVAL_S
         if deadline is not None:
             # A deadline fires once time is PAST it: wake 1 ms after it.
@@ -271,6 +291,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
             server = await start_server(
                 service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes,
                 max_batch=config.rpc_max_batch, executor=executor, metrics=registry,
+                health_check=lambda: None if service.storage_failure is None else "storage_write_failed",
             )
         except OSError as exc:
             raise NodeStartupError(
@@ -306,6 +327,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
 
 def run_node_from_args(args: argparse.Namespace) -> None:
     """``tenzro node``: returns after a clean shutdown; raises CliError(exit 2) at startup."""
+    from storage.interface import StorageError
     from tenzro_training.cli import CliError
 
     logging.basicConfig(
@@ -329,3 +351,8 @@ def run_node_from_args(args: argparse.Namespace) -> None:
         asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True), p2p=p2p))
     except NodeStartupError as exc:
         raise CliError(str(exc), EXIT_STARTUP) from None
+    except StorageError as exc:
+        # Raised by the store's close after a write failed (a full disk): RocksDB keeps the
+        # error until reopened. Acknowledged batches are in its write-ahead log.
+        raise CliError(f"the node stopped with a storage error: {exc}; acknowledged writes are in the "
+                       f"write-ahead log and are recovered at the next start", EXIT_STORAGE) from None

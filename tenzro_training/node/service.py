@@ -141,12 +141,15 @@ from tenzro_training.receipt_check import (
 )
 from tenzro_training.spec import TrainingTaskSpec
 
-__all__ = ["RUN_JSON_CACHE_RUNS", "NodeService", "wall_clock_ms"]
+__all__ = ["MODEL_FILE_RETRY_MS", "RUN_JSON_CACHE_RUNS", "NodeService", "wall_clock_ms"]
 
 log = logging.getLogger("tenzro.node")
 
 _GENESIS_RECORD_VERSION = 1
 _NO_HASH = bytes(32)
+
+MODEL_FILE_RETRY_MS = 30_000
+"""How often a sealed run's model file that could not be written is tried again."""
 
 RUN_JSON_CACHE_RUNS = 64
 """Runs whose serialized getRun state part the service keeps (a few KB to a few hundred KB
@@ -217,6 +220,10 @@ class NodeService:
         # At most config.payload_cache_bytes; a run's entries go when its round moves on.
         self._payload_cache: dict[str, dict[bytes, bytes]] = {}
         self._payload_cache_bytes = 0
+        self._storage_failure: str | None = None  # see storage_failure
+        # Sealed runs whose model file could not be written (tick retries them).
+        self._model_files_pending: set[str] = set()
+        self._model_file_retry_at_ms = 0
         self._model_rebuilds = 0  # for cache_stats (GET /metrics)
         self._replayed_rounds = 0
         self._payloads_pruned = 0
@@ -312,7 +319,32 @@ class NodeService:
             log.warning("removed %s, left by a model file write that did not finish", path.name)
         for task_id, run in sorted(self._runs.items()):
             if run.status is RunStatus.SEALED and not self._model_file(task_id).exists():
-                self._write_model_file(task_id)
+                self._try_write_model_file(task_id)
+
+    def _try_write_model_file(self, task_id: str) -> None:
+        """Write a sealed run's model file; when that fails (a full disk), say so once and leave
+        it to :meth:`tick` to retry, every :data:`MODEL_FILE_RETRY_MS`. The file is derived
+        from the store, so nothing is lost meanwhile, but until 2026-11-25 a failure at the
+        seal was retried only at the next start, and one at startup stopped the node with a
+        traceback (storage fault probe)."""
+        try:
+            self._write_model_file(task_id)
+        except OSError as exc:
+            if task_id not in self._model_files_pending:
+                log.error("cannot write the final model file of %s (%s); retrying every %d s", task_id,
+                          exc.strerror or exc, MODEL_FILE_RETRY_MS // 1000)
+            self._model_files_pending.add(task_id)
+            return
+        if task_id in self._model_files_pending:
+            self._model_files_pending.discard(task_id)
+            log.info("wrote the final model file of %s", task_id)
+
+    def _retry_model_files(self, now: int) -> None:
+        if not self._model_files_pending or now < self._model_file_retry_at_ms:
+            return
+        self._model_file_retry_at_ms = now + MODEL_FILE_RETRY_MS
+        for task_id in sorted(self._model_files_pending):
+            self._try_write_model_file(task_id)
 
     # --- small helpers -----------------------------------------------------------------------
 
@@ -348,13 +380,28 @@ class NodeService:
     def _write(self, ops: Sequence[Operation]) -> None:
         if not ops:
             return
-        with self._store.atomic_batch() as batch:
-            for op, cf, key, value in ops:
-                if op is BatchOp.PUT:
-                    assert value is not None  # PUT operations always carry a value
-                    batch.put(cf, key, value)
-                else:
-                    batch.delete(cf, key)
+        try:
+            with self._store.atomic_batch() as batch:
+                for op, cf, key, value in ops:
+                    if op is BatchOp.PUT:
+                        assert value is not None  # PUT operations always carry a value
+                        batch.put(cf, key, value)
+                    else:
+                        batch.delete(cf, key)
+        except StorageError as exc:
+            if self._storage_failure is None:
+                self._storage_failure = str(exc)
+                log.error("a store write failed (%s): the store refuses writes until the node restarts, and the "
+                          "health check answers 503 storage_write_failed; restart once the cause is fixed", exc)
+            raise
+
+    @property
+    def storage_failure(self) -> str | None:
+        """The first store write that failed, or None. RocksDB refuses every write after a
+        failed one (a full disk) until the store is reopened, so the node's health check
+        reports it: the node must be restarted once the cause is fixed (storage fault probe:
+        it answered ``{"ok": true}`` while refusing every write). Safe from any thread."""
+        return self._storage_failure
 
     def _commit(self, t: Transition, extra: Sequence[Operation] = ()) -> None:
         """Write one applied transition (run, ledger diff, ``extra``) in one batch; only once it
@@ -787,10 +834,7 @@ class NodeService:
         if not sealed:  # committed: now the run's current model
             self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
         if sealed and self._config.data_dir is not None:
-            try:
-                self._write_model_file(task_id)
-            except OSError:  # committed already; the file is regenerated at the next start
-                log.exception("cannot write the final model file of %s", task_id)
+            self._try_write_model_file(task_id)  # committed already: a failure is retried by tick
         return self._finalize_result(t.run, round)
 
     def _commit_finalize(self, task_id: str, round: int, t: Transition, update: RoundUpdate, signer: bytes,
@@ -1113,6 +1157,7 @@ class NodeService:
         the node's own identities where an election is open; returns the events, in order."""
         self._check_open()
         now = self._now()
+        self._retry_model_files(now)
         events: list[RunEvent] = []
         for task_id in sorted(self._runs):
             run = self._runs[task_id]
@@ -1190,12 +1235,12 @@ class NodeService:
 
     def final_model_path(self, task_id: str) -> Path:
         """``data_dir/models/<task_id>.safetensors`` (written once the run is Sealed; rewritten
-        here if it went missing)."""
+        here if it went missing, when it can be: it may still be missing on a full disk)."""
         self._check_open()
         path = self._model_file(task_id)
         run = self._runs.get(task_id)
         if run is not None and run.status is RunStatus.SEALED and not path.exists():
-            self._write_model_file(task_id)
+            self._try_write_model_file(task_id)
         return path
 
     def export_final_model(self, task_id: str) -> bytes:

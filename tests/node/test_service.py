@@ -181,6 +181,63 @@ class TestWholeRun:
         assert view["status"] == "Sealed" and view["has_receipt"] is True
         assert len(view["round_records"]) == 2 and view["run_root"] == last["run_root"]
 
+    def test_a_model_file_that_cannot_be_written_is_retried_not_fatal(
+        self, checkpoint: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A full disk at the seal (the batch committed, the file not written) was retried only
+        at the next start, and one at startup stopped the node with a traceback (storage fault
+        probe). Both now log once and tick retries."""
+        import errno
+
+        import tenzro_training.node.service as service_module
+
+        real_write = service_module.write_file_atomically
+        full = {"on": True}
+
+        def write(path: Any, data: bytes, **kw: Any) -> None:
+            if full["on"]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_write(path, data, **kw)
+
+        monkeypatch.setattr(service_module, "write_file_atomically", write)
+        clock = FakeClock()
+        store = open_test_store("rocks", tmp_path / "db")
+        net = Net(NodeService(make_config(tmp_path / "data"), store, clock=clock), clock)
+        start(net, checkpoint)
+        for r in range(2):
+            play_round(net, r)
+        path = net.service.final_model_path(net.task_id)
+        assert net.service.get_run(net.task_id)["status"] == "Sealed" and not path.exists()
+        net.service.close()
+        # A restart on the still full disk: the node starts.
+        net = Net(NodeService(make_config(tmp_path / "data"), store, clock=clock), clock)
+        assert not path.exists()
+        net.service.tick()  # a retry, still on a full disk
+        full["on"] = False
+        net.service.tick()  # within the retry interval: not yet
+        assert not path.exists()
+        clock.advance(service_module.MODEL_FILE_RETRY_MS)
+        net.service.tick()
+        assert path.read_bytes() == net.service.export_final_model(net.task_id)
+        net.service.close()
+        store.close()
+
+    def test_a_failed_store_write_is_reported_until_restart(self, net: Net, checkpoint: tuple[str, str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The health check reads storage_failure: RocksDB refuses every write after one failed
+        (a full disk) until the store is reopened."""
+        start(net, checkpoint)
+        assert net.service.storage_failure is None
+
+        def refuse() -> Any:
+            raise StorageError("write failed: IO error: No space left on device")
+
+        monkeypatch.setattr(net.store, "atomic_batch", refuse)
+        with pytest.raises(StorageError):
+            net.submit(0, 0, 0)
+        assert "No space left" in (net.service.storage_failure or "")
+        assert net.service.get_run(net.task_id)["submission_counts"] == [0, 0]  # nothing half-applied
+
     def test_a_finalize_that_fails_after_stepping_leaves_no_half_stepped_model(
         self, net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
     ) -> None:

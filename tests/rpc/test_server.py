@@ -133,6 +133,18 @@ def test_health(live: LiveServer) -> None:
     assert headers["Content-Type"].startswith("application/json")
 
 
+def test_health_answers_503_with_the_checks_reason() -> None:
+    """A node whose store refuses writes (a full disk: RocksDB keeps the error until reopened)
+    answered {"ok": true} (storage fault probe); the check's fixed reason now makes it a 503."""
+    failure: list[str] = []
+    with LiveServer(FakeService(), health_check=lambda: failure[0] if failure else None) as server:
+        assert server.request("GET", "/")[0] == 200
+        failure.append("storage_write_failed")
+        status, headers, body = server.request("GET", "/")
+        assert status == 503 and json.loads(body) == {"ok": False, "error": "storage_write_failed"}
+        assert headers["Content-Type"].startswith("application/json")
+
+
 def test_notifications_get_204(live: LiveServer) -> None:
     live.service.reset()
     note = req("tenzro_training_getRun", {"task_id": "t1"}, id=...)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import rocksdict
@@ -346,6 +347,28 @@ def test_invalid_wal_damaged_before_its_end_refuses_the_open(tmp_path: Path) -> 
     assert kept == list(range(len(kept))) and 0 < len(kept) < 200
     with pytest.raises(ValueError, match="wal_recovery"):
         RocksStore(path, wal_recovery="lenient")
+
+
+def test_a_close_that_fails_is_a_storage_error_and_still_releases_the_store(tmp_path: Path) -> None:
+    """After a failed write (a full disk) RocksDB's close raises "Writer has previous error":
+    it was a bare Exception and a traceback at the node's shutdown (storage fault probe)."""
+    path = tmp_path / "db"
+    store = RocksStore(path)
+    real = store._db
+
+    class FailingClose:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def close(self) -> None:
+            real.close()
+            raise Exception("IO error: Writer has previous error.")
+
+    store._db = FailingClose()
+    with pytest.raises(StorageError, match="closing .* failed: IO error: Writer has previous error"):
+        store.close()
+    with RocksStore(path) as again:  # the directory lock went with it
+        assert again.get(CF_META, SCHEMA_VERSION_KEY) is not None
 
 
 def test_invalid_damaged_store_is_not_reported_as_already_open(tmp_path: Path) -> None:
