@@ -46,7 +46,7 @@ from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from tenzro_training.node.model_state import decode_model_layout, decode_round_count, load_model_fragments
-from tenzro_training.node.replay import load_round_inputs, replay_round
+from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.run_state import RunState, RunStatus
 
@@ -199,6 +199,9 @@ def _audit(
         progress.replayed += 1
         if snapshot == record.round + 1 and snapshot > start:
             _check_snapshot(store, task_id, model, snapshot, weights, momentum, progress)
+    if run.current_round is not None:
+        checked = check_open_round(store, run)
+        progress.checks.append(f"open round {run.current_round.round}: {checked} accepted submission(s) stored")
     if run.status is RunStatus.SEALED:
         final = load_model_fragments(store, task_id, schema.MODEL_FINAL, model)
         if not all(torch.equal(a, b) for a, b in zip(final, weights)):

@@ -34,9 +34,10 @@ from tenzro_training.global_model import (
 )
 from tenzro_training.node import persistence
 from tenzro_training.records import RoundRecord
+from tenzro_training.run_state import RunState
 from tenzro_training.spec import TrainingTaskSpec
 
-__all__ = ["ReplayMismatch", "load_round_inputs", "replay_round"]
+__all__ = ["ReplayMismatch", "check_open_round", "load_round_inputs", "replay_round"]
 
 
 class ReplayMismatch(StorageError):
@@ -69,6 +70,28 @@ def load_round_inputs(
             subs.append((trainer, load_payload(persistence.decode_submission_record(raw).payload_hash)))
         inputs.append(subs)
     return inputs
+
+
+def check_open_round(store: KVStore, run: RunState) -> int:
+    """StorageError unless every submission the run's open round accepted has its submission
+    record (naming the same payload hash) and its payload in the store; returns how many were
+    checked. The batch that accepts a submission writes all three, so a miss means a damaged
+    store: a MANIFEST cut short opened without error and lost the last batch's payload but not
+    the run state, after which every finalize of the round failed (storage fault probe)."""
+    current = run.current_round
+    if current is None:
+        return 0
+    checked = 0
+    for fragment, subs in enumerate(current.submissions):
+        for sub in subs:
+            where = f"{format_address(sub.trainer)} to {run.task_id} round {current.round} fragment {fragment}"
+            raw = store.get(schema.CF_SUBMISSIONS, schema.submission_key(run.task_id, current.round, fragment, sub.trainer))
+            if raw is None or persistence.decode_submission_record(raw).payload_hash != sub.payload_hash:
+                raise StorageError(f"the accepted submission of {where} has no matching record in the store")
+            if not store.contains(schema.CF_SUBMISSIONS, schema.payload_key(run.task_id, sub.payload_hash)):
+                raise StorageError(f"the payload of the accepted submission of {where} is missing from the store")
+            checked += 1
+    return checked
 
 
 def replay_round(

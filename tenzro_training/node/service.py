@@ -89,7 +89,7 @@ from tenzro_training.node.model_state import (
     encode_round_count,
     load_model_fragments,
 )
-from tenzro_training.node.replay import load_round_inputs, replay_round
+from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -270,6 +270,11 @@ class NodeService:
             run = persistence.decode_run(raw)
             if run.task_id != task_id:
                 raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
+            try:
+                check_open_round(self._store, run)  # what the next finalize will read
+            except StorageError as exc:
+                raise StorageError(f"the store is damaged: {exc}; restore it from a backup "
+                                   f"(`tenzro audit` lists what it finds)") from None
             self._runs[task_id] = run
             self._stored_runs[task_id] = raw
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from storage import schema
+from storage.interface import StorageError
 from storage.rocks import RocksStore
 from tenzro_training import cli
+from tenzro_training.node import persistence
 from tenzro_training.node.audit import audit_run, audit_store
 from tenzro_training.node.service import NodeService
 from tests.node.conftest import FakeClock, Net, make_config, spec_dict
@@ -65,6 +67,8 @@ def make_node(data: Path, checkpoint: tuple[str, str], *, training_rounds: int =
         training.enroll(i)
     for r in range(training_rounds):
         play_round(training, r)
+    training.submit(0, training_rounds, 0)  # the open round holds accepted submissions too
+    training.submit(1, training_rounds, 1)
     return Node(data, service, store)
 
 
@@ -83,7 +87,7 @@ def test_a_sealed_and_a_training_run_reproduce_bit_for_bit(node: Node) -> None:
         "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt", "sealed record"], "problem": None,
     }
     assert training["ok"] and training["status"] == "Training" and training["rounds_replayed"] == 2
-    assert training["checks"] == ["initial model", "snapshot of round 2"]
+    assert training["checks"] == ["initial model", "snapshot of round 2", "open round 2: 2 accepted submission(s) stored"]
 
 
 def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
@@ -99,7 +103,8 @@ def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint:
     assert sealed["checks"] == ["initial model", "payloads pruned: no round replayed", "final weights hash",
                                 "run root and receipt", "sealed record"]
     assert training["ok"] and training["rounds_committed"] == 3 and training["rounds_replayed"] == 1
-    assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)"]
+    assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)",
+                                  "open round 3: 2 accepted submission(s) stored"]
     node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_FINAL, 1), flip_last_byte)
     assert "final weights of run-1 do not hash to its final model hash" in str(node.audit("run-1")["problem"])
     node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-2", schema.MODEL_WEIGHTS, 0), flip_last_byte)
@@ -147,6 +152,24 @@ class TestFindsDamage:
         Path(checkpoint[0].removeprefix("file://")).unlink()
         result = node.audit("run-1")
         assert not result["ok"] and result["rounds_replayed"] == 0 and "init.safetensors" in str(result["problem"])
+
+    def test_an_open_rounds_missing_payload_and_the_node_refuses_to_start(self, node: Node) -> None:
+        """A MANIFEST cut short opened without error and lost the last batch's payload but not
+        the run state that accepted it; every finalize of the round then failed, and the audit
+        passed (storage fault probe). Both the audit and the node's startup now find it."""
+        view = node.service.get_run("run-2")
+        node.stop()
+        with RocksStore(node.data / "db") as store:
+            run = persistence.decode_run(store.get(schema.CF_TRAINING_RUNS, schema.run_key("run-2")) or b"")
+            sub = run.current_round.submissions[1][0]  # type: ignore[union-attr]
+            with store.atomic_batch() as batch:
+                batch.delete(schema.CF_SUBMISSIONS, schema.payload_key("run-2", sub.payload_hash))
+        assert view["submission_counts"][1] == 1
+        result = node.audit("run-2")
+        assert not result["ok"] and "payload of the accepted submission" in str(result["problem"])
+        with RocksStore(node.data / "db") as store:
+            with pytest.raises(StorageError, match="the store is damaged: the payload of the accepted submission"):
+                NodeService(make_config(node.data), store)
 
     def test_an_unknown_run(self, node: Node) -> None:
         assert node.audit("nope")["problem"] == "no such run in the store"
