@@ -280,7 +280,8 @@ class RocksStore(KVStore):
                 self._write_schema_version()  # an upgradable version: its data is read as it is
             return
         if self._read_only:
-            raise StorageError(f"store at {self._path!r} has no schema version: nothing to read")
+            raise StorageError(f"store at {self._path!r} has no schema version: nothing to read "
+                               f"(not a tenzro-training store, or a damaged one)")
         # No version: a brand-new database, or one whose creation was interrupted before the
         # version was written (families are created first). Anything with data is foreign.
         for name in on_disk:
@@ -294,7 +295,8 @@ class RocksStore(KVStore):
             if has_data:
                 raise StorageError(
                     f"store at {self._path!r} holds data (in column family {name!r}) but no "
-                    f"schema version: it is not a tenzro-training store"
+                    f"schema version: it is not a tenzro-training store, or a damaged one (a store's "
+                    f"version is written first; the storage fault probe lost it by cutting a MANIFEST short)"
                 )
         for name in schema.ALL_COLUMN_FAMILIES:
             if name not in self._views:
