@@ -150,6 +150,9 @@ class TrainerProcessConfig:
     """Where payloads are kept until their round is finalized (restart safety); None:
     ``<directory of p2p_key>/tenzro-trainer-state``."""
     poll_interval_s: float = 0.2
+    node_retry_s: float = 300.0
+    """Once the trainer has reached its node, how long a call that cannot reach it (a node
+    restart, a dropped connection) is retried before the trainer gives up (exit 3)."""
 
     def __post_init__(self) -> None:
         if len(self.private_key) != 32:
@@ -164,7 +167,7 @@ class TrainerProcessConfig:
             check_multiaddrs(self.listen, self.bootstrap)
         except TenzroError as exc:
             raise TrainerProcessError(str(exc)) from None
-        for name in ("submit_timeout_s", "model_timeout_s", "max_round_wait_s", "poll_interval_s"):
+        for name in ("submit_timeout_s", "model_timeout_s", "max_round_wait_s", "poll_interval_s", "node_retry_s"):
             if not getattr(self, name) > 0:
                 raise TrainerProcessError(f"{name} must be > 0")
 
@@ -433,6 +436,8 @@ class _Trainer:
         self.cfg = cfg
         self.say = announce
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
+        self.reached_node = False
+        """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
         self.inline_submissions = 0
         """Payloads sent inline over JSON-RPC because gossip did not deliver them in time."""
         self.address = str(Account.from_key(cfg.private_key).address)
@@ -445,7 +450,36 @@ class _Trainer:
                                      cfg.task_id, self.address)
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
-        return await asyncio.to_thread(self.client.call, method, params)
+        """One JSON-RPC call. Once the node has answered a first time, a call that cannot reach
+        it is retried with backoff for up to ``node_retry_s``: a trainer exited on the first
+        refused connection, so a node restart ended every trainer that happened to be calling
+        it and the run failed at its round timeout (trainer restart probe). Every call is
+        replay-safe (the node answers a repeated enrollment or submission as a no-op), so a
+        call that reached the node but lost its answer may be sent again."""
+        from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+
+        deadline: float | None = None
+        delay = 0.5
+        while True:
+            try:
+                result = await asyncio.to_thread(self.client.call, method, params)
+            except CliError as exc:
+                unreachable = exc.exit_code == EXIT_UNREACHABLE and get_rpc_error_code(exc) is None
+                if not (unreachable and self.reached_node):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.cfg.node_retry_s
+                    self.say(f"node unreachable ({exc}); retrying for up to {self.cfg.node_retry_s:.0f} s")
+                if now >= deadline:
+                    raise
+                await asyncio.sleep(min(delay, deadline - now))
+                delay = min(2 * delay, 5.0)
+                continue
+            if deadline is not None:
+                self.say("node reachable again")
+            self.reached_node = True
+            return result
 
     async def get_run(self) -> dict[str, Any]:
         view = await self.call("tenzro_training_getRun", {"task_id": self.cfg.task_id})

@@ -713,3 +713,40 @@ def test_a_payload_gossip_never_delivered_is_sent_inline(tmp_path) -> None:  # t
     assert base64.b64decode(str(last["payload"])) == b"payload" and "payload_hash" not in last
     assert last["signature"] == sent[0]["signature"]  # the same signed submission
     assert tr.inline_submissions == 1 and said == ["round 0 fragment 0: gossip did not deliver the payload; sent inline"]
+
+
+def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A trainer exited on the first call that could not reach its node, so a node restart ended
+    every trainer calling it at that moment and the run failed at its round timeout (trainer
+    restart probe). Once the node has answered, such calls are retried for node_retry_s; before
+    that, an unreachable node is still a setup error."""
+    import asyncio
+
+    from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+
+    tr, said = _bare_trainer(tmp_path, node_retry_s=0.6)
+    answers: list[object] = []
+
+    class Node:
+        def call(self, method: str, params: dict[str, object]) -> object:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    down = CliError("cannot reach node at http://127.0.0.1:9/: [Errno 111] Connection refused", EXIT_UNREACHABLE)
+    tr.client = Node()
+    answers[:] = [down]
+    with pytest.raises(CliError):  # never reached: no retry
+        asyncio.run(tr.call("tenzro_training_getRun", {}))
+    answers[:] = [{"round": 0}, down, down, {"round": 1}]
+    assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 0}
+    assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 1}
+    assert said[0].startswith("node unreachable (cannot reach node") and said[-1] == "node reachable again"
+    answers[:] = [_error(1305, "LateSubmission")]  # a node's answer is never retried
+    with pytest.raises(CliError, match="LateSubmission"):
+        asyncio.run(tr.call("tenzro_training_submitOuterGradient", {}))
+    answers[:] = [down] * 10
+    with pytest.raises(CliError, match="Connection refused"):  # gives up after node_retry_s
+        asyncio.run(tr.call("tenzro_training_getRun", {}))
+    assert len(answers) < 10
