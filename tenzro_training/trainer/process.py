@@ -234,38 +234,52 @@ def compute_round_wait_deadline_ms(view: dict[str, Any]) -> int | None:
 
 class PayloadStore:
     """This trainer's payloads, kept from before their first submission until their round is
-    finalized, one file per (task, round, fragment) under ``root/task-<task_id>/<address>/``.
+    finalized, one file per (task, round, fragment, base model) under
+    ``root/task-<task_id>/<address>/``.
 
     Why: a payload's bytes depend on the torch thread count and the GPU kernels, so a trainer
     restarted mid-round would NOT recompute the same bytes, and a second payload hash for the
     same (task, round, fragment) is equivocation (the stake is burned). A restarted trainer
-    resubmits the saved bytes instead: an idempotent replay."""
+    resubmits the saved bytes instead: an idempotent replay.
+
+    Each file also names the model hash the payload was trained from (``base``): a run has one
+    starting model per round, so a file of the same task id and round with another base is from
+    another run (a task id reused on another node) and is never submitted. It was, and a
+    gradient of another model was accepted and paid (trainer restart probe)."""
 
     def __init__(self, root: Path, task_id: str, address: str) -> None:
         self.dir = root / f"task-{task_id}" / address.lower()
 
-    def path(self, round_: int, fragment: int) -> Path:
-        return self.dir / f"round-{round_}-fragment-{fragment}.payload"
+    def path(self, round_: int, fragment: int, base: bytes) -> Path:
+        return self.dir / f"round-{round_}-fragment-{fragment}-{base.hex()}.payload"
 
-    def load(self, round_: int, fragments: int) -> list[bytes | None]:
-        """The saved payload of each fragment of ``round_`` (None where none is saved)."""
+    def load(self, round_: int, fragments: int, base: bytes) -> list[bytes | None]:
+        """The saved payload of each fragment of ``round_`` trained from ``base`` (None where
+        none is saved). Saves of that round from another base are deleted."""
+        if self.dir.is_dir():
+            keep = {self.path(round_, f, base).name for f in range(fragments)}
+            for file in self.dir.glob(f"round-{round_}-fragment-*.payload"):
+                if file.name not in keep:
+                    log.warning("deleted %s: saved for round %d of another run with this task id", file.name, round_)
+                    file.unlink(missing_ok=True)
         out: list[bytes | None] = []
         for f in range(fragments):
             try:
-                out.append(self.path(round_, f).read_bytes())
+                out.append(self.path(round_, f, base).read_bytes())
             except FileNotFoundError:
                 out.append(None)
             except OSError as exc:
-                raise TrainerProcessError(f"cannot read saved payload {self.path(round_, f)}: {exc.strerror}") from None
+                raise TrainerProcessError(f"cannot read saved payload {self.path(round_, f, base)}: {exc.strerror}") from None
         return out
 
-    def save(self, round_: int, fragment: int, payload: bytes) -> None:
+    def save(self, round_: int, fragment: int, base: bytes, payload: bytes) -> None:
         from storage.files import write_file_atomically
 
+        path = self.path(round_, fragment, base)
         try:
-            write_file_atomically(self.path(round_, fragment), payload, mode=0o600)
+            write_file_atomically(path, payload, mode=0o600)
         except OSError as exc:
-            raise TrainerProcessError(f"cannot save payload {self.path(round_, fragment)}: {exc.strerror}") from None
+            raise TrainerProcessError(f"cannot save payload {path}: {exc.strerror}") from None
 
     def prune(self, before_round: int | None) -> None:
         """Delete the saved payloads of rounds < ``before_round`` (None: all of them), and the
@@ -849,14 +863,17 @@ class _Trainer:
         """This round's payloads and whether they are the ones saved before a restart (never
         recomputed then: the bytes could differ, which is equivocation); else they are trained
         now and saved BEFORE they are first published."""
-        saved = self.payloads.load(round_, len(self.layouts))
+        base = self.held_hash
+        if base is None:
+            raise TrainerProcessError("internal: no verified global model to train from")
+        saved = self.payloads.load(round_, len(self.layouts), base)
         if all(p is not None for p in saved):
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
         out = []
         for f, (old, new) in enumerate(zip(saved, fresh, strict=True)):
             if old is None:  # a partial save: nothing of it was published yet, yet keep what is there
-                self.payloads.save(round_, f, new)
+                self.payloads.save(round_, f, base, new)
             out.append(new if old is None else old)
         return out, False
 

@@ -390,6 +390,10 @@ def _error(code: int, name: str) -> Exception:
     return CliError(f"error {code} {name}: {TASK}: refused", EXIT_RPC_ERROR, rpc_code=code)
 
 
+BASE = b"\xab" * 32
+"""The verified model hash a bare trainer's round starts from."""
+
+
 def _bare_trainer(tmp_path, **overrides):  # type: ignore[no-untyped-def]
     from tenzro_training.trainer.process import TrainerProcessConfig, _Trainer
 
@@ -469,7 +473,7 @@ def test_a_late_trainer_skips_the_round_and_trains_the_next(tmp_path, monkeypatc
         return next(views)
 
     async def call(method: str, params: dict[str, object]) -> object:
-        assert tr.payloads.path(int(params["round"]), 0).exists()  # type: ignore[call-overload]  # saved first
+        assert tr.payloads.path(int(params["round"]), 0, BASE).exists()  # type: ignore[call-overload]  # saved first
         submitted.append(int(params["round"]))  # type: ignore[call-overload]
         if params["round"] == 0:
             raise _error(1305, "LateSubmission")
@@ -485,7 +489,7 @@ def test_a_late_trainer_skips_the_round_and_trains_the_next(tmp_path, monkeypatc
     assert submitted == [0, 1] and waited == [0, 1]
     assert any(line.startswith("round 0 skipped: error 1305") for line in said)
     assert any(line.startswith("round 1 submitted 1 fragments") for line in said)
-    assert not tr.payloads.path(0, 0).exists()  # round 0 is over: its saved payload is gone
+    assert not tr.payloads.path(0, 0, BASE).exists()  # round 0 is over: its saved payload is gone
 
 
 # --- the wait for a round follows the node's deadlines (reviewer repro wait_final.py) --------------
@@ -571,12 +575,12 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
 
     layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
     first, _ = _bare_trainer(tmp_path)
-    first.layouts = layouts
+    first.layouts, first.held_hash = layouts, BASE
     first.train = lambda round_: [b"four-threads-f0", b"four-threads-f1"]  # type: ignore[method-assign]
     assert asyncio.run(first.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], False)
 
     restarted, _ = _bare_trainer(tmp_path)  # same key, same p2p key directory
-    restarted.layouts = layouts
+    restarted.layouts, restarted.held_hash = layouts, BASE
 
     def train(round_: int) -> list[bytes]:
         raise AssertionError("a saved round must not be recomputed")
@@ -585,7 +589,7 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
     assert asyncio.run(restarted.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], True)
 
     restarted.payloads.prune(4)  # round 3 finalized
-    assert restarted.payloads.load(3, 2) == [None, None]
+    assert restarted.payloads.load(3, 2, BASE) == [None, None]
     other, _ = _bare_trainer(tmp_path, private_key=b"\x22" * 32)  # another trainer sharing the directory
     assert other.payloads.dir != restarted.payloads.dir
 
@@ -596,22 +600,43 @@ def test_a_partially_saved_round_keeps_the_saved_fragment(tmp_path) -> None:  # 
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
 
     tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
-    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
-    tr.payloads.save(0, 0, b"saved-f0")
+    tr.layouts, tr.held_hash = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2), BASE
+    tr.payloads.save(0, 0, BASE, b"saved-f0")
     tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
     assert asyncio.run(tr.get_payloads(0)) == ([b"saved-f0", b"new-f1"], False)
-    assert tr.payloads.load(0, 2) == [b"saved-f0", b"new-f1"]
+    assert tr.payloads.load(0, 2, BASE) == [b"saved-f0", b"new-f1"]
     assert tr.payloads.dir.is_relative_to(tmp_path / "state")
+
+
+def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The saved payloads were keyed by task id only: a trainer that had saved round 0 of a run
+    and then joined another run with the same task id (another node) submitted the saved bytes,
+    a gradient of another model, and it was accepted and paid (trainer restart probe). A save
+    now names the model hash it was trained from."""
+    import asyncio
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    tr, _ = _bare_trainer(tmp_path)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
+    for f in range(2):
+        tr.payloads.save(0, f, b"\x01" * 32, b"old-run-f%d" % f)
+    tr.held_hash = BASE  # this run's round-0 model
+    tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
+    assert asyncio.run(tr.get_payloads(0)) == ([b"new-f0", b"new-f1"], False)
+    assert sorted(p.name for p in tr.payloads.dir.iterdir()) == [
+        f"round-0-fragment-{f}-{BASE.hex()}.payload" for f in range(2)
+    ]
 
 
 def test_prune_removes_saved_payloads_and_unfinished_saves(tmp_path) -> None:  # type: ignore[no-untyped-def]
     tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
     for r in range(3):
-        tr.payloads.save(r, 0, b"p%d" % r)
+        tr.payloads.save(r, 0, BASE, b"p%d" % r)
     stale = tr.payloads.dir / ".round-2-fragment-1.payload.k1ll3d.tmp"  # a save killed before its rename
     stale.write_bytes(b"half")
     tr.payloads.prune(2)
-    assert sorted(p.name for p in tr.payloads.dir.iterdir()) == ["round-2-fragment-0.payload"]
+    assert sorted(p.name for p in tr.payloads.dir.iterdir()) == [f"round-2-fragment-0-{BASE.hex()}.payload"]
     tr.payloads.prune(None)
     assert list(tr.payloads.dir.iterdir()) == []
 
