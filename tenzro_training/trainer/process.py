@@ -820,6 +820,7 @@ class _Trainer:
             # Inside the try: a start that fails half-way (listening, not yet subscribed) still
             # closes the host and its trio thread.
             await self.host.start()
+            await self.wait_for_bootstrap(stop)
             view = await self.enroll(await self.get_run(), stop)
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
             self.say(f"inner loop on {_describe_device(self.device)}")
@@ -841,6 +842,26 @@ class _Trainer:
                     task.cancel()
         finally:
             await self.host.stop()
+
+    async def wait_for_bootstrap(self, stop: asyncio.Event) -> None:
+        """Until a ``--bootstrap`` peer (the node) has a pubsub stream with this host, for up to
+        ``model_timeout_s``; BEFORE enrolling. A trainer that cannot hear its node can neither
+        take the global weights nor publish its payloads, and it used to enroll (stake bonded,
+        a slot taken) and only then give up (trainer restart probe)."""
+        from tenzro_training.p2p.host import get_peer_ids
+
+        wanted = get_peer_ids(self.cfg.bootstrap)
+        deadline = time.monotonic() + self.cfg.model_timeout_s
+        while not wanted & set(self.host.connected_peers()):
+            if stop.is_set():
+                raise TrainerProcessError("stopped before a --bootstrap peer answered (nothing staked)")
+            if time.monotonic() >= deadline:
+                raise TrainerProcessError(
+                    f"no --bootstrap peer answered on gossip within {self.cfg.model_timeout_s:g} s "
+                    f"(nothing staked): check that the node runs with --p2p-listen and that its p2p "
+                    f"address ({', '.join(self.cfg.bootstrap)}) is reachable from here"
+                )
+            await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def prepare(self, spec: Any) -> Any:
         """The model and inner-loop configs, the payload dtype and the dataset (hash-checked) of

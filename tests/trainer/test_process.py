@@ -775,3 +775,26 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     with pytest.raises(CliError, match="Connection refused"):  # gives up after node_retry_s
         asyncio.run(tr.call("tenzro_training_getRun", {}))
     assert len(answers) < 10
+
+
+def test_an_unreachable_bootstrap_peer_stops_the_trainer_before_it_stakes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With its --bootstrap node unreachable on gossip a trainer still enrolled (stake bonded, a
+    slot taken) and gave up 60 s later (trainer restart probe); it now waits for the node's
+    pubsub stream first."""
+    import asyncio
+
+    from tenzro_training.p2p.host import get_peer_ids
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, model_timeout_s=0.3, poll_interval_s=0.05)
+    peers: list[str] = ["someone-else"]
+
+    class Host:
+        def connected_peers(self) -> tuple[str, ...]:
+            return tuple(peers)
+
+    tr.host = Host()
+    with pytest.raises(TrainerProcessError, match=r"no --bootstrap peer answered .* \(nothing staked\)"):
+        asyncio.run(tr.wait_for_bootstrap(asyncio.Event()))
+    peers.extend(get_peer_ids((_BOOTSTRAP,)))
+    asyncio.run(tr.wait_for_bootstrap(asyncio.Event()))  # the node's stream is up: returns at once
