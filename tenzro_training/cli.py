@@ -1156,4 +1156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m tenzro_training.cli` runs this file as __main__, a second copy of the module:
+    # its CliError is not the one the trainer and node modules raise (they import
+    # tenzro_training.cli), so their failures fell through to the generic exit 2 (an unreachable
+    # node: 2 instead of 3; trainer restart probe). Run the one imported module instead.
+    from tenzro_training.console import main as _console_main
+
+    sys.exit(_console_main())

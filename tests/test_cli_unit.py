@@ -566,6 +566,23 @@ def test_output_to_a_closed_pipe_exits_141_without_a_traceback(tmp_path: Path) -
     assert (tmp_path / "k.json").exists()  # the work was done; only its report had no reader
 
 
+def test_python_m_cli_gives_the_documented_exit_status_for_errors_of_other_modules(tmp_path: Path) -> None:
+    """`python -m tenzro_training.cli` ran the module as __main__, a second copy whose CliError
+    is not the trainer's: an unreachable node exited 2 there and 3 with `tenzro` (trainer
+    restart probe). Both now run the one imported module."""
+    import subprocess
+    import sys
+
+    key = tmp_path / "k.json"
+    assert cli.main(["keys", "new-account", "--out", str(key)]) == 0
+    argv = ["trainer", "run", "--task-id", "t", "--rpc", "http://127.0.0.1:9", "--key-file", str(key), "--p2p-key",
+            str(tmp_path / "p2p.key"), "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"]
+    done = subprocess.run([sys.executable, "-m", "tenzro_training.cli", *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == EXIT_UNREACHABLE, done.stderr[-2000:]
+    assert done.stderr.startswith("tenzro: cannot reach node at http://127.0.0.1:9") and done.stderr.count("\n") == 1
+
+
 def test_invalid_trickled_answer_is_cut_at_the_timeout() -> None:
     """The socket timeout applies to each read: a byte every 0.1 s kept the command waiting for
     the whole Content-Length (100,000 s here); the client's timeout now bounds the answer."""
