@@ -32,7 +32,7 @@ import copy
 import hashlib
 import math
 import struct
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ __all__ = [
     "PAYLOAD_DTYPES",
     "InnerConfig",
     "InnerLoopDiverged",
+    "InnerLoopStopped",
     "InnerResult",
     "apply_global_fragments",
     "compute_inner_seed",
@@ -70,6 +71,11 @@ INNER_SEED_DOMAIN = b"tenzro/train/inner-seed/v1"
 PAYLOAD_DTYPES: Mapping[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 """``architecture.dtype`` -> the payload/fragments dtype name."""
 _LR_KEY = "inner_lr"
+
+
+class InnerLoopStopped(TrainerError):
+    """``should_stop`` said so between two inner steps: the round's work is abandoned (nothing
+    of it was saved or published)."""
 
 
 class InnerLoopDiverged(TrainerError, ValueError):
@@ -206,6 +212,7 @@ def run_inner_loop(
     *,
     optimizer_state: Mapping[str, Any] | None = None,
     device: str | torch.device = "cpu",
+    should_stop: Callable[[], bool] | None = None,
 ) -> InnerResult:
     """Load the round's global weights into a fresh model and run ``cfg.inner_steps`` AdamW steps.
 
@@ -213,7 +220,9 @@ def run_inner_loop(
     the family config (its ``family`` selects the adapter). ``device``: where the model, the
     batches and the optimizer live (see :func:`resolve_device`); the result's ``state`` is on the
     CPU, its ``optimizer_state`` on ``device``. Raises :class:`InnerLoopDiverged` on a non-finite
-    loss.
+    loss, and :class:`InnerLoopStopped` when ``should_stop()`` (asked before each step) is true:
+    a trainer told to stop (SIGTERM) used to finish the whole loop first, minutes on a real
+    model, and a supervisor would kill it (trainer restart probe).
     """
     _check_round(round, shard, shard_index)
     dev = resolve_device(device)
@@ -234,6 +243,8 @@ def run_inner_loop(
     with torch.random.fork_rng(devices=[dev.index] if dev.type == "cuda" else []):
         torch.manual_seed(seed)  # dropout only; batches use `gen`
         for step in range(cfg.inner_steps):
+            if should_stop is not None and should_stop():
+                raise InnerLoopStopped(f"stopped before inner step {step} of {cfg.inner_steps}")
             index = torch.randint(len(shard), (cfg.batch_size,), generator=gen)
             losses.append(_step(model, opt, windows[index.to(dev)], cfg.grad_clip, step))
     # .to(copy=True): fresh CPU tensors on every device (a clone on the CPU).

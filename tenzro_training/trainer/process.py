@@ -45,6 +45,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -451,6 +452,9 @@ class _Trainer:
         self.say = announce
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
         self.reached_node = False
+        self.stopping = threading.Event()
+        """Set with the stop event (SIGINT/SIGTERM): the inner loop, on its own thread, ends
+        before its next step instead of finishing the round."""
         """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
         self.inline_submissions = 0
         """Payloads sent inline over JSON-RPC because gossip did not deliver them in time."""
@@ -628,7 +632,8 @@ class _Trainer:
         state = compute_full_state(self.model, self.weights)
         # optimizer_state=None: a fresh AdamW state every round (a restart resubmits saved payloads, PayloadStore).
         res = run_inner_loop(
-            state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index, device=self.device
+            state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index, device=self.device,
+            should_stop=self.stopping.is_set,
         )
         grads = compute_outer_gradients(state, res.state, self.layouts)
         self.last_loss = res.train_loss
@@ -900,6 +905,7 @@ class _Trainer:
 
     async def _rounds(self, stop: asyncio.Event, corpus: Any) -> int:
         from tenzro_training.trainer.data import shard_windows
+        from tenzro_training.trainer.inner import InnerLoopStopped
 
         view = await self.wait_training(stop)
         me = next((t for t in view["trainers"] if t["address"].lower() == self.address.lower()), None)
@@ -927,7 +933,10 @@ class _Trainer:
                 await self.request_model(view, stop)
             self.inbox.expect_finalized(r)  # its RoundFinalized may come while we still submit
             started = time.monotonic()
-            payloads, resubmitted = await self.get_payloads(r)
+            try:
+                payloads, resubmitted = await self.get_payloads(r)
+            except InnerLoopStopped:
+                return 0  # told to stop mid-round: nothing of the round was saved or published
             accepted = await self.submit(r, payloads, stop)
             trained += 1
             if accepted:
@@ -988,6 +997,7 @@ async def run_trainer(cfg: TrainerProcessConfig, *, announce: Callable[[str], No
         if main.done():
             return main.result()
         announce("stopping (signal)")
+        trainer.stopping.set()  # the inner loop's thread ends before its next step
         main.cancel()
         try:
             await main

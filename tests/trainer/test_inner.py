@@ -88,6 +88,24 @@ def test_inner_seed_separates_rounds_and_shards() -> None:
 # --- the inner loop -------------------------------------------------------------------------
 
 
+def test_inner_loop_stops_between_steps_when_asked(init: dict, shards: list[Shard]) -> None:
+    """A trainer told to stop (SIGTERM) finished the whole inner loop first (trainer restart
+    probe); should_stop is asked before every step."""
+    from tenzro_training.trainer.inner import InnerLoopStopped
+
+    asked: list[int] = []
+
+    def should_stop() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    with pytest.raises(InnerLoopStopped, match=f"before inner step 2 of {FAST.inner_steps}"):
+        run_inner_loop(init, FAST, MODEL, shards[1], 2, 1, should_stop=should_stop)
+    assert len(asked) == 3
+    never = run_inner_loop(init, FAST, MODEL, shards[1], 2, 1, should_stop=lambda: False)
+    assert never.losses == run_inner_loop(init, FAST, MODEL, shards[1], 2, 1).losses
+
+
 def test_inner_loop_is_deterministic(init: dict, shards: list[Shard]) -> None:
     layouts = compute_fragment_layouts(init, F)
     rng_before = torch.get_rng_state()
