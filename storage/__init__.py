@@ -44,7 +44,7 @@ def open_store(
     """Open the node's store: a :class:`~storage.rocks.RocksStore` in directory ``path``, or a
     fresh :class:`MemoryStore` when ``path`` is None (the other arguments then do nothing).
     ``read_only``: an existing store, read beside whoever has it open (RocksStore).
-    ``wal_recovery``: ``storage.rocks.WAL_RECOVERY_MODES``."""
+    ``wal_recovery``: one of :data:`storage.interface.WAL_RECOVERY_MODES`."""
     if path is None:
         return MemoryStore()
     # Imported here so that using the memory store never loads the RocksDB extension.

@@ -51,10 +51,25 @@ __all__ = [
     "SchemaVersionError",
     "StorageError",
     "StoreLocked",
+    "WAL_RECOVERY_MODES",
 ]
 
 
 _T = TypeVar("_T")
+
+
+WAL_RECOVERY_MODES: Final = ("strict", "point_in_time")
+"""How an open replays the write-ahead log (``RocksStore(wal_recovery=...)``, node config
+``wal_recovery``):
+
+- ``strict`` (default): a record torn at the very end of a log (the batch being written when the
+  process died, never acknowledged) is dropped; damage anywhere else refuses the open. Until
+  2026-11-25 the store opened in point-in-time mode, which stops at the first damaged record
+  and silently drops every later batch: 64 flipped bytes early in a log emptied a store of a
+  sealed run and its receipt, and the audit had nothing left to check (storage fault probe).
+- ``point_in_time``: the operator's choice for a store refused as above (e.g. after a power loss
+  with ``sync=False``): recover every batch before the damage, drop the rest.
+"""
 
 
 # --- errors -------------------------------------------------------------------------------

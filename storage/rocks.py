@@ -30,24 +30,19 @@ from typing import Any
 import rocksdict
 
 from storage import schema
-from storage.interface import BatchOp, KVStore, Operation, SchemaVersionError, StorageError, StoreLocked
+from storage.interface import (
+    WAL_RECOVERY_MODES,
+    BatchOp,
+    KVStore,
+    Operation,
+    SchemaVersionError,
+    StorageError,
+    StoreLocked,
+)
 
-__all__ = ["WAL_RECOVERY_MODES", "RocksStore"]
+__all__ = ["RocksStore"]
 
 _DEFAULT_CF = "default"  # RocksDB always has it; the schema never uses it
-
-
-WAL_RECOVERY_MODES = ("strict", "point_in_time")
-"""How an open replays the write-ahead log (``RocksStore(wal_recovery=...)``):
-
-- ``strict`` (default): a record torn at the very end of a log (the batch being written when the
-  process died, never acknowledged) is dropped; damage anywhere else refuses the open. Until
-  2026-11-25 the store opened in point-in-time mode, which stops at the first damaged record
-  and silently drops every later batch: 64 flipped bytes early in a log emptied a store of a
-  sealed run and its receipt, and the audit had nothing left to check (storage fault probe).
-- ``point_in_time``: the operator's choice for a store refused as above (e.g. after a power loss
-  with ``sync=False``): recover every batch before the damage, drop the rest.
-"""
 
 
 def _raw_options(*, create: bool = False, wal_recovery: str = "strict") -> rocksdict.Options:
@@ -218,8 +213,11 @@ class RocksStore(KVStore):
         the same store; the two then overwrote each other's MANIFEST and lost acknowledged
         writes or left the store unopenable (found by the storage fault probe). A lock on the
         directory's own descriptor cannot be removed with the directory in place."""
-        os.makedirs(self._path, exist_ok=True)
-        fd = os.open(self._path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.makedirs(self._path, exist_ok=True)
+            fd = os.open(self._path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as error:
+            raise StorageError(f"cannot open store directory {self._path!r}: {error.strerror or error}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

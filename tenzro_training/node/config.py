@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rpc.dispatcher import DEFAULT_MAX_BATCH
+from storage.interface import WAL_RECOVERY_MODES
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
 from tenzro_training.errors import EncodingError, TenzroError, VRFError
@@ -223,7 +224,7 @@ class NodeConfig:
     sync_writes: bool = False
     """fsync every batch (survives power loss); the WAL is always on either way."""
     wal_recovery: str = "strict"
-    """How the store's open replays its write-ahead log (``storage.rocks.WAL_RECOVERY_MODES``):
+    """How the store's open replays its write-ahead log (``storage.interface.WAL_RECOVERY_MODES``):
     ``strict`` refuses a log damaged before its end; ``point_in_time`` opens it anyway,
     dropping every batch after the damage (an operator's explicit choice)."""
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
@@ -304,8 +305,8 @@ class NodeConfig:
             raise ConfigError("genesis", "the balances add up to more than a uint256")
         object.__setattr__(self, "genesis", genesis)
         _bool("sync_writes", self.sync_writes)
-        if self.wal_recovery not in ("strict", "point_in_time"):
-            raise ConfigError("wal_recovery", 'expected "strict" or "point_in_time"')
+        if self.wal_recovery not in WAL_RECOVERY_MODES:
+            raise ConfigError("wal_recovery", f"expected one of {', '.join(WAL_RECOVERY_MODES)}")
         _int("max_payload_bytes", self.max_payload_bytes, 1, 2**40)
         _int("max_checkpoint_bytes", self.max_checkpoint_bytes, 1, 2**50)
         dirs = tuple(Path(d) for d in self.allowed_checkpoint_dirs)

@@ -1007,14 +1007,12 @@ class NodeService:
         run = self._run(task_id)
         has_receipt = self._has_receipt(task_id)
         cached = self._run_json.get(task_id)
-        if cached is not None and cached[0] is run and cached[1] is has_receipt:
-            self._run_json.move_to_end(task_id)
-        else:
+        if cached is None or cached[0] is not run or cached[1] is not has_receipt:
             cached = (run, has_receipt, serialize_json(self._static_view(run, has_receipt))[:-1])  # without its "}"
             self._run_json[task_id] = cached
-            self._run_json.move_to_end(task_id)
-            while len(self._run_json) > RUN_JSON_CACHE_RUNS:
-                self._run_json.popitem(last=False)
+        self._run_json.move_to_end(task_id)
+        while len(self._run_json) > RUN_JSON_CACHE_RUNS:
+            self._run_json.popitem(last=False)
         return cached[2] + b"," + serialize_json(self._clock_view(run, self._now()))[1:]
 
     def _has_receipt(self, task_id: str) -> bool:

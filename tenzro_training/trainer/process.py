@@ -452,10 +452,10 @@ class _Trainer:
         self.say = announce
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
         self.reached_node = False
+        """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
         self.stopping = threading.Event()
         """Set with the stop event (SIGINT/SIGTERM): the inner loop, on its own thread, ends
         before its next step instead of finishing the round."""
-        """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
         self.inline_submissions = 0
         """Payloads sent inline over JSON-RPC because gossip did not deliver them in time."""
         self.address = str(Account.from_key(cfg.private_key).address)

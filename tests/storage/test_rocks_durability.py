@@ -349,6 +349,12 @@ def test_invalid_wal_damaged_before_its_end_refuses_the_open(tmp_path: Path) -> 
         RocksStore(path, wal_recovery="lenient")
 
 
+def test_invalid_store_directory_that_cannot_be_made_is_a_storage_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StorageError, match="cannot open store directory"):
+        RocksStore(tmp_path / "file" / "db")  # its parent is a file
+
+
 def test_a_close_that_fails_is_a_storage_error_and_still_releases_the_store(tmp_path: Path) -> None:
     """After a failed write (a full disk) RocksDB's close raises "Writer has previous error":
     it was a bare Exception and a traceback at the node's shutdown (storage fault probe)."""
