@@ -21,7 +21,6 @@ rocksdict facts this module is built around (measured, see the shared dependency
 
 from __future__ import annotations
 
-import fcntl
 import os
 import weakref
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from typing import Any
 import rocksdict
 
 from storage import schema
+from tenzro_training.filelock import try_lock_exclusive
 from storage.interface import (
     WAL_RECOVERY_MODES,
     BatchOp,
@@ -215,17 +215,14 @@ class RocksStore(KVStore):
         directory's own descriptor cannot be removed with the directory in place."""
         try:
             os.makedirs(self._path, exist_ok=True)
-            fd = os.open(self._path, os.O_RDONLY | os.O_DIRECTORY)
+            fd = try_lock_exclusive(self._path, directory=True)
         except OSError as error:
             raise StorageError(f"cannot open store directory {self._path!r}: {error.strerror or error}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(fd)
+        if fd is None:
             raise StoreLocked(
                 f"store at {self._path!r} is already open (its directory is locked by another process "
-                f"or another opener in this process); only one read-write opener at a time: {error}"
-            ) from None
+                f"or another opener in this process); only one read-write opener at a time"
+            )
         self._dir_lock = fd
 
     def _list_families(self) -> list[str]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -59,7 +60,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from libp2p.transport.tcp import tcp as _libp2p_tcp
 
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
-from tenzro_training.p2p.keys import load_or_create_peer_key
+from tenzro_training.p2p.keys import load_or_create_peer_key, lock_peer_key
 
 __all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS", "check_multiaddrs",
            "get_peer_ids"]
@@ -456,6 +457,7 @@ class P2PHost:
         self._loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = self._loop.create_future()
         key_pair = load_or_create_peer_key(self.config.key_path)
+        key_lock = lock_peer_key(self.config.key_path)  # held until the host is gone
 
         def thread_main() -> None:
             try:
@@ -466,6 +468,7 @@ class P2PHost:
                 self._loop.call_soon_threadsafe(self._fail_ready, ready, exc)  # type: ignore[union-attr]
             finally:
                 self._running = False
+                os.close(key_lock)
                 self._loop.call_soon_threadsafe(self._stopped.set)  # type: ignore[union-attr]
 
         self._thread = threading.Thread(target=thread_main, name="tenzro-p2p", daemon=True)

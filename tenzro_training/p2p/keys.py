@@ -26,6 +26,7 @@ from libp2p.crypto import ed25519, secp256k1
 from libp2p.crypto.keys import KeyPair
 
 from tenzro_training.errors import TenzroError
+from tenzro_training.filelock import try_lock_exclusive
 from tenzro_training.keyfiles import (
     KeyFileError,
     create_private_file,
@@ -34,7 +35,7 @@ from tenzro_training.keyfiles import (
     read_private_file,
 )
 
-__all__ = ["KEY_FILE_PREFIX", "PeerKeyError", "load_or_create_peer_key"]
+__all__ = ["KEY_FILE_PREFIX", "PeerKeyError", "load_or_create_peer_key", "lock_peer_key"]
 
 KEY_FILE_PREFIX = "tenzro-p2p-secp256k1-v1"
 """The prefix of keys this version creates."""
@@ -80,3 +81,23 @@ def load_or_create_peer_key(path: str | os.PathLike[str]) -> KeyPair:
                 raise PeerKeyError(path, exc.reason) from None
             # Another process created the key meanwhile: both use that one.
     return _read(path)
+
+
+def lock_peer_key(path: str | os.PathLike[str]) -> int:
+    """Claim the key at ``path`` for one host: a descriptor holding an exclusive flock on the
+    file (close it to release; the kernel does when the process dies). PeerKeyError when another
+    process, or another host of this one, holds it.
+
+    Why: peers address a host by the peer id its key gives, so two hosts started with one key
+    (two trainers pointed at one ``--p2p-key``, a node started twice by a supervisor) cannot be
+    told apart: which of them a dial, a message or a model answer reaches is undefined, and each
+    sees its peers come and go. The second one now stops at start, before it stakes anything."""
+    path = Path(path)
+    try:
+        fd = try_lock_exclusive(path)
+    except OSError as exc:
+        raise PeerKeyError(path, f"cannot open it: {exc.strerror or exc}") from None
+    if fd is None:
+        raise PeerKeyError(path, "in use by another running host (a peer identity can be used by one host at a "
+                                 "time; give each node and trainer its own key file)")
+    return fd

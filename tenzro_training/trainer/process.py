@@ -282,6 +282,30 @@ class PayloadStore:
         except OSError as exc:
             raise TrainerProcessError(f"cannot save payload {path}: {exc.strerror}") from None
 
+    def lock(self) -> int:
+        """Claim this (task, account) directory for this process: a descriptor holding an
+        exclusive flock on it (the caller closes it; the kernel does if the process dies).
+        TrainerProcessError when another process holds it.
+
+        Why: two processes of one account (a supervisor and a manual start, two copies of one
+        unit file) train the same round, and their payloads differ (thread counts, kernels): two
+        payload hashes for one (task, round, fragment) are equivocation, and the stake is
+        burned. Only processes sharing this state directory can be stopped here; docs say so."""
+        from tenzro_training.filelock import try_lock_exclusive
+
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = try_lock_exclusive(self.dir, directory=True)
+        except OSError as exc:
+            raise TrainerProcessError(f"cannot use state directory {self.dir}: {exc.strerror or exc}") from None
+        if fd is None:
+            raise TrainerProcessError(
+                f"another trainer process of this account already runs this task from {self.dir} (nothing "
+                f"staked): two would submit different payloads for one round, which is equivocation and "
+                f"burns the stake"
+            )
+        return fd
+
     def prune(self, before_round: int | None) -> None:
         """Delete the saved payloads of rounds < ``before_round`` (None: all of them), and the
         temporary files of saves this trainer's earlier process did not finish (killed)."""
@@ -305,14 +329,17 @@ class PayloadStore:
 class _Inbox:
     """Drains the trainer's subscriptions continuously and keeps ONLY what the main loop awaits:
     candidate weights of the RoundFinalized of the round it trains (``expect_finalized``),
-    candidate answers to its ModelRequest (``expect_model``) and the RunSealed message.
+    candidate answers to its ModelRequest (``expect_model``: any round from the one asked for on,
+    since the node answers with the model it holds when it answers) and the RunSealed message.
     Everything here passed the host's topic validator (right size, signed notice, weights
     published by the trainer's own node), yet no Tenzro signature covers the weight bytes, so
     the node, or a peer with the node's libp2p key, can still send a stream naming the awaited
     (round, model_hash) with other bytes:
 
-    - a ModelChunk is reassembled only for the (round, model_hash) awaited, a RoundFinalized only
-      for the awaited round: nothing else occupies the buffer or grows memory;
+    - a ModelChunk is reassembled only for a round from the awaited one on, a RoundFinalized only
+      for the awaited round, and at most ``MAX_CANDIDATES`` of each are held: nothing else
+      occupies the buffer or grows memory; ``request_model`` checks a ModelChunk's
+      (round, model_hash) against the run before it uses it;
     - candidates are kept per ``data_hash`` (a forged stream never hides the genuine one) and
       checked by ``verify(data, model_hash)`` as soon as they complete: the weights must decode
       to the model's layout and hash to the model hash the message names. A candidate that fails
@@ -333,11 +360,12 @@ class _Inbox:
         self._verify = verify
         self._seen = seen
         self.await_round: int | None = None
-        self.await_model: tuple[int, bytes] | None = None
+        self.await_model: int | None = None
+        """The first round whose ModelChunk answers are awaited (None: none)."""
         self.finalized: dict[bytes, tuple[Any, Any]] = {}
         """Candidates for ``await_round``: data_hash -> (first chunk, weights)."""
-        self.models: dict[bytes, Any] = {}
-        """Candidates for ``await_model``: data_hash -> weights."""
+        self.models: dict[bytes, tuple[int, bytes, Any]] = {}
+        """Candidates for ``await_model``: data_hash -> (round, model_hash, weights)."""
         self.sealed: Any = None
         self.counters = {"forged": 0, "unexpected": 0}
         # Weights streams only (RoundFinalized, ModelChunk): a few at once, each exactly model-sized.
@@ -353,11 +381,13 @@ class _Inbox:
             self.finalized.clear()
         self.await_round = round_
 
-    def expect_model(self, key: tuple[int, bytes] | None) -> None:
-        """Await ModelChunk answers for ``(round, model_hash)`` (None: none); others' go."""
-        if key != self.await_model:
-            self.models.clear()
-        self.await_model = key
+    def expect_model(self, from_round: int | None) -> None:
+        """Await ModelChunk answers for ``from_round`` or a later round (None: none); candidates
+        of earlier rounds go."""
+        self.models = {} if from_round is None else {
+            k: c for k, c in self.models.items() if c[0] >= from_round
+        }
+        self.await_model = from_round
 
     async def drain(self, queue: asyncio.Queue[Any]) -> None:
         while True:
@@ -403,7 +433,7 @@ class _Inbox:
                     self.finalized[msg.data_hash] = (msg, weights)
                     self.changed.set()
         elif isinstance(msg, g.ModelChunk):
-            if (msg.round, msg.model_hash) != self.await_model or msg.data_hash in self.models \
+            if self.await_model is None or msg.round < self.await_model or msg.data_hash in self.models \
                     or len(self.models) >= self.MAX_CANDIDATES:
                 self._unexpected(msg, source)
                 return
@@ -411,7 +441,7 @@ class _Inbox:
             if whole is not None:
                 weights = self._check(whole, msg.model_hash, "ModelChunk")
                 if weights is not None:
-                    self.models[msg.data_hash] = weights
+                    self.models[msg.data_hash] = (msg.round, msg.model_hash, weights)
                     self.changed.set()
         elif isinstance(msg, g.RunSealedMsg):
             self.sealed = msg
@@ -425,6 +455,10 @@ class _Inbox:
         self.counters["unexpected"] += 1
         if self._seen is not None:
             self._seen.forget_stream((source,) + self._g.compute_stream_key(msg))
+
+    def discard_model(self, data_hash: bytes) -> None:
+        """Forget a ModelChunk candidate the run does not commit (now), freeing its slot."""
+        self.models.pop(data_hash, None)
 
     def discard_finalized(self, data_hash: bytes) -> None:
         """Forget a RoundFinalized candidate that turned out not to match the round record, so
@@ -443,6 +477,10 @@ class _Inbox:
 
 
 class _Trainer:
+    MODEL_ASK_INTERVAL_S = 2.0
+    """How often an unanswered ModelRequest is sent again (the node answers one per trainer per
+    ``MODEL_REQUEST_INTERVAL_S``, 5 s, and limits the rest)."""
+
     def __init__(self, cfg: TrainerProcessConfig, announce: Callable[[str], None]) -> None:
         from eth_account import Account
 
@@ -592,34 +630,66 @@ class _Trainer:
             raise TrainerProcessError(f"{what}: the weights hash to {_hex(got)}, the run committed {_hex(expected_hash)}")
         self.weights, self.held_hash = weights, got
 
-    async def request_model(self, view: dict[str, Any], stop: asyncio.Event) -> None:
-        """ModelRequest until the node answers with the model the run committed (view's hash)."""
+    async def request_model(self, view: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+        """ModelRequest until this trainer holds the model the run commits, and return the view
+        that commits it (the run may have moved on meanwhile; callers go on from that view).
+
+        The node answers with the model it holds WHEN it answers, at most once per
+        ``MODEL_REQUEST_INTERVAL_S`` per trainer, so the model wanted follows the run: an
+        answer for a later round is taken once getRun shows the run commits it, and each
+        re-ask first looks at getRun. Pinned to the round it first saw, a trainer whose rounds
+        were shorter than that interval dropped every answer as unexpected and gave up; taking
+        an outrun answer would cost a whole inner loop on a round already closed."""
         g = self.g
-        r, want = int(view["round"]), _unhex(view["model_hash"])
+        target = _model_target(view)
         deadline = time.monotonic() + self.cfg.model_timeout_s
         next_ask = 0.0
-        self.inbox.expect_model((r, want))
+        self.inbox.expect_model(target[0])
         try:
             while not stop.is_set():
-                for data_hash, data in list(self.inbox.models.items()):
+                for data_hash, (round_, model_hash, data) in list(self.inbox.models.items()):
+                    view = await self.get_run()  # is this the model the run commits NOW?
+                    if view["status"] not in ("Training", "Sealed"):
+                        return view  # the run ended: the caller says so
+                    if _model_target(view) != target:
+                        target, deadline = _model_target(view), time.monotonic() + self.cfg.model_timeout_s
+                        self.inbox.expect_model(target[0])
+                    if (round_, model_hash) != target:
+                        # Older than the run (outrun while it travelled), or not a model the run
+                        # ever committed: drop it, keep waiting.
+                        self.inbox.discard_model(data_hash)
+                        if round_ >= target[0]:
+                            self.inbox.counters["forged"] += 1
+                            log.warning("dropped a ModelRequest answer for round %d: the run commits %s, not %s",
+                                        round_, _hex(target[1]), _hex(model_hash))
+                        continue
                     try:
-                        self.accept_weights(data, want, f"ModelRequest answer for round {r}")
+                        self.accept_weights(data, target[1], f"ModelRequest answer for round {round_}")
                     except TrainerProcessError as exc:  # a forged answer: drop it, keep waiting
-                        self.inbox.models.pop(data_hash, None)
+                        self.inbox.discard_model(data_hash)
                         self.inbox.counters["forged"] += 1
                         log.warning("dropped a ModelRequest answer: %s", exc)
                         continue
-                    self.say(f"model round {r} hash {_hex(want)} from ModelRequest verified")
-                    return
+                    self.say(f"model round {round_} hash {_hex(target[1])} from ModelRequest verified")
+                    return view
                 now = time.monotonic()
-                if now > deadline:
-                    raise TrainerProcessError(f"no verified model for round {r} within {self.cfg.model_timeout_s:g}s")
                 if now >= next_ask:
-                    req = g.compute_model_request(task_id=self.cfg.task_id, round=r, nonce=secrets.randbits(63),
+                    if next_ask:  # not the first ask: the run may have moved on since
+                        view = await self.get_run()
+                        if view["status"] not in ("Training", "Sealed"):
+                            return view
+                        if _model_target(view) != target:
+                            target, deadline = _model_target(view), now + self.cfg.model_timeout_s
+                            self.inbox.expect_model(target[0])
+                    if now > deadline:
+                        raise TrainerProcessError(
+                            f"no verified model for round {target[0]} within {self.cfg.model_timeout_s:g}s")
+                    req = g.compute_model_request(task_id=self.cfg.task_id, round=target[0], nonce=secrets.randbits(63),
                                                   private_key=self.cfg.private_key, chain_id=self.cfg.chain_id)
                     await self.host.publish(g.get_topic(req), g.encode_message(req))
-                    next_ask = now + 2.0
-                await self.inbox.wait(0.2)
+                    next_ask = now + self.MODEL_ASK_INTERVAL_S
+                await self.inbox.wait(min(0.2, self.MODEL_ASK_INTERVAL_S))
+            return view
         finally:
             self.inbox.expect_model(None)  # prune: nothing else is awaited
 
@@ -756,8 +826,7 @@ class _Trainer:
                     # None matched: fetch the committed model (the real notice may have been
                     # skipped while these were held).
                     self.inbox.expect_finalized(None)
-                    await self.request_model(view, stop)
-                    return view
+                    return await self.request_model(view, stop)
             now = time.monotonic()
             if now - last_poll >= poll_every:
                 last_poll = now
@@ -771,8 +840,7 @@ class _Trainer:
                     if now - moved_at >= self.cfg.model_timeout_s / 2:
                         # The round closed but its RoundFinalized never arrived: ask for the model.
                         self.inbox.expect_finalized(None)
-                        await self.request_model(view, stop)
-                        return view
+                        return await self.request_model(view, stop)
                 else:
                     due = compute_round_wait_deadline_ms(view)
                     node_now = view.get("now_ms")
@@ -794,18 +862,26 @@ class _Trainer:
 
     async def run(self, stop: asyncio.Event) -> int:
         from tenzro_training import gossip as g
-        from tenzro_training.cli import compute_layouts_from_view
-        from tenzro_training.p2p.host import P2PConfig, P2PHost, get_peer_ids
 
         self.g = g
-        cfg = self.cfg
         try:  # before anything is staked: a trainer asked for a GPU it lacks stops here
             from tenzro_training.trainer.inner import resolve_device
 
-            self.device = resolve_device(cfg.device)
+            self.device = resolve_device(self.cfg.device)
         except TrainerError as exc:
             raise TrainerProcessError(str(exc)) from None
         view = await self.get_run()
+        state_lock = self.payloads.lock()  # first: a second process of this account stops here
+        try:
+            return await self._run(view, stop)
+        finally:
+            os.close(state_lock)
+
+    async def _run(self, view: dict[str, Any], stop: asyncio.Event) -> int:
+        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.p2p.host import P2PConfig, P2PHost, get_peer_ids
+
+        cfg, g = self.cfg, self.g
         # Everything that can refuse this trainer is checked BEFORE it enrolls (stakes): the spec,
         # model and inner-loop configs, the dataset and its hash, the layouts, the p2p host. Only
         # the shard waits for the shard index, which enrollment assigns.
@@ -930,7 +1006,8 @@ class _Trainer:
             r = int(view["round"])
             self.payloads.prune(r)  # rounds before r are finalized: their payloads can never be asked again
             if self.held_hash != _unhex(view["model_hash"]):
-                await self.request_model(view, stop)
+                view = await self.request_model(view, stop)
+                continue  # from the view whose model it holds: the run may have moved on or ended
             self.inbox.expect_finalized(r)  # its RoundFinalized may come while we still submit
             started = time.monotonic()
             try:
@@ -961,11 +1038,16 @@ class _Trainer:
             raise TrainerProcessError("the run is Sealed without a final record")
         if self.held_hash != final:
             # Missed the last RoundFinalized, or joined after the end: fetch the final model.
-            await self.request_model(view, stop)
+            await self.request_model(view, stop)  # a sealed run's model never changes
         if self.held_hash != final:
             raise TrainerProcessError(f"final model {_hex(self.held_hash or b'')} differs from {_hex(final)}")
         self.say(f"sealed final model {_hex(final)} verified")
         return 0
+
+
+def _model_target(view: dict[str, Any]) -> tuple[int, bytes]:
+    """The (round, model_hash) a getRun view commits: what the node answers a ModelRequest with."""
+    return int(view["round"]), _unhex(view["model_hash"])
 
 
 def _trainer_validator(topic: str, get_view: Callable[[], TrainerGossipView | None],

@@ -5,6 +5,7 @@ Every wait is on an event a peer printed, with a generous but bounded timeout; n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -218,7 +219,6 @@ def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path)
     """py-libp2p put SO_REUSEPORT on its listeners, so a second node on a port in use bound it
     too and the kernel split the incoming connections between two peer ids (README walkthrough
     probe). It is now an error at start; the port is free again once the first host stops."""
-    import asyncio
 
     from tenzro_training.p2p import P2PConfig, P2PHost
     from tenzro_training.p2p.host import P2PError
@@ -241,6 +241,30 @@ def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path)
         again = P2PHost(P2PConfig(key_path=tmp_path / "b.key", listen=listen))
         await again.start()
         assert again.addrs[0].startswith(listen[0])
+        await again.stop()
+
+    asyncio.run(scenario())
+
+
+def test_one_peer_key_serves_one_host_at_a_time(tmp_path: Path) -> None:
+    """Two hosts with one key are one peer id twice (trainer restart probe, P7): the second
+    stops at start with a clear error, before it listens or dials; the key is free again once
+    the first host stops."""
+    from tenzro_training.p2p import P2PConfig, P2PHost, PeerKeyError
+
+    async def scenario() -> None:
+        first = P2PHost(P2PConfig(key_path=tmp_path / "shared.key"))
+        await first.start()
+        try:
+            second = P2PHost(P2PConfig(key_path=tmp_path / "shared.key"))
+            with pytest.raises(PeerKeyError, match="in use by another running host"):
+                await second.start()
+            assert not second.running and second.addrs == ()
+        finally:
+            await first.stop()
+        again = P2PHost(P2PConfig(key_path=tmp_path / "shared.key"))
+        await again.start()
+        assert again.peer_id == first.peer_id
         await again.stop()
 
     asyncio.run(scenario())
@@ -295,7 +319,6 @@ def test_a_sigstopped_peer_delays_publishing_once_not_every_publish(tmp_path: Pa
     """Reviewer repro stalled_peer.py: a peer that stops reading (SIGSTOP, socket open) made every
     later publish wait the whole publish_timeout_s, as long as its queue stayed full. Now it is
     marked stalled after one timeout, counted, and no longer waited for."""
-    import asyncio
 
     from tenzro_training.p2p import P2PConfig, P2PHost
 
@@ -344,7 +367,6 @@ def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Pee
 def test_a_peer_stalled_on_relayed_traffic_is_counted(tmp_path: Path) -> None:
     """The stall check ran only inside publish, so a peer that stopped reading what a host only
     relays to it never showed in stalled_peers (found by the gossip probe's re-run)."""
-    import asyncio
 
     from tenzro_training.p2p import P2PConfig, P2PHost
 

@@ -64,9 +64,12 @@ def test_inbox_reassembles_only_what_it_awaits_for_its_run() -> None:
     model = g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m1"), weights=WEIGHTS)
     feed(inbox, model)
     assert inbox.models == {}  # no ModelRequest outstanding
-    inbox.expect_model((1, h("m1")))
+    inbox.expect_model(2)
     feed(inbox, model)
-    assert inbox.models[model[0].data_hash] == WEIGHTS
+    assert inbox.models == {}  # an earlier round than the one asked for
+    inbox.expect_model(1)
+    feed(inbox, model)
+    assert inbox.models[model[0].data_hash] == (1, h("m1"), WEIGHTS)
     feed(inbox, [g.RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final"))])
     assert inbox.sealed.run_root == h("root")
     assert inbox.changed.is_set()
@@ -91,10 +94,16 @@ def test_inbox_growth_is_bounded_by_what_is_awaited() -> None:
     import os
 
     inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
-    inbox.expect_model((3, h("want")))
+    inbox.expect_model(3)
     for i in range(40):
-        feed(inbox, g.compute_model_chunks(task_id=TASK, round=10**6 + i, model_hash=os.urandom(32), weights=WEIGHTS))
+        feed(inbox, g.compute_model_chunks(task_id=TASK, round=i % 3, model_hash=os.urandom(32), weights=WEIGHTS))
     assert inbox.models == {} and len(inbox._assembler) == 0 and inbox.counters["unexpected"] == 40
+    # Later rounds are awaited too (the node answers with its current model), MAX_CANDIDATES at most.
+    for i in range(40):
+        feed(inbox, g.compute_model_chunks(task_id=TASK, round=10**6 + i, model_hash=os.urandom(32),
+                                           weights=WEIGHTS[i:] + WEIGHTS[:i]))
+    assert len(inbox.models) == inbox.MAX_CANDIDATES and inbox.counters["unexpected"] == 40 + 40 - inbox.MAX_CANDIDATES
+    assert len(inbox._assembler) == 0
 
 
 def test_inbox_forged_model_chunks_do_not_evict_the_genuine_notice() -> None:
@@ -143,10 +152,30 @@ def _trainer_with_model(tmp_path, model_timeout_s: float = 2.0):  # type: ignore
     return tr, compute_state_model_hash(model, real), compute_weights_bytes(real), nbytes, published
 
 
+def _another_model(tr) -> tuple[bytes, bytes]:  # type: ignore[no-untyped-def]
+    """(model hash, weights bytes) of a model other than ``_trainer_with_model``'s."""
+    import torch
+
+    from tenzro_training.global_model import compute_state_model_hash
+    from tenzro_training.node.gossip_bridge import compute_weights_bytes
+
+    weights = [torch.full((lay.numel,), 0.5, dtype=torch.float32) for lay in tr.layouts]
+    return compute_state_model_hash(tr.model, weights), compute_weights_bytes(weights)
+
+
+def _view(round_: int, model_hash: bytes, status: str = "Training") -> dict[str, object]:
+    return {"round": round_, "status": status, "model_hash": "0x" + model_hash.hex(), "round_records": []}
+
+
 def test_a_forged_model_answer_is_dropped_and_the_genuine_one_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     tr, committed, real, nbytes, published = _trainer_with_model(tmp_path)
+
+    async def get_run() -> dict[str, object]:
+        return _view(3, committed)
+
+    tr.get_run = get_run  # type: ignore[method-assign]
     forged = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=b"\0" * nbytes)
     genuine = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
 
@@ -165,6 +194,115 @@ def test_a_forged_model_answer_is_dropped_and_the_genuine_one_accepted(tmp_path)
     assert tr.inbox.models == {} and tr.inbox.await_model is None  # pruned after use
     request = g.decode_message(published[0])
     assert isinstance(request, g.ModelRequest) and request.requester == tr.addr_bytes  # signed (version 2)
+
+
+def test_a_model_answer_for_a_round_the_run_moved_on_to_is_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """P4: the node answers with the model it holds when it answers. Rounds shorter than its
+    answer interval (5 s per trainer) made every answer one round ahead of the trainer's view;
+    pinned to that view, the trainer dropped them all and gave up."""
+    import asyncio
+
+    tr, stale, _, _, _ = _trainer_with_model(tmp_path)
+    current, weights = _another_model(tr)
+    views = [_view(5, current)]
+
+    async def get_run() -> dict[str, object]:
+        return views[-1]
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    answer = g.compute_model_chunks(task_id=TASK, round=5, model_hash=current, weights=weights)
+
+    async def main() -> dict[str, object]:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            feed(tr.inbox, answer)
+
+        task = asyncio.create_task(arrive())
+        got = await tr.request_model(_view(3, stale), asyncio.Event())
+        await task
+        return got
+
+    got = asyncio.run(main())
+    assert tr.held_hash == current and got["round"] == 5  # the caller goes on from the run's round
+    assert tr.inbox.counters["forged"] == 0 and tr.inbox.models == {}
+
+
+def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A later round's answer is taken only when getRun shows the run commits it."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, committed, _, _, _ = _trainer_with_model(tmp_path, model_timeout_s=0.3)
+    other, weights = _another_model(tr)
+
+    async def get_run() -> dict[str, object]:
+        return _view(3, committed)  # the run has not moved
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.MODEL_ASK_INTERVAL_S = 0.1
+    feed_later = g.compute_model_chunks(task_id=TASK, round=4, model_hash=other, weights=weights)
+
+    async def main() -> None:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            feed(tr.inbox, feed_later)
+
+        task = asyncio.create_task(arrive())
+        with pytest.raises(TrainerProcessError, match="no verified model for round 3"):
+            await tr.request_model(_view(3, committed), asyncio.Event())
+        await task
+
+    asyncio.run(main())
+    assert tr.held_hash is None and tr.inbox.counters["forged"] == 1
+
+
+def test_each_model_request_follows_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A re-ask first looks at getRun: it asks for the round the run is at, and an answer for
+    the round it asked before, now outrun, is dropped without counting as forged."""
+    import asyncio
+
+    tr, stale, stale_bytes, _, published = _trainer_with_model(tmp_path)
+    current, weights = _another_model(tr)
+    views = [_view(3, stale)]
+
+    async def get_run() -> dict[str, object]:
+        return views[-1]
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.MODEL_ASK_INTERVAL_S = 0.1
+
+    async def main() -> dict[str, object]:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            views.append(_view(4, current))  # round 3 is finalized before any answer arrives
+            await asyncio.sleep(0.3)
+            feed(tr.inbox, g.compute_model_chunks(task_id=TASK, round=3, model_hash=stale, weights=stale_bytes))
+            feed(tr.inbox, g.compute_model_chunks(task_id=TASK, round=4, model_hash=current, weights=weights))
+
+        task = asyncio.create_task(arrive())
+        got = await tr.request_model(_view(3, stale), asyncio.Event())
+        await task
+        return got
+
+    got = asyncio.run(main())
+    asked = [g.decode_message(m).round for m in published]
+    assert asked[0] == 3 and asked[-1] == 4
+    assert tr.held_hash == current and got["round"] == 4 and tr.inbox.counters["forged"] == 0
+
+
+def test_a_model_request_ends_when_the_run_ends(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    tr, committed, _, _, _ = _trainer_with_model(tmp_path)
+
+    async def get_run() -> dict[str, object]:
+        return _view(3, committed, status="Failed")
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.MODEL_ASK_INTERVAL_S = 0.05
+    got = asyncio.run(tr.request_model(_view(3, committed), asyncio.Event()))
+    assert got["status"] == "Failed" and tr.held_hash is None and tr.inbox.await_model is None
 
 
 def test_a_forged_round_finalized_is_dropped_and_the_genuine_one_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -251,9 +389,9 @@ def test_a_model_answer_seen_before_asking_does_not_hide_the_next_copy() -> None
 
     deliver()  # before this trainer asked: dropped
     assert inbox.models == {} and inbox.counters["unexpected"] == len(answer)
-    inbox.expect_model((0, h("m0")))
+    inbox.expect_model(0)
     deliver()  # the node's answer to this trainer: the same bytes again
-    assert inbox.models[answer[0].data_hash] == weights
+    assert inbox.models[answer[0].data_hash] == (0, h("m0"), weights)
 
 
 def test_invalid_empty_tensors_in_the_view_stop_the_trainer() -> None:
@@ -674,6 +812,34 @@ def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypat
     with pytest.raises(TrainerProcessError, match="nothing staked.*dataset hash is 0x01"):
         asyncio.run(tr.run(asyncio.Event()))
     assert calls == ["tenzro_training_getRun"]  # no enrollTrainer
+
+
+def test_a_second_process_of_one_account_stops_before_it_enrolls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two trainer processes of one account train the same round with different bytes, which is
+    equivocation: the second one (same state directory) stops at once, nothing staked, and the
+    directory is free again once the first one is gone (P7)."""
+    import asyncio
+    import os
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    first, _ = _bare_trainer(tmp_path, device="cpu")
+    held = first.payloads.lock()
+    second, _ = _bare_trainer(tmp_path, device="cpu")
+    calls: list[str] = []
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append(method)
+        return {"status": "Enrolling", "trainers": []}
+
+    second.call = call  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="another trainer process of this account.*nothing staked"):
+        asyncio.run(second.run(asyncio.Event()))
+    assert calls == ["tenzro_training_getRun"]  # no enrollTrainer
+    other, _ = _bare_trainer(tmp_path, private_key=b"\x22" * 32)  # another account: its own directory
+    os.close(other.payloads.lock())
+    os.close(held)
+    os.close(second.payloads.lock())  # free once the first process is gone
 
 
 def test_a_trainer_setup_failure_exits_1(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
