@@ -29,7 +29,7 @@ from typing import Any
 import rocksdict
 
 from storage import schema
-from tenzro_training.filelock import try_lock_exclusive
+from tenzro_training.filelock import try_lock_directory
 from storage.interface import (
     WAL_RECOVERY_MODES,
     BatchOp,
@@ -214,8 +214,7 @@ class RocksStore(KVStore):
         writes or left the store unopenable (found by the storage fault probe). A lock on the
         directory's own descriptor cannot be removed with the directory in place."""
         try:
-            os.makedirs(self._path, exist_ok=True)
-            fd = try_lock_exclusive(self._path, directory=True)
+            fd = try_lock_directory(self._path)
         except OSError as error:
             raise StorageError(f"cannot open store directory {self._path!r}: {error.strerror or error}") from None
         if fd is None:

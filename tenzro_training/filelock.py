@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["try_lock_exclusive"]
+__all__ = ["try_lock_directory", "try_lock_exclusive"]
 
 
 def try_lock_exclusive(path: str | Path, *, directory: bool = False) -> int | None:
@@ -29,3 +29,10 @@ def try_lock_exclusive(path: str | Path, *, directory: bool = False) -> int | No
         os.close(fd)
         raise
     return fd
+
+
+def try_lock_directory(path: str | Path, *, mode: int = 0o777) -> int | None:
+    """``try_lock_exclusive`` on the directory ``path``, made first (with its parents, ``mode``
+    less the umask) if it does not exist."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    return try_lock_exclusive(path, directory=True)

@@ -291,11 +291,10 @@ class PayloadStore:
         unit file) train the same round, and their payloads differ (thread counts, kernels): two
         payload hashes for one (task, round, fragment) are equivocation, and the stake is
         burned. Only processes sharing this state directory can be stopped here; docs say so."""
-        from tenzro_training.filelock import try_lock_exclusive
+        from tenzro_training.filelock import try_lock_directory
 
         try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = try_lock_exclusive(self.dir, directory=True)
+            fd = try_lock_directory(self.dir, mode=0o700)
         except OSError as exc:
             raise TrainerProcessError(f"cannot use state directory {self.dir}: {exc.strerror or exc}") from None
         if fd is None:

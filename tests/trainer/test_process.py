@@ -167,15 +167,23 @@ def _view(round_: int, model_hash: bytes, status: str = "Training") -> dict[str,
     return {"round": round_, "status": status, "model_hash": "0x" + model_hash.hex(), "round_records": []}
 
 
+def _serve_views(tr, *views: dict[str, object]) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    """Make ``tr``'s getRun answer the last of ``views`` (append to the list returned to move the run)."""
+    served = list(views)
+
+    async def get_run() -> dict[str, object]:
+        return served[-1]
+
+    tr.get_run = get_run
+    return served
+
+
 def test_a_forged_model_answer_is_dropped_and_the_genuine_one_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     tr, committed, real, nbytes, published = _trainer_with_model(tmp_path)
 
-    async def get_run() -> dict[str, object]:
-        return _view(3, committed)
-
-    tr.get_run = get_run  # type: ignore[method-assign]
+    _serve_views(tr, _view(3, committed))
     forged = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=b"\0" * nbytes)
     genuine = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
 
@@ -204,12 +212,7 @@ def test_a_model_answer_for_a_round_the_run_moved_on_to_is_taken(tmp_path) -> No
 
     tr, stale, _, _, _ = _trainer_with_model(tmp_path)
     current, weights = _another_model(tr)
-    views = [_view(5, current)]
-
-    async def get_run() -> dict[str, object]:
-        return views[-1]
-
-    tr.get_run = get_run  # type: ignore[method-assign]
+    _serve_views(tr, _view(5, current))
     answer = g.compute_model_chunks(task_id=TASK, round=5, model_hash=current, weights=weights)
 
     async def main() -> dict[str, object]:
@@ -236,10 +239,7 @@ def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path) -> None:  #
     tr, committed, _, _, _ = _trainer_with_model(tmp_path, model_timeout_s=0.3)
     other, weights = _another_model(tr)
 
-    async def get_run() -> dict[str, object]:
-        return _view(3, committed)  # the run has not moved
-
-    tr.get_run = get_run  # type: ignore[method-assign]
+    _serve_views(tr, _view(3, committed))  # the run has not moved
     tr.MODEL_ASK_INTERVAL_S = 0.1
     feed_later = g.compute_model_chunks(task_id=TASK, round=4, model_hash=other, weights=weights)
 
@@ -264,12 +264,7 @@ def test_each_model_request_follows_the_run(tmp_path) -> None:  # type: ignore[n
 
     tr, stale, stale_bytes, _, published = _trainer_with_model(tmp_path)
     current, weights = _another_model(tr)
-    views = [_view(3, stale)]
-
-    async def get_run() -> dict[str, object]:
-        return views[-1]
-
-    tr.get_run = get_run  # type: ignore[method-assign]
+    views = _serve_views(tr, _view(3, stale))
     tr.MODEL_ASK_INTERVAL_S = 0.1
 
     async def main() -> dict[str, object]:
@@ -296,10 +291,7 @@ def test_a_model_request_ends_when_the_run_ends(tmp_path) -> None:  # type: igno
 
     tr, committed, _, _, _ = _trainer_with_model(tmp_path)
 
-    async def get_run() -> dict[str, object]:
-        return _view(3, committed, status="Failed")
-
-    tr.get_run = get_run  # type: ignore[method-assign]
+    _serve_views(tr, _view(3, committed, status="Failed"))
     tr.MODEL_ASK_INTERVAL_S = 0.05
     got = asyncio.run(tr.request_model(_view(3, committed), asyncio.Event()))
     assert got["status"] == "Failed" and tr.held_hash is None and tr.inbox.await_model is None
