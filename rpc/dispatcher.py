@@ -42,6 +42,7 @@ from rpc.errors import (
     InternalError,
     InvalidParams,
     InvalidRequest,
+    LimitExceeded,
     MethodNotFound,
     ParseError,
     compute_error_object,
@@ -63,7 +64,10 @@ from rpc.service import TrainingService
 from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, serialize_json
 from tenzro_training.errors import TenzroError
 
-__all__ = ["MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText", "Method", "parse_json", "serialize_json"]
+__all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES", "DEFAULT_MAX_BATCH", "MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText",
+    "Method", "parse_json", "serialize_json",
+]
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +242,17 @@ DEFAULT_MAX_BATCH: Final = 1000
 answered, on the one service thread, so without one a 2 MiB body of ``[1,1,...]`` drew a 180 MiB
 response and ~1 GiB of memory (a 64 MiB body, tens of GiB) while every other call waited."""
 
+DEFAULT_MAX_ANSWER_BYTES: Final = 32 * 1024 * 1024
+"""Most bytes of a batch's answer before its remaining elements are refused (LimitExceeded).
+Why: an answer waits whole in the node's memory until the client reads it; 1000 listRuns of
+500 runs each was a ~300 MB answer per 95 KB request, held for as long as the client did not
+read it (RPC concurrency probe)."""
+
 
 class Dispatcher:
     """JSON-RPC 2.0 over a :class:`~rpc.service.TrainingService`; see the module docstring."""
 
-    __slots__ = ("_service", "_methods", "_metrics", "_max_batch")
+    __slots__ = ("_service", "_methods", "_metrics", "_max_batch", "_max_answer_bytes")
 
     def __init__(
         self,
@@ -251,47 +261,81 @@ class Dispatcher:
         methods: Mapping[str, Method] = METHODS,
         metrics: RpcMetrics | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         if type(max_batch) is not int or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        if type(max_answer_bytes) is not int or max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes must be a positive int, got {max_answer_bytes!r}")
         self._service = service
         self._methods = methods
         self._metrics = metrics
         self._max_batch = max_batch
+        self._max_answer_bytes = max_answer_bytes
 
     def handle(self, raw: bytes | str) -> bytes | None:
-        """Answer one request body; ``None`` when nothing must be sent (notifications only)."""
+        """Answer one request body; ``None`` when nothing must be sent (notifications only).
+
+        A batch's answer is built element by element; once it holds more than
+        ``max_answer_bytes``, the remaining elements are not run and each gets a
+        :class:`LimitExceeded` error (notifications among them get nothing), so the answer is
+        bounded by that cap plus one element's answer."""
         try:
             obj = parse_json(raw)
         except ParseError as exc:
             if self._metrics is not None:
                 self._metrics.record(None, PARSE_ERROR, None)
             return serialize_json(compute_error_response(exc, None))
-        out = self._answer(obj)
-        return None if out is None else self._serialize(out)
+        if type(obj) is not list:
+            out = self._handle_one(obj)
+            return None if out is None else self._serialize_one(out)
+        refused = self._refuse_batch(obj)
+        if refused is not None:
+            return serialize_json(refused)
+        parts: list[bytes] = []
+        size = 0
+        for request in obj:
+            response = self._handle_one(request) if size <= self._max_answer_bytes else self._refuse_element(request)
+            if response is not None:
+                part = self._serialize_one(response)
+                size += len(part) + 1
+                parts.append(part)
+        return b"[" + b",".join(parts) + b"]" if parts else None
 
     def handle_obj(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
-        """Answer one parsed request or batch; ``None`` when nothing must be sent."""
-        out = self._answer(obj)
+        """Answer one parsed request or batch; ``None`` when nothing must be sent. In process,
+        so no answer-size cap: nothing waits in a socket."""
+        if type(obj) is list:
+            refused = self._refuse_batch(obj)
+            out = refused if refused is not None else [r for r in map(self._handle_one, obj) if r is not None] or None
+        else:
+            out = self._handle_one(obj)
         for response in out if type(out) is list else [] if out is None else [out]:
             if type(response.get("result")) is JsonText:
                 response["result"] = json.loads(response["result"].text)
         return out
 
-    def _answer(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
-        """:meth:`handle_obj`'s answer, with a service-serialized result left as :class:`JsonText`."""
-        if type(obj) is list:
-            if not obj:
-                if self._metrics is not None:
-                    self._metrics.record(None, INVALID_REQUEST, None)
-                return _invalid(None, "empty batch")
-            if len(obj) > self._max_batch:  # refused whole, before any element runs
-                if self._metrics is not None:
-                    self._metrics.record(None, INVALID_REQUEST, None)
-                return _invalid(None, f"batch of {len(obj)} requests; at most {self._max_batch}")
-            responses = [r for r in map(self._handle_one, obj) if r is not None]
-            return responses or None
-        return self._handle_one(obj)
+    def _refuse_batch(self, batch: list[object]) -> dict[str, Any] | None:
+        """The one error answering a whole batch (empty, or too many elements), else None."""
+        if batch and len(batch) <= self._max_batch:
+            return None
+        if self._metrics is not None:
+            self._metrics.record(None, INVALID_REQUEST, None)
+        if not batch:
+            return _invalid(None, "empty batch")
+        return _invalid(None, f"batch of {len(batch)} requests; at most {self._max_batch}")  # none runs
+
+    def _refuse_element(self, request: object) -> dict[str, Any] | None:
+        """A batch element left unrun because the answer passed ``max_answer_bytes``."""
+        if type(request) is dict and "id" not in request:
+            return None  # a notification: never answered
+        request_id = request.get("id") if type(request) is dict else None
+        name = request.get("method") if type(request) is dict else None
+        error = LimitExceeded("batch_answer_bytes", f"the batch's answer passed {self._max_answer_bytes} bytes "
+                                                    "before this request; it was not run")
+        if self._metrics is not None:
+            self._metrics.record(name if type(name) is str else None, get_error_entry(LimitExceeded).code, None)
+        return compute_error_response(error, request_id if _is_valid_id(request_id) else None)
 
     def _handle_one(self, request: object) -> dict[str, Any] | None:
         response, name, code, seconds = self._answer_one(request)
@@ -351,13 +395,11 @@ class Dispatcher:
             raise InvalidParams(None, "positional params are not supported; pass an object")
         return method.call(self._service, method.parse(params))  # type: ignore[arg-type]
 
-    def _serialize(self, out: dict[str, Any] | list[dict[str, Any]]) -> bytes:
-        """The response body; an element whose result is not JSON-able (only it) becomes -32603."""
-        parts: list[bytes] = []
-        for response in out if type(out) is list else [out]:
-            try:
-                parts.append(_serialize_response(response))
-            except (TypeError, ValueError, RecursionError):
-                log.error("JSON-RPC result for id %r is not JSON-serializable", response.get("id"))
-                parts.append(serialize_json(compute_error_response(InternalError(), response.get("id"))))
-        return b"[" + b",".join(parts) + b"]" if type(out) is list else parts[0]
+    @staticmethod
+    def _serialize_one(response: dict[str, Any]) -> bytes:
+        """One response's text; a result that is not JSON-able becomes -32603 (only its own)."""
+        try:
+            return _serialize_response(response)
+        except (TypeError, ValueError, RecursionError):
+            log.error("JSON-RPC result for id %r is not JSON-serializable", response.get("id"))
+            return serialize_json(compute_error_response(InternalError(), response.get("id")))

@@ -85,6 +85,7 @@ __all__ = [
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
+    "LimitExceeded",
     "MethodNotFound",
     "ParseError",
     "RequestTooLarge",
@@ -165,6 +166,18 @@ class InvalidParams(RpcError, ValueError):
         self.reason = reason
         where = f"{self.param}: " if self.param is not None else ""
         super().__init__(f"invalid params: {where}{reason}")
+
+
+class LimitExceeded(RpcError):
+    """The node refused work it could not take on without breaking one of its resource limits;
+    ``limit`` names which (``inflight_bytes``: request bodies being read, decoded, queued or
+    answered; ``batch_answer_bytes``: a batch's answer so far). Nothing was executed for the
+    request (or batch element) refused: retry later, or send a smaller batch."""
+
+    def __init__(self, limit: str, reason: str) -> None:
+        self.limit = limit
+        self.reason = reason
+        super().__init__(f"limit exceeded ({limit}): {reason}")
 
 
 class InternalError(RpcError):
@@ -261,6 +274,8 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     _e(StorageError, 1700, "storage error", public=False),
     _e(SchemaVersionError, 1701, "storage schema version not supported", public=False),
     _e(KeyFormatError, 1702, "storage key format error", public=False),
+    # Node resource limits (the request was not executed; retry later or send less).
+    _e(LimitExceeded, 1800, "limit exceeded"),
 )
 
 _BY_TYPE: Final[dict[type[BaseException], ErrorEntry]] = {e.exc_type: e for e in ERROR_TABLE}

@@ -38,22 +38,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
-from rpc.dispatcher import DEFAULT_MAX_BATCH, METHODS, Dispatcher, serialize_json
+from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH, METHODS, Dispatcher, serialize_json
 from rpc.errors import (
     INVALID_REQUEST,
     InternalError,
     InvalidRequest,
+    LimitExceeded,
     RequestTooLarge,
     compute_error_response,
 )
@@ -66,6 +69,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "RunningServer",
+    "ServerLimits",
     "create_app",
     "run_server",
     "start_server",
@@ -84,8 +88,110 @@ _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
 _REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
 _HEALTH_CHECK: Final = web.AppKey("rpc_health_check", object)  # Callable[[], str | None] | None
+_LIMITS: Final = web.AppKey("rpc_limits", object)  # ServerLimits
+_BUDGET: Final = web.AppKey("rpc_budget", object)  # _ByteBudget
 _JSON: Final = "application/json"
 _HEALTH: Final = serialize_json({"ok": True})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerLimits:
+    """What clients can hold of the node: connections, time and memory. Each bound answers an
+    attack the RPC concurrency probe ran on a real node (docs/rpc.md "Resource limits"): idle
+    or byte-at-a-time connections that used up its file descriptors (then nobody was served and
+    every failed accept logged a traceback), concurrent large or gzip-bomb bodies that grew it
+    by gigabytes, and batch answers of ~300 MB held for clients that never read them."""
+
+    max_connections: int = 512
+    """Open connections at once; one more is answered 503 and closed. Below the usual soft
+    limit of 1024 open files, which the store and the p2p host share."""
+    max_connections_per_ip: int = 128
+    """Open connections from one IP address (all clients behind one proxy count as one)."""
+    idle_timeout_s: float = 30.0
+    """A connection that has not sent a whole request head this long after it opened, or after
+    its previous answer, is closed (idle keep-alive, a head sent a byte at a time)."""
+    read_timeout_s: float = 60.0
+    """A request body must arrive whole within this long (408 otherwise); also the longest a
+    request waits for ``max_inflight_bytes`` to free up before it gets 503."""
+    max_inflight_bytes: int | None = None
+    """Bytes held for requests, all together: bodies being read, decoded (a compressed body
+    holds room for its decoded limit) and queued for the service thread, and answers not yet
+    written to their clients. None: 4 x ``max_body_bytes``."""
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    """A batch's answer past this many bytes refuses its remaining elements (LimitExceeded)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_connections_per_ip", "max_answer_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_inflight_bytes is not None and (type(self.max_inflight_bytes) is not int
+                                                    or self.max_inflight_bytes < 1):
+            raise ValueError(f"max_inflight_bytes must be a positive int or None, got {self.max_inflight_bytes!r}")
+        for name in ("idle_timeout_s", "read_timeout_s"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+class _ByteBudget:
+    """Bytes that requests hold, granted first come first served up to ``total``. A request
+    larger than the whole budget takes all of it (it is alone then), so none waits forever."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, wanted: int, timeout: float) -> int | None:
+        """Hold up to ``wanted`` bytes (at most the whole budget); the bytes held, or None when
+        they did not free up within ``timeout`` seconds."""
+        n = min(wanted, self.total)
+        if not self._waiters and self.held + n <= self.total:
+            self.held += n
+            return n
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, granted)
+        self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(granted)
+            return n
+        except BaseException as exc:
+            if granted.done() and not granted.cancelled():  # granted just as it gave up
+                if isinstance(exc, TimeoutError):
+                    return n
+                self.release(n)
+                raise
+            granted.cancel()
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                pass
+            self._grant()  # a smaller request behind this one may fit now
+            if isinstance(exc, TimeoutError):
+                return None
+            raise
+
+    def take(self, n: int) -> None:
+        """Hold ``n`` more bytes without waiting (an answer larger than its request held)."""
+        self.held += n
+
+    def release(self, n: int) -> None:
+        self.held -= n
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            n, granted = self._waiters[0]
+            if granted.done():  # gave up
+                self._waiters.popleft()
+                continue
+            if self.held + n > self.total:
+                return
+            self._waiters.popleft()
+            self.held += n
+            granted.set_result(None)
 
 
 def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
@@ -106,6 +212,17 @@ def _refused(app: web.Application, reason: str, message: str, status: int) -> we
     _count_rejected(app, reason)
     response = _json_response(compute_error_response(InvalidRequest(message), None), status=status)
     response.force_close()
+    return response
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Write ``response`` and close the connection at once. Without this aiohttp would linger
+    up to 10 s reading (and discarding) the rest of a body, which is what a client that is too
+    slow, or refused for load, must not be given."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()
     return response
 
 
@@ -158,6 +275,8 @@ async def _catch_all(
     except web.HTTPRequestEntityTooLarge:
         _count_rejected(request.app, "too_large")
         return _too_large(request.app[_MAX_BODY])
+    except ConnectionError:
+        raise  # the client went away: aiohttp drops the connection quietly
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are not errors
@@ -179,6 +298,8 @@ async def _catch_all(
 async def _post(request: web.Request) -> web.StreamResponse:
     app = request.app
     limit = app[_MAX_BODY]
+    limits: ServerLimits = app[_LIMITS]  # type: ignore[assignment]
+    budget: _ByteBudget = app[_BUDGET]  # type: ignore[assignment]
     if request.content_length is not None and request.content_length > limit:
         _count_rejected(app, "too_large")
         return _too_large(limit)
@@ -187,8 +308,35 @@ async def _post(request: web.Request) -> web.StreamResponse:
     if encoding not in _IDENTITY + _GZIP + ("deflate",):
         # Before reading: one of gzip/x-gzip/deflate/identity, once (no stacked codings).
         return _refused(app, "unsupported_encoding", "unsupported Content-Encoding", 415)
+    # Room for the body (its length, or the limit when it comes chunked) and, compressed, for
+    # what it decodes to; the answer takes over the same room. Held until the answer is written.
+    wanted = limit if request.content_length is None else request.content_length
+    held = await budget.acquire(wanted + (0 if encoding in _IDENTITY else limit), limits.read_timeout_s)
+    if held is None:
+        _count_rejected(app, "busy")
+        error = LimitExceeded("inflight_bytes", "the node holds as many request bytes as it allows; retry later")
+        response = _json_response(compute_error_response(error, None), status=503)
+        response.headers["Retry-After"] = "1"
+        response.force_close()
+        return await _answer_and_close(request, response)  # the body was not read
     try:
-        body = await request.read()  # bounded by client_max_size == limit, with or without a length
+        return await _answer(request, encoding, held)
+    finally:
+        budget.release(held)
+
+
+async def _answer(request: web.Request, encoding: str, held: int) -> web.StreamResponse:
+    """Read, decode and dispatch the body, and write the answer (``held`` bytes of the budget
+    are this request's: an answer larger than that holds the difference too)."""
+    app = request.app
+    limit = app[_MAX_BODY]
+    limits: ServerLimits = app[_LIMITS]  # type: ignore[assignment]
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            body = await request.read()  # bounded by client_max_size == limit, with or without a length
+    except TimeoutError:
+        refused = _refused(app, "timeout", f"request body not received within {limits.read_timeout_s:g} s", 408)
+        return await _answer_and_close(request, refused)
     except (HttpProcessingError, RequestPayloadError, ConnectionError):
         # Broken chunked framing, a body shorter than its Content-Length, a client that went
         # away (RequestPayloadError is no HttpProcessingError).
@@ -204,9 +352,21 @@ async def _post(request: web.Request) -> web.StreamResponse:
             return _refused(app, exc.reason, "request body could not be read", 400)
     loop = asyncio.get_running_loop()
     answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body)
+    del body
     if answer is None:
         return web.Response(status=204)
-    return web.Response(body=answer, content_type=_JSON)
+    budget: _ByteBudget = app[_BUDGET]  # type: ignore[assignment]
+    extra = max(0, len(answer) - held)
+    budget.take(extra)
+    try:
+        # Written here, not after the handler returns, so the budget is held until the answer
+        # has left the node (or its client has gone), however slowly the client reads.
+        response = web.Response(body=answer, content_type=_JSON)
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+    finally:
+        budget.release(extra)
 
 
 async def _health(request: web.Request) -> web.StreamResponse:
@@ -231,6 +391,7 @@ def create_app(
     executor: Executor | None = None,
     metrics: Registry | None = None,
     health_check: Callable[[], str | None] | None = None,
+    limits: ServerLimits | None = None,
 ) -> web.Application:
     """The aiohttp application serving JSON-RPC for ``service`` at ``/``.
 
@@ -242,23 +403,35 @@ def create_app(
     request metrics (a fresh one when omitted); the node adds its own to the same registry.
     ``health_check``: called by ``GET /`` on the event loop (it must be quick and thread-safe);
     a returned reason (a fixed token, never exception text) makes the answer a 503.
+    ``limits``: the time and memory bounds (:class:`ServerLimits`; its connection bounds take
+    effect only under :func:`start_server`, which owns the connections).
     """
     if type(max_body_bytes) is not int or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
+    limits = ServerLimits() if limits is None else limits
     registry = Registry() if metrics is None else metrics
     # auto_decompress off: _post decodes Content-Encoding itself, strictly (see _decode_body);
     # handler_args reach every runner's request handlers, start_server's or a test client's.
     app = web.Application(
         client_max_size=max_body_bytes, middlewares=[_catch_all], handler_args={"auto_decompress": False}
     )
-    app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS), max_batch=max_batch)
+    app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS), max_batch=max_batch,
+                                  max_answer_bytes=limits.max_answer_bytes)
     app[_METRICS] = registry
     app[_REJECTED] = registry.counter(
         "tenzro_rpc_rejected_bodies_total",
         "HTTP requests refused before JSON-RPC parsing: too_large (413), unreadable (400: body or "
-        "HTTP framing), unsupported_encoding (415).",
+        "HTTP framing), unsupported_encoding (415), timeout (408: body not received in time), busy "
+        "(503: in-flight bytes at their limit), connection_limit (503: connection refused at once).",
         ("reason",),
     )
+    budget = _ByteBudget(4 * max_body_bytes if limits.max_inflight_bytes is None else limits.max_inflight_bytes)
+    registry.gauge_callback(
+        "tenzro_rpc_inflight_bytes", "Bytes held for JSON-RPC requests being read, decoded, queued or answered.",
+        lambda: {(): float(budget.held)},
+    )
+    app[_LIMITS] = limits
+    app[_BUDGET] = budget
     app[_MAX_BODY] = max_body_bytes
     app[_HEALTH_CHECK] = health_check
     if executor is None:
@@ -296,8 +469,9 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-def _json_error_server(rejected: Counter) -> type[web.Server]:
-    """An aiohttp ``Server`` whose connections answer a request aiohttp itself cannot parse
+def _json_error_server(rejected: Counter, limits: ServerLimits) -> type[web.Server]:
+    """An aiohttp ``Server`` that refuses connections past ``limits``' connection bounds (a 503
+    with a JSON-RPC error, then closed), and whose connections answer a request aiohttp itself cannot parse
     (broken chunked framing, conflicting Content-Length, oversized headers: before any
     application code runs) with a JSON-RPC error instead of aiohttp's text/plain 400, whose body
     is the parser's exception text and echoes the client's bytes.
@@ -309,8 +483,26 @@ def _json_error_server(rejected: Counter) -> type[web.Server]:
     tests/rpc/test_server.py checks the answers, so an aiohttp change that bypasses this fails
     there."""
 
+    per_ip: dict[object, int] = {}
+    ip_of: dict[RequestHandler, object] = {}
+
     class JsonErrorHandler(RequestHandler):
         __slots__ = ()
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            peer = transport.get_extra_info("peername")
+            ip = peer[0] if isinstance(peer, tuple) and peer else peer
+            if len(ip_of) >= limits.max_connections or per_ip.get(ip, 0) >= limits.max_connections_per_ip:
+                # Refused before aiohttp sees it (no request task, nothing read): descriptors
+                # and memory stay bounded whatever clients hold open; asyncio closes the
+                # socket once the answer is out.
+                rejected.inc("connection_limit")
+                cast(asyncio.Transport, transport).write(_CONNECTION_REFUSED)
+                transport.close()
+                return
+            ip_of[self] = ip
+            per_ip[ip] = per_ip.get(ip, 0) + 1
+            super().connection_made(transport)
 
         def handle_error(
             self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -331,7 +523,28 @@ def _json_error_server(rejected: Counter) -> type[web.Server]:
             handler.__class__ = JsonErrorHandler
             return handler
 
+        def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+            super().connection_lost(handler, exc)
+            if handler in ip_of:
+                ip = ip_of.pop(handler)
+                left = per_ip[ip] - 1
+                if left:
+                    per_ip[ip] = left
+                else:
+                    del per_ip[ip]
+
     return JsonErrorServer
+
+
+def _http_answer(status: str, body: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that closes its connection (written before aiohttp reads)."""
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: {_JSON}\r\nContent-Length: {len(body)}\r\n"
+            f"Retry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+_CONNECTION_REFUSED: Final = _http_answer("503 Service Unavailable", serialize_json(compute_error_response(
+    LimitExceeded("connections", "the node has as many open connections as it allows; retry later"), None)))
 
 
 async def start_server(
@@ -345,14 +558,20 @@ async def start_server(
     shutdown_timeout: float = 10.0,
     metrics: Registry | None = None,
     health_check: Callable[[], str | None] | None = None,
+    limits: ServerLimits | None = None,
 ) -> RunningServer:
     """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
+    limits = ServerLimits() if limits is None else limits
     app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics,
-                     health_check=health_check)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+                     health_check=health_check, limits=limits)
+    # keepalive_timeout is aiohttp's idle close: armed when a connection opens and after each
+    # answer, it closes a connection still waiting for a whole request head (aiohttp's default,
+    # 3630 s, let idle and byte-at-a-time connections pile up).
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=limits.idle_timeout_s)
     await runner.setup()
     assert runner.server is not None  # set up
-    runner.server.__class__ = _json_error_server(app[_REJECTED])
+    runner.server.__class__ = _json_error_server(app[_REJECTED], limits)
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()

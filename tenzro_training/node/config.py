@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from rpc.dispatcher import DEFAULT_MAX_BATCH
+from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH
 from storage.interface import WAL_RECOVERY_MODES
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
@@ -76,7 +76,8 @@ _TOP_KEYS: Final = (
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
-    "max_trainer_count",
+    "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
+    "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -240,6 +241,18 @@ class NodeConfig:
     """Largest JSON-RPC request body (a base64 payload is 4/3 of its bytes)."""
     rpc_max_batch: int = DEFAULT_MAX_BATCH
     """Most requests one JSON-RPC batch may hold; a larger batch is refused whole (-32600)."""
+    rpc_max_connections: int = 512
+    """Open JSON-RPC connections at once (``rpc.server.ServerLimits``; docs/rpc.md "Resource limits")."""
+    rpc_max_connections_per_ip: int = 128
+    """Open JSON-RPC connections from one IP address."""
+    rpc_idle_timeout_ms: int = 30_000
+    """A JSON-RPC connection without a whole request head this long is closed."""
+    rpc_read_timeout_ms: int = 60_000
+    """A JSON-RPC request body must arrive within this long (408)."""
+    rpc_max_inflight_bytes: int | None = None
+    """Bytes all JSON-RPC requests may hold at once (bodies and answers); None: 4 x max_body_bytes."""
+    rpc_max_batch_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    """A batch's answer past this many bytes refuses its remaining elements."""
     max_gradient_abs: float = DEFAULT_MAX_GRADIENT_ABS
     """Largest magnitude of an outer-gradient value the node accepts (inline or over gossip).
     Finite but huge values (float32 max) would overflow a Mean or the outer step, and a round
@@ -321,6 +334,14 @@ class NodeConfig:
         _int("rpc_port", self.rpc_port, 0, 65535)
         _int("max_body_bytes", self.max_body_bytes, 1024, 2**40)
         _int("rpc_max_batch", self.rpc_max_batch, 1, 1_000_000)
+        _int("rpc_max_connections", self.rpc_max_connections, 1, 1_000_000)
+        _int("rpc_max_connections_per_ip", self.rpc_max_connections_per_ip, 1, 1_000_000)
+        _int("rpc_idle_timeout_ms", self.rpc_idle_timeout_ms, 1, 86_400_000)
+        _int("rpc_read_timeout_ms", self.rpc_read_timeout_ms, 1, 86_400_000)
+        if self.rpc_max_inflight_bytes is not None:
+            # At least one whole body: a largest request must be able to run alone.
+            _int("rpc_max_inflight_bytes", self.rpc_max_inflight_bytes, self.max_body_bytes, 2**50)
+        _int("rpc_max_batch_answer_bytes", self.rpc_max_batch_answer_bytes, 1, 2**40)
         object.__setattr__(self, "max_gradient_abs", _positive_float("max_gradient_abs", self.max_gradient_abs))
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
@@ -385,7 +406,8 @@ class NodeConfig:
         plain = ("sync_writes", "wal_recovery", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
-                 "max_trainer_count")
+                 "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
+                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -432,7 +454,23 @@ class NodeConfig:
             "max_grace_window_ms": self.max_grace_window_ms,
             "max_receipt_bytes": self.max_receipt_bytes,
             "max_trainer_count": self.max_trainer_count,
+            "rpc_max_connections": self.rpc_max_connections,
+            "rpc_max_connections_per_ip": self.rpc_max_connections_per_ip,
+            "rpc_idle_timeout_ms": self.rpc_idle_timeout_ms,
+            "rpc_read_timeout_ms": self.rpc_read_timeout_ms,
+            "rpc_max_inflight_bytes": self.rpc_max_inflight_bytes,
+            "rpc_max_batch_answer_bytes": self.rpc_max_batch_answer_bytes,
         }
+
+    def server_limits(self) -> Any:
+        """The JSON-RPC server's :class:`rpc.server.ServerLimits` from these settings."""
+        from rpc.server import ServerLimits
+
+        return ServerLimits(
+            max_connections=self.rpc_max_connections, max_connections_per_ip=self.rpc_max_connections_per_ip,
+            idle_timeout_s=self.rpc_idle_timeout_ms / 1000, read_timeout_s=self.rpc_read_timeout_ms / 1000,
+            max_inflight_bytes=self.rpc_max_inflight_bytes, max_answer_bytes=self.rpc_max_batch_answer_bytes,
+        )
 
 
 def _timings_from_dict(value: object) -> RunTimings:

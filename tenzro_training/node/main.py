@@ -239,6 +239,53 @@ def _make_data_dir(data_dir: Path) -> None:
         raise NodeStartupError(f"cannot create data dir {data_dir}: {exc.strerror or exc}") from None
 
 
+def _raise_open_file_limit(connections: int) -> None:
+    """Raise the soft open-file limit to the hard one (at most 65536): the store's SST files,
+    the p2p host and ``connections`` JSON-RPC connections share it, and the usual soft default
+    of 1024 is what a client holding connections exhausted first (RPC concurrency probe).
+    A limit still below ``connections`` + 256 is logged: raise the hard one (``ulimit -Hn``,
+    systemd ``LimitNOFILE``)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, exc)
+    if soft != resource.RLIM_INFINITY and soft < connections + 256:
+        log.warning("open-file limit %d leaves little room beside rpc_max_connections=%d: raise it, or lower "
+                    "rpc_max_connections", soft, connections)
+
+
+class _LoopErrorLog:
+    """The event loop's exception handler: the same message is logged at most once per
+    ``INTERVAL_S`` (with how many were held back). Why: a failing accept is reported by asyncio
+    once per attempt, with a traceback; out of file descriptors, that was megabytes a second
+    into the log (RPC concurrency probe), as a failing disk was before (docs/node.md)."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", "unhandled exception in the event loop"))
+        now = time.monotonic()
+        last, held = self._last.get(message, (-1e18, 0))
+        if now - last < self.INTERVAL_S:
+            self._last[message] = (last, held + 1)
+            return
+        if len(self._last) > 256:
+            self._last.clear()
+        self._last[message] = (now, 0)
+        if held:
+            context = {**context, "message": f"{message} ({held} more like it in the last {now - last:.0f} s)"}
+        loop.default_exception_handler(context)
+
+
 async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: dict[str, Any] | None = None) -> None:
     """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
     NodeStartupError before anything is served. ``p2p`` (``listen``, ``key``, ``bootstrap``)
@@ -251,6 +298,8 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     from tenzro_training.node.service import NodeService
 
     _make_data_dir(data_dir)
+    _raise_open_file_limit(config.rpc_max_connections)
+    asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
     try:
         store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery)
     except StorageError as exc:
@@ -292,6 +341,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
                 service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes,
                 max_batch=config.rpc_max_batch, executor=executor, metrics=registry,
                 health_check=lambda: None if service.storage_failure is None else "storage_write_failed",
+                limits=config.server_limits(),
             )
         except OSError as exc:
             raise NodeStartupError(

@@ -102,6 +102,12 @@ def _base() -> dict[str, Any]:
         ({"payload_cache_bytes": "1GiB"}, "payload_cache_bytes"),
         ({"rpc_max_batch": 0}, "rpc_max_batch"),
         ({"rpc_max_batch": 10.0}, "rpc_max_batch"),
+        ({"rpc_max_connections": 0}, "rpc_max_connections"),
+        ({"rpc_max_connections_per_ip": "8"}, "rpc_max_connections_per_ip"),
+        ({"rpc_idle_timeout_ms": 0}, "rpc_idle_timeout_ms"),
+        ({"rpc_read_timeout_ms": 1.5}, "rpc_read_timeout_ms"),
+        ({"rpc_max_inflight_bytes": 1024, "max_body_bytes": 2048}, "rpc_max_inflight_bytes"),  # < one body
+        ({"rpc_max_batch_answer_bytes": 0}, "rpc_max_batch_answer_bytes"),
         ({"max_gradient_abs": 0}, "max_gradient_abs"),
         ({"max_gradient_abs": -1.0}, "max_gradient_abs"),
         ({"max_gradient_abs": 1e39}, "max_gradient_abs"),
@@ -222,8 +228,15 @@ def test_the_documented_example_config_is_valid() -> None:
     defaults = NodeConfig()
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
-                "max_trainer_count"):
+                "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
+                "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes"):
         assert example[key] == getattr(defaults, key), key
+
+
+def test_server_limits_come_from_the_config() -> None:
+    limits = NodeConfig(rpc_max_connections=9, rpc_idle_timeout_ms=1500, rpc_max_inflight_bytes=2**30).server_limits()
+    assert (limits.max_connections, limits.idle_timeout_s, limits.max_inflight_bytes) == (9, 1.5, 2**30)
+    assert NodeConfig().server_limits().max_inflight_bytes is None  # the server's 4 x max_body_bytes
 
 
 @pytest.mark.parametrize("host", ["a\x00b", "local host", "h\n", "\u00e9.example", "x" * 254])

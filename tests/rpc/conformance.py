@@ -24,6 +24,7 @@ from rpc.errors import (
     InternalError,
     InvalidParams,
     InvalidRequest,
+    LimitExceeded,
     MethodNotFound,
     ParseError,
     RequestTooLarge,
@@ -280,6 +281,7 @@ ERROR_SAMPLES: list[tuple[BaseException, int, dict[str, Any]]] = [
     (StorageError("cannot lock /var/secret/db"), 1700, {"type": "StorageError"}),
     (SchemaVersionError("/var/secret/db", 3, 1), 1701, {"type": "SchemaVersionError"}),
     (KeyFormatError("bad key under /var/secret", b"k"), 1702, {"type": "KeyFormatError"}),
+    (LimitExceeded("inflight_bytes", "busy"), 1800, {"type": "LimitExceeded", "limit": "inflight_bytes", "reason": "busy"}),
 ]
 
 # Exceptions outside the TenzroError tree: all must look the same on the wire.

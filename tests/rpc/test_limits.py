@@ -1,0 +1,174 @@
+"""What clients can hold of the endpoint (rpc.server.ServerLimits, the dispatcher's answer cap):
+each test is one attack of the RPC concurrency probe, against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rpc.dispatcher import Dispatcher
+from rpc.server import ServerLimits, _ByteBudget
+from tests.rpc.conformance import FakeService, get_run
+from tests.rpc.test_server import LiveServer, _split_reply
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error(body: bytes) -> dict[str, object]:
+    answer = json.loads(body)
+    assert answer["jsonrpc"] == "2.0" and answer["id"] is None
+    return answer["error"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    held: list[socket.socket] = []
+    yield held
+    for sock in held:
+        sock.close()
+
+
+def _health_ok(server: LiveServer) -> bool:
+    status, _headers, body = server.request("GET", "/")
+    return status == 200 and json.loads(body) == {"ok": True}
+
+
+def test_connections_past_the_limit_are_refused_at_once(sockets: list[socket.socket]) -> None:
+    """Idle connections used up the node's file descriptors; then nobody was served."""
+    with LiveServer(FakeService(), limits=ServerLimits(max_connections=4)) as server:
+        sockets.extend(_connect(server.port) for _ in range(4))
+        time.sleep(0.2)  # accepted
+        with _connect(server.port) as extra:
+            status, headers, body = _split_reply(_read_all(extra))
+        assert status == 503 and headers["connection"] == "close" and headers["retry-after"] == "1"
+        assert _error(body)["code"] == 1800 and _error(body)["data"] == {  # type: ignore[index]
+            "type": "LimitExceeded", "limit": "connections",
+            "reason": "the node has as many open connections as it allows; retry later"}
+        sockets.pop().close()
+        time.sleep(0.2)  # the server saw it go
+        assert _health_ok(server)
+
+
+def test_connections_from_one_address_are_capped(sockets: list[socket.socket]) -> None:
+    with LiveServer(FakeService(), limits=ServerLimits(max_connections=100, max_connections_per_ip=2)) as server:
+        sockets.extend(_connect(server.port) for _ in range(2))
+        time.sleep(0.2)
+        with _connect(server.port) as extra:
+            assert _split_reply(_read_all(extra))[0] == 503
+        for sock in sockets:
+            sock.close()
+        sockets.clear()
+        time.sleep(0.2)
+        assert _health_ok(server)
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le"])
+def test_a_connection_without_a_whole_request_head_is_closed(sent: bytes) -> None:
+    """Connections that never sent a byte, or sent half a head, stayed open for an hour."""
+    with LiveServer(FakeService(), limits=ServerLimits(idle_timeout_s=0.3)) as server:
+        with _connect(server.port) as sock:
+            sock.sendall(sent)
+            started = time.monotonic()
+            assert _read_all(sock) == b""  # closed by the server, nothing answered
+            assert time.monotonic() - started < 5
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408() -> None:
+    """A body trickled a byte at a time held its connection (and its memory) indefinitely."""
+    service = FakeService()
+    with LiveServer(service, limits=ServerLimits(read_timeout_s=0.3)) as server:
+        with _connect(server.port) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n[")
+            status, _headers, body = _split_reply(_read_all(sock))
+        assert status == 408 and _error(body)["code"] == -32600
+        assert "not received within 0.3 s" in _error(body)["message"]  # type: ignore[operator]
+        assert service.calls == [] and _health_ok(server)
+
+
+def test_request_bytes_past_the_budget_wait_then_get_a_503() -> None:
+    """Concurrent large bodies grew the node by gigabytes: what requests hold is bounded."""
+    import threading
+
+    service = FakeService()
+    service.gate = threading.Event()  # the first call holds the service thread, and its bytes
+    limits = ServerLimits(max_inflight_bytes=1500, read_timeout_s=0.5)
+    body = json.dumps(get_run(id=1)).encode().ljust(800)  # JSON may end in whitespace
+    with LiveServer(service, max_body_bytes=1000, limits=limits) as server:
+        first: list[int] = []
+        hog = threading.Thread(target=lambda: first.append(server.request("POST", "/", body)[0]))
+        hog.start()
+        assert service.entered.wait(5)
+        status, headers, answer = server.request("POST", "/", body)  # 2 x 800 bytes > 1500
+        assert status == 503 and headers["Retry-After"] == "1" and headers["Connection"] == "close"
+        assert _error(answer)["code"] == 1800 and _error(answer)["data"]["limit"] == "inflight_bytes"  # type: ignore[index]
+        assert len(service.calls) == 1  # not executed
+        small = json.dumps(get_run(id=2)).encode()
+        waiting: list[int] = []
+        beside = threading.Thread(target=lambda: waiting.append(server.request("POST", "/", small)[0]))
+        beside.start()  # fits beside the first: read, then queued for the service thread
+        time.sleep(0.2)
+        service.gate.set()
+        hog.join(5)
+        beside.join(5)
+        assert first == [200] and waiting == [200]
+        assert server.request("POST", "/", body)[0] == 200  # freed
+
+
+def test_a_batch_answer_past_its_cap_refuses_the_rest_unrun() -> None:
+    """1000 listRuns of 500 runs: a ~300 MB answer per 95 KB request, held for slow readers."""
+    service = FakeService()
+    service.result = {"runs": ["x" * 1000]}
+    dispatcher = Dispatcher(service, max_answer_bytes=2500)  # type: ignore[arg-type]
+    batch = [get_run(id=i) for i in range(5)] + [{"jsonrpc": "2.0", "method": "tenzro_training_getRun",
+                                                   "params": {"task_id": "n"}}]
+    answer = json.loads(dispatcher.handle(json.dumps(batch).encode()) or b"")
+    assert [a["id"] for a in answer] == [0, 1, 2, 3, 4]  # one per request; the notification gets none
+    assert [("result" in a) for a in answer] == [True, True, True, False, False]  # 3 answers pass 2500 bytes
+    assert answer[3]["error"]["code"] == 1800 and answer[3]["error"]["data"]["limit"] == "batch_answer_bytes"
+    assert len(service.calls) == 3  # the refused elements never ran
+    assert len(Dispatcher(service, max_answer_bytes=10**6).handle_obj(batch) or []) == 5  # type: ignore[arg-type]
+
+
+def test_byte_budget_grants_in_order_and_gives_up_on_time() -> None:
+    async def scenario() -> None:
+        budget = _ByteBudget(100)
+        assert await budget.acquire(60, 1) == 60
+        later = asyncio.create_task(budget.acquire(50, 5))  # waits: 110 > 100
+        await asyncio.sleep(0.01)
+        assert await budget.acquire(10, 0.05) is None  # behind the waiter, first come first served
+        budget.release(60)
+        assert await later == 50 and budget.held == 50
+        assert await budget.acquire(10**9, 0.05) is None  # capped to the whole budget: waits for it
+        budget.release(50)
+        assert await budget.acquire(10**9, 0.05) == 100  # alone, it takes everything
+        waiting = asyncio.create_task(budget.acquire(1, 5))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        budget.release(100)
+        assert budget.held == 0 and not budget._waiters
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("field, value", [("max_connections", 0), ("max_connections_per_ip", 1.5),
+                                          ("idle_timeout_s", 0), ("read_timeout_s", float("inf")),
+                                          ("max_inflight_bytes", 0), ("max_answer_bytes", -1)])
+def test_invalid_server_limits(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ServerLimits(**{field: value})  # type: ignore[arg-type]
