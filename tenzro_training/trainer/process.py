@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpc.errors import get_error_entry
+from rpc.errors import LimitExceeded, get_error_entry
 from tenzro_training import auth
 from tenzro_training.errors import (
     Equivocation,
@@ -109,6 +109,8 @@ CODE_EQUIVOCATION = get_error_entry(Equivocation).code
 """Two different payloads for one (round, fragment): the stake was burned, this trainer is out."""
 CODE_PAYLOAD_UNAVAILABLE = get_error_entry(PayloadUnavailable).code
 """The node's bridge has not reassembled the payload yet: retry."""
+CODE_LIMIT_EXCEEDED = get_error_entry(LimitExceeded).code
+"""The node refused the call unrun for load (docs/rpc.md "Resource limits"): retry, as when unreachable."""
 _SKIP_ROUND_CODES = frozenset({CODE_INVALID_STATE, CODE_ROUND_MISMATCH, CODE_LATE_SUBMISSION})
 _OUT_CODES = {CODE_NOT_ENROLLED: "it is not (or no longer) an unslashed trainer of the run",
               CODE_EQUIVOCATION: "it was slashed for equivocation"}
@@ -520,12 +522,14 @@ class _Trainer:
                 result = await asyncio.to_thread(self.client.call, method, params)
             except CliError as exc:
                 unreachable = exc.exit_code == EXIT_UNREACHABLE and get_rpc_error_code(exc) is None
-                if not (unreachable and self.reached_node):
+                busy = get_rpc_error_code(exc) == CODE_LIMIT_EXCEEDED  # nothing was run: resend it
+                if not ((unreachable and self.reached_node) or busy):
                     raise
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.cfg.node_retry_s
-                    self.say(f"node unreachable ({exc}); retrying for up to {self.cfg.node_retry_s:.0f} s")
+                    what = "busy" if busy else "unreachable"
+                    self.say(f"node {what} ({exc}); retrying for up to {self.cfg.node_retry_s:.0f} s")
                 if now >= deadline:
                     raise
                 await asyncio.sleep(min(delay, deadline - now))

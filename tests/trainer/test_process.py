@@ -933,6 +933,13 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     with pytest.raises(CliError, match="Connection refused"):  # gives up after node_retry_s
         asyncio.run(tr.call("tenzro_training_getRun", {}))
     assert len(answers) < 10
+    # A call the node refused unrun for load (LimitExceeded, docs/rpc.md "Resource limits") is
+    # sent again, even before a first answer; another refusal never is.
+    fresh, said = _bare_trainer(tmp_path, node_retry_s=0.6)
+    fresh.client = Node()
+    answers[:] = [_error(1800, "LimitExceeded"), {"round": 2}]
+    assert asyncio.run(fresh.call("tenzro_training_getRun", {})) == {"round": 2}
+    assert said[0].startswith("node busy (error 1800 LimitExceeded")
 
 
 def test_an_unreachable_bootstrap_peer_stops_the_trainer_before_it_stakes(tmp_path) -> None:  # type: ignore[no-untyped-def]
