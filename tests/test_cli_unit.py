@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -905,6 +906,137 @@ def test_syncer_daemon_logs_a_refusal_once() -> None:
     daemon = SyncerDaemon(client, KEY, emit=lines.append)
     assert daemon.poll_once() == 0 and daemon.poll_once() == 0
     assert len(lines) == 1 and "refused" in lines[0]
+
+
+# --- the syncer daemon against a node it cannot trust (syncer probe, 2026-11-26) ----------------------
+
+
+class ScriptedClient:
+    """Answers listRuns/getRun from callables; records every call."""
+
+    url = "fake://node"
+
+    def __init__(self, list_runs: Any, get_run: Any = None) -> None:
+        self.list_runs, self.get_run = list_runs, get_run
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.calls.append((method, params))
+        if method == "tenzro_training_listRuns":
+            return self.list_runs(params)
+        if method == "tenzro_training_getRun":
+            return self.get_run(params)
+        raise CliError("error 1315 NotSyncer: not the current syncer", EXIT_RPC_ERROR)
+
+
+def test_syncer_paging_that_never_ends_stops() -> None:
+    """A node (or proxy) answering every listRuns with a full page kept the first pass paging
+    forever: 10 GB and deaf to SIGTERM."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    full = {"runs": [{"task_id": f"r{i}", "syncer": "0x" + "11" * 20} for i in range(500)]}
+    client = ScriptedClient(lambda params: full)
+    lines: list[str] = []
+    daemon = SyncerDaemon(client, KEY, emit=lines.append)
+    assert daemon.poll_once() == 0
+    assert [m for m, _ in client.calls] == ["tenzro_training_listRuns"] * 2  # no progress on page 2: stop
+    assert lines == ["listRuns paging stopped making progress at offset 1000 (500 runs read); using those"]
+    daemon.poll_once()
+    assert len(lines) == 1  # said once
+    fresh = ScriptedClient(lambda params: {"runs": [{"task_id": f"p{params['offset'] + i}"} for i in range(500)]})
+    stop = threading.Event()
+    stop.set()
+    assert SyncerDaemon(fresh, KEY, emit=lines.append).poll_once(stop) == 0 and fresh.calls == []  # stop is heard
+
+
+def test_syncer_skips_what_it_cannot_use_with_one_line_each() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    runs = {"runs": [{"task_id": "a\ud800b"}, {"task_id": "big"}, {"task_id": "list"}, {"task_id": "other",
+                                                                                        "syncer": "0x" + "11" * 20}]}
+    views = {"big": _view(round=2**64, accepted_set_closed=True), "list": [1, 2]}
+    client = ScriptedClient(lambda params: runs, lambda params: views[params["task_id"]])
+    lines: list[str] = []
+    daemon = SyncerDaemon(client, KEY, emit=lines.append)
+    for _ in range(3):
+        assert daemon.poll_once() == 0
+    assert lines == [
+        "listRuns named a malformed task id 'a\\ud800b'; skipped",
+        "getRun big: the node's answer has no valid round; skipped",
+        "getRun list: the node's answer is not an object; skipped",
+    ]
+    assert ("tenzro_training_getRun", {"task_id": "other"}) not in client.calls  # listRuns named another syncer
+
+
+def test_syncer_says_once_when_its_key_is_not_ranked() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    view = _view(syncer="0x" + "11" * 20)
+    view["election"] = {"ranking": [{"address": "0x" + "11" * 20}, {"address": "0x" + "22" * 20}]}
+    client = ScriptedClient(lambda params: {"runs": [{"task_id": "t"}]}, lambda params: view)
+    lines: list[str] = []
+    daemon = SyncerDaemon(client, KEY, emit=lines.append)
+    daemon.poll_once()
+    daemon.poll_once()
+    assert lines == [f"{KEY_ADDRESS} is not a ranked syncer candidate of t; this daemon will never finalize it"]
+
+
+def test_syncer_poll_failures_are_logged_once_until_they_change() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    answers = [CliError("error -32603 InternalError: internal", EXIT_RPC_ERROR)] * 3 + [{"runs": []}]
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        answer = answers.pop(0) if answers else {"runs": []}
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    lines: list[str] = []
+    stop = threading.Event()
+    daemon = SyncerDaemon(ScriptedClient(list_runs), KEY, emit=lambda line: (lines.append(line),
+                                                                              len(lines) >= 3 and stop.set()))
+    daemon.run(0.001, False, stop)
+    assert lines[1:] == ["poll failed: error -32603 InternalError: internal; retrying every 0.001s",
+                         "polls succeed again"]
+
+
+def test_syncer_once_exits_1_when_a_finalize_was_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--once is for cron jobs: a refused finalize exited 0, so nobody noticed."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    client = FakeClient({"t": _view(now_ms=5000)}, refuse=True)
+    lines: list[str] = []
+    with pytest.raises(CliError, match="1 finalize call\\(s\\) refused") as info:
+        SyncerDaemon(client, KEY, emit=lines.append).run(0.5, True, threading.Event())
+    assert info.value.exit_code == EXIT_RPC_ERROR
+    assert lines[0] == f"syncer {KEY_ADDRESS}: one pass over fake://node" and "refused" in lines[1]
+
+
+def test_syncer_sigterm_ends_a_hung_call_at_once(tmp_path: Path, key_file: Path) -> None:
+    """SIGTERM during a finalizeRound the node never answered took the client's 60 s timeout
+    to act; a supervisor's 10 s grace period would SIGKILL the daemon first."""
+    import signal
+    import subprocess
+    import sys
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts (the kernel does), never answers
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        proc = subprocess.Popen([sys.executable, "-m", "tenzro_training.cli", "syncer", "run", "--key-file",
+                                 str(key_file), "--rpc", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        assert "polling" in proc.stdout.readline()  # now inside its first, hung, listRuns
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and time.monotonic() - started < 10
+        assert "Traceback" not in err and "syncer stopped" in err
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("argv", [

@@ -24,17 +24,31 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from tenzro_training import auth
+from tenzro_training.errors import TenzroError
+from tenzro_training.records import is_valid_task_id
 
 __all__ = ["SyncerDaemon", "is_round_closed", "run_syncer_from_args"]
 
 log = logging.getLogger("tenzro.syncer")
 
 _PAGE: Final = 500
+_MAX_RUNS: Final = 100_000
+"""Most Training runs one pass reads. Why a bound: the ``--rpc`` endpoint is not trusted, and one
+that answered every listRuns with a full page (a proxy dropping ``offset``) kept the first pass
+paging forever: 10 GB after 9 minutes, deaf to SIGTERM (syncer probe)."""
+_U64: Final = 2**64
+
+
+class SyncerStopped(BaseException):
+    """Raised by the SIGINT/SIGTERM handler inside a call in progress, so a hung call (up to the
+    client's 60 s timeout) does not delay the exit (a supervisor's grace period is often 10 s).
+    A finalize cut off this way is safe: the node commits it whole or not at all, and a repeat
+    is a no-op."""
 
 
 def is_round_closed(view: dict[str, Any]) -> bool:
@@ -64,7 +78,9 @@ class SyncerDaemon:
     chain_id: int = auth.DEFAULT_CHAIN_ID
     emit: Callable[[str], None] = print
     address: str = field(init=False)
-    _attempted: dict[tuple[str, int], str] = field(default_factory=dict, init=False)
+    refused: int = field(default=0, init=False)
+    """Finalize calls the node refused (``--once`` exits 1 when any was)."""
+    _noted: dict[tuple[str, ...], str] = field(default_factory=dict, init=False)
     _unreachable: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -72,49 +88,86 @@ class SyncerDaemon:
 
         self.address = str(Account.from_key(self.private_key).address)
 
-    def _training_runs(self) -> Iterator[str]:
+    def _note(self, key: tuple[str, ...], line: str) -> None:
+        """Emit ``line`` unless the same line was emitted for ``key`` last time (per run or per
+        round: a condition that lasts is said once, not every poll)."""
+        if self._noted.get(key) != line:
+            if len(self._noted) > 4096:
+                self._noted.clear()
+            self._noted[key] = line
+            self.emit(line)
+
+    def _training_runs(self, stop: threading.Event | None = None) -> list[tuple[str, str | None]]:
+        """``(task_id, syncer or None when not listed)`` of every Training run, page by page."""
         from tenzro_training.cli import EXIT_RPC_ERROR, CliError
 
+        found: dict[str, str | None] = {}
         offset = 0
-        while True:
+        while stop is None or not stop.is_set():
             page = self.client.call(
                 "tenzro_training_listRuns", {"status": "Training", "offset": offset, "limit": _PAGE}
             )
+            self._reached()
             runs = page.get("runs", []) if isinstance(page, dict) else []
             if not isinstance(runs, list) or not all(
                 isinstance(run, dict) and isinstance(run.get("task_id"), str) for run in runs
             ):
                 raise CliError("the node's listRuns answer is malformed", EXIT_RPC_ERROR)
+            before = len(found)
             for run in runs:
-                yield run["task_id"]
+                task_id, syncer = run["task_id"], run.get("syncer")
+                if not is_valid_task_id(task_id):  # the node never makes one: skip, never crash on it
+                    self._note(("task-id", ascii(task_id)[:200]), f"listRuns named a malformed task id "
+                                                                   f"{ascii(task_id)[:80]}; skipped")
+                    continue
+                found[task_id] = syncer if isinstance(syncer, str) else None
             if len(runs) < _PAGE:
-                return
+                break
+            if len(found) == before or len(found) >= _MAX_RUNS:
+                self._note(("paging",), f"listRuns paging stopped making progress at offset {offset + len(runs)} "
+                                        f"({len(found)} runs read); using those")
+                break
             offset += len(runs)
+        return list(found.items())
 
-    def poll_once(self) -> int:
+    def _reached(self) -> None:
+        if self._unreachable:
+            self.emit(f"node {self.client.url} reachable again")
+            self._unreachable = False
+
+    def poll_once(self, stop: threading.Event | None = None) -> int:
         """One pass over the node's runs; returns how many rounds this pass finalized.
 
         Raises the client's CliError when the node is unreachable (the loop retries)."""
         from tenzro_training.cli import EXIT_UNREACHABLE, CliError
 
         done = 0
-        for task_id in list(self._training_runs()):
+        for task_id, listed_syncer in self._training_runs(stop):
+            if stop is not None and stop.is_set():
+                break
+            if listed_syncer is not None and listed_syncer.lower() != self.address.lower():
+                continue  # listRuns names another syncer: no getRun needed
             try:
                 view = self.client.call("tenzro_training_getRun", {"task_id": task_id})
             except CliError as exc:
                 if exc.exit_code == EXIT_UNREACHABLE:
                     raise
+                self._note(("getRun", task_id), f"getRun {task_id} refused: {exc}; skipped")
                 continue  # the run vanished or the node refused: look again next poll
-            if not isinstance(view, dict) or str(view.get("syncer") or "").lower() != self.address.lower():
+            if not isinstance(view, dict):
+                self._note(("getRun", task_id), f"getRun {task_id}: the node's answer is not an object; skipped")
+                continue
+            self._check_ranked(task_id, view)
+            if str(view.get("syncer") or "").lower() != self.address.lower():
                 continue
             round_ = view.get("round")
-            if type(round_) is not int or round_ < 0:
-                self.emit(f"getRun {task_id}: the node's answer has no valid round; skipped")
+            if type(round_) is not int or not 0 <= round_ < _U64:
+                self._note(("getRun", task_id), f"getRun {task_id}: the node's answer has no valid round; skipped")
                 continue
             try:
                 closed = is_round_closed(view)
             except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type
-                self.emit(f"getRun {task_id}: cannot read the node's answer ({exc}); skipped")
+                self._note(("getRun", task_id), f"getRun {task_id}: cannot read the node's answer ({exc}); skipped")
                 continue
             if not closed:
                 continue
@@ -122,10 +175,27 @@ class SyncerDaemon:
                 done += 1
         return done
 
+    def _check_ranked(self, task_id: str, view: dict[str, Any]) -> None:
+        """Say once per run when this key is not among its ranked candidates: a key that can
+        never be the syncer (a trainer's, a typo) otherwise polled silently forever."""
+        election = view.get("election")
+        ranking = election.get("ranking") if isinstance(election, dict) else None
+        if not isinstance(ranking, list):
+            return
+        ranked = {str(r.get("address") or "").lower() for r in ranking if isinstance(r, dict)}
+        if self.address.lower() not in ranked:
+            self._note(("ranked", task_id), f"{self.address} is not a ranked syncer candidate of {task_id}; "
+                                            "this daemon will never finalize it")
+
     def _finalize(self, task_id: str, round_: int) -> bool:
         from tenzro_training.cli import EXIT_UNREACHABLE, CliError
 
-        sig = auth.sign_message(auth.FinalizeRound(task_id=task_id, round=round_), self.private_key, self.chain_id)
+        try:
+            sig = auth.sign_message(auth.FinalizeRound(task_id=task_id, round=round_), self.private_key, self.chain_id)
+        except TenzroError as exc:  # fields the node should never have served
+            self._note(("finalize", task_id, str(round_)), f"finalize {task_id} round {round_}: cannot sign it "
+                                                           f"({exc}); skipped")
+            return False
         try:
             result = self.client.call(
                 "tenzro_training_finalizeRound",
@@ -135,10 +205,8 @@ class SyncerDaemon:
             if exc.exit_code == EXIT_UNREACHABLE:
                 raise
             # Log a refusal once per round (a race with the straggler window repeats each poll).
-            message = str(exc)
-            if self._attempted.get((task_id, round_)) != message:
-                self._attempted[(task_id, round_)] = message
-                self.emit(f"finalize {task_id} round {round_} refused: {message}")
+            self.refused += 1
+            self._note(("finalize", task_id, str(round_)), f"finalize {task_id} round {round_} refused: {exc}")
             return False
         status = result.get("status") if isinstance(result, dict) else None
         model_hash = result.get("model_hash") if isinstance(result, dict) else None
@@ -146,26 +214,32 @@ class SyncerDaemon:
         return True
 
     def run(self, poll_interval: float, once: bool, stop: threading.Event) -> None:
-        """Poll until ``stop`` is set (or one pass with ``once``)."""
-        from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+        """Poll until ``stop`` is set (or one pass with ``once``: CliError when the node is
+        unreachable or refused a finalize, so a cron job can tell)."""
+        from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_UNREACHABLE, CliError
 
+        if once:
+            self.emit(f"syncer {self.address}: one pass over {self.client.url}")
+            self.poll_once(stop)
+            if self.refused:
+                raise CliError(f"{self.refused} finalize call(s) refused (logged above)", EXIT_RPC_ERROR)
+            return
         self.emit(f"syncer {self.address} polling {self.client.url} every {poll_interval:g}s")
+        failing: str | None = None
         while not stop.is_set():
             try:
-                self.poll_once()
-                if self._unreachable:
-                    self.emit(f"node {self.client.url} reachable again")
-                    self._unreachable = False
+                self.poll_once(stop)
+                if failing is not None:
+                    self.emit("polls succeed again")
+                    failing = None
             except CliError as exc:
-                if once:  # one pass: the error is the command's, nothing is retried
-                    raise
                 if exc.exit_code != EXIT_UNREACHABLE:
-                    self.emit(f"poll failed: {exc}")
+                    if str(exc) != failing:  # once per distinct failure, not every poll
+                        failing = str(exc)
+                        self.emit(f"poll failed: {exc}; retrying every {poll_interval:g}s")
                 elif not self._unreachable:
                     self._unreachable = True
                     self.emit(f"{exc}; retrying every {poll_interval:g}s")
-            if once:
-                return
             stop.wait(poll_interval)
 
 
@@ -178,9 +252,12 @@ def run_syncer_from_args(args: argparse.Namespace) -> None:
         raise CliError("--poll-interval must be a positive number of seconds")
     key = load_signing_key(args)
     stop = threading.Event()
+    armed = False  # raise out of the daemon only, never out of this function's own steps
 
     def _stop(_signum: int, _frame: Any) -> None:
         stop.set()
+        if armed:
+            raise SyncerStopped  # out of a call in progress too (see SyncerStopped)
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -190,7 +267,13 @@ def run_syncer_from_args(args: argparse.Namespace) -> None:
             args.chain_id,
             emit=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True),
         )
-        daemon.run(args.poll_interval, args.once, stop)
+        try:
+            armed = True
+            daemon.run(args.poll_interval, args.once, stop)
+        except SyncerStopped:
+            pass
+        finally:
+            armed = False
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
