@@ -419,6 +419,7 @@ def parse_model_key(key: bytes) -> ModelKey:
 # the key formats above (and their parsers) are unchanged (they needed no schema version bump).
 
 __all__ += [
+    "NODE_ALIVE_KEY",
     "NODE_GENESIS_KEY",
     "PAYLOAD_KEY_MARK",
     "TASK_RECORD_MARK",
@@ -439,9 +440,13 @@ _PAYLOAD_HASH_LEN: Final = 32
 NODE_GENESIS_KEY: Final = b"node.genesis"
 """Key in :data:`CF_META`: present once the genesis balances were credited (value: the node's
 record of what was credited)."""
+NODE_ALIVE_KEY: Final = b"node.alive_ms"
+"""Key in :data:`CF_META`: the last instant (u64 big-endian wall-clock ms) the node was seen
+serving, written about once a second; a restart moves deadlines later by the time since
+(``run.process_pause``)."""
 TASK_RECORD_MARK: Final = b"T"
-"""First byte of per-task node records in :data:`CF_META` (distinct from ``schema_version`` and
-``node.genesis``)."""
+"""First byte of per-task node records in :data:`CF_META` (distinct from ``schema_version``,
+``node.genesis`` and ``node.alive_ms``)."""
 _TENSOR_SPECS_KIND: Final = b"s"
 _ROUND_REPORTS_KIND: Final = b"r"
 

@@ -75,6 +75,7 @@ from tenzro_training.records import (
 )
 from tenzro_training import run_events as _run_events
 from tenzro_training.run_events import (
+    DeadlinesExtended,
     ElectionOpened,
     EquivocationDetected,
     QuorumLost,
@@ -111,6 +112,7 @@ from tenzro_training.run_state import (
     get_accepted_submissions,
     get_current_syncer,
     get_trainer,
+    is_terminal,
 )
 from tenzro_training.spec import TrainingTaskSpec
 
@@ -133,6 +135,7 @@ __all__ = [
     "process_post_task",
     "process_ticket",
     "process_tick",
+    "process_pause",
     "process_enroll",
     "process_submission",
     "process_equivocation",
@@ -379,6 +382,52 @@ def process_tick(run: RunState, ledger: Ledger, now_ms: int) -> Transition:
     _check_run(run, ledger)
     run, ledger, events = _advance(run, ledger, _effective_now(run, now_ms))
     return Transition(run, ledger, tuple(events))
+
+
+def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_ms: int) -> Transition:
+    """The node could not serve calls from ``paused_at_ms`` to ``resumed_at_ms`` (it was down,
+    restarting or stalled): every deadline of ``run`` still pending at ``paused_at_ms`` (the
+    election or enrollment window, the round, straggler and finalize deadlines) moves later by
+    the pause, and the run records nothing else (one DeadlinesExtended event).
+
+    Why: a deadline punishes whoever missed it (a failover for the syncer, failure for a round
+    without quorum), and during a pause nobody could call: a 15 s node restart inside a finalize
+    window failed over a healthy syncer, and a longer one failed the run (syncer probe). Order
+    is kept (a deadline moves only if every later one does), so every invariant holds. No
+    deadline pending, or no pause: the run unchanged, no event.
+    """
+    _check_run(run, ledger)
+    for name, value in (("paused_at_ms", paused_at_ms), ("resumed_at_ms", resumed_at_ms)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRunArgument(run.task_id, name, "expected non-negative integer milliseconds")
+    by = resumed_at_ms - paused_at_ms
+    if by <= 0 or is_terminal(run):
+        return Transition(run, ledger, ())
+
+    def later(deadline: int) -> int:
+        return deadline + by if deadline >= paused_at_ms else deadline
+
+    moved = run
+    if run.status is RunStatus.ELECTING and run.election.deadline_ms >= paused_at_ms:
+        moved = dataclasses.replace(run, election=dataclasses.replace(run.election, deadline_ms=later(run.election.deadline_ms)))
+    elif run.status is RunStatus.ENROLLING and run.enrollment_deadline_ms is not None \
+            and run.enrollment_deadline_ms >= paused_at_ms:
+        moved = dataclasses.replace(run, enrollment_deadline_ms=later(run.enrollment_deadline_ms))
+    elif run.status is RunStatus.TRAINING and run.current_round is not None:
+        r = run.current_round
+        pending = [d for d in (r.round_deadline_ms, r.straggler_deadline_ms, r.finalize_deadline_ms)
+                   if d is not None and d >= paused_at_ms]
+        if pending:
+            moved = dataclasses.replace(run, current_round=dataclasses.replace(
+                r,
+                round_deadline_ms=later(r.round_deadline_ms),
+                straggler_deadline_ms=None if r.straggler_deadline_ms is None else later(r.straggler_deadline_ms),
+                finalize_deadline_ms=None if r.finalize_deadline_ms is None else later(r.finalize_deadline_ms),
+            ))
+    if moved is run:
+        return Transition(run, ledger, ())
+    moved = dataclasses.replace(moved, updated_at_ms=max(run.updated_at_ms, resumed_at_ms))
+    return Transition(moved, ledger, (DeadlinesExtended(run.task_id, resumed_at_ms, paused_at_ms, by),))
 
 
 def process_post_task(

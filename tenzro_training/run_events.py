@@ -34,6 +34,7 @@ __all__ = [
     "EquivocationDetected",
     "TrainerSlashed",
     "SyncerFailover",
+    "DeadlinesExtended",
     "RoundFinalized",
     "RunSealed",
     "RunCancelled",
@@ -175,6 +176,15 @@ class SyncerFailover(RunEvent):
     to_rank: int
     finalize_deadline_ms: int
     """The new syncer's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinesExtended(RunEvent):
+    """The node could not serve calls from ``paused_at_ms`` to ``at_ms`` (down, restarting,
+    stalled): every deadline of the run still pending at ``paused_at_ms`` moved ``by_ms`` later."""
+
+    paused_at_ms: int
+    by_ms: int
 
 
 @dataclass(frozen=True, slots=True)

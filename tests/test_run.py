@@ -36,6 +36,7 @@ from tenzro_training.merkle import run_root
 from tenzro_training.records import Candidate, FragmentOutcome, Ticket, compute_run_leaves
 from tenzro_training.run import (
     EquivocationDetected,
+    DeadlinesExtended,
     InvalidRunArgument,
     NotSponsor,
     NotSyncer,
@@ -50,6 +51,7 @@ from tenzro_training.run import (
     is_accepted_set_closed,
     process_cancel,
     process_enroll,
+    process_pause,
     process_finalize,
     process_post_task,
     process_equivocation,
@@ -810,6 +812,59 @@ def test_failover_applies_even_when_the_late_syncer_calls_without_a_tick() -> No
     with pytest.raises(NotSyncer):
         env.finalize(late, signer=first)
     assert env.run.syncer_rank == 1  # the refused call stored nothing
+
+
+def test_a_pause_moves_pending_deadlines_and_spares_the_healthy_syncer() -> None:
+    """Syncer probe: a 15 s node restart inside the finalize window failed the run over every
+    ranked syncer, none of whom could call while the node was down."""
+    env = Env()
+    env.to_training()
+    for f in (0, 1):
+        env.submit(0, f, 300)
+        env.submit(1, f, 310)
+    r = env.run.current_round
+    deadlines = (r.round_deadline_ms, r.straggler_deadline_ms, r.finalize_deadline_ms)
+    paused_at, resumed_at = r.straggler_deadline_ms - 100, 10**6  # down across both windows
+    t = env.apply(process_pause, paused_at, resumed_at)
+    by = resumed_at - paused_at
+    (event,) = t.events
+    assert isinstance(event, DeadlinesExtended) and (event.at_ms, event.paused_at_ms, event.by_ms) == (resumed_at, paused_at, by)
+    r = env.run.current_round
+    assert (r.round_deadline_ms, r.straggler_deadline_ms, r.finalize_deadline_ms) == tuple(d + by for d in deadlines)
+    assert r.quorum_at_ms == 310 + 0 and env.run.updated_at_ms == resumed_at  # an instant, not a deadline
+    env.apply(process_tick, resumed_at + 1)
+    assert env.run.syncer_rank == 1 and env.run.status is RunStatus.TRAINING  # no failover, no failure
+    env.finalize(r.straggler_deadline_ms + 1)  # the elected syncer, in time; the straggler got its window back
+    assert env.run.records[0].syncer_rank == 1
+
+
+def test_a_pause_moves_only_deadlines_still_pending() -> None:
+    env = Env()
+    env.post()
+    for i in (0, 1):
+        env.apply(process_ticket, candidate(i), ticket(i, env.run.election.seed), 10 + i)
+    old = env.run.election.deadline_ms
+    assert env.apply(process_pause, old + 1, old + 5000).events == ()  # already due before the pause
+    t = env.apply(process_pause, old, old + 5000)  # inclusive: still pending at the pause
+    assert env.run.election.deadline_ms == old + 5000 and len(t.events) == 1
+    env.apply(process_tick, old + 1)
+    assert env.run.status is RunStatus.ELECTING  # the window is still open
+    env.apply(process_tick, old + 5001)
+    assert env.run.status is RunStatus.ENROLLING
+    enrollment = env.run.enrollment_deadline_ms
+    env.apply(process_pause, enrollment - 10, enrollment + 990)
+    assert env.run.enrollment_deadline_ms == enrollment + 1000
+
+
+def test_a_pause_changes_nothing_without_pending_deadlines_or_time() -> None:
+    env = Env()
+    env.to_training()
+    before = env.run
+    assert env.apply(process_pause, 5_000, 5_000).events == ()  # no time passed
+    assert env.apply(process_pause, 20_000, 30_000).events == ()  # every deadline was before the pause
+    assert env.run is before
+    with pytest.raises(InvalidRunArgument):
+        env.apply(process_pause, -1, 5)
 
 
 def test_ranking_exhausted_fails_and_refunds() -> None:

@@ -316,6 +316,10 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
             service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
+            # Before anything can call it: the time the node was down is a pause, not a deadline
+            # missed (NodeService.start_clock).
+            for event in await loop.run_in_executor(executor, service.start_clock):
+                _log_event(event)
         except TenzroError as exc:
             raise NodeStartupError(f"cannot start the node service: {exc}") from None
         registry = Registry()

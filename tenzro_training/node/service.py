@@ -111,6 +111,7 @@ from tenzro_training.run import (
     process_enroll,
     process_equivocation,
     process_finalize,
+    process_pause,
     process_post_task,
     process_submission,
     process_tick,
@@ -141,7 +142,7 @@ from tenzro_training.receipt_check import (
 )
 from tenzro_training.spec import TrainingTaskSpec
 
-__all__ = ["MODEL_FILE_RETRY_MS", "RUN_JSON_CACHE_RUNS", "NodeService", "wall_clock_ms"]
+__all__ = ["ALIVE_WRITE_MS", "MODEL_FILE_RETRY_MS", "PAUSE_MIN_MS", "RUN_JSON_CACHE_RUNS", "NodeService", "wall_clock_ms"]
 
 log = logging.getLogger("tenzro.node")
 
@@ -150,6 +151,15 @@ _NO_HASH = bytes(32)
 
 MODEL_FILE_RETRY_MS = 30_000
 """How often a sealed run's model file that could not be written is tried again."""
+
+PAUSE_MIN_MS = 3_000
+"""Once the clock is started (``start_clock``), a gap this long since the node last served (a
+call or a tick; the node's tick runs every 100 ms) is a pause: the node was down, restarting
+or stalled, and pending deadlines move later by it (``run.process_pause``)."""
+
+ALIVE_WRITE_MS = 1_000
+"""How often the last instant the node served is written (``schema.NODE_ALIVE_KEY``), so a
+restart knows how long the node was down."""
 
 RUN_JSON_CACHE_RUNS = 64
 """Runs whose serialized getRun state part the service keeps (a few KB to a few hundred KB
@@ -190,6 +200,9 @@ class NodeService:
         self._clock = clock if clock is not None else wall_clock_ms
         self.on_event = None
         self._closed = False
+        self._alive_ms: int | None = None
+        """The last instant the node served, once ``start_clock`` ran (None: no pause detection)."""
+        self._alive_written_ms: int | None = None
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
@@ -354,8 +367,63 @@ class NodeService:
     # --- small helpers -----------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        """First step of every call (before it reads any state): refuse calls once closed, and
+        apply a pause the node has just come out of before the call sees its deadlines."""
         if self._closed:
             raise StorageError("the node service is closed")
+        if self._alive_ms is not None:
+            self._resume_if_paused()
+
+    # --- pauses: time the node could not serve does not count against anyone ------------------
+
+    def start_clock(self) -> tuple[RunEvent, ...]:
+        """Turn on pause detection (``tenzro node`` does, first thing; services driven by a
+        hand-set clock in tests do not). The time since the node last served before it stopped
+        (``schema.NODE_ALIVE_KEY``) is a pause: every run's pending deadlines move later by it,
+        so a restart, an upgrade or a crash does not fail over healthy syncers or fail runs
+        whose trainers could not submit (syncer probe: a 6 s restart inside a finalize window
+        demoted the syncer, a 15 s one failed the run). Returns the events."""
+        self._check_open()
+        now = self._now()
+        raw = self._store.get(schema.CF_META, schema.NODE_ALIVE_KEY)
+        last = int.from_bytes(raw, "big") if raw is not None and len(raw) == 8 else None
+        self._alive_ms = now if last is None else min(last, now)  # a clock set back: no pause
+        return self._resume_if_paused()
+
+    def _resume_if_paused(self) -> tuple[RunEvent, ...]:
+        assert self._alive_ms is not None
+        now = self._now()
+        last = self._alive_ms
+        events: tuple[RunEvent, ...] = ()
+        if now - last > PAUSE_MIN_MS:
+            log.warning("the node served nothing for %.1f s (down, restarting or stalled; or the clock jumped): "
+                        "pending deadlines move %.1f s later", (now - last) / 1000, (now - last) / 1000)
+            events = self._apply_pause(last, now)
+        self._alive_ms = max(last, now)
+        if self._alive_written_ms is None or now - self._alive_written_ms >= ALIVE_WRITE_MS:
+            try:
+                self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])
+            except StorageError:
+                pass  # reported by the health check (storage_failure); serving goes on
+            self._alive_written_ms = now
+        return events
+
+    def _apply_pause(self, paused_at: int, now: int) -> tuple[RunEvent, ...]:
+        events: list[RunEvent] = []
+        for task_id in sorted(self._runs):
+            run = self._runs[task_id]
+            if is_terminal(run):
+                continue
+            t = process_pause(run, self._ledger, paused_at, now)
+            if not t.events:
+                continue
+            try:
+                self._commit(t)
+            except StorageError:
+                log.exception("cannot record the pause of %s; its deadlines stay", task_id)
+                continue
+            events.extend(t.events)
+        return tuple(events)
 
     def _now(self) -> int:
         now = self._clock()

@@ -53,7 +53,7 @@ from tenzro_training.payload import (
 from tenzro_training.receipt import TrainingReceipt, verify_receipt, verify_receipt_root
 from tenzro_training.receipt_check import check_receipt_document
 from tenzro_training.run import NotSponsor, NotSyncer, RunEvent, StragglerWindowOpen
-from tenzro_training.run_events import EquivocationDetected, RunSealed, SyncerFailover, TrainerSlashed
+from tenzro_training.run_events import DeadlinesExtended, EquivocationDetected, RunSealed, SyncerFailover, TrainerSlashed
 from tenzro_training.spec import TrainingTaskSpec
 
 from tests.node.conftest import (
@@ -848,6 +848,74 @@ class TestProtocolEffects:
         second = next(s for s in SYNCERS if s.text == ranking[1]["address"])
         result = net.finalize(0, signer=second)
         assert result["syncer_rank"] == 2 and second != first
+
+
+# --- pauses: time the node could not serve (syncer probe, 2026-11-26) -------------------------------
+
+
+def test_a_stall_moves_deadlines_instead_of_failing_over_the_syncer(net: Net, checkpoint: tuple[str, str]) -> None:
+    """SIGSTOP (or a VM freeze) across the finalize window: the first call after it used to
+    fail the elected syncer over, though nobody could call during the stall."""
+    events: list[object] = []
+    net.service.on_event = events.append
+    start(net, checkpoint)
+    assert net.service.start_clock() == ()  # a fresh store: nothing was down
+    first = net.syncer()
+    for i in (0, 1, 2):
+        for f in (0, 1):
+            net.submit(i, 0, f)
+    deadline = net.service._runs[net.task_id].current_round.finalize_deadline_ms
+    net.clock.now = deadline + 20_000  # the node served nothing meanwhile
+    result = net.finalize(0, signer=first)  # the first call after the stall: the elected syncer's
+    assert result["syncer"] == first.text and result["syncer_rank"] == 1
+    extended = [e for e in events if isinstance(e, DeadlinesExtended)]
+    assert len(extended) == 1 and extended[0].by_ms > 20_000 and not any(isinstance(e, SyncerFailover) for e in events)
+
+
+def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: tuple[str, str]) -> None:
+    """Services driven by a hand-set clock (these tests) see no pauses: deadlines fire as set."""
+    start(net, checkpoint)
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)
+    net.clock.now = net.service._runs[net.task_id].current_round.finalize_deadline_ms + 20_000
+    kinds = [type(e).__name__ for e in net.service.tick()]  # every ranked syncer missed its window
+    assert kinds[0] == "SyncerFailover" and kinds[-1] == "RunFailed" and "DeadlinesExtended" not in kinds
+
+
+def test_a_restart_counts_the_time_down_as_a_pause(store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    from tests.node.conftest import FakeClock, make_config, open_test_store
+
+    clock = FakeClock()
+    store = open_test_store(store_kind, tmp_path / "db")
+    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    start(net, checkpoint)
+    service.start_clock()
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)  # quorum: the finalize window runs
+    first = net.syncer()
+    down_at = clock.now
+    before = service._runs[net.task_id].current_round
+    service.close()
+    if store_kind == "rocks":
+        store.close()
+        store = open_test_store(store_kind, tmp_path / "db")
+    clock.now = before.finalize_deadline_ms + 60_000  # down across the whole window, then back
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    (event,) = service.start_clock()
+    assert isinstance(event, DeadlinesExtended) and event.paused_at_ms == down_at
+    after = service._runs[net.task_id].current_round
+    assert after.finalize_deadline_ms == before.finalize_deadline_ms + event.by_ms
+    assert service.tick() == ()  # nothing is due: no failover
+    net.submit(2, 0, 0)
+    net.submit(2, 0, 1)  # the straggler got its window back too
+    assert net.finalize(0, signer=first)["syncer_rank"] == 1
+    service.close()
+    store.close()
 
 
 def test_service_requires_a_node_config(tmp_path: Path) -> None:
