@@ -88,8 +88,6 @@ _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
 _REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
 _HEALTH_CHECK: Final = web.AppKey("rpc_health_check", object)  # Callable[[], str | None] | None
-_LIMITS: Final = web.AppKey("rpc_limits", object)  # ServerLimits
-_BUDGET: Final = web.AppKey("rpc_budget", object)  # _ByteBudget
 _JSON: Final = "application/json"
 _HEALTH: Final = serialize_json({"ok": True})
 
@@ -192,6 +190,10 @@ class _ByteBudget:
             self._waiters.popleft()
             self.held += n
             granted.set_result(None)
+
+
+_LIMITS: Final = web.AppKey("rpc_limits", ServerLimits)
+_BUDGET: Final = web.AppKey("rpc_budget", _ByteBudget)
 
 
 def _json_response(body: dict[str, Any], status: int = 200) -> web.Response:
@@ -298,8 +300,7 @@ async def _catch_all(
 async def _post(request: web.Request) -> web.StreamResponse:
     app = request.app
     limit = app[_MAX_BODY]
-    limits: ServerLimits = app[_LIMITS]  # type: ignore[assignment]
-    budget: _ByteBudget = app[_BUDGET]  # type: ignore[assignment]
+    limits, budget = app[_LIMITS], app[_BUDGET]
     if request.content_length is not None and request.content_length > limit:
         _count_rejected(app, "too_large")
         return _too_large(limit)
@@ -330,7 +331,7 @@ async def _answer(request: web.Request, encoding: str, held: int) -> web.StreamR
     are this request's: an answer larger than that holds the difference too)."""
     app = request.app
     limit = app[_MAX_BODY]
-    limits: ServerLimits = app[_LIMITS]  # type: ignore[assignment]
+    limits = app[_LIMITS]
     try:
         async with asyncio.timeout(limits.read_timeout_s):
             body = await request.read()  # bounded by client_max_size == limit, with or without a length
@@ -355,7 +356,7 @@ async def _answer(request: web.Request, encoding: str, held: int) -> web.StreamR
     del body
     if answer is None:
         return web.Response(status=204)
-    budget: _ByteBudget = app[_BUDGET]  # type: ignore[assignment]
+    budget = app[_BUDGET]
     extra = max(0, len(answer) - held)
     budget.take(extra)
     try:
