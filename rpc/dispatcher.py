@@ -65,7 +65,7 @@ from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, seriali
 from tenzro_training.errors import TenzroError
 
 __all__ = [
-    "DEFAULT_MAX_ANSWER_BYTES", "DEFAULT_MAX_BATCH", "MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText",
+    "DEFAULT_MAX_ANSWER_BYTES", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BATCH_SECONDS", "MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText",
     "Method", "parse_json", "serialize_json",
 ]
 
@@ -242,6 +242,10 @@ DEFAULT_MAX_BATCH: Final = 1000
 answered, on the one service thread, so without one a 2 MiB body of ``[1,1,...]`` drew a 180 MiB
 response and ~1 GiB of memory (a 64 MiB body, tens of GiB) while every other call waited."""
 
+DEFAULT_MAX_BATCH_SECONDS: Final = 2.0
+"""Service-thread time one batch may take before its remaining elements are refused. Why: 8
+clients each sending one 95 KB batch of 1000 listRuns kept every other call waiting 35 s."""
+
 DEFAULT_MAX_ANSWER_BYTES: Final = 32 * 1024 * 1024
 """Most bytes of a batch's answer before its remaining elements are refused (LimitExceeded).
 Why: an answer waits whole in the node's memory until the client reads it; 1000 listRuns of
@@ -252,7 +256,7 @@ read it (RPC concurrency probe)."""
 class Dispatcher:
     """JSON-RPC 2.0 over a :class:`~rpc.service.TrainingService`; see the module docstring."""
 
-    __slots__ = ("_service", "_methods", "_metrics", "_max_batch", "_max_answer_bytes")
+    __slots__ = ("_service", "_methods", "_metrics", "_max_batch", "_max_answer_bytes", "_max_batch_seconds")
 
     def __init__(
         self,
@@ -262,6 +266,7 @@ class Dispatcher:
         metrics: RpcMetrics | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        max_batch_seconds: float = DEFAULT_MAX_BATCH_SECONDS,
     ) -> None:
         if type(max_batch) is not int or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
@@ -272,14 +277,21 @@ class Dispatcher:
         self._metrics = metrics
         self._max_batch = max_batch
         self._max_answer_bytes = max_answer_bytes
+        if type(max_batch_seconds) not in (int, float) or not 0 < max_batch_seconds < float("inf"):
+            raise ValueError(f"max_batch_seconds must be a positive number, got {max_batch_seconds!r}")
+        self._max_batch_seconds = max_batch_seconds
 
-    def handle(self, raw: bytes | str) -> bytes | None:
+    def handle(self, raw: bytes | str, max_answer_bytes: int | None = None) -> bytes | None:
         """Answer one request body; ``None`` when nothing must be sent (notifications only).
 
         A batch's answer is built element by element; once it holds more than
-        ``max_answer_bytes``, the remaining elements are not run and each gets a
-        :class:`LimitExceeded` error (notifications among them get nothing), so the answer is
-        bounded by that cap plus one element's answer."""
+        ``max_answer_bytes``, or the batch has held the service thread for more than
+        ``max_batch_seconds``, the remaining elements are not run and each gets a
+        :class:`LimitExceeded` error (notifications among them get nothing): the answer is
+        bounded by that cap plus one element's answer, and one batch cannot keep every other
+        call waiting for long. ``max_answer_bytes`` overrides the dispatcher's cap for this body
+        (the server passes the room it holds for the answer)."""
+        cap = self._max_answer_bytes if max_answer_bytes is None else max_answer_bytes
         try:
             obj = parse_json(raw)
         except ParseError as exc:
@@ -294,8 +306,15 @@ class Dispatcher:
             return serialize_json(refused)
         parts: list[bytes] = []
         size = 0
+        stop_at = time.perf_counter() + self._max_batch_seconds
         for request in obj:
-            response = self._handle_one(request) if size <= self._max_answer_bytes else self._refuse_element(request)
+            if size > cap:
+                response = self._refuse_element(request, "batch_answer_bytes", f"the batch's answer passed {cap} bytes")
+            elif time.perf_counter() > stop_at:
+                response = self._refuse_element(request, "batch_seconds",
+                                                f"the batch held the service for over {self._max_batch_seconds:g} s")
+            else:
+                response = self._handle_one(request)
             if response is not None:
                 part = self._serialize_one(response)
                 size += len(part) + 1
@@ -325,14 +344,13 @@ class Dispatcher:
             return _invalid(None, "empty batch")
         return _invalid(None, f"batch of {len(batch)} requests; at most {self._max_batch}")  # none runs
 
-    def _refuse_element(self, request: object) -> dict[str, Any] | None:
-        """A batch element left unrun because the answer passed ``max_answer_bytes``."""
+    def _refuse_element(self, request: object, limit: str, why: str) -> dict[str, Any] | None:
+        """A batch element left unrun because the batch passed one of its limits."""
         if type(request) is dict and "id" not in request:
             return None  # a notification: never answered
         request_id = request.get("id") if type(request) is dict else None
         name = request.get("method") if type(request) is dict else None
-        error = LimitExceeded("batch_answer_bytes", f"the batch's answer passed {self._max_answer_bytes} bytes "
-                                                    "before this request; it was not run")
+        error = LimitExceeded(limit, f"{why} before this request; it was not run")
         if self._metrics is not None:
             self._metrics.record(name if type(name) is str else None, get_error_entry(LimitExceeded).code, None)
         return compute_error_response(error, request_id if _is_valid_id(request_id) else None)

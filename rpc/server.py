@@ -51,7 +51,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
-from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH, METHODS, Dispatcher, serialize_json
+from rpc.dispatcher import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_SECONDS,
+    METHODS,
+    Dispatcher,
+    serialize_json,
+)
 from rpc.errors import (
     INVALID_REQUEST,
     InternalError,
@@ -81,6 +88,7 @@ DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8545
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """A 64 MiB body holds a ~48 MiB base64 payload, far above one fragment's outer gradient."""
+
 
 _DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
 _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
@@ -117,6 +125,8 @@ class ServerLimits:
     written to their clients. None: 4 x ``max_body_bytes``."""
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     """A batch's answer past this many bytes refuses its remaining elements (LimitExceeded)."""
+    max_batch_seconds: float = DEFAULT_MAX_BATCH_SECONDS
+    """A batch that has held the service thread this long refuses its remaining elements."""
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_connections_per_ip", "max_answer_bytes"):
@@ -126,7 +136,7 @@ class ServerLimits:
         if self.max_inflight_bytes is not None and (type(self.max_inflight_bytes) is not int
                                                     or self.max_inflight_bytes < 1):
             raise ValueError(f"max_inflight_bytes must be a positive int or None, got {self.max_inflight_bytes!r}")
-        for name in ("idle_timeout_s", "read_timeout_s"):
+        for name in ("idle_timeout_s", "read_timeout_s", "max_batch_seconds"):
             value = getattr(self, name)
             if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -172,7 +182,7 @@ class _ByteBudget:
             raise
 
     def take(self, n: int) -> None:
-        """Hold ``n`` more bytes without waiting (an answer larger than its request held)."""
+        """Hold ``n`` more bytes without waiting (an answer larger than the room it held)."""
         self.held += n
 
     def release(self, n: int) -> None:
@@ -221,8 +231,11 @@ async def _answer_and_close(request: web.Request, response: web.Response) -> web
     """Write ``response`` and close the connection at once. Without this aiohttp would linger
     up to 10 s reading (and discarding) the rest of a body, which is what a client that is too
     slow, or refused for load, must not be given."""
-    await response.prepare(request)
-    await response.write_eof()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client went away first
     if request.transport is not None:
         request.transport.close()
     return response
@@ -277,8 +290,6 @@ async def _catch_all(
     except web.HTTPRequestEntityTooLarge:
         _count_rejected(request.app, "too_large")
         return _too_large(request.app[_MAX_BODY])
-    except ConnectionError:
-        raise  # the client went away: aiohttp drops the connection quietly
     except web.HTTPException as exc:
         if exc.status < 400:
             raise  # redirects and the like are not errors
@@ -309,29 +320,48 @@ async def _post(request: web.Request) -> web.StreamResponse:
     if encoding not in _IDENTITY + _GZIP + ("deflate",):
         # Before reading: one of gzip/x-gzip/deflate/identity, once (no stacked codings).
         return _refused(app, "unsupported_encoding", "unsupported Content-Encoding", 415)
-    # Room for the body (its length, or the limit when it comes chunked) and, compressed, for
-    # what it decodes to; the answer takes over the same room. Held until the answer is written.
+    # Room, taken at once before anything is read (a request never holds some while it waits
+    # for more: two waiting that way would wait for each other): the body (its length, or the
+    # limit when it comes chunked), what a compressed one decodes to, and the answer (a batch's
+    # is bounded by max_answer_bytes). Once the answer is known the hold shrinks to it, and it
+    # is held until written (see _answer).
     wanted = limit if request.content_length is None else request.content_length
-    held = await budget.acquire(wanted + (0 if encoding in _IDENTITY else limit), limits.read_timeout_s)
-    if held is None:
-        _count_rejected(app, "busy")
-        error = LimitExceeded("inflight_bytes", "the node holds as many request bytes as it allows; retry later")
-        response = _json_response(compute_error_response(error, None), status=503)
-        response.headers["Retry-After"] = "1"
-        response.force_close()
-        return await _answer_and_close(request, response)  # the body was not read
+    answer_room = _answer_room(limits, budget)
+    room = wanted + (0 if encoding in _IDENTITY else limit) + answer_room
+    hold = [await budget.acquire(room, limits.read_timeout_s)]
+    if hold[0] is None:
+        return _busy(app)  # nothing read, nothing run
     try:
-        return await _answer(request, encoding, held)
+        return await _answer(request, encoding, hold, answer_room)
     finally:
-        budget.release(held)
+        budget.release(hold[0])
 
 
-async def _answer(request: web.Request, encoding: str, held: int) -> web.StreamResponse:
-    """Read, decode and dispatch the body, and write the answer (``held`` bytes of the budget
-    are this request's: an answer larger than that holds the difference too)."""
+def _busy(app: web.Application) -> web.Response:
+    """503 LimitExceeded(inflight_bytes): nothing of the request was run. The connection closes
+    after aiohttp has read (and dropped) the unread body, so the client reads this answer
+    instead of a connection reset."""
+    _count_rejected(app, "busy")
+    error = LimitExceeded("inflight_bytes", "the node holds as many request bytes as it allows; retry later")
+    response = _json_response(compute_error_response(error, None), status=503)
+    response.headers["Retry-After"] = "1"
+    response.force_close()
+    return response
+
+
+def _answer_room(limits: ServerLimits, budget: _ByteBudget) -> int:
+    """Room held for one request's answer, and so its batch answer's cap: ``max_answer_bytes``,
+    but at most an eighth of the budget, so a few answers waiting on clients that do not read
+    them cannot hold all of it (a node with a small body limit has a small budget)."""
+    return max(1, min(limits.max_answer_bytes, budget.total // 8))
+
+
+async def _answer(request: web.Request, encoding: str, hold: list[int | None], answer_room: int) -> web.StreamResponse:
+    """Read, decode and dispatch the body, and write the answer. ``hold[0]``: the bytes of the
+    budget this request holds (kept current: the caller releases them)."""
     app = request.app
     limit = app[_MAX_BODY]
-    limits = app[_LIMITS]
+    limits, budget = app[_LIMITS], app[_BUDGET]
     try:
         async with asyncio.timeout(limits.read_timeout_s):
             body = await request.read()  # bounded by client_max_size == limit, with or without a length
@@ -352,22 +382,31 @@ async def _answer(request: web.Request, encoding: str, held: int) -> web.StreamR
                 return _too_large(limit)
             return _refused(app, exc.reason, "request body could not be read", 400)
     loop = asyncio.get_running_loop()
-    answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body)
+    answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
     del body
     if answer is None:
         return web.Response(status=204)
-    budget = app[_BUDGET]
-    extra = max(0, len(answer) - held)
-    budget.take(extra)
+    held = hold[0]
+    assert held is not None
+    if len(answer) > held:  # a single answer past max_answer_bytes (a huge getRun): taken unasked
+        budget.take(len(answer) - held)
+    else:
+        budget.release(held - len(answer))
+    hold[0] = len(answer)
+    # Written here, not after the handler returns, so the answer's bytes stay counted until it
+    # has left the node; a client that does not read it within read_timeout_s is cut off.
+    response = web.Response(body=answer, content_type=_JSON)
     try:
-        # Written here, not after the handler returns, so the budget is held until the answer
-        # has left the node (or its client has gone), however slowly the client reads.
-        response = web.Response(body=answer, content_type=_JSON)
-        await response.prepare(request)
-        await response.write_eof()
-        return response
-    finally:
-        budget.release(extra)
+        async with asyncio.timeout(limits.read_timeout_s):
+            await response.prepare(request)
+            await response.write_eof()
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        _count_rejected(app, "timeout")
+    except ConnectionError:
+        pass  # the client went away; aiohttp drops the connection quietly
+    return response
 
 
 async def _health(request: web.Request) -> web.StreamResponse:
@@ -417,7 +456,7 @@ def create_app(
         client_max_size=max_body_bytes, middlewares=[_catch_all], handler_args={"auto_decompress": False}
     )
     app[_DISPATCHER] = Dispatcher(service, metrics=RpcMetrics(registry, METHODS), max_batch=max_batch,
-                                  max_answer_bytes=limits.max_answer_bytes)
+                                  max_answer_bytes=limits.max_answer_bytes, max_batch_seconds=limits.max_batch_seconds)
     app[_METRICS] = registry
     app[_REJECTED] = registry.counter(
         "tenzro_rpc_rejected_bodies_total",
@@ -498,8 +537,14 @@ def _json_error_server(rejected: Counter, limits: ServerLimits) -> type[web.Serv
                 # and memory stay bounded whatever clients hold open; asyncio closes the
                 # socket once the answer is out.
                 rejected.inc("connection_limit")
-                cast(asyncio.Transport, transport).write(_CONNECTION_REFUSED)
-                transport.close()
+                refused = cast(asyncio.Transport, transport)
+                refused.write(_CONNECTION_REFUSED)
+                # Half-close, and close for good a moment later: closed at once with the
+                # client's request unread, the kernel sends a reset, which can reach the
+                # client before the answer does (then it reads "connection reset", not 1800).
+                if refused.can_write_eof():
+                    refused.write_eof()
+                asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, refused.abort)
                 return
             ip_of[self] = ip
             per_ip[ip] = per_ip.get(ip, 0) + 1
@@ -526,13 +571,27 @@ def _json_error_server(rejected: Counter, limits: ServerLimits) -> type[web.Serv
 
         def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
             super().connection_lost(handler, exc)
-            if handler in ip_of:
-                ip = ip_of.pop(handler)
-                left = per_ip[ip] - 1
-                if left:
-                    per_ip[ip] = left
-                else:
-                    del per_ip[ip]
+            if handler not in ip_of:
+                return
+            # Counted until its request task is done, as aiohttp counts it: a client that sends
+            # an expensive request and hangs up must not open a fresh slot while that request
+            # still runs (handlers are cancelled on disconnect, but a service call already on
+            # the worker thread finishes).
+            task = handler._task_handler
+            if task is not None and not task.done():
+                task.add_done_callback(lambda _task: forget(handler))
+            else:
+                forget(handler)
+
+    def forget(handler: RequestHandler) -> None:
+        if handler not in ip_of:
+            return
+        ip = ip_of.pop(handler)
+        left = per_ip[ip] - 1
+        if left:
+            per_ip[ip] = left
+        else:
+            del per_ip[ip]
 
     return JsonErrorServer
 
@@ -543,6 +602,9 @@ def _http_answer(status: str, body: bytes) -> bytes:
             f"Retry-After: 1\r\nConnection: close\r\n\r\n")
     return head.encode("ascii") + body
 
+
+_REFUSED_LINGER_S: Final = 1.0
+"""How long a refused connection stays half-closed before it is aborted."""
 
 _CONNECTION_REFUSED: Final = _http_answer("503 Service Unavailable", serialize_json(compute_error_response(
     LimitExceeded("connections", "the node has as many open connections as it allows; retry later"), None)))
@@ -568,8 +630,10 @@ async def start_server(
     # keepalive_timeout is aiohttp's idle close: armed when a connection opens and after each
     # answer, it closes a connection still waiting for a whole request head (aiohttp's default,
     # 3630 s, let idle and byte-at-a-time connections pile up).
+    # handler_cancellation: a client that hangs up cancels its request (a budget wait, a call
+    # still queued for the worker thread), so abandoned requests do not pile up.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
-                           keepalive_timeout=limits.idle_timeout_s)
+                           keepalive_timeout=limits.idle_timeout_s, handler_cancellation=True)
     await runner.setup()
     assert runner.server is not None  # set up
     runner.server.__class__ = _json_error_server(app[_REJECTED], limits)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH
+from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_SECONDS
 from storage.interface import WAL_RECOVERY_MODES
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
@@ -77,7 +77,7 @@ _TOP_KEYS: Final = (
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
     "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
-    "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes",
+    "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -253,6 +253,8 @@ class NodeConfig:
     """Bytes all JSON-RPC requests may hold at once (bodies and answers); None: 4 x max_body_bytes."""
     rpc_max_batch_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     """A batch's answer past this many bytes refuses its remaining elements."""
+    rpc_max_batch_ms: int = int(DEFAULT_MAX_BATCH_SECONDS * 1000)
+    """A batch that has held the service thread this long refuses its remaining elements."""
     max_gradient_abs: float = DEFAULT_MAX_GRADIENT_ABS
     """Largest magnitude of an outer-gradient value the node accepts (inline or over gossip).
     Finite but huge values (float32 max) would overflow a Mean or the outer step, and a round
@@ -342,6 +344,7 @@ class NodeConfig:
             # At least one whole body: a largest request must be able to run alone.
             _int("rpc_max_inflight_bytes", self.rpc_max_inflight_bytes, self.max_body_bytes, 2**50)
         _int("rpc_max_batch_answer_bytes", self.rpc_max_batch_answer_bytes, 1, 2**40)
+        _int("rpc_max_batch_ms", self.rpc_max_batch_ms, 1, 86_400_000)
         object.__setattr__(self, "max_gradient_abs", _positive_float("max_gradient_abs", self.max_gradient_abs))
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
@@ -407,7 +410,7 @@ class NodeConfig:
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
-                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes")
+                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -460,6 +463,7 @@ class NodeConfig:
             "rpc_read_timeout_ms": self.rpc_read_timeout_ms,
             "rpc_max_inflight_bytes": self.rpc_max_inflight_bytes,
             "rpc_max_batch_answer_bytes": self.rpc_max_batch_answer_bytes,
+            "rpc_max_batch_ms": self.rpc_max_batch_ms,
         }
 
     def server_limits(self) -> Any:
@@ -470,6 +474,7 @@ class NodeConfig:
             max_connections=self.rpc_max_connections, max_connections_per_ip=self.rpc_max_connections_per_ip,
             idle_timeout_s=self.rpc_idle_timeout_ms / 1000, read_timeout_s=self.rpc_read_timeout_ms / 1000,
             max_inflight_bytes=self.rpc_max_inflight_bytes, max_answer_bytes=self.rpc_max_batch_answer_bytes,
+            max_batch_seconds=self.rpc_max_batch_ms / 1000,
         )
 
 

@@ -154,8 +154,15 @@ MODEL_FILE_RETRY_MS = 30_000
 
 PAUSE_MIN_MS = 3_000
 """Once the clock is started (``start_clock``), a gap this long since the node last served (a
-call or a tick; the node's tick runs every 100 ms) is a pause: the node was down, restarting
-or stalled, and pending deadlines move later by it (``run.process_pause``)."""
+call or a tick; the node's tick runs every 100 ms) in which the process used almost no CPU
+(under ``PAUSE_MAX_CPU_SHARE`` of it) is a pause: the node was stopped (SIGSTOP, a VM freeze)
+or blocked, and pending deadlines move later by it (``run.process_pause``)."""
+
+PAUSE_MAX_CPU_SHARE = 0.1
+"""A gap in which the process ran for more than this share of the wall time is the node being
+busy, not paused: a client that keeps the one service thread busy (a huge body to parse, an
+expensive batch) must not be able to push every run's deadlines back (review of the pause
+change)."""
 
 ALIVE_WRITE_MS = 1_000
 """How often the last instant the node served is written (``schema.NODE_ALIVE_KEY``), so a
@@ -192,7 +199,8 @@ class NodeService:
 
     on_event: Callable[[RunEvent], None] | None
 
-    def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
         if not isinstance(config, NodeConfig):
             raise TypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self._config = config
@@ -203,6 +211,9 @@ class NodeService:
         self._alive_ms: int | None = None
         """The last instant the node served, once ``start_clock`` ran (None: no pause detection)."""
         self._alive_written_ms: int | None = None
+        self._cpu_clock = cpu_clock
+        self._alive_cpu_s = 0.0
+        """The process's CPU seconds at ``_alive_ms``."""
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
@@ -388,18 +399,25 @@ class NodeService:
         raw = self._store.get(schema.CF_META, schema.NODE_ALIVE_KEY)
         last = int.from_bytes(raw, "big") if raw is not None and len(raw) == 8 else None
         self._alive_ms = now if last is None else min(last, now)  # a clock set back: no pause
-        return self._resume_if_paused()
+        events: tuple[RunEvent, ...] = ()
+        if now - self._alive_ms > PAUSE_MIN_MS:  # the process was not running at all
+            log.warning("the node was down for %.1f s since it last served: pending deadlines move that much later",
+                        (now - self._alive_ms) / 1000)
+            events = self._apply_pause(self._alive_ms, now)
+        self._alive_ms, self._alive_cpu_s = now, self._cpu_clock()
+        return events + self._resume_if_paused()
 
     def _resume_if_paused(self) -> tuple[RunEvent, ...]:
         assert self._alive_ms is not None
-        now = self._now()
+        now, cpu = self._now(), self._cpu_clock()
         last = self._alive_ms
         events: tuple[RunEvent, ...] = ()
-        if now - last > PAUSE_MIN_MS:
-            log.warning("the node served nothing for %.1f s (down, restarting or stalled; or the clock jumped): "
-                        "pending deadlines move %.1f s later", (now - last) / 1000, (now - last) / 1000)
+        gap_ms = now - last
+        if gap_ms > PAUSE_MIN_MS and (cpu - self._alive_cpu_s) * 1000 < PAUSE_MAX_CPU_SHARE * gap_ms:
+            log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked; or the clock "
+                        "jumped): pending deadlines move that much later", gap_ms / 1000)
             events = self._apply_pause(last, now)
-        self._alive_ms = max(last, now)
+        self._alive_ms, self._alive_cpu_s = max(last, now), cpu
         if self._alive_written_ms is None or now - self._alive_written_ms >= ALIVE_WRITE_MS:
             try:
                 self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])

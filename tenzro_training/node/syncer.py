@@ -81,6 +81,8 @@ class SyncerDaemon:
     refused: int = field(default=0, init=False)
     """Finalize calls the node refused (``--once`` exits 1 when any was)."""
     _noted: dict[tuple[str, ...], str] = field(default_factory=dict, init=False)
+    _ranking_checked: set[str] = field(default_factory=set, init=False)
+    """Runs whose ranking this daemon has seen (once is enough: it never changes)."""
     _unreachable: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -145,8 +147,9 @@ class SyncerDaemon:
         for task_id, listed_syncer in self._training_runs(stop):
             if stop is not None and stop.is_set():
                 break
-            if listed_syncer is not None and listed_syncer.lower() != self.address.lower():
-                continue  # listRuns names another syncer: no getRun needed
+            if listed_syncer is not None and listed_syncer.lower() != self.address.lower() \
+                    and task_id in self._ranking_checked:
+                continue  # listRuns names another syncer: no getRun needed (its ranking was seen)
             try:
                 view = self.client.call("tenzro_training_getRun", {"task_id": task_id})
             except CliError as exc:
@@ -158,6 +161,9 @@ class SyncerDaemon:
                 self._note(("getRun", task_id), f"getRun {task_id}: the node's answer is not an object; skipped")
                 continue
             self._check_ranked(task_id, view)
+            if len(self._ranking_checked) > 100_000:
+                self._ranking_checked.clear()
+            self._ranking_checked.add(task_id)
             if str(view.get("syncer") or "").lower() != self.address.lower():
                 continue
             round_ = view.get("round")

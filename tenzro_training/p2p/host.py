@@ -471,8 +471,13 @@ class P2PHost:
                 os.close(key_lock)
                 self._loop.call_soon_threadsafe(self._stopped.set)  # type: ignore[union-attr]
 
-        self._thread = threading.Thread(target=thread_main, name="tenzro-p2p", daemon=True)
-        self._thread.start()
+        try:
+            self._thread = threading.Thread(target=thread_main, name="tenzro-p2p", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self._thread = None
+            os.close(key_lock)  # else the key stays locked for this process's life
+            raise
         await ready
 
     @staticmethod

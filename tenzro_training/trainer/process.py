@@ -478,6 +478,8 @@ class _Inbox:
 
 
 class _Trainer:
+    MODEL_CHASE_TIMEOUTS = 5
+    """A ModelRequest that follows the run gives up after this many ``model_timeout_s`` in all."""
     MODEL_ASK_INTERVAL_S = 2.0
     """How often an unanswered ModelRequest is sent again (the node answers one per trainer per
     ``MODEL_REQUEST_INTERVAL_S``, 5 s, and limits the rest)."""
@@ -646,6 +648,9 @@ class _Trainer:
         g = self.g
         target = _model_target(view)
         deadline = time.monotonic() + self.cfg.model_timeout_s
+        # Following the run restarts the deadline; this bounds the whole chase (rounds shorter
+        # than an answer's round trip would outrun every answer, for as long as the run lasts).
+        give_up = time.monotonic() + self.MODEL_CHASE_TIMEOUTS * self.cfg.model_timeout_s
         next_ask = 0.0
         self.inbox.expect_model(target[0])
         try:
@@ -687,6 +692,11 @@ class _Trainer:
                     if now > deadline:
                         raise TrainerProcessError(
                             f"no verified model for round {target[0]} within {self.cfg.model_timeout_s:g}s")
+                    if now > give_up:
+                        raise TrainerProcessError(
+                            f"no verified model within {self.MODEL_CHASE_TIMEOUTS * self.cfg.model_timeout_s:g}s: "
+                            f"the run moved on faster than the node's answers arrived (now at round {target[0]}; "
+                            f"rounds shorter than its answer interval, 5 s, cannot be joined)")
                     req = g.compute_model_request(task_id=self.cfg.task_id, round=target[0], nonce=secrets.randbits(63),
                                                   private_key=self.cfg.private_key, chain_id=self.cfg.chain_id)
                     await self.host.publish(g.get_topic(req), g.encode_message(req))

@@ -108,6 +108,7 @@ def _base() -> dict[str, Any]:
         ({"rpc_read_timeout_ms": 1.5}, "rpc_read_timeout_ms"),
         ({"rpc_max_inflight_bytes": 1024, "max_body_bytes": 2048}, "rpc_max_inflight_bytes"),  # < one body
         ({"rpc_max_batch_answer_bytes": 0}, "rpc_max_batch_answer_bytes"),
+        ({"rpc_max_batch_ms": 0}, "rpc_max_batch_ms"),
         ({"max_gradient_abs": 0}, "max_gradient_abs"),
         ({"max_gradient_abs": -1.0}, "max_gradient_abs"),
         ({"max_gradient_abs": 1e39}, "max_gradient_abs"),
@@ -229,7 +230,7 @@ def test_the_documented_example_config_is_valid() -> None:
     for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                 "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
-                "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes"):
+                "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms"):
         assert example[key] == getattr(defaults, key), key
 
 

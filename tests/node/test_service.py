@@ -872,6 +872,29 @@ def test_a_stall_moves_deadlines_instead_of_failing_over_the_syncer(net: Net, ch
     assert len(extended) == 1 and extended[0].by_ms > 20_000 and not any(isinstance(e, SyncerFailover) for e in events)
 
 
+def test_a_busy_node_is_not_a_paused_one(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """A gap the process spent computing (a client's huge body to parse, an expensive batch on
+    the one service thread) is the node being busy: were it a pause, any client could push
+    every run's deadlines back, again and again (review of the pause change)."""
+    from storage.memory import MemoryStore
+    from tests.node.conftest import FakeClock, make_config
+
+    clock, cpu = FakeClock(), [0.0]
+    service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: cpu[0])
+    net = Net(service, clock)
+    start(net, checkpoint)
+    service.start_clock()
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)
+    gap = service._runs[net.task_id].current_round.finalize_deadline_ms + 20_000 - clock.now
+    clock.now += gap
+    cpu[0] += gap / 1000  # the whole gap on the CPU
+    kinds = [type(e).__name__ for e in service.tick()]
+    assert kinds[0] == "SyncerFailover" and "DeadlinesExtended" not in kinds
+    service.close()
+
+
 def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: tuple[str, str]) -> None:
     """Services driven by a hand-set clock (these tests) see no pauses: deadlines fire as set."""
     start(net, checkpoint)

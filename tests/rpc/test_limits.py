@@ -105,14 +105,15 @@ def test_request_bytes_past_the_budget_wait_then_get_a_503() -> None:
 
     service = FakeService()
     service.gate = threading.Event()  # the first call holds the service thread, and its bytes
-    limits = ServerLimits(max_inflight_bytes=1500, read_timeout_s=0.5)
+    # A request holds its body and room for its answer: 800 + 200 here, so two do not fit in 1500.
+    limits = ServerLimits(max_inflight_bytes=1500, read_timeout_s=0.5, max_answer_bytes=200)
     body = json.dumps(get_run(id=1)).encode().ljust(800)  # JSON may end in whitespace
     with LiveServer(service, max_body_bytes=1000, limits=limits) as server:
         first: list[int] = []
         hog = threading.Thread(target=lambda: first.append(server.request("POST", "/", body)[0]))
         hog.start()
         assert service.entered.wait(5)
-        status, headers, answer = server.request("POST", "/", body)  # 2 x 800 bytes > 1500
+        status, headers, answer = server.request("POST", "/", body)  # 2 x (800 + 200) > 1500
         assert status == 503 and headers["Retry-After"] == "1" and headers["Connection"] == "close"
         assert _error(answer)["code"] == 1800 and _error(answer)["data"]["limit"] == "inflight_bytes"  # type: ignore[index]
         assert len(service.calls) == 1  # not executed
@@ -121,11 +122,64 @@ def test_request_bytes_past_the_budget_wait_then_get_a_503() -> None:
         beside = threading.Thread(target=lambda: waiting.append(server.request("POST", "/", small)[0]))
         beside.start()  # fits beside the first: read, then queued for the service thread
         time.sleep(0.2)
+        assert _inflight(server) > 1000  # both held at once
         service.gate.set()
         hog.join(5)
         beside.join(5)
         assert first == [200] and waiting == [200]
         assert server.request("POST", "/", body)[0] == 200  # freed
+
+
+def _inflight(server: LiveServer) -> float:
+    _status, _headers, text = server.request("GET", "/metrics")
+    line = next(x for x in text.decode().splitlines() if x.startswith("tenzro_rpc_inflight_bytes "))
+    return float(line.split()[1])
+
+
+def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> None:
+    """Unread answers held their bytes for as long as their connections lived: four of them
+    could hold the whole budget and every other client got 503 (review of the limits)."""
+    service = FakeService()
+    service.result = {"blob": "x" * (8 << 20)}  # far past the socket buffers
+    with LiveServer(service, limits=ServerLimits(read_timeout_s=0.5)) as server:
+        with _connect(server.port) as sock:
+            body = json.dumps(get_run(id=1)).encode()
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.2)
+            assert _inflight(server) > 8 << 20  # the answer's bytes, while it waits to be written
+            deadline = time.monotonic() + 5
+            while _inflight(server) > 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _inflight(server) == 0
+            got = 0
+            try:
+                while chunk := sock.recv(1 << 20):
+                    got += len(chunk)
+            except OSError:
+                pass
+            assert got < 8 << 20  # cut off: the server aborted the connection
+
+
+def test_a_request_whose_client_hung_up_is_not_run() -> None:
+    """Handlers are cancelled on disconnect: requests of clients that left do not pile up on the
+    one service thread (review of the limits)."""
+    import threading
+
+    service = FakeService()
+    service.gate = threading.Event()
+    with LiveServer(service) as server:
+        first = threading.Thread(target=lambda: server.request("POST", "/", json.dumps(get_run(id=1)).encode()))
+        first.start()
+        assert service.entered.wait(5)  # the service thread is busy with it
+        body = json.dumps(get_run("gone", id=2)).encode()
+        with _connect(server.port) as sock:  # queued behind it, then the client leaves
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.2)
+        time.sleep(0.2)
+        service.gate.set()
+        first.join(5)
+        time.sleep(0.2)
+        assert [c[1]["task_id"] for c in service.calls] == ["t1"]
 
 
 def test_a_batch_answer_past_its_cap_refuses_the_rest_unrun() -> None:
@@ -141,6 +195,24 @@ def test_a_batch_answer_past_its_cap_refuses_the_rest_unrun() -> None:
     assert answer[3]["error"]["code"] == 1800 and answer[3]["error"]["data"]["limit"] == "batch_answer_bytes"
     assert len(service.calls) == 3  # the refused elements never ran
     assert len(Dispatcher(service, max_answer_bytes=10**6).handle_obj(batch) or []) == 5  # type: ignore[arg-type]
+
+
+def test_a_batch_that_holds_the_service_too_long_refuses_the_rest_unrun() -> None:
+    """8 batches of 1000 listRuns kept every other call waiting 35 s."""
+    import time as clock
+
+    class Slow(FakeService):
+        def get_run(self, task_id: str) -> object:
+            clock.sleep(0.05)
+            return super().get_run(task_id)
+
+    service = Slow()
+    dispatcher = Dispatcher(service, max_batch_seconds=0.12)  # type: ignore[arg-type]
+    answer = json.loads(dispatcher.handle(json.dumps([get_run(id=i) for i in range(20)]).encode()) or b"")
+    ran = [a for a in answer if "result" in a]
+    refused = [a for a in answer if "error" in a]
+    assert 2 <= len(ran) <= 5 and len(ran) + len(refused) == 20 and len(service.calls) == len(ran)
+    assert refused[0]["error"]["data"]["limit"] == "batch_seconds" and refused[0]["id"] == len(ran)
 
 
 def test_byte_budget_grants_in_order_and_gives_up_on_time() -> None:

@@ -286,6 +286,28 @@ def test_each_model_request_follows_the_run(tmp_path) -> None:  # type: ignore[n
     assert tr.held_hash == current and got["round"] == 4 and tr.inbox.counters["forged"] == 0
 
 
+def test_a_model_request_that_the_run_keeps_outrunning_gives_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Following the run restarts model_timeout_s; the whole chase is still bounded."""
+    import asyncio
+    import time
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, committed, _, _, _ = _trainer_with_model(tmp_path, model_timeout_s=0.2)
+    rounds = iter(range(3, 10**6))
+
+    async def get_run() -> dict[str, object]:
+        return _view(next(rounds), committed)  # a new round every time it looks
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.MODEL_ASK_INTERVAL_S = 0.05
+    tr.MODEL_CHASE_TIMEOUTS = 3
+    started = time.monotonic()
+    with pytest.raises(TrainerProcessError, match="moved on faster than the node's answers arrived"):
+        asyncio.run(tr.request_model(_view(3, committed), asyncio.Event()))
+    assert time.monotonic() - started < 5
+
+
 def test_a_model_request_ends_when_the_run_ends(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
