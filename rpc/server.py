@@ -17,7 +17,8 @@ HTTP behaviour:
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
   ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
   streamed without it is cut off as soon as it passes the limit. The connection is then closed
-  rather than drained. ``client_max_size`` is set to the same limit on purpose (aiohttp's default
+  after aiohttp's lingering read (what the client still sends is read and dropped, for at most
+  10 s), so the client reads the 413 rather than a reset. ``client_max_size`` is set to the same limit on purpose (aiohttp's default
   of 1 MiB would answer larger bodies with a plain-text 413 outside our control).
 - ``Content-Encoding``: ``gzip``/``x-gzip`` and ``deflate`` (zlib-wrapped or raw) are decoded
   here, not by aiohttp (``auto_decompress`` is off): the stream must end exactly at its end
@@ -44,7 +45,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -84,14 +85,26 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8545
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """A 64 MiB body holds a ~48 MiB base64 payload, far above one fragment's outer gradient."""
+SMALL_BODY_BYTES: Final = 256 * 1024
+"""Plain bodies up to this size (every read, and batches of them) are read before they take
+budget room, so that their answer's room can fit what they are (a batch or a single call)."""
+SINGLE_ANSWER_BYTES: Final = 1024 * 1024
+"""Room held for the answer of a single call, and of a batch whose body is over
+``SMALL_BODY_BYTES`` (batched submissions, whose answers are small): most answers are a few KB,
+a long run's getRun ~100 KB; a larger answer takes its excess without waiting."""
+_WRITE_CHUNK: Final = 1024 * 1024
+"""An answer is written in chunks of this size, each within ``read_timeout_s``."""
 
 
 _DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
 _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
+_DECODER: Final = web.AppKey("rpc_decoder", Executor)
 _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
 _REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
@@ -143,24 +156,32 @@ class ServerLimits:
 
 
 class _ByteBudget:
-    """Bytes that requests hold, granted first come first served up to ``total``. A request
-    larger than the whole budget takes all of it (it is alone then), so none waits forever."""
+    """Bytes that requests hold, granted first come first served up to ``total``, and at most a
+    quarter of it to one client (IP address): one client holding its share does not stall the
+    others. A request larger than its client's share takes the whole share (it is alone for
+    its client then), so none waits forever."""
 
     def __init__(self, total: int) -> None:
         self.total = total
+        self.share = max(1, total // 4)
         self.held = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._by_client: dict[object, int] = {}
+        self._waiters: deque[tuple[int, object, asyncio.Future[None]]] = deque()
 
-    async def acquire(self, wanted: int, timeout: float) -> int | None:
-        """Hold up to ``wanted`` bytes (at most the whole budget); the bytes held, or None when
-        they did not free up within ``timeout`` seconds."""
-        n = min(wanted, self.total)
-        if not self._waiters and self.held + n <= self.total:
-            self.held += n
+    def _fits(self, n: int, client: object) -> bool:
+        return self.held + n <= self.total and self._by_client.get(client, 0) + n <= self.share
+
+    async def acquire(self, wanted: int, timeout: float, client: object = None) -> int | None:
+        """Hold up to ``wanted`` bytes (at most the client's share) for ``client``; the bytes
+        held, or None when they did not free up within ``timeout`` seconds."""
+        n = min(wanted, self.share)
+        if not self._waiters and self._fits(n, client):
+            self._hold(n, client)
             return n
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (n, granted)
+        entry = (n, client, granted)
         self._waiters.append(entry)
+        self._grant()  # it may fit now: the waiters ahead may be blocked only by their own shares
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(granted)
@@ -169,36 +190,55 @@ class _ByteBudget:
             if granted.done() and not granted.cancelled():  # granted just as it gave up
                 if isinstance(exc, TimeoutError):
                     return n
-                self.release(n)
+                self.release(n, client)
                 raise
             granted.cancel()
             try:
                 self._waiters.remove(entry)
             except ValueError:
                 pass
-            self._grant()  # a smaller request behind this one may fit now
+            self._grant()  # a request behind this one may fit now
             if isinstance(exc, TimeoutError):
                 return None
             raise
 
-    def take(self, n: int) -> None:
-        """Hold ``n`` more bytes without waiting (an answer larger than the room it held)."""
+    def _hold(self, n: int, client: object) -> None:
         self.held += n
+        self._by_client[client] = self._by_client.get(client, 0) + n
 
-    def release(self, n: int) -> None:
+    def take(self, n: int, client: object = None) -> None:
+        """Hold ``n`` more bytes without waiting (an answer larger than the room it held)."""
+        self._hold(n, client)
+
+    def release(self, n: int, client: object = None) -> None:
         self.held -= n
+        left = self._by_client.get(client, 0) - n
+        if left > 0:
+            self._by_client[client] = left
+        else:
+            self._by_client.pop(client, None)
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiters:
-            n, granted = self._waiters[0]
+        """Grant waiters in order. One blocked only by its own client's share is passed over,
+        with its client's later ones (it waits for its own client's requests, not the others');
+        one that does not fit the whole budget stops the queue, so a large request is not
+        starved by smaller ones."""
+        passed: set[object] = set()
+        for entry in list(self._waiters):
+            n, client, granted = entry
             if granted.done():  # gave up
-                self._waiters.popleft()
+                self._waiters.remove(entry)
+                continue
+            if client in passed:
                 continue
             if self.held + n > self.total:
                 return
-            self._waiters.popleft()
-            self.held += n
+            if self._by_client.get(client, 0) + n > self.share:
+                passed.add(client)
+                continue
+            self._waiters.remove(entry)
+            self._hold(n, client)
             granted.set_result(None)
 
 
@@ -216,7 +256,7 @@ def _count_rejected(app: web.Application, reason: str) -> None:
 
 def _too_large(limit: int) -> web.Response:
     response = _json_response(compute_error_response(RequestTooLarge(limit), None), status=413)
-    response.force_close()  # do not read (drain) the rest of an oversized body
+    response.force_close()  # closed once aiohttp's lingering read (<= 10 s, bytes dropped) ends
     return response
 
 
@@ -228,17 +268,27 @@ def _refused(app: web.Application, reason: str, message: str, status: int) -> we
 
 
 async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
-    """Write ``response`` and close the connection at once. Without this aiohttp would linger
-    up to 10 s reading (and discarding) the rest of a body, which is what a client that is too
-    slow, or refused for load, must not be given."""
+    """Write ``response``, half-close, and abort the connection ``_REFUSED_LINGER_S`` later.
+    Without this aiohttp would linger up to 10 s reading (and discarding) the rest of a body,
+    which a client too slow to send it must not be given; closed at once with its bytes
+    unread, the kernel would send a reset that can reach the client before the answer."""
     try:
         await response.prepare(request)
         await response.write_eof()
     except ConnectionError:
         pass  # the client went away first
-    if request.transport is not None:
-        request.transport.close()
+    _half_close(request.transport)
     return response
+
+
+def _half_close(transport: asyncio.BaseTransport | None) -> None:
+    """Stop writing now (the client reads what was sent, then EOF); abort a moment later."""
+    if transport is None or transport.is_closing():
+        return
+    writer = cast(asyncio.Transport, transport)
+    if writer.can_write_eof():
+        writer.write_eof()
+    asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, writer.abort)
 
 
 class _BodyError(Exception):
@@ -320,21 +370,54 @@ async def _post(request: web.Request) -> web.StreamResponse:
     if encoding not in _IDENTITY + _GZIP + ("deflate",):
         # Before reading: one of gzip/x-gzip/deflate/identity, once (no stacked codings).
         return _refused(app, "unsupported_encoding", "unsupported Content-Encoding", 415)
-    # Room, taken at once before anything is read (a request never holds some while it waits
-    # for more: two waiting that way would wait for each other): the body (its length, or the
-    # limit when it comes chunked), what a compressed one decodes to, and the answer (a batch's
-    # is bounded by max_answer_bytes). Once the answer is known the hold shrinks to it, and it
-    # is held until written (see _answer).
-    wanted = limit if request.content_length is None else request.content_length
-    answer_room = _answer_room(limits, budget)
-    room = wanted + (0 if encoding in _IDENTITY else limit) + answer_room
-    hold = [await budget.acquire(room, limits.read_timeout_s)]
+    client = _client_of(request)
+    small = encoding in _IDENTITY and request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
+    if small:
+        # Most calls (getRun, enroll, finalize, hash-only submissions): the body is read first,
+        # outside the budget (a few KB, bounded by the connection caps), so that a request that
+        # sends only its head holds no room, and the answer's room fits the body it answers.
+        body = await _read_body(request)
+        if isinstance(body, web.StreamResponse):
+            return body
+        room = len(body) + _answer_room(limits, budget, body)
+    else:
+        # Room, taken at once before anything is read (a request never holds some while it
+        # waits for more: two waiting that way would wait for each other): the body (its
+        # length, or the limit when it comes chunked), what a compressed one decodes to, and
+        # a single call's answer (a batch this large gets that much answer: submissions).
+        body = None
+        wanted = limit if request.content_length is None else request.content_length
+        room = wanted + (0 if encoding in _IDENTITY else limit) + _answer_room(limits, budget, b"")
+    hold = [await budget.acquire(room, limits.read_timeout_s, client)]
     if hold[0] is None:
-        return _busy(app)  # nothing read, nothing run
+        return _busy(app)  # nothing run
     try:
-        return await _answer(request, encoding, hold, answer_room)
+        return await _answer(request, encoding, body, hold, client)
     finally:
-        budget.release(hold[0])
+        budget.release(hold[0], client)
+
+
+def _client_of(request: web.Request) -> object:
+    """The client's IP address (its share of the budget is capped), or None when unknown."""
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    return peer[0] if isinstance(peer, tuple) and peer else peer
+
+
+async def _read_body(request: web.Request) -> bytes | web.StreamResponse:
+    """The whole body within ``read_timeout_s``, or the answer refusing it (408, 400)."""
+    app = request.app
+    limits = app[_LIMITS]
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            return await request.read()  # bounded by client_max_size == limit, with or without a length
+    except TimeoutError:
+        refused = _refused(app, "timeout", f"request body not received within {limits.read_timeout_s:g} s", 408)
+        return await _answer_and_close(request, refused)
+    except (HttpProcessingError, RequestPayloadError, ConnectionError):
+        # Broken chunked framing, a body shorter than its Content-Length, a client that went
+        # away (RequestPayloadError is no HttpProcessingError).
+        log.debug("JSON-RPC request body could not be read", exc_info=True)
+        return _refused(app, "unreadable", "request body could not be read", 400)
 
 
 def _busy(app: web.Application) -> web.Response:
@@ -349,56 +432,75 @@ def _busy(app: web.Application) -> web.Response:
     return response
 
 
-def _answer_room(limits: ServerLimits, budget: _ByteBudget) -> int:
-    """Room held for one request's answer, and so its batch answer's cap: ``max_answer_bytes``,
-    but at most an eighth of the budget, so a few answers waiting on clients that do not read
-    them cannot hold all of it (a node with a small body limit has a small budget)."""
-    return max(1, min(limits.max_answer_bytes, budget.total // 8))
+def _answer_room(limits: ServerLimits, budget: _ByteBudget, body: bytes) -> int:
+    """Room held for the answer to ``body``, and so its batch answer's cap: a batch's is
+    ``max_answer_bytes``, a single call's ``SINGLE_ANSWER_BYTES`` (a larger single answer, a
+    huge getRun, takes its excess without waiting); either at most an eighth of the budget, so
+    a few answers waiting on clients that do not read them cannot hold all of it."""
+    batch = body.lstrip()[:1] == b"["
+    return max(1, min(limits.max_answer_bytes if batch else SINGLE_ANSWER_BYTES, budget.total // 8))
 
 
-async def _answer(request: web.Request, encoding: str, hold: list[int | None], answer_room: int) -> web.StreamResponse:
-    """Read, decode and dispatch the body, and write the answer. ``hold[0]``: the bytes of the
-    budget this request holds (kept current: the caller releases them)."""
+async def _run_to_end(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor``. If the request is cancelled (its client hung up), a job
+    not started yet never runs, and one already running is waited for before the cancellation
+    goes on: its memory and its service call stay this request's, counted in the budget and
+    the connection caps, until it ends."""
+    job = executor.submit(fn, *args)
+    done = asyncio.wrap_future(job)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        if not job.cancel():
+            await asyncio.wait({done})
+        raise
+
+
+async def _answer(request: web.Request, encoding: str, body: bytes | None, hold: list[int | None],
+                  client: object) -> web.StreamResponse:
+    """Read (unless done), decode and dispatch the body, and write the answer. ``hold[0]``: the
+    bytes of the budget this request holds (kept current: the caller releases them)."""
     app = request.app
     limit = app[_MAX_BODY]
     limits, budget = app[_LIMITS], app[_BUDGET]
-    try:
-        async with asyncio.timeout(limits.read_timeout_s):
-            body = await request.read()  # bounded by client_max_size == limit, with or without a length
-    except TimeoutError:
-        refused = _refused(app, "timeout", f"request body not received within {limits.read_timeout_s:g} s", 408)
-        return await _answer_and_close(request, refused)
-    except (HttpProcessingError, RequestPayloadError, ConnectionError):
-        # Broken chunked framing, a body shorter than its Content-Length, a client that went
-        # away (RequestPayloadError is no HttpProcessingError).
-        log.debug("JSON-RPC request body could not be read", exc_info=True)
-        return _refused(app, "unreadable", "request body could not be read", 400)
+    if body is None:
+        read = await _read_body(request)
+        if isinstance(read, web.StreamResponse):
+            return read
+        body = read
     if encoding not in _IDENTITY:
         try:
-            body = await asyncio.to_thread(_decode_body, body, encoding, limit)  # up to ~100 MB of zlib
+            body = await _run_to_end(app[_DECODER], _decode_body, body, encoding, limit)  # up to ~100 MB of zlib
         except _BodyError as exc:
             if exc.reason == "too_large":
                 _count_rejected(app, "too_large")
                 return _too_large(limit)
             return _refused(app, exc.reason, "request body could not be read", 400)
-    loop = asyncio.get_running_loop()
-    answer = await loop.run_in_executor(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
+    held = hold[0]
+    assert held is not None
+    answer_room = max(1, min(held - len(body), _answer_room(limits, budget, body)))
+    answer = await _run_to_end(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
     del body
     if answer is None:
         return web.Response(status=204)
-    held = hold[0]
-    assert held is not None
-    if len(answer) > held:  # a single answer past max_answer_bytes (a huge getRun): taken unasked
-        budget.take(len(answer) - held)
+    if len(answer) > held:  # a single answer past its room (a huge getRun): taken unasked
+        budget.take(len(answer) - held, client)
     else:
-        budget.release(held - len(answer))
+        budget.release(held - len(answer), client)
     hold[0] = len(answer)
     # Written here, not after the handler returns, so the answer's bytes stay counted until it
-    # has left the node; a client that does not read it within read_timeout_s is cut off.
-    response = web.Response(body=answer, content_type=_JSON)
+    # has left the node. A client that reads slower than one chunk per read_timeout_s is cut
+    # off (a slow link still gets a large answer; one that stopped reading does not hold it).
+    response = web.StreamResponse(headers={"Content-Type": _JSON})
+    response.content_length = len(answer)
     try:
         async with asyncio.timeout(limits.read_timeout_s):
             await response.prepare(request)
+        view = memoryview(answer)
+        for start in range(0, len(answer), _WRITE_CHUNK):
+            async with asyncio.timeout(limits.read_timeout_s):
+                await response.write(view[start:start + _WRITE_CHUNK])
+        async with asyncio.timeout(limits.read_timeout_s):
             await response.write_eof()
     except TimeoutError:
         if request.transport is not None:
@@ -474,6 +576,15 @@ def create_app(
     app[_BUDGET] = budget
     app[_MAX_BODY] = max_body_bytes
     app[_HEALTH_CHECK] = health_check
+    # Compressed bodies are decoded on two threads of their own: on the default executor (up
+    # to 32 threads on a large machine) clients could run that many ~100 MB decodes at once.
+    decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tenzro-rpc-decode")
+    app[_DECODER] = decoder
+
+    async def _stop_decoder(_app: web.Application) -> None:
+        await asyncio.to_thread(decoder.shutdown, True)
+
+    app.on_cleanup.append(_stop_decoder)
     if executor is None:
         owned = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-rpc")
         app[_EXECUTOR] = owned
@@ -537,14 +648,11 @@ def _json_error_server(rejected: Counter, limits: ServerLimits) -> type[web.Serv
                 # and memory stay bounded whatever clients hold open; asyncio closes the
                 # socket once the answer is out.
                 rejected.inc("connection_limit")
-                refused = cast(asyncio.Transport, transport)
-                refused.write(_CONNECTION_REFUSED)
-                # Half-close, and close for good a moment later: closed at once with the
-                # client's request unread, the kernel sends a reset, which can reach the
-                # client before the answer does (then it reads "connection reset", not 1800).
-                if refused.can_write_eof():
-                    refused.write_eof()
-                asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, refused.abort)
+                cast(asyncio.Transport, transport).write(_CONNECTION_REFUSED)
+                # Half-closed, aborted a moment later: closed at once with the client's request
+                # unread, the kernel sends a reset, which can reach the client before the
+                # answer does (then it reads "connection reset", not 1800).
+                _half_close(transport)
                 return
             ip_of[self] = ip
             per_ip[ip] = per_ip.get(ip, 0) + 1

@@ -417,8 +417,10 @@ class NodeService:
             log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked; or the clock "
                         "jumped): pending deadlines move that much later", gap_ms / 1000)
             events = self._apply_pause(last, now)
-        self._alive_ms, self._alive_cpu_s = max(last, now), cpu
-        if self._alive_written_ms is None or now - self._alive_written_ms >= ALIVE_WRITE_MS:
+        # ``now`` even when the clock was set back: the next gap is measured from it (kept at
+        # the later instant, a set-back clock hid every pause for as long as it was set back).
+        self._alive_ms, self._alive_cpu_s = now, cpu
+        if self._alive_written_ms is None or abs(now - self._alive_written_ms) >= ALIVE_WRITE_MS:
             try:
                 self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])
             except StorageError:

@@ -99,35 +99,49 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408() -> None:
         assert service.calls == [] and _health_ok(server)
 
 
-def test_request_bytes_past_the_budget_wait_then_get_a_503() -> None:
-    """Concurrent large bodies grew the node by gigabytes: what requests hold is bounded."""
+def _post_from(server: LiveServer, source_ip: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    """POST from another loopback address (another client, as far as the budget can tell)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=(source_ip, 0))
+    try:
+        conn.request("POST", "/", body=body)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_request_bytes_past_a_clients_share_wait_then_get_a_503() -> None:
+    """Concurrent large bodies grew the node by gigabytes: what requests hold is bounded, and
+    one client (IP address) holds at most a quarter of it, so the others are still served."""
     import threading
 
     service = FakeService()
     service.gate = threading.Event()  # the first call holds the service thread, and its bytes
-    # A request holds its body and room for its answer: 800 + 200 here, so two do not fit in 1500.
-    limits = ServerLimits(max_inflight_bytes=1500, read_timeout_s=0.5, max_answer_bytes=200)
-    body = json.dumps(get_run(id=1)).encode().ljust(800)  # JSON may end in whitespace
-    with LiveServer(service, max_body_bytes=1000, limits=limits) as server:
+    # Budget 8000, a client's share 2000; a single call's answer room 8000 // 8 = 1000.
+    limits = ServerLimits(max_inflight_bytes=8000, read_timeout_s=0.5)
+    body = json.dumps(get_run(id=1)).encode().ljust(800)  # JSON may end in whitespace: 800 + 1000 held
+    with LiveServer(service, max_body_bytes=4000, limits=limits) as server:
         first: list[int] = []
         hog = threading.Thread(target=lambda: first.append(server.request("POST", "/", body)[0]))
         hog.start()
         assert service.entered.wait(5)
-        status, headers, answer = server.request("POST", "/", body)  # 2 x (800 + 200) > 1500
+        status, headers, answer = server.request("POST", "/", body)  # the same client: 2 x 1800 > 2000
         assert status == 503 and headers["Retry-After"] == "1" and headers["Connection"] == "close"
         assert _error(answer)["code"] == 1800 and _error(answer)["data"]["limit"] == "inflight_bytes"  # type: ignore[index]
         assert len(service.calls) == 1  # not executed
-        small = json.dumps(get_run(id=2)).encode()
-        waiting: list[int] = []
-        beside = threading.Thread(target=lambda: waiting.append(server.request("POST", "/", small)[0]))
-        beside.start()  # fits beside the first: read, then queued for the service thread
+        other: list[int] = []
+        beside = threading.Thread(target=lambda: other.append(_post_from(server, "127.0.0.2", body)[0]))
+        beside.start()  # another client: it has its own share, and the budget has room
         time.sleep(0.2)
-        assert _inflight(server) > 1000  # both held at once
+        assert _inflight(server) == 3600  # both held at once
         service.gate.set()
         hog.join(5)
         beside.join(5)
-        assert first == [200] and waiting == [200]
+        assert first == [200] and other == [200]
         assert server.request("POST", "/", body)[0] == 200  # freed
+        assert _inflight(server) == 0
 
 
 def _inflight(server: LiveServer) -> float:
@@ -182,6 +196,27 @@ def test_a_request_whose_client_hung_up_is_not_run() -> None:
         assert [c[1]["task_id"] for c in service.calls] == ["t1"]
 
 
+def test_a_running_call_keeps_its_slot_and_bytes_after_its_client_hangs_up() -> None:
+    """Cancelled on hang-up, the request released its bytes and its connection slot while its
+    call (or its decode) still ran, outside every bound (second review)."""
+    import threading
+
+    service = FakeService()
+    service.gate = threading.Event()
+    with LiveServer(service, limits=ServerLimits(max_connections_per_ip=1)) as server:
+        body = json.dumps(get_run(id=1)).encode()
+        with _connect(server.port) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            assert service.entered.wait(5)
+        time.sleep(0.2)  # hung up while its call runs: the call still holds the address's one slot
+        with _connect(server.port) as again:
+            assert _split_reply(_read_all(again))[0] == 503
+        service.gate.set()
+        time.sleep(0.3)
+        assert _inflight(server) == 0  # slot and bytes freed once the call ended
+        assert len(service.calls) == 1
+
+
 def test_a_batch_answer_past_its_cap_refuses_the_rest_unrun() -> None:
     """1000 listRuns of 500 runs: a ~300 MB answer per 95 KB request, held for slow readers."""
     service = FakeService()
@@ -215,18 +250,36 @@ def test_a_batch_that_holds_the_service_too_long_refuses_the_rest_unrun() -> Non
     assert refused[0]["error"]["data"]["limit"] == "batch_seconds" and refused[0]["id"] == len(ran)
 
 
+def test_byte_budget_caps_each_clients_share() -> None:
+    async def scenario() -> None:
+        budget = _ByteBudget(400)  # a share: 100
+        assert await budget.acquire(80, 1, "a") == 80
+        assert await budget.acquire(30, 0.05, "a") is None  # past a's share
+        blocked = asyncio.create_task(budget.acquire(30, 5, "a"))
+        await asyncio.sleep(0.01)
+        assert await budget.acquire(100, 0.05, "b") == 100  # b is not stuck behind a's waiter
+        assert await budget.acquire(10**6, 0.05, "c") == 100  # one request takes at most a share
+        budget.release(80, "a")
+        assert await blocked == 30 and budget.held == 230
+        for n, client in ((30, "a"), (100, "b"), (100, "c")):
+            budget.release(n, client)
+        assert budget.held == 0 and not budget._by_client
+
+    asyncio.run(scenario())
+
+
 def test_byte_budget_grants_in_order_and_gives_up_on_time() -> None:
     async def scenario() -> None:
-        budget = _ByteBudget(100)
+        budget = _ByteBudget(400)  # one client here: its share, 100, binds
         assert await budget.acquire(60, 1) == 60
         later = asyncio.create_task(budget.acquire(50, 5))  # waits: 110 > 100
         await asyncio.sleep(0.01)
         assert await budget.acquire(10, 0.05) is None  # behind the waiter, first come first served
         budget.release(60)
         assert await later == 50 and budget.held == 50
-        assert await budget.acquire(10**9, 0.05) is None  # capped to the whole budget: waits for it
+        assert await budget.acquire(10**9, 0.05) is None  # capped to the share: waits for all of it
         budget.release(50)
-        assert await budget.acquire(10**9, 0.05) == 100  # alone, it takes everything
+        assert await budget.acquire(10**9, 0.05) == 100  # alone, it takes the whole share
         waiting = asyncio.create_task(budget.acquire(1, 5))
         await asyncio.sleep(0.01)
         waiting.cancel()
