@@ -18,8 +18,11 @@ HTTP behaviour:
   ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
   streamed without it is cut off as soon as it passes the limit. The connection is then closed
   after aiohttp's lingering read (what the client still sends is read and dropped, for at most
-  10 s), so the client reads the 413 rather than a reset. ``client_max_size`` is set to the same limit on purpose (aiohttp's default
-  of 1 MiB would answer larger bodies with a plain-text 413 outside our control).
+  10 s), so the client reads the 413 rather than a reset. ``client_max_size`` is set to the
+  same limit on purpose (aiohttp's default of 1 MiB would answer larger bodies with a
+  plain-text 413 outside our control).
+- Resource limits (:class:`ServerLimits`, docs/rpc.md "Resource limits"): connection caps,
+  idle and read timeouts, a byte budget for bodies and answers, batch caps.
 - ``Content-Encoding``: ``gzip``/``x-gzip`` and ``deflate`` (zlib-wrapped or raw) are decoded
   here, not by aiohttp (``auto_decompress`` is off): the stream must end exactly at its end
   (aiohttp accepted a gzip body cut before its CRC/size trailer) and the decoded body is held to
