@@ -373,7 +373,7 @@ async def _post(request: web.Request) -> web.StreamResponse:
     if encoding not in _IDENTITY + _GZIP + ("deflate",):
         # Before reading: one of gzip/x-gzip/deflate/identity, once (no stacked codings).
         return _refused(app, "unsupported_encoding", "unsupported Content-Encoding", 415)
-    client = _client_of(request)
+    client = _client_ip(request.transport)
     small = encoding in _IDENTITY and request.content_length is not None and request.content_length <= SMALL_BODY_BYTES
     if small:
         # Most calls (getRun, enroll, finalize, hash-only submissions): the body is read first,
@@ -400,9 +400,10 @@ async def _post(request: web.Request) -> web.StreamResponse:
         budget.release(hold[0], client)
 
 
-def _client_of(request: web.Request) -> object:
-    """The client's IP address (its share of the budget is capped), or None when unknown."""
-    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+def _client_ip(transport: asyncio.BaseTransport | None) -> object:
+    """The client's IP address, what the connection caps and the budget's shares count by
+    (the peer name as it is when it is not an address pair; None when unknown)."""
+    peer = transport.get_extra_info("peername") if transport is not None else None
     return peer[0] if isinstance(peer, tuple) and peer else peer
 
 
@@ -644,8 +645,7 @@ def _json_error_server(rejected: Counter, limits: ServerLimits) -> type[web.Serv
         __slots__ = ()
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            peer = transport.get_extra_info("peername")
-            ip = peer[0] if isinstance(peer, tuple) and peer else peer
+            ip = _client_ip(transport)
             if len(ip_of) >= limits.max_connections or per_ip.get(ip, 0) >= limits.max_connections_per_ip:
                 # Refused before aiohttp sees it (no request task, nothing read): descriptors
                 # and memory stay bounded whatever clients hold open; asyncio closes the

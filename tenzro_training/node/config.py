@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_SECONDS
 from storage.interface import WAL_RECOVERY_MODES
@@ -27,6 +27,9 @@ from tenzro_training.errors import EncodingError, TenzroError, VRFError
 from tenzro_training.receipt_abi import MAX_RECEIPT_BYTES
 from tenzro_training.records import Candidate
 from tenzro_training.run_state import RunTimings
+
+if TYPE_CHECKING:  # the server (aiohttp) is imported only where limits are built
+    from rpc.server import ServerLimits
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -466,7 +469,7 @@ class NodeConfig:
             "rpc_max_batch_ms": self.rpc_max_batch_ms,
         }
 
-    def server_limits(self) -> Any:
+    def server_limits(self) -> ServerLimits:
         """The JSON-RPC server's :class:`rpc.server.ServerLimits` from these settings."""
         from rpc.server import ServerLimits
 
