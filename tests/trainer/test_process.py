@@ -440,13 +440,13 @@ def test_invalid_device_stops_the_trainer_before_it_calls_the_node(
     assert not (tmp_path / "k").exists()  # no identity made, nothing staked
 
 
-def _trainer_for(spec_path, task_id: str):  # type: ignore[no-untyped-def]
-    from pathlib import Path
-
+def _trainer_for(tmp_path, spec_path, task_id: str):  # type: ignore[no-untyped-def]
+    """A trainer whose key and state directory live under ``tmp_path`` (a relative key path put
+    its ``tenzro-trainer-state`` in the working directory)."""
     from tenzro_training.trainer.process import TrainerProcessConfig, _Trainer
 
     cfg = TrainerProcessConfig(task_id=task_id, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32,
-                               spec_path=spec_path, p2p_key=Path("unused"), bootstrap=(_BOOTSTRAP,))
+                               spec_path=spec_path, p2p_key=tmp_path / "unused", bootstrap=(_BOOTSTRAP,))
     return _Trainer(cfg, print)
 
 
@@ -460,24 +460,24 @@ def test_the_spec_comes_from_the_file_or_the_node_and_must_match_the_run(tmp_pat
     obj = example()
     spec = TrainingTaskSpec.from_dict(obj)
     view = {"spec": obj, "spec_hash": "0x" + spec.spec_hash().hex()}
-    assert _trainer_for(None, spec.task_id).load_spec(view) == spec  # served by the node
+    assert _trainer_for(tmp_path, None, spec.task_id).load_spec(view) == spec  # served by the node
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(obj))
-    assert _trainer_for(path, spec.task_id).load_spec({"spec_hash": view["spec_hash"]}) == spec  # from --spec
+    assert _trainer_for(tmp_path, path, spec.task_id).load_spec({"spec_hash": view["spec_hash"]}) == spec  # from --spec
 
     tampered = json.loads(json.dumps(obj))
     tampered["max_rounds"] = spec.max_rounds + 1  # a node serving another spec than the run committed to
     with pytest.raises(TrainerProcessError, match="the node's spec hashes to 0x"):
-        _trainer_for(None, spec.task_id).load_spec({**view, "spec": tampered})
+        _trainer_for(tmp_path, None, spec.task_id).load_spec({**view, "spec": tampered})
     with pytest.raises(TrainerProcessError, match="is for"):
-        _trainer_for(None, "another-task").load_spec(view)
+        _trainer_for(tmp_path, None, "another-task").load_spec(view)
     with pytest.raises(TrainerProcessError, match="the node's spec is invalid"):
-        _trainer_for(None, spec.task_id).load_spec({"spec_hash": view["spec_hash"]})  # an old node: no spec
+        _trainer_for(tmp_path, None, spec.task_id).load_spec({"spec_hash": view["spec_hash"]})  # an old node: no spec
     path.write_text("{not json")
     with pytest.raises(TrainerProcessError, match="is not valid JSON"):
-        _trainer_for(path, spec.task_id).load_spec(view)
+        _trainer_for(tmp_path, path, spec.task_id).load_spec(view)
     with pytest.raises(TrainerProcessError, match="cannot read"):
-        _trainer_for(tmp_path / "missing.json", spec.task_id).load_spec(view)
+        _trainer_for(tmp_path, tmp_path / "missing.json", spec.task_id).load_spec(view)
 
 
 def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -514,7 +514,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
     monkeypatch.setattr(data, "load_corpus", lambda ref: None)
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
-    tr = _trainer_for(None, TASK)
+    tr = _trainer_for(tmp_path, None, TASK)
     spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32"), dataset_ref="r", dataset_hash="h")
 
     async def get_run() -> dict[str, object]:
