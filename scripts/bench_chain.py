@@ -5,8 +5,11 @@ Sealed run (2 rounds, every trainer submitting every fragment), then on a fresh 
 with TRAINING_VERIFY at 0x1008 deposits an ERC-20 reward into TenzroRewardEscrow and claims it
 with the node's receipt (the claim credits every payee), then withdraws one payee's credit. It
 prints the receipt size, the precompile's gas (compute_gas), the claim's total gas, one
-withdraw's total gas, and the best-of-N wall time of the pure reference ``training_verify``
-(full validity check plus the sealed-receipt digest) and of ``decode_receipt`` alone.
+withdraw's total gas, and best-of-N wall times of the pure reference ``training_verify``: the
+first call on the sealed receipt (head read, digest, the full validity rules), a repeat (the
+rules' result is remembered per sealed digest), and a forged receipt of the same size (one byte
+of ``sealedAt`` changed: refused at the digest, before the rules), and of ``decode_receipt``
+alone.
 
 Usage::
 
@@ -25,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from precompile import compute_gas, training_verify  # noqa: E402
+from precompile import clear_validity_memo, compute_gas, training_verify  # noqa: E402
 from precompile.evm import make_web3, sealed_lookup_from_store  # noqa: E402
 from tenzro_training.receipt_abi import decode_receipt  # noqa: E402
 from tests.chain.conftest import Chain, SwitchableLookup, load_build, run_to_sealed  # noqa: E402
@@ -50,14 +53,23 @@ def main() -> None:
     args = parser.parse_args()
     artifacts = load_build().compile_contracts(("TenzroRewardEscrow.sol", "TestToken.sol"))
     print(f"{'trainers':>8} {'rounds':>6} {'receipt B':>9} {'precompile gas':>14} {'claim gas':>10} "
-          f"{'withdraw gas':>12} {'verify ms':>9} {'decode ms':>9}")
+          f"{'withdraw gas':>12} {'verify ms':>9} {'repeat ms':>9} {'forged ms':>9} {'decode ms':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.trainers:
             run = run_to_sealed(Path(tmp), task_id=f"bench-{n}", n_trainers=n, rounds=args.rounds)
             lookup = sealed_lookup_from_store(run.store)
             data = run.run_root + run.abi
             assert training_verify(data, lookup) == b"\x01"
-            verify_s = best(lambda: training_verify(data, lookup), args.repeats)
+            forged = data[:-1] + bytes([data[-1] ^ 1])
+            assert training_verify(forged, lookup) == b"\x00"
+
+            def first() -> None:
+                clear_validity_memo()
+                training_verify(data, lookup)
+
+            verify_s = best(first, args.repeats)
+            repeat_s = best(lambda: training_verify(data, lookup), args.repeats)
+            forged_s = best(lambda: training_verify(forged, lookup), args.repeats)
             decode_s = best(lambda: decode_receipt(run.abi), args.repeats)
             sealed = SwitchableLookup()
             chain = Chain(make_web3(sealed), sealed, artifacts)
@@ -69,7 +81,8 @@ def main() -> None:
             withdrawn = chain.send(setup.escrow.functions.withdraw(setup.token.address, payee), STRANGER.key)
             assert withdrawn.status == 1, "withdraw failed"
             print(f"{n:>8} {args.rounds:>6} {len(run.abi):>9} {compute_gas(len(data)):>14} {receipt.gasUsed:>10} "
-                  f"{withdrawn.gasUsed:>12} {verify_s * 1e3:>9.2f} {decode_s * 1e3:>9.2f}")
+                  f"{withdrawn.gasUsed:>12} {verify_s * 1e3:>9.2f} {repeat_s * 1e3:>9.2f} {forged_s * 1e3:>9.2f} "
+                  f"{decode_s * 1e3:>9.2f}")
 
 
 if __name__ == "__main__":

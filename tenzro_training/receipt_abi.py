@@ -67,6 +67,7 @@ __all__ = [
     "compute_round_record_size",
     "encode_receipt",
     "decode_receipt",
+    "read_receipt_task_id",
     "verify_receipt_bytes",
 ]
 
@@ -315,6 +316,27 @@ def compute_receipt_digest(data: bytes) -> bytes:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EncodingError(f"receipt must be bytes, got {type(data).__name__}")
     return hashlib.sha256(bytes(data)).digest()
+
+
+def read_receipt_task_id(data: bytes) -> str:
+    """The ``taskId`` of receipt bytes, read from the canonical head alone (the top-level offset,
+    the taskId offset and the string): nothing else is decoded. EncodingError when those words
+    are not where :func:`encode_receipt` puts them.
+
+    Why: TRAINING_VERIFY looks the chain's sealed record up by task id and compares digests
+    before it spends the validity rules (spec parsing, the Merkle root, re-encoding: tens of ms
+    in Python for a large receipt) on bytes the chain never sealed. The decoder walks the same
+    canonical layout, so whenever :func:`decode_receipt` succeeds its ``task_id`` is this one."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EncodingError(f"receipt must be bytes, got {type(data).__name__}")
+    reader = _Strict(bytes(data))
+    if reader.uint(0, 256) != _WORD:
+        raise EncodingError(f"non-canonical offset at byte 0: canonical is {_WORD}")
+    head = sum(t.head_size for t in _RECEIPT.parts)
+    if reader.uint(2 * _WORD, 256) != head:  # the tuple starts at _WORD; taskId is its 2nd field
+        raise EncodingError(f"non-canonical offset at byte {2 * _WORD}: canonical is {head}")
+    task_id, _ = reader.value(_RECEIPT.parts[1], _WORD + head)
+    return str(task_id)
 
 
 def decode_receipt(data: bytes) -> TrainingReceipt:

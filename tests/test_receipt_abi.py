@@ -23,6 +23,7 @@ from tenzro_training.receipt_abi import (
     compute_receipt_digest,
     decode_receipt,
     encode_receipt,
+    read_receipt_task_id,
     verify_receipt_bytes,
 )
 from tenzro_training.records import decode_round_record, encode_round_record
@@ -183,6 +184,49 @@ def test_invalid_non_canonical_layouts(data: bytes) -> None:
         decode_receipt(b"\x00" * (MAX_RECEIPT_BYTES + 1))
     with pytest.raises(EncodingError):
         decode_receipt("0x00")  # type: ignore[arg-type]
+
+
+def test_read_task_id_from_the_head_alone(receipt: TrainingReceipt, data: bytes) -> None:
+    assert read_receipt_task_id(data) == receipt.task_id
+    # Only the head and the taskId are read: the rest may be anything (TRAINING_VERIFY looks
+    # the seal up with it before it decodes the rest).
+    tail_at = 32 + 11 * 32 + 32 + -(-len(receipt.task_id.encode()) // 32) * 32
+    assert read_receipt_task_id(data[:tail_at]) == receipt.task_id
+    assert read_receipt_task_id(data[:tail_at] + b"\xff" * 64) == receipt.task_id
+    bad = [
+        b"",
+        data[:32],
+        data[: tail_at - 1],  # the string's padding cut
+        (64).to_bytes(32, "big") + data[32:],  # top-level offset moved
+        data[:64] + (11 * 32 + 32).to_bytes(32, "big") + data[96:],  # taskId offset moved
+        data[:tail_at - 1] + b"\x01" + data[tail_at:],  # non-zero padding after the taskId
+    ]
+    for raw in bad:
+        with pytest.raises(EncodingError):
+            read_receipt_task_id(raw)
+    with pytest.raises(EncodingError):
+        read_receipt_task_id("0x00")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_read_task_id_agrees_with_decode_on_mutants(data: bytes, draw: st.DataObject) -> None:
+    """The head read raises nothing but EncodingError, and whenever the full decoder accepts
+    bytes, it names the same task."""
+    raw = bytearray(data)
+    for _ in range(draw.draw(st.integers(0, 3))):
+        at = draw.draw(st.integers(0, 14 * 32))  # the head, the taskId and its neighbours
+        raw[at] = draw.draw(st.integers(0, 255))
+    raw = raw[: draw.draw(st.sampled_from([len(raw), draw.draw(st.integers(0, len(raw)))]))]
+    try:
+        head: str | None = read_receipt_task_id(bytes(raw))
+    except EncodingError:
+        head = None
+    try:
+        decoded = decode_receipt(bytes(raw))
+    except EncodingError:
+        return
+    assert head == decoded.task_id
 
 
 def test_invalid_aliased_offsets_do_not_amplify(receipt: TrainingReceipt) -> None:

@@ -19,8 +19,10 @@ import {ReceiptHeadV1, ReceiptTrainer, TrainingVerify} from "./ITrainingVerify.s
 /// forever; now a deposit by anyone else sits under its own key, and a claim reads only the
 /// deposit of the receipt's sponsor. Payouts are pull payments: one payee whose transfer
 /// reverts (a blacklisted address, a token hook) cannot block the others' claim. The amount held
-/// is what the escrow actually received (balance difference), so fee-on-transfer tokens cannot
-/// over-promise.
+/// is what the escrow actually received (balance difference), so a token that takes its fee out
+/// of the amount cannot over-promise; and every payout must take exactly what it pays from the
+/// escrow's balance (`TransferMismatch` otherwise), so a token that charges the sender on top
+/// of the amount cannot pay one deposit's payees out of another deposit's tokens.
 contract TenzroRewardEscrow is ReentrancyGuard {
     using SafeERC20 for IERC20;
 
@@ -56,6 +58,7 @@ contract TenzroRewardEscrow is ReentrancyGuard {
     error ReceiptNotVerified(bytes32 depositKey, bytes32 runRoot);
     error DeadlineNotReached(uint64 deadline);
     error NothingOwed(address token, address account);
+    error TransferMismatch(address token, uint256 amount, uint256 taken);
 
     /// @notice The key the deposit of `sponsor` for `taskId` is stored under.
     function depositKeyOf(address sponsor, string memory taskId) public pure returns (bytes32) {
@@ -137,7 +140,7 @@ contract TenzroRewardEscrow is ReentrancyGuard {
         uint256 owed = _owed[token][account];
         if (owed == 0) revert NothingOwed(address(token), account);
         _owed[token][account] = 0; // effects before interactions (and nonReentrant)
-        token.safeTransfer(account, owed);
+        _payOut(token, account, owed);
         emit Withdrawn(account, address(token), owed);
     }
 
@@ -149,7 +152,21 @@ contract TenzroRewardEscrow is ReentrancyGuard {
         if (d.status != Status.Open) revert NotOpen(key, d.status);
         if (block.timestamp <= d.deadline) revert DeadlineNotReached(d.deadline);
         d.status = Status.Refunded;
-        d.token.safeTransfer(msg.sender, d.amount);
+        _payOut(d.token, msg.sender, d.amount);
         emit Refunded(key, msg.sender, d.amount);
+    }
+
+    /// @dev Transfer `amount` and require the escrow's balance to drop by exactly `amount`. The
+    /// escrow holds many deposits in one balance per token: a token that charged the sender a fee
+    /// on top of the amount would pay each payout partly out of other depositors' tokens, and the
+    /// last to withdraw or refund would find the escrow short. Such a token cannot pay out (its
+    /// deposits stay locked, as they would with a token that reverts), which is safer than
+    /// insolvency spread over everyone else.
+    function _payOut(IERC20 token, address to, uint256 amount) private {
+        uint256 before = token.balanceOf(address(this));
+        token.safeTransfer(to, amount);
+        uint256 remaining = token.balanceOf(address(this));
+        uint256 taken = remaining <= before ? before - remaining : 0;
+        if (remaining > before || taken != amount) revert TransferMismatch(address(token), amount, taken);
     }
 }

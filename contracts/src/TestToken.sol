@@ -32,3 +32,15 @@ contract BlockingTestToken is TestToken {
         super._update(from, to, value);
     }
 }
+
+/// @title SurchargeTestToken
+/// @notice TestToken that charges the sender 1% ON TOP of every transfer (burned), so a
+/// transfer of `value` costs the sender `value + value / 100`, for the escrow's tests only.
+contract SurchargeTestToken is TestToken {
+    constructor(string memory name_, string memory symbol_) TestToken(name_, symbol_) {}
+
+    function _update(address from, address to, uint256 value) internal override {
+        super._update(from, to, value);
+        if (from != address(0) && to != address(0)) super._update(from, address(0), value / 100);
+    }
+}

@@ -408,6 +408,32 @@ def test_a_payee_whose_transfer_reverts_blocks_nobody_else(chain: Chain, sealed_
     assert s.balances()["t0"] - before["t0"] == pay["t0"] and s.balances()["escrow"] == 0
 
 
+def test_a_token_charging_the_sender_on_top_cannot_pay_out_of_other_deposits(chain: Chain, sealed_run: SealedRun) -> None:
+    # Contracts probe (stop 20): with a token that takes 1% from the sender ON TOP of the amount,
+    # each withdraw took owed + 1% from the escrow's one balance, i.e. out of another
+    # depositor's tokens, and the last payee or refund found the escrow short. Now a payout
+    # that does not take exactly what it pays reverts, and nothing moves.
+    s = make_setup(chain, sealed_run, token_contract="SurchargeTestToken")
+    assert s.deposit(sealed_run.task_id).status == 1
+    assert s.deposit("another-task", key=STRANGER.key).status == 1  # the bystander's deposit
+    assert s.balances()["escrow"] == 2 * AMOUNT  # deposits are measured, and exact here
+    assert s.claim(sealed_run.abi, sealed_run.run_root).status == 1
+    t0 = s.accounts()["t0"]
+    owed = s.owed()["t0"]
+    before = s.balances()
+    withdraw = s.escrow.functions.withdraw(s.token.address, t0)
+    assert s.revert_name(withdraw) == "TransferMismatch"
+    assert chain.send(withdraw, STRANGER.key).status == 0
+    assert s.balances() == before and s.owed()["t0"] == owed  # the credit is kept
+    # The bystander's refund after its deadline is refused the same way: its deposit is not
+    # paid at a discount out of the claimed one either.
+    chain.mine_at(DEADLINE + 1)
+    refund = s.escrow.functions.refund("another-task")
+    assert chain.send(refund, STRANGER.key).status == 0  # mined past the deadline
+    assert s.revert_name(refund, STRANGER.key) == "TransferMismatch"
+    assert s.balances()["escrow"] == 2 * AMOUNT
+
+
 def test_invalid_withdraw_of_nothing_and_twice(setup: Setup) -> None:
     run = setup.run
     t0 = setup.accounts()["t0"]

@@ -5,6 +5,7 @@ crash. The reviewer's slashed-flag forgeries through the escrow are in test_seal
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 
@@ -131,6 +132,43 @@ def test_reference_with_a_raising_lookup_on_a_valid_receipt(sealed_run: SealedRu
     assert training_verify(data, boom) == INVALID
     assert training_verify(data, lambda t: bytearray(sealed_run.run_root)) == INVALID  # type: ignore[arg-type,return-value]
     assert training_verify(data, lambda t: sealed_run.run_root) == INVALID  # type: ignore[arg-type,return-value]
+
+
+def test_the_validity_rules_run_only_on_sealed_bytes_and_once(
+    sealed_run: SealedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Contracts probe (stop 20): the rules (spec parse, Merkle root, re-encoding) ran before the
+    digest check, so forged megabytes cost the node's Python the whole rule set for the flat
+    per-word gas, and a contract looping over one sealed receipt paid it on every call."""
+    import precompile.verify as verify
+
+    runs: list[bytes] = []
+    real = verify.verify_receipt_bytes
+
+    def counting(root: bytes, body: bytes) -> object:
+        runs.append(body)
+        return real(root, body)
+
+    monkeypatch.setattr(verify, "verify_receipt_bytes", counting)
+    verify.clear_validity_memo()
+    lookup = sealed_lookup_from_store(sealed_run.store)
+    other = run_to_sealed(tmp_path, task_id="never-sealed", n_trainers=2, rounds=1)
+    assert training_verify(other.run_root + other.abi, lookup) == INVALID  # valid, not sealed here
+    forged = bytearray(sealed_run.abi)
+    forged[-1] ^= 1  # sealedAt changed: the same task, other bytes
+    assert training_verify(sealed_run.run_root + bytes(forged), lookup) == INVALID
+    assert runs == []  # neither reached the rules
+    data = sealed_run.run_root + sealed_run.abi
+    assert [training_verify(data, lookup) for _ in range(3)] == [VALID] * 3
+    assert runs == [sealed_run.abi]  # once, then remembered
+    # A lookup whose record names bytes that break the rules (no honest chain has one): the
+    # answer is INVALID, remembered too.
+    bad = bytearray(sealed_run.abi)
+    spec_at = bytes(bad).find(sealed_run.receipt.spec.canonical_bytes())
+    bad[spec_at + 10] ^= 0x20
+    record = SealedReceipt(sealed_run.run_root, hashlib.sha256(bytes(bad)).digest())
+    assert [training_verify(sealed_run.run_root + bytes(bad), lambda t: record) for _ in range(2)] == [INVALID] * 2
+    assert runs == [sealed_run.abi, bytes(bad)]
 
 
 def test_sealed_lookup_from_store(sealed_run: SealedRun) -> None:
