@@ -324,8 +324,10 @@ class CancelTask(_TypedMessage):
 @dataclass(frozen=True, slots=True)
 class RequestModel(_TypedMessage):
     """A trainer asks the node (over gossip, ``ModelRequest`` version 2) for the current global
-    model. Signed by ``requester``, so nobody can make a node broadcast a model in another
-    trainer's name; the nonce makes each request distinct. Changes no state."""
+    model. Signed by ``requester``, so nobody can forge a request in another trainer's name; the
+    nonce makes each request distinct. A signed request is public once relayed, so a node
+    answers it only during its ``round`` (gossip.validate_model_request_gossip): a replay is
+    good until the round ends. Changes no state."""
 
     PRIMARY_TYPE: ClassVar[str] = "RequestModel"
     _FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (

@@ -87,6 +87,9 @@ __all__ = [
     "GossipContext",
     "StreamSizes",
     "SeenCache",
+    "SYNCER_STATUS_INTERVAL_MS",
+    "WeightsDigests",
+    "check_status_interval",
     "ChunkAssembler",
     "encode_message",
     "decode_message",
@@ -960,6 +963,48 @@ class GossipContext:
     source: object = None
     """The peer that published the message (its libp2p-signed originator): part of a chunk's
     dedup key, as of its reassembly stream."""
+    get_weights: Callable[[str, bytes], WeightsDigests | None] | None = None
+    """(task id, model hash) -> the digests of the weights this receiver holds and publishes for
+    that model, or None. When set (a node), weights messages (RoundFinalizedMsg, ModelChunk)
+    must be exactly those bytes, or they are not relayed (see :class:`WeightsDigests`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsDigests:
+    """What a node knows of the weights it publishes for one model: their SHA-256 (a weights
+    message's ``data_hash``) and the SHA-256 of each canonical chunk.
+
+    Why: neither Tenzro signature covers weight bytes, and the committed model hash is public,
+    so any peer could publish well-sized streams naming it (or copying a genuine RoundFinalized
+    header) with other bytes. Trainers take weights only from their node and drop those, but the
+    node itself relayed them to its whole mesh, keyless bandwidth amplification (gossip probe,
+    2026-11-26). Honest publishers of one model send the same bytes (they are a pure function of
+    the committed state), so a node relays exactly the bytes it holds and nothing else."""
+
+    data_hash: bytes
+    chunk_hashes: tuple[bytes, ...]
+    total_size: int
+
+    @classmethod
+    def of(cls, data: bytes) -> WeightsDigests:
+        size = len(data)
+        chunks = tuple(hashlib.sha256(data[i * MAX_CHUNK_BYTES:(i + 1) * MAX_CHUNK_BYTES]).digest()
+                       for i in range(compute_chunk_count(size)))
+        return cls(hashlib.sha256(data).digest(), chunks, size)
+
+
+def _check_held_weights(msg: RoundFinalizedMsg | ModelChunk, chunk_hash: bytes, ctx: GossipContext) -> None:
+    """A receiver that holds weights (``ctx.get_weights``) relays only the exact bytes it holds."""
+    if ctx.get_weights is None:
+        return
+    held = ctx.get_weights(msg.task_id, msg.model_hash)
+    # [IGNORE] the receiver holds the weights of that model (else it cannot check the bytes).
+    if held is None:
+        raise GossipIgnore(f"weights of model 0x{msg.model_hash.hex()} are not held here")
+    # [REJECT] the chunk is a canonical piece of exactly those bytes.
+    if (msg.data_hash != held.data_hash or msg.total_size != held.total_size
+            or msg.total_chunks != len(held.chunk_hashes) or chunk_hash != held.chunk_hashes[msg.seq]):
+        raise GossipReject(f"weights of model 0x{msg.model_hash.hex()} differ from the ones held here")
 
 
 def _get_sizes(ctx: GossipContext, task_id: str) -> StreamSizes | None:
@@ -1002,6 +1047,7 @@ class SeenCache:
         self._keys: OrderedDict[tuple[object, ...], object] = OrderedDict()
         self._streams: dict[object, set[tuple[object, ...]]] = {}
         self._forget: deque[object] = deque()
+        self._marks: OrderedDict[tuple[object, ...], int] = OrderedDict()
 
     def __len__(self) -> int:
         self._apply_forgets()
@@ -1020,6 +1066,20 @@ class SeenCache:
         while len(self._keys) > self.max_entries:
             old, old_stream = self._keys.popitem(last=False)
             self._unindex(old, old_stream)
+
+    MAX_MARKS = 4096
+    """Marks kept (oldest set forgotten first)."""
+
+    def get_mark(self, key: tuple[object, ...]) -> int | None:
+        """The last value :meth:`set_mark` recorded under ``key`` (a rule's high-water mark,
+        e.g. the newest SyncerStatus time of a syncer), or None."""
+        return self._marks.get(key)
+
+    def set_mark(self, key: tuple[object, ...], value: int) -> None:
+        self._marks[key] = value
+        self._marks.move_to_end(key)
+        while len(self._marks) > self.MAX_MARKS:
+            self._marks.popitem(last=False)
 
     def forget_stream(self, stream: object) -> None:
         """Forget every key added with ``stream`` (thread-safe: applied by the owner's next call)."""
@@ -1116,9 +1176,16 @@ def validate_model_request_gossip(msg: ModelRequest, ctx: GossipContext, seen: S
     # [IGNORE] the run has a model worth sending (Training or Sealed).
     if run.status not in (RunStatus.TRAINING, RunStatus.SEALED):
         raise GossipIgnore(f"run {msg.task_id} is {run.status.value}")
-    # [REJECT] the requester is an enrolled trainer (anyone else has no use for the weights mid-run).
-    if get_trainer(run, msg.requester) is None:
-        raise GossipReject(f"0x{msg.requester.hex()} is not enrolled in {msg.task_id}")
+    # [IGNORE] it asks for the run's current model (after ``run.round`` finalized rounds; a
+    # trainer reads the round from getRun just before it asks). Only the dedup cache stopped a
+    # kept request from being replayed by anyone, in the requester's name, once the cache or a
+    # restart forgot it; now it works only until the next round (gossip probe, 2026-11-26).
+    if msg.round != run.round:
+        raise GossipIgnore(f"model request for round {msg.round}; the run is at {run.round}")
+    # [REJECT] the requester is an enrolled, unslashed trainer (anyone else has no use for the weights).
+    trainer = get_trainer(run, msg.requester)
+    if trainer is None or trainer.slashed:
+        raise GossipReject(f"0x{msg.requester.hex()} is not an enrolled, unslashed trainer of {msg.task_id}")
     # [REJECT] the requester signed RequestModel{taskId, requester, round, nonce}.
     check_signature_cached(msg.signed_message(), msg.signature, msg.requester, ctx.chain_id, seen)
     seen.add(key)
@@ -1154,6 +1221,7 @@ def validate_model_chunk_gossip(msg: ModelChunk, ctx: GossipContext, seen: SeenC
     # [REJECT] model_hash is the committed one.
     if msg.model_hash != expected:
         raise GossipReject("model_hash differs from the committed model hash")
+    _check_held_weights(msg, key[3], ctx)
     seen.add(key, stream=key[1])
 
 
@@ -1207,7 +1275,28 @@ def validate_syncer_status_gossip(msg: SyncerStatus, ctx: GossipContext, seen: S
     # [REJECT] it names the run's current syncer.
     if get_current_syncer(run) != msg.syncer:
         raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
+    check_status_interval(msg, seen)
     seen.add(key)
+    seen.set_mark(("status", msg.task_id, msg.syncer), msg.at_ms)
+
+
+SYNCER_STATUS_INTERVAL_MS = 1_000
+"""A SyncerStatus is relayed only if dated this much after the last one relayed for its syncer."""
+
+
+def check_status_interval(msg: SyncerStatus, seen: SeenCache) -> None:
+    """[IGNORE] a SyncerStatus dated less than SYNCER_STATUS_INTERVAL_MS after the last one
+    accepted for its (task, syncer).
+
+    Why: a status carries no Tenzro signature, so anyone could publish thousands a second naming
+    the current syncer with fresh ``at_ms`` values; every node and trainer relayed them, and each
+    took a slot of the dedup cache, evicting the keys that stop replays (gossip probe,
+    2026-11-26: ~53,000 accepted in 90 s from one peer). Now a syncer's statuses cost the network
+    one message a second whoever sends them. A forger dating one up to the clock skew ahead
+    silences the real syncer's advisory notes that long; nothing acts on them."""
+    last = seen.get_mark(("status", msg.task_id, msg.syncer))
+    if last is not None and msg.at_ms < last + SYNCER_STATUS_INTERVAL_MS:
+        raise GossipIgnore(f"status at {msg.at_ms} is within {SYNCER_STATUS_INTERVAL_MS} ms of the last one")
 
 
 def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, seen: SeenCache) -> None:
@@ -1245,6 +1334,7 @@ def validate_round_finalized_gossip(msg: RoundFinalizedMsg, ctx: GossipContext, 
         # [REJECT] it comes from the run's current syncer.
         if get_current_syncer(run) != msg.syncer:
             raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
+    _check_held_weights(msg, key[3], ctx)
     # [REJECT] the syncer signed FinalizeRound{taskId, round}.
     check_signature_cached(FinalizeRound(msg.task_id, msg.round), msg.syncer_signature, msg.syncer, ctx.chain_id, seen)
     seen.add(key, stream=key[1])

@@ -42,6 +42,7 @@ from tenzro_training.gossip import (
     SeenCache,
     SyncerStatus,
     check_signature_cached,
+    check_status_interval,
     compute_chunk_dedup_key,
     decode_message,
     get_topic,
@@ -78,13 +79,21 @@ class TrainerGossipView:
         payload_bytes: tuple[int, ...] = (),
     ) -> TrainerGossipView:
         """From ``tenzro_training_getRun``'s result (ValueError if it is not one)."""
+        def count(key: str) -> int:  # a JSON integer: int() took 2.9 as round 2 and "7" as 7
+            value = view[key]
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{key} is {value!r}, not a non-negative integer")
+            return value
+
         try:
             ranking = view["election"]["ranking"] or []
             seed_hex = view["election"]["seed"]
+            if not isinstance(view["task_id"], str):
+                raise ValueError("task_id is not a string")
             return cls(
-                task_id=str(view["task_id"]),
-                round=int(view["round"]),
-                fragment_count=int(view["fragment_count"]),
+                task_id=view["task_id"],
+                round=count("round"),
+                fragment_count=count("fragment_count"),
                 trainers=frozenset(
                     parse_address(t["address"]) for t in view["trainers"] if not t["slashed"]
                 ),
@@ -150,7 +159,9 @@ def validate_gossip_as_trainer(
         # [IGNORE] it is about one of the run's syncer candidates.
         if msg.syncer not in view.syncers:
             raise GossipIgnore(f"0x{msg.syncer.hex()} is not a ranked syncer of {msg.task_id} here")
+        check_status_interval(msg, seen)  # unsigned: one a second per syncer, whoever sends them
         seen.add(key)
+        seen.set_mark(("status", msg.task_id, msg.syncer), msg.at_ms)
     elif isinstance(msg, RunSealedMsg):
         key = ("sealed", msg.task_id, msg.run_root, msg.final_model_hash)
         _dedup(key, seen)

@@ -36,6 +36,7 @@ from tenzro_training.gossip import (
     RunSealedMsg,
     SeenCache,
     SyncerStatus,
+    WeightsDigests,
 )
 from tenzro_training.ledger import Ledger, credit
 from tenzro_training.records import Candidate, FragmentOutcome, Ticket
@@ -47,7 +48,13 @@ from tenzro_training.run import (
     process_tick,
     process_ticket,
 )
-from tenzro_training.run_state import RunStatus, RunTimings, get_accepted_submissions, get_current_syncer
+from tenzro_training.run_state import (
+    RunStatus,
+    RunTimings,
+    get_accepted_submissions,
+    get_current_syncer,
+    get_trainer,
+)
 from tests.test_run import make_spec
 
 TASK = "run-test"
@@ -462,6 +469,24 @@ def test_syncer_status_rules(training: World) -> None:
         g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000), seen)
 
 
+def test_syncer_status_one_a_second_per_syncer(training: World) -> None:
+    """Gossip probe (stop 20): unsigned statuses with fresh at_ms values were all relayed (~53,000
+    in 90 s from one peer), each taking a dedup-cache slot."""
+    current = get_current_syncer(training.run)
+    seen = SeenCache()
+    first = SyncerStatus(task_id=TASK, syncer=current, round=0, status="alive", at_ms=10_000)
+    g.validate_syncer_status_gossip(first, training.ctx(now_ms=10_000), seen)
+    for at in (10_001, 10_999, 9_000):
+        with pytest.raises(GossipIgnore, match="within 1000 ms"):
+            g.validate_syncer_status_gossip(dataclasses.replace(first, at_ms=at, status="failover"),
+                                            training.ctx(now_ms=10_500), seen)
+    g.validate_syncer_status_gossip(dataclasses.replace(first, at_ms=11_000), training.ctx(now_ms=11_000), seen)
+    marks = SeenCache()
+    for i in range(SeenCache.MAX_MARKS + 5):
+        marks.set_mark(("k", i), i)
+    assert marks.get_mark(("k", 0)) is None and marks.get_mark(("k", SeenCache.MAX_MARKS + 4)) == SeenCache.MAX_MARKS + 4
+
+
 def test_invalid_syncer_status_not_current_stale_or_future(training: World) -> None:
     current = get_current_syncer(training.run)
     other = next(s for s in SYNCERS if s != current)
@@ -542,10 +567,35 @@ def test_model_request_rules(training: World) -> None:
     g.validate_gossip(TOPIC_TRAINING, g.encode_message(req), training.ctx(), seen)
     with pytest.raises(GossipIgnore, match="duplicate"):
         g.validate_model_request_gossip(req, training.ctx(), seen)
-    with pytest.raises(GossipReject, match="not enrolled"):
+    with pytest.raises(GossipReject, match="not an enrolled, unslashed trainer"):
         g.validate_model_request_gossip(dataclasses.replace(req, requester=OUTSIDER), training.ctx(), SeenCache())
     with pytest.raises(GossipIgnore):
         g.validate_model_request_gossip(req, World().ctx(), SeenCache())
+
+
+def test_invalid_model_request_for_another_round_is_a_replay(training: World) -> None:
+    """Gossip probe (stop 20): a trainer's signed request, kept by anyone who relayed it, made
+    the node broadcast the whole model again whenever the dedup cache or a restart forgot it;
+    its round was never checked. Now it is good only while its round is the run's."""
+    old = g.compute_model_request(task_id=TASK, round=0, nonce=7, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
+    g.validate_model_request_gossip(old, training.ctx(), SeenCache())
+    training.finalize_round(5_000)
+    with pytest.raises(GossipIgnore, match="the run is at 1"):
+        g.validate_model_request_gossip(old, training.ctx(), SeenCache())  # a fresh cache: after a restart
+    ahead = g.compute_model_request(task_id=TASK, round=2, nonce=7, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
+    with pytest.raises(GossipIgnore, match="the run is at 1"):
+        g.validate_model_request_gossip(ahead, training.ctx(), SeenCache())
+    now = g.compute_model_request(task_id=TASK, round=1, nonce=7, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
+    g.validate_model_request_gossip(now, training.ctx(), SeenCache())
+
+
+def test_invalid_model_request_of_a_slashed_trainer(training: World) -> None:
+    training.step(process_submission, TRAINERS[0], 0, 0, h("a"), 1_000)
+    training.step(process_submission, TRAINERS[0], 0, 0, h("b"), 1_001)  # equivocation: slashed
+    assert get_trainer(training.run, TRAINERS[0]).slashed  # type: ignore[union-attr]
+    req = g.compute_model_request(task_id=TASK, round=0, nonce=1, private_key=TRAINER_KEYS[0], chain_id=CHAIN_ID)
+    with pytest.raises(GossipReject, match="unslashed"):
+        g.validate_model_request_gossip(req, training.ctx(), SeenCache())
 
 
 def test_invalid_model_request_spoofing_an_enrolled_trainer_is_rejected(training: World) -> None:
@@ -572,6 +622,38 @@ def test_model_chunk_rules(training: World) -> None:
     g.validate_model_chunk_gossip(future[0], training.ctx(), SeenCache())
     with pytest.raises(GossipIgnore, match="stale"):
         g.validate_model_chunk_gossip(chunks[0], training.ctx(), SeenCache())
+
+
+def test_a_node_relays_only_the_weights_it_holds(training: World) -> None:
+    """Gossip probe (stop 20): the committed model hash is public and no signature covers weight
+    bytes, so any peer's well-sized streams naming it (or copying a genuine RoundFinalized
+    header) were relayed by the node to its whole mesh. A receiver that holds the weights
+    (``get_weights``: a node) relays exactly those bytes."""
+    weights = bytes(range(256)) * (MAX_CHUNK_BYTES // 128)  # two canonical chunks
+    held = {(TASK, INITIAL_MODEL): WeightsDigests.of(weights)}
+    ctx = training.ctx(get_weights=lambda task, model: held.get((task, model)))
+    genuine = g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=weights)
+    assert len(genuine) == 2
+    for c in genuine:
+        g.validate_model_chunk_gossip(c, ctx, SeenCache())
+    forged = g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=weights[::-1])
+    with pytest.raises(GossipReject, match="differ from the ones held here"):
+        g.validate_model_chunk_gossip(forged[0], ctx, SeenCache())
+    copied_header = dataclasses.replace(genuine[1], data=bytes(len(genuine[1].data)))  # the genuine data_hash
+    with pytest.raises(GossipReject, match="differ from the ones held here"):
+        g.validate_model_chunk_gossip(copied_header, ctx, SeenCache())
+    with pytest.raises(GossipIgnore, match="not held here"):  # weights this node did not publish
+        g.validate_model_chunk_gossip(genuine[0], training.ctx(get_weights=lambda task, model: None), SeenCache())
+    g.validate_model_chunk_gossip(forged[0], training.ctx(), SeenCache())  # a trainer's rules: no bytes to compare
+    # RoundFinalized the same way, checked before the syncer's signature.
+    new_model = h("model/0")
+    round_weights = b"\x07" * 64
+    header = finalized_chunks(training, weights=round_weights)
+    held[(TASK, new_model)] = WeightsDigests.of(round_weights)
+    g.validate_round_finalized_gossip(header[0], ctx, SeenCache())
+    copy = finalized_chunks(training, weights=b"\x08" * 64)
+    with pytest.raises(GossipReject, match="differ from the ones held here"):
+        g.validate_round_finalized_gossip(copy[0], ctx, SeenCache())
 
 
 def test_run_sealed_rules(training: World) -> None:

@@ -51,6 +51,12 @@ from tenzro_training.run_events import RoundFinalized, RunEvent, RunSealed
 
 __all__ = ["GossipBridge", "compute_weights_bytes"]
 
+HELD_WEIGHTS = 64
+"""Models whose published weights' digests the bridge keeps (gossip.WeightsDigests)."""
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+"""At most one warning line per this many seconds for payloads refused at reassembly."""
+
 log = logging.getLogger("tenzro.node.gossip")
 
 MODEL_ANSWER_INTERVAL_S: Final = 1.0
@@ -123,8 +129,29 @@ class GossipBridge:
         # (task, model hash) -> when its last ModelChunk broadcast began (monotonic seconds).
         self._broadcast_at: dict[tuple[str, bytes], float] = {}
         self._asked: dict[tuple[str, bytes], float] = {}
+        # (task, model hash) -> digests of the weights this node published for it: the only
+        # weights its validators let through (gossip.WeightsDigests). Replaced whole (the
+        # libp2p thread reads it), the newest HELD_WEIGHTS kept.
+        self._held_weights: dict[tuple[str, bytes], g.WeightsDigests] = {}
+        self._refusals_logged_at = -1e9
+        self._refusals_unlogged = 0
         self.counters = {"payloads_stored": 0, "payloads_refused": 0, "equivocations": 0, "tickets": 0,
                          "model_answers": 0, "finalized_published": 0, "model_requests_limited": 0}
+
+    def _hold_weights(self, task_id: str, model_hash: bytes, data: bytes) -> None:
+        """Remember the digests of weights about to be published (chunk digests: 32 bytes per
+        MiB), so that copies from other peers are relayed only when they are these bytes."""
+        key = (task_id, model_hash)
+        if key in self._held_weights:
+            return
+        held = dict(self._held_weights)
+        held[key] = g.WeightsDigests.of(data)
+        while len(held) > HELD_WEIGHTS:
+            del held[next(iter(held))]
+        self._held_weights = held
+
+    def _get_held_weights(self, task_id: str, model_hash: bytes) -> g.WeightsDigests | None:
+        return self._held_weights.get((task_id, model_hash))
 
     def _is_covered(self, task_id: str, model_hash: bytes, received: float) -> bool:
         started = self._broadcast_at.get((task_id, model_hash))
@@ -202,7 +229,7 @@ class GossipBridge:
             ctx = g.GossipContext(
                 get_run=self._service.get_run_state, get_candidate=self._get_candidate, chain_id=self._chain_id,
                 now_ms=self._clock(), max_payload_bytes=self._max_payload_bytes, get_sizes=self._get_sizes,
-                source=from_peer,
+                source=from_peer, get_weights=self._get_held_weights,
             )
             g.validate_gossip(topic, data, ctx, self._seen)
 
@@ -289,8 +316,18 @@ class GossipBridge:
             payload = a.add(chunk, source)
         except GossipReject as exc:
             self.counters["payloads_refused"] += 1
-            log.warning("payload %s of %s round %d fragment %d dropped at reassembly: %s (a republish is accepted)",
-                        _hex(chunk.payload_hash), chunk.task_id, chunk.round, chunk.fragment, exc)
+            # One warning per REFUSAL_LOG_INTERVAL_S: any peer can forge streams that fail the
+            # hash check (no key needed), one warning line each (gossip probe); the counter
+            # and the metric count them all.
+            now = time.monotonic()
+            if now - self._refusals_logged_at >= REFUSAL_LOG_INTERVAL_S:
+                more = f"; {self._refusals_unlogged} more since the last such line" if self._refusals_unlogged else ""
+                log.warning("payload %s of %s round %d fragment %d dropped at reassembly: %s (a republish is "
+                            "accepted%s)", _hex(chunk.payload_hash), chunk.task_id, chunk.round, chunk.fragment,
+                            exc, more)
+                self._refusals_logged_at, self._refusals_unlogged = now, 0
+            else:
+                self._refusals_unlogged += 1
             return
         if a.evicted != evicted or a.refused != refused:
             log.warning("payload reassembly buffer full (%d of %d bytes, %d streams): %d stale streams evicted, "
@@ -377,6 +414,7 @@ class GossipBridge:
         if len(self._broadcast_at) > 1024:
             self._broadcast_at = {k: t for k, t in self._broadcast_at.items() if now - t < 60.0}
         data = compute_weights_bytes(weights)
+        self._hold_weights(msg.task_id, model_hash, data)
         for chunk in g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data):
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))
         self.counters["model_answers"] += 1
@@ -418,6 +456,7 @@ class GossipBridge:
             return
         record = run.records[event.round]
         data = compute_weights_bytes(weights)
+        self._hold_weights(event.task_id, model_hash, data)
         for chunk in g.compute_round_finalized_chunks(
             task_id=event.task_id, round=event.round, syncer=event.syncer, syncer_signature=signature,
             aggregate_hashes=tuple(o.aggregate_hash for o in record.fragments), model_hash=model_hash, weights=data,

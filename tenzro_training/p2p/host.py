@@ -114,6 +114,36 @@ logging.getLogger("libp2p.transport.tcp.tcp").addFilter(_QuietFailedDials())
 # ...); initiating 200 new dials", with nothing to dial): ~17,000 lines a day in a node's log.
 logging.getLogger("libp2p.network.auto_connector").setLevel(logging.WARNING)
 
+
+class _FewPendingQueueWarnings(logging.Filter):
+    """py-libp2p queues each message for every connected peer whose subscription it has not
+    seen, and past 100 per peer logs one WARNING per message per such peer: a few idle peers
+    (any peer may connect and subscribe to nothing) made a node log hundreds of lines a minute
+    (gossip probe, 2026-11-26). One such line per PENDING_WARNING_INTERVAL_S gets through, with
+    the count of those held back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -1e9
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("pending message queue for peer"):
+            return True
+        now = time.monotonic()
+        if now - self._last < PENDING_WARNING_INTERVAL_S:
+            self._held += 1
+            return False
+        if self._held:
+            record.msg = f"{record.msg} ({self._held} such lines held back in the last {PENDING_WARNING_INTERVAL_S:g} s)"
+        self._last, self._held = now, 0
+        return True
+
+
+PENDING_WARNING_INTERVAL_S = 60.0
+"""At most one py-libp2p "pending message queue ... exceeded" warning per this many seconds."""
+logging.getLogger("libp2p.pubsub.gossipsub").addFilter(_FewPendingQueueWarnings())
+
 OUTBOUND_QUEUE_RPCS = 1024
 """Per-peer outbound RPC queue length (libp2p's default is 32). Relays need room beyond what
 publish backpressure keeps free: a publisher waits above a quarter of it."""

@@ -16,6 +16,7 @@ from tenzro_training import auth
 from tenzro_training import gossip as g
 from tenzro_training.errors import GossipIgnore, GossipReject, PayloadUnavailable
 from tenzro_training.global_model import compute_state_model_hash
+from tenzro_training.node import gossip_bridge as node_gossip_bridge
 from tenzro_training.node.gossip_bridge import GossipBridge, compute_weights_bytes
 from tenzro_training.payload import compute_payload_hash
 from tenzro_training.trainer.process import decode_fragment_weights
@@ -186,8 +187,33 @@ def test_invalid_weights_of_another_size_than_the_model_are_rejected(bridged) ->
     with pytest.raises(GossipReject, match="the model has"):
         host.deliver(g.compute_model_chunks(task_id=net.task_id, round=0, model_hash=committed, weights=b"\x42" * 8)[0])
     model_bytes = 4 * sum(lay.numel for lay in net.layouts)
-    host.deliver(g.compute_model_chunks(task_id=net.task_id, round=0, model_hash=committed,
-                                        weights=b"\x42" * model_bytes)[0])
+    with pytest.raises(GossipIgnore, match="not held here"):  # right-sized: the bytes are not the node's
+        host.deliver(g.compute_model_chunks(task_id=net.task_id, round=0, model_hash=committed,
+                                            weights=b"\x42" * model_bytes)[0])
+
+
+def test_the_node_relays_only_the_weights_it_published(bridged) -> None:  # type: ignore[no-untyped-def]
+    """Gossip probe (stop 20): right-sized weights naming the public committed hash, or a genuine
+    RoundFinalized header on other bytes, were relayed by the node to its whole mesh (no key
+    needed). Once the node has published a model, copies of exactly its bytes pass (another
+    honest node's); anything else is rejected; a model it has not published is not relayed."""
+    import dataclasses
+
+    net, host, bridge, loop = bridged
+    host.deliver(model_request(net, 0, nonce=1))
+    genuine = loop.run_until_complete(host.wait_for(g.ModelChunk))
+    for c in genuine:
+        host.deliver(c)  # the same bytes, from another peer
+    with pytest.raises(GossipReject, match="differ from the ones held here"):
+        host.deliver(dataclasses.replace(genuine[0], data=bytes(len(genuine[0].data))))
+    for i in range(3):
+        for f in range(2):
+            net.submit(i, 0, f)
+    net.finalize(0)
+    (notice,) = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg))
+    with pytest.raises(GossipReject, match="differ from the ones held here"):
+        host.deliver(dataclasses.replace(notice, data=bytes(len(notice.data))))
+    host.deliver(notice)
 
 
 def test_a_forged_chunk_body_does_not_shadow_the_genuine_payload(bridged) -> None:  # type: ignore[no-untyped-def]
@@ -207,6 +233,30 @@ def test_a_forged_chunk_body_does_not_shadow_the_genuine_payload(bridged) -> Non
     loop.run_until_complete(settle())
     assert bridge.counters["payloads_stored"] == 1
     assert net.submit(0, 0, 0, hash_only=True)["accepted_count"] == 1
+
+
+def test_forged_payload_streams_log_one_warning_per_interval(bridged, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Gossip probe (stop 20): every forged stream that failed the hash check logged its own
+    warning, and forging one needs no key. The counter still counts each."""
+    import dataclasses
+    import logging
+
+    net, host, bridge, loop = bridged
+    caplog.set_level(logging.WARNING, logger="tenzro.node.gossip")
+    _, chunks = chunks_of(net, 0, 0, 0)
+    for n in range(5):
+        for c in chunks:
+            host.deliver(dataclasses.replace(c, data=bytes([n + 1]) * len(c.data)))
+        loop.run_until_complete(settle())
+    assert bridge.counters["payloads_refused"] == 5
+    lines = [r.getMessage() for r in caplog.records if "dropped at reassembly" in r.getMessage()]
+    assert len(lines) == 1
+    bridge._refusals_logged_at -= node_gossip_bridge.REFUSAL_LOG_INTERVAL_S  # the interval has passed
+    for c in chunks:
+        host.deliver(dataclasses.replace(c, data=b"\xee" * len(c.data)))
+    loop.run_until_complete(settle())
+    lines = [r.getMessage() for r in caplog.records if "dropped at reassembly" in r.getMessage()]
+    assert len(lines) == 2 and "4 more since the last such line" in lines[1]
 
 
 def test_two_signed_payloads_of_one_trainer_over_gossip_slash_it(bridged) -> None:  # type: ignore[no-untyped-def]

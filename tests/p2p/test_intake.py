@@ -169,3 +169,28 @@ def test_outbound_queues_are_bounded_by_bytes() -> None:
     for _ in range(OUTBOUND_QUEUE_RPCS):
         assert q.push(small)
     assert not q.push(small)  # the count bound still holds
+
+
+def test_pyp2p_pending_queue_warnings_are_rate_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gossip probe (stop 20): py-libp2p logs one WARNING per message per connected peer that
+    subscribed to nothing once 100 are queued for it; idle peers made hundreds of lines a minute."""
+    import logging
+
+    import tenzro_training.p2p.host as host_module
+
+    now = [1000.0]
+    monkeypatch.setattr(host_module.time, "monotonic", lambda: now[0])
+    f = host_module._FewPendingQueueWarnings()
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("libp2p.pubsub.gossipsub", logging.WARNING, __file__, 1, msg, ("p", 101, 100), None)
+
+    pending = "pending message queue for peer %s exceeded limit (%d > %d), dropping oldest messages"
+    assert f.filter(record(pending))
+    assert [f.filter(record(pending)) for _ in range(50)] == [False] * 50
+    assert f.filter(record("something else %s %d %d"))  # other lines pass untouched
+    now[0] += host_module.PENDING_WARNING_INTERVAL_S
+    later = record(pending)
+    assert f.filter(later) and "50 such lines held back" in later.getMessage()
+    assert any(isinstance(x, host_module._FewPendingQueueWarnings)
+               for x in logging.getLogger("libp2p.pubsub.gossipsub").filters)
