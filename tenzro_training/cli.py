@@ -27,6 +27,7 @@ from tenzro_training import auth
 from tenzro_training.addresses import parse_address
 from tenzro_training.console import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from tenzro_training.errors import TenzroError
+from tenzro_training.terminal import printable, printable_lines
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
 
@@ -49,20 +50,93 @@ class CliError(TenzroError):
 # --- JSON-RPC client --------------------------------------------------------------------------
 
 
-MAX_REPLY_BYTES = 256 << 20
-"""Largest answer read from a node (getRun of a big run is a few MB; a receipt less)."""
+MAX_REPLY_BYTES = 64 << 20
+"""Largest answer read from a node. The largest legitimate ones, getRun and getReceipt of a run
+whose receipt fits one claim, are a few MB (the ABI receipt is at most 4 MiB, 8 MiB as hex)."""
+
+MAX_REPLY_VALUES = 2_000_000
+"""Most JSON values (bounded by the separators and openers counted before parsing) an answer may
+hold. Python objects cost 50-100x the bytes of ``{}`` or ``0,``: a 20 MiB answer of tiny objects
+took 1.4 GB to parse and print (CLI probe, 2026-11-26). A default node's largest getRun holds
+~10^5 values."""
 
 
-def _no_redirect_opener() -> Any:
-    """urllib, except that a 3xx is an HTTPError: urllib would replay the call as a GET without
-    its body, and send the Authorization header to whatever host the redirect names."""
+def _deadline_response_class(deadline: float) -> type:
+    """An ``http.client.HTTPResponse`` whose every read of the socket gives up at ``deadline``
+    (``time.monotonic()``), raising TimeoutError.
+
+    Why: a socket timeout bounds each read, not the exchange. A node can send its status line
+    and headers a byte a second (100 header lines of 64 KiB are allowed), ``100 Continue``
+    interim answers, or chunked trailer lines, forever; http.client reads those in loops of its
+    own that never return to the caller (CLI probe, 2026-11-26). Every one of its reads goes
+    through the response's buffered file, whose raw reader here sets the socket's timeout to
+    the time left before each refill."""
+    import http.client
+    import io
+
+    class _Raw(io.RawIOBase):
+        def __init__(self, sock: Any, held: Any) -> None:
+            self._sock = sock
+            self._held = held  # the makefile() HTTPResponse opened: it keeps the socket's fd open
+
+        def readable(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            super().close()
+            self._held.close()
+
+        def readinto(self, buffer: Any) -> int:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the answer's deadline passed")
+            self._sock.settimeout(left)
+            return int(self._sock.recv_into(buffer))
+
+    class _Response(http.client.HTTPResponse):
+        def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(sock, *args, **kwargs)
+            self.fp = io.BufferedReader(_Raw(sock, self.fp))
+
+    return _Response
+
+
+def _opener(deadline: float) -> Any:
+    """urllib, except that a 3xx is an HTTPError (urllib would replay the call as a GET without
+    its body, and send the Authorization header to whatever host the redirect names), and every
+    answer is read against ``deadline``. urllib's proxy settings still apply."""
+    import http.client
     import urllib.request
+
+    response_class = _deadline_response_class(deadline)
+
+    def bounded(connection: Any) -> Any:
+        connection.response_class = response_class
+        return connection
 
     class _Refuse(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None
 
-    return urllib.request.build_opener(_Refuse())
+    class _Http(urllib.request.HTTPHandler):
+        def http_open(self, req: Any) -> Any:
+            return self.do_open(lambda *a, **kw: bounded(http.client.HTTPConnection(*a, **kw)), req)
+
+    class _Https(urllib.request.HTTPSHandler):
+        def https_open(self, req: Any) -> Any:
+            return self.do_open(lambda *a, **kw: bounded(http.client.HTTPSConnection(*a, **kw)), req,
+                                context=getattr(self, "_context", None))
+
+    return urllib.request.build_opener(_Refuse(), _Http(), _Https())
+
+
+def _finite_float(text: str) -> float:
+    """``json.loads(..., parse_float=)``: ``1e400`` is valid JSON that Python reads as infinity,
+    which ``parse_constant`` never sees; refused like NaN."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} does not fit a float")
+    return value
 
 
 def parse_rpc_url(url: str) -> tuple[str, str | None]:
@@ -139,54 +213,72 @@ class RpcClient:
         self._next_id = 1
 
     def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The result of one call. Every way the exchange can fail, an error status's body
+        included, is a CliError: EXIT_UNREACHABLE when no complete answer arrived within
+        ``timeout`` seconds of the call (the whole exchange, not each read), EXIT_RPC_ERROR for
+        an answer that is not this call's JSON-RPC response or is a JSON-RPC error."""
         import http.client
         import urllib.error
         import urllib.request
 
-        body = json.dumps(
-            {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}
-        ).encode()
+        request_id = self._next_id
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode()
         self._next_id += 1
         headers = {"Content-Type": "application/json"}
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
         deadline = time.monotonic() + self.timeout
+        status = 200
         try:
             req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-            with _no_redirect_opener().open(req, timeout=self.timeout) as resp:
+            try:
+                resp = _opener(deadline).open(req, timeout=self.timeout)
+            except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
+                if 300 <= exc.code < 400:
+                    raise CliError(f"node at {self.url} answered HTTP {exc.code} (a redirect, which is not "
+                                   "followed: pass the URL it names as --rpc)", EXIT_UNREACHABLE) from None
+                resp, status = exc, exc.code
+            try:  # the body of an error status is read under the same handlers as any other
                 raw = self._read_body(resp, deadline)
-        except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
-            if 300 <= exc.code < 400:
-                raise CliError(f"node at {self.url} answered HTTP {exc.code} (a redirect, which is not "
-                               "followed: pass the URL it names as --rpc)", EXIT_UNREACHABLE) from None
-            raw = self._read_body(exc, deadline)
-        except (urllib.error.URLError, OSError) as exc:
+            finally:
+                try:
+                    resp.close()
+                except Exception:  # noqa: BLE001 -- an HTTPError without a body has nothing to close
+                    pass
+        except CliError:
+            raise
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if time.monotonic() >= deadline:
+                raise self._too_slow() from None
+            if isinstance(exc, http.client.HTTPException) and not isinstance(exc, urllib.error.URLError):
+                # a bad port in the URL, a server that is not HTTP, a reply cut off or malformed
+                raise CliError(f"cannot talk to a node at {self.url}: {type(exc).__name__}",
+                               EXIT_UNREACHABLE) from None
             reason = getattr(exc, "reason", exc)
-            raise CliError(f"cannot reach node at {self.url}: {reason}", EXIT_UNREACHABLE) from None
-        except http.client.HTTPException as exc:  # a bad port in the URL, a server that is not HTTP
-            raise CliError(f"cannot talk to a node at {self.url}: {type(exc).__name__}", EXIT_UNREACHABLE) from None
+            raise CliError(f"cannot reach node at {self.url}: {printable(str(reason), 200)}",
+                           EXIT_UNREACHABLE) from None
         except ValueError as exc:  # whatever parse_rpc_url let through and urllib cannot open
             raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
-        return self._read_reply(raw)
+        return self._read_reply(raw, request_id, status)
+
+    def _too_slow(self) -> CliError:
+        return CliError(f"node at {self.url} did not finish its answer within {self.timeout:g} s", EXIT_UNREACHABLE)
 
     def _read_body(self, resp: Any, deadline: float) -> bytes:
-        """The answer's body, read as it arrives: the socket timeout applies to each read, so a
-        server sending a byte a second would otherwise hold the command for days."""
+        """The answer's body, read as it arrives, at most MAX_REPLY_BYTES + 1 bytes (one more
+        tells an answer at the limit from a longer one)."""
         if getattr(resp, "fp", True) is None:  # an HTTPError that came without a body
             return b""
         read = getattr(resp, "read1", None) or resp.read
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_REPLY_BYTES:
+        data = bytearray()
+        while len(data) <= MAX_REPLY_BYTES:
             if time.monotonic() > deadline:
-                raise CliError(f"node at {self.url} did not finish its answer within {self.timeout:g} s",
-                               EXIT_UNREACHABLE)
-            chunk = read(1 << 16)
+                raise self._too_slow()
+            chunk = read(min(1 << 16, MAX_REPLY_BYTES + 1 - len(data)))
             if not chunk:
                 break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
+            data += chunk
+        return bytes(data)
 
     def _domain_hint(self, data: dict[str, Any]) -> str:
         """A signature checked under another EIP-712 domain (chain id) does not fail: it recovers
@@ -200,33 +292,48 @@ class RpcClient:
         address, chain_id = self.signer
         if recovered.lower() == address.lower():
             return ""
-        return (f" (the node recovered {recovered[:42]} from the signature, not this key's {address}: "
+        return (f" (the node recovered {printable(recovered, 42)} from the signature, not this key's {address}: "
                 f"it checks signatures for another chain id; this one was signed for --chain-id {chain_id})")
 
-    def _read_reply(self, raw: bytes) -> dict[str, Any]:
-        from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, refuse_json_constant
+    def _read_reply(self, raw: bytes, request_id: int, status: int = 200) -> dict[str, Any]:
+        from tenzro_training.jsontext import (
+            MAX_JSON_NESTING,
+            compute_json_values_bound,
+            is_json_depth_ok,
+            refuse_json_constant,
+        )
 
         if len(raw) > MAX_REPLY_BYTES:
             raise CliError(f"node at {self.url} answered more than {MAX_REPLY_BYTES} bytes", EXIT_RPC_ERROR)
         if not is_json_depth_ok(raw):
             raise CliError(f"node at {self.url} answered JSON nested deeper than {MAX_JSON_NESTING}", EXIT_RPC_ERROR)
+        if compute_json_values_bound(raw) > MAX_REPLY_VALUES:
+            raise CliError(f"node at {self.url} answered more than {MAX_REPLY_VALUES} JSON values", EXIT_RPC_ERROR)
         try:
-            reply = json.loads(raw, parse_constant=refuse_json_constant)
+            reply = json.loads(raw, parse_constant=refuse_json_constant, parse_float=_finite_float)
         except (ValueError, RecursionError):
-            raise CliError(f"node at {self.url} did not answer JSON-RPC", EXIT_UNREACHABLE) from None
-        if not isinstance(reply, dict) or ("error" in reply) == ("result" in reply):
-            raise CliError(f"node at {self.url} sent a reply that is not a JSON-RPC response", EXIT_RPC_ERROR)
+            status_note = f" (HTTP {status})" if status != 200 else ""
+            raise CliError(f"node at {self.url} did not answer JSON-RPC{status_note}", EXIT_UNREACHABLE) from None
+        if (not isinstance(reply, dict) or ("error" in reply) == ("result" in reply)
+                or reply.get("jsonrpc") != "2.0"):
+            raise CliError(f"node at {self.url} sent a reply that is not a JSON-RPC response (2.0)", EXIT_RPC_ERROR)
         if "error" in reply:
             err = reply["error"]
             code = err.get("code") if isinstance(err, dict) else None
             message = err.get("message") if isinstance(err, dict) else None
             if type(code) is not int or not isinstance(message, str):
                 raise CliError(f"node at {self.url} sent a malformed JSON-RPC error object", EXIT_RPC_ERROR)
+            if reply.get("id") not in (request_id, None):  # null: the node could not read our id
+                raise CliError(f"node at {self.url} answered another request (id {printable(repr(reply.get('id')), 40)})",
+                               EXIT_RPC_ERROR)
             data = err.get("data")
             kind = data.get("type") if isinstance(data, dict) else None
-            label = f" {kind}" if isinstance(kind, str) and kind else ""
+            label = f" {printable(kind, 64)}" if isinstance(kind, str) and kind else ""
             hint = self._domain_hint(data) if isinstance(data, dict) else ""
-            raise CliError(f"error {code}{label}: {message}{hint}", EXIT_RPC_ERROR, rpc_code=code)
+            raise CliError(f"error {code}{label}: {printable(message, 1000)}{hint}", EXIT_RPC_ERROR, rpc_code=code)
+        if type(reply.get("id")) is not int or reply["id"] != request_id:
+            raise CliError(f"node at {self.url} answered another request (id {printable(repr(reply.get('id')), 40)})",
+                           EXIT_RPC_ERROR)
         result = reply["result"]
         if not isinstance(result, dict):
             got = "null" if result is None else type(result).__name__
@@ -335,7 +442,7 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
             from tenzro_training.jsontext import loads_bounded
 
             try:
-                doc = loads_bounded(text)
+                doc = loads_bounded(text, unique_keys=True)  # two private_keys: which one was meant?
             except ValueError as exc:
                 raise CliError(f"key file {key_file}: not valid JSON ({exc})") from None
             if not isinstance(doc, dict):
@@ -353,7 +460,7 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
     else:
         if account is not None:
             raise CliError("--account needs --key-file (a dev-accounts.json file)")
-        text = os.environ.get("TENZRO_PRIVATE_KEY")
+        text = os.environ.get("TENZRO_PRIVATE_KEY", "").strip()  # as a key file's text is
         if not text:
             raise CliError("no signing key: pass --key-file or set TENZRO_PRIVATE_KEY")
     return _parse_key_hex(text, key_file or "TENZRO_PRIVATE_KEY")
@@ -381,7 +488,7 @@ def _emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) ->
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        print(human(result))
+        print(printable_lines(human(result)))
 
 
 def _kv(result: Any, keys: Sequence[str]) -> str:
@@ -389,6 +496,25 @@ def _kv(result: Any, keys: Sequence[str]) -> str:
         return str(result)
     width = max(len(k) for k in keys)
     return "\n".join(f"{k:<{width}}  {result[k]}" for k in keys if k in result)
+
+
+def _check_answer(result: dict[str, Any], method: str, **asked: Any) -> None:
+    """A signed call's answer must be about what was asked: this task, this round, these bytes.
+
+    Why: a script trusts exit 0. A node (or anything at ``--rpc``) answering a cancel with
+    another task's status, or a submission with another payload hash, made the command report
+    success for something that did not happen (CLI probe, 2026-11-26). Hex values (addresses,
+    hashes) compare case-insensitively; everything else by type and value (a round of 2.9 or
+    "2" is not round 2)."""
+    for key, want in asked.items():
+        got = result.get(key)
+        if isinstance(want, str) and want.startswith("0x"):
+            same = isinstance(got, str) and got.lower() == want.lower()
+        else:
+            same = type(got) is type(want) and got == want
+        if not same:
+            raise CliError(f"the node's {method} answer says {key} {printable(repr(got), 100)}, not {want!r}: "
+                           "it did not do what was asked", EXIT_RPC_ERROR)
 
 
 def _human_run(run: dict[str, Any]) -> str:
@@ -460,6 +586,7 @@ def cmd_post_task(args: argparse.Namespace) -> None:
     result = signing_client(args, key).call(
         "tenzro_training_postTask", {"spec": spec.to_dict(), "signature": sig}
     )
+    _check_answer(result, "postTask", task_id=spec.task_id, spec_hash="0x" + spec.spec_hash().hex())
     _emit(args, result, lambda r: _kv(r, ["task_id", "spec_hash", "status"]))
 
 
@@ -485,11 +612,16 @@ def cmd_get_run(args: argparse.Namespace) -> None:
 
 def cmd_get_receipt(args: argparse.Namespace) -> None:
     result = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
+    # Checked before --out is written: a bad answer must not replace a good receipt file.
+    receipt_obj = result.get("receipt")
+    if not isinstance(receipt_obj, dict):
+        raise CliError("the node's getReceipt answer has no receipt object", EXIT_RPC_ERROR)
+    _check_answer(receipt_obj, "getReceipt", task_id=args.task_id)
     if args.out:
         _write_out(args.out, json.dumps(result, indent=2, sort_keys=True).encode())
 
     def human(r: dict[str, Any]) -> str:
-        receipt = r.get("receipt", r)
+        receipt = r["receipt"]
         lines = [
             f"task              {receipt.get('task_id')}",
             f"run root          {receipt.get('run_root')}",
@@ -517,14 +649,22 @@ def cmd_verify_receipt(args: argparse.Namespace) -> None:
             document = None  # not JSON: reported as a failed "decode" check
     else:
         document = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
-    result = check_receipt_document(document, args.chain_id)
+    # From the node: the receipt must be of the run asked for (a valid receipt of another run
+    # passes every other check). From a file: the task_id line says which run it is.
+    result = check_receipt_document(document, args.chain_id, task_id=args.task_id)
+    skipped = ["abi"] if result.get("decode") is None and isinstance(document, dict) and document.get("abi") is None else []
     if args.json:
         checks = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in result.checks]
-        print(json.dumps({"ok": result.ok, "checks": checks}, indent=2, sort_keys=True))
+        print(json.dumps({"ok": result.ok, "checks": checks, "skipped": skipped}, indent=2, sort_keys=True))
     else:
         width = max(len(c.name) for c in result.checks)
+        if args.task_id is None and result.get("decode") is None and isinstance(document, dict):
+            named = document["receipt"].get("task_id")  # decoded: a receipt object with a task id
+            print(f"task  {printable(str(named))} (named by the file)")
         for c in result.checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}")
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<{width}}  {printable(c.detail)}")
+        for name in skipped:
+            print(f"skip  {name:<{width}}  the document has no abi bytes (not compared with the receipt)")
     if not result.ok:
         failed = ", ".join(result.failed)
         raise CliError(f"receipt verification failed: {failed}", EXIT_RPC_ERROR)
@@ -547,6 +687,7 @@ def cmd_enroll(args: argparse.Namespace) -> None:
             "signature": _sign(msg, key, args.chain_id),
         },
     )
+    _check_answer(result, "enrollTrainer", task_id=args.task_id, address=address)
     _emit(args, result, lambda r: _kv(r, ["task_id", "address", "shard", "status"]))
 
 
@@ -574,6 +715,8 @@ def cmd_submit_gradient(args: argparse.Namespace) -> None:
             "signature": _sign(msg, key, args.chain_id),
         },
     )
+    _check_answer(result, "submitOuterGradient", task_id=args.task_id, round=args.round, fragment=args.fragment,
+                  payload_hash="0x" + payload_hash.hex())
     _emit(args, result, lambda r: _kv(r, ["task_id", "round", "fragment", "payload_hash", "accepted_count", "quorum_reached", "status"]))
 
 
@@ -582,12 +725,18 @@ def cmd_finalize(args: argparse.Namespace) -> None:
     client = signing_client(args, key)
     round_ = args.round
     if round_ is None:
-        round_ = int(client.call("tenzro_training_getRun", {"task_id": args.task_id})["round"])
+        view = client.call("tenzro_training_getRun", {"task_id": args.task_id})
+        _check_answer(view, "getRun", task_id=args.task_id)
+        round_ = view.get("round")
+        if type(round_) is not int or not 0 <= round_ < 2**64:  # int() signed 2.9 as round 2
+            raise CliError(f"the node's getRun answer has no round to finalize ({printable(repr(round_), 40)})",
+                           EXIT_RPC_ERROR)
     msg = auth.FinalizeRound(task_id=args.task_id, round=round_)
     result = client.call(
         "tenzro_training_finalizeRound",
         {"task_id": args.task_id, "round": round_, "signature": _sign(msg, key, args.chain_id)},
     )
+    _check_answer(result, "finalizeRound", task_id=args.task_id, round=round_)
     _emit(args, result, lambda r: _kv(r, ["task_id", "round", "model_hash", "syncer", "syncer_rank", "status", "run_root"]))
 
 
@@ -598,6 +747,7 @@ def cmd_cancel(args: argparse.Namespace) -> None:
         "tenzro_training_cancelTask",
         {"task_id": args.task_id, "signature": _sign(msg, key, args.chain_id)},
     )
+    _check_answer(result, "cancelTask", task_id=args.task_id, status="Cancelled")
     _emit(args, result, lambda r: _kv(r, ["task_id", "status"]))
 
 
@@ -709,6 +859,12 @@ def cmd_make_gradient(args: argparse.Namespace) -> None:
     if not 0 <= args.fragment < len(layouts):
         raise CliError(f"--fragment must be in 0..{len(layouts) - 1}")
     layout = layouts[args.fragment]
+    if 4 * layout.numel > MAX_INPUT_FILE_BYTES:
+        # Before allocating: a node's getRun could name any size (1.3 GB for 2^27 elements, a
+        # traceback from torch for 2^42), and submit-gradient would not read the file anyway.
+        raise CliError(f"fragment {layout.index} has {layout.numel} elements: its fp32 payload would exceed "
+                       f"{MAX_INPUT_FILE_BYTES} bytes, the most submit-gradient reads",
+                       EXIT_USAGE if args.spec else EXIT_RPC_ERROR)
     flat = compute_random_gradient(layout, args.random_seed, task_id, args.round, args.scale)
     header = PayloadHeader(task_id, args.round, layout.index, ENCODING_RAW, layout.layout_hash())
     payload = encode_payload(header, layout, flat, args.dtype)
@@ -786,9 +942,16 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
     if args.check_receipt:
+        from tenzro_training.receipt_check import check_receipt_document
+
+        # The whole offline check (signatures, election, run root), for this run: any object
+        # naming the right hash passed before (CLI probe, 2026-11-26).
         reply = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
-        receipt = reply.get("receipt", reply) if isinstance(reply, dict) else {}
-        expected = receipt.get("final_model_hash") if isinstance(receipt, dict) else None
+        verdict = check_receipt_document(reply, None, task_id=args.task_id)
+        if not verdict.ok:
+            raise CliError(f"the node's receipt of {args.task_id} fails verification "
+                           f"({', '.join(verdict.failed)}: see verify-receipt)", EXIT_RPC_ERROR)
+        expected = reply["receipt"].get("final_model_hash")
         if expected != result["model_hash"]:
             raise CliError(f"model hash {result['model_hash']} differs from the receipt's {expected}", EXIT_RPC_ERROR)
         result["receipt_checked"] = True
@@ -1131,16 +1294,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         args.func(args)
     except CliError as exc:
-        print(f"tenzro: {exc}", file=sys.stderr)
+        print(f"tenzro: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except TenzroError as exc:  # local validation (spec, address, signing inputs)
-        print(f"tenzro: {exc}", file=sys.stderr)
+        print(f"tenzro: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         if not RpcClient.answers:  # no node answer was read: a bug of this program, with its traceback
             raise
         # A well-formed JSON-RPC answer whose fields are not what this command reads.
-        print(f"tenzro: cannot read the node's answer ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(f"tenzro: cannot read the node's answer ({type(exc).__name__}: {printable(str(exc), 300)})",
+              file=sys.stderr)
         return EXIT_RPC_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -412,7 +412,8 @@ class ReceiptCheck:
     """Every check of one receipt, in order."""
 
     checks: tuple[CheckResult, ...]
-    """The results, in :data:`CHECK_NAMES` order."""
+    """The results, in :data:`CHECK_NAMES` order (after ``task_id`` when the caller named the
+    run it asked for: :func:`check_receipt_document`)."""
 
     @property
     def ok(self) -> bool:
@@ -735,10 +736,16 @@ def check_receipt(
     return ReceiptCheck(tuple(checks))
 
 
-def check_receipt_document(document: object, chain_id: int | None = None) -> ReceiptCheck:
+def check_receipt_document(
+    document: object, chain_id: int | None = None, *, task_id: str | None = None
+) -> ReceiptCheck:
     """:func:`check_receipt` over a getReceipt result (``{"receipt", "run_root", "abi",
     "attestations"}``, what ``tenzro train get-receipt --out`` writes). ``chain_id`` None means
-    the attestations' own chain id. A malformed document is one failed ``decode`` check."""
+    the attestations' own chain id. A malformed document is one failed ``decode`` check.
+
+    ``task_id``, when given, is the run the caller asked for: a ``task_id`` check comes first.
+    Why: a receipt is self-consistent whoever serves it, so a node answering getReceipt of run A
+    with run B's valid receipt passed every other check (CLI probe, 2026-11-26)."""
     try:
         if not isinstance(document, Mapping):
             raise EncodingError("expected a JSON object (a getReceipt result)")
@@ -762,4 +769,9 @@ def check_receipt_document(document: object, chain_id: int | None = None) -> Rec
     except Exception as exc:  # noqa: BLE001 -- untrusted document: any failure is a failed decode
         return ReceiptCheck((CheckResult("decode", False, f"{type(exc).__name__}: {exc}"),))
     chosen = attestations.chain_id if chain_id is None else chain_id
-    return check_receipt(receipt, attestations, chosen, abi=abi, claimed_root=claimed)
+    result = check_receipt(receipt, attestations, chosen, abi=abi, claimed_root=claimed)
+    if task_id is None:
+        return result
+    asked = CheckResult("task_id", receipt.task_id == task_id,
+                        task_id if receipt.task_id == task_id else f"the receipt is of {receipt.task_id!r}, not {task_id!r}")
+    return ReceiptCheck((asked, *result.checks))

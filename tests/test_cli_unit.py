@@ -13,9 +13,10 @@ import json
 import os
 import socket
 import stat
+import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,8 @@ def test_key_from_hex_file_json_and_env(tmp_path: Path, key_file: Path, monkeypa
     assert cli.load_private_key(str(js)) == KEY
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + KEY.hex())
     assert cli.load_private_key(None) == KEY
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "  0x" + KEY.hex() + "\n")  # surrounding space, as in a file
+    assert cli.load_private_key(None) == KEY
     assert cli.key_address(KEY) == KEY_ADDRESS
 
 
@@ -246,6 +249,8 @@ def test_invalid_dev_accounts_selection(tmp_path: Path, key_file: Path) -> None:
         ("{\"nothing\": 1}", "accounts"),
         ("00" * 32, "not a valid secp256k1 private key"),  # 32 bytes of hex, but not in 1..n-1
         ("ff" * 32, "not a valid secp256k1 private key"),
+        # CLI probe (stop 20): the second of two keys was used silently.
+        ('{"private_key": "0x' + "11" * 32 + '", "private_key": "0x' + "22" * 32 + '"}', "duplicate key 'private_key'"),
     ],
 )
 def test_invalid_key_file(tmp_path: Path, content: str, match: str) -> None:
@@ -468,7 +473,7 @@ def test_submit_gradient_missing_payload_exits_2(capsys: pytest.CaptureFixture[s
 def test_finalize_reads_the_round_from_the_node(
     capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
 ) -> None:
-    fake_node.replies["tenzro_training_getRun"] = {"round": 4}
+    fake_node.replies["tenzro_training_getRun"] = {"task_id": "t", "round": 4}
     fake_node.replies["tenzro_training_finalizeRound"] = {"task_id": "t", "round": 4, "status": "Training"}
     code, _, _ = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file), "--rpc", fake_node.url)
     assert code == EXIT_OK
@@ -618,14 +623,245 @@ def test_invalid_trickled_answer_is_cut_at_the_timeout() -> None:
     assert info.value.exit_code == EXIT_UNREACHABLE
 
 
+class _RawNode:
+    """A TCP server that reads one HTTP request per connection and then runs ``behave(conn)``:
+    a node that speaks broken or endless HTTP (CLI probe, stop 20)."""
+
+    def __init__(self, behave: Callable[[socket.socket], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/"
+        self.behave = behave
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            try:
+                self.behave(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _forever(conn: socket.socket, first: bytes, each: bytes, pause: float) -> None:
+    conn.sendall(first)
+    for _ in range(100_000):
+        conn.sendall(each)
+        time.sleep(pause)
+
+
+def _reset(conn: socket.socket, head: bytes) -> None:
+    conn.sendall(head)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+
+
+_REPLY = b'{"jsonrpc":"2.0","id":1,"result":{"runs":[]}}'
+
+_ENDLESS_HTTP = {
+    "headers a byte at a time": lambda c: _forever(c, b"HTTP/1.1 200 OK\r\nX-Slow: ", b"a", 0.05),
+    "100 Continue forever": lambda c: _forever(c, b"", b"HTTP/1.1 100 Continue\r\n\r\n", 0.001),
+    "trailer lines forever": lambda c: _forever(
+        c, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n" % (len(_REPLY), _REPLY),
+        b"X-Trailer: y\r\n", 0.001),
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(_ENDLESS_HTTP))
+def test_invalid_endless_http_is_cut_at_the_timeout(behaviour: str) -> None:
+    """The timeout bounds the whole exchange: the status line, the headers, interim answers and
+    trailers were read by http.client's own loops, with only a per-read socket timeout, and a
+    node sending them forever held the command (and the syncer daemon) forever."""
+    node = _RawNode(_ENDLESS_HTTP[behaviour])
+    started = time.monotonic()
+    try:
+        with pytest.raises(CliError, match=r"did not finish its answer within 1 s") as info:
+            cli.RpcClient(node.url, timeout=1.0).call("tenzro_training_listRuns", {})
+    finally:
+        node.close()
+    assert info.value.exit_code == EXIT_UNREACHABLE and time.monotonic() - started < 5
+
+
+_BROKEN_ERROR_BODIES = {
+    "reset mid-body": lambda c: _reset(c, b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\""),
+    "bad chunk framing": lambda c: c.sendall(
+        b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n"),
+    "stalled body": lambda c: (c.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 100\r\n\r\n{"), time.sleep(3)),
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(_BROKEN_ERROR_BODIES))
+def test_invalid_error_status_with_a_broken_body_exits_3(
+    behaviour: str, capsys: pytest.CaptureFixture[str], key_file: Path
+) -> None:
+    """The body of a 4xx/5xx answer was read inside the HTTPError handler, outside every other
+    one: a reset, a bad chunk or a stall there was a traceback, and it ended the syncer daemon
+    and the trainer, which retry an unreachable node."""
+    node = _RawNode(_BROKEN_ERROR_BODIES[behaviour])
+    try:
+        with pytest.raises(CliError) as info:
+            cli.RpcClient(node.url, timeout=1.0).call("tenzro_training_listRuns", {})
+        assert info.value.exit_code == EXIT_UNREACHABLE
+        code, out, err = run(capsys, "train", "list-runs", "--rpc", node.url)
+    finally:
+        node.close()
+    assert code == EXIT_UNREACHABLE and out == "" and err.startswith("tenzro: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("raw", "match"), [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"x":1e400}}', "did not answer JSON-RPC"),  # infinity
+    (b'{"jsonrpc":"1.0","id":1,"result":{}}', "not a JSON-RPC response"),
+    (b'{"id":1,"result":{}}', "not a JSON-RPC response"),
+    (b'{"jsonrpc":"2.0","id":2,"result":{}}', "answered another request"),
+    (b'{"jsonrpc":"2.0","id":"1","result":{}}', "answered another request"),
+    (b'{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"m"}}', "answered another request"),
+    (b'[' + b'{},' * 2_000_000 + b'{}]', "more than 2000000 JSON values"),
+])
+def test_invalid_replies_that_are_not_this_calls_answer(raw: bytes, match: str, fake_node: FakeNode) -> None:
+    fake_node.raw["tenzro_training_listRuns"] = raw
+    with pytest.raises(CliError, match=match) as info:
+        cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {})
+    assert info.value.exit_code in (EXIT_RPC_ERROR, EXIT_UNREACHABLE)
+
+
+def test_an_error_answered_with_a_null_id_is_still_the_nodes_error(fake_node: FakeNode) -> None:
+    fake_node.raw["tenzro_training_listRuns"] = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse"}}'
+    with pytest.raises(CliError, match=r"error -32700: parse") as info:
+        cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {})
+    assert info.value.rpc_code == -32700
+
+
+def test_node_text_reaches_the_terminal_escaped_and_bounded(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode
+) -> None:
+    """Escape sequences, bidi overrides and lone surrogates from a node were printed raw (a
+    node could retitle the terminal or clear it), and a 50 MB error message was one line."""
+    hostile = "\x1b]0;PWNED\x07\x1b[2J\u202eevil\ud800"
+    fake_node.replies["tenzro_training_getRun"] = {"error": {"code": 1, "message": hostile + "m" * 100_000,
+                                                             "data": {"type": hostile}}}
+    code, out, err = run(capsys, "train", "get-run", "--task-id", "t", "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and err.count("\n") == 1 and len(err) < 3000
+    assert "\x1b" not in err and "\u202e" not in err and "\\x1b]0;PWNED" in err and "more characters" in err
+    fake_node.replies["tenzro_training_getRun"] = {"task_id": hostile, "status": "Training\x1b[31m", "trainers": []}
+    code, out, err = run(capsys, "train", "get-run", "--task-id", "t", "--rpc", fake_node.url)
+    assert code == EXIT_OK and "\x1b" not in out and "\\x1b[31m" in out and "\\ud800" in out
+
+
+def test_the_syncer_daemon_survives_a_lone_surrogate(fake_node: FakeNode) -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    printed: list[str] = []
+
+    def emit(line: str) -> None:  # what print() does with a line it cannot encode
+        line.encode("utf-8")
+        printed.append(line)
+
+    daemon = SyncerDaemon(cli.RpcClient(fake_node.url), KEY, emit=emit)
+    daemon.emit("finalized \ud800 round 1 status \x1b[2J")
+    assert printed == ["finalized \\ud800 round 1 status \\x1b[2J"]
+
+
+@pytest.mark.parametrize(("argv", "method", "answer", "field"), [
+    (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "t", "status": "Failed"}, "status"),
+    (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "u", "status": "Cancelled"}, "task_id"),
+    (["enroll-trainer", "--task-id", "t", "--did", "did:tenzro:gpu:a", "--stake", "1"], "tenzro_training_enrollTrainer",
+     {"task_id": "t", "address": "0x" + "00" * 20, "shard": 9}, "address"),
+    (["finalize-round", "--task-id", "t", "--round", "3"], "tenzro_training_finalizeRound",
+     {"task_id": "t", "round": 99}, "round"),
+    (["finalize-round", "--task-id", "t", "--round", "3"], "tenzro_training_finalizeRound",
+     {"task_id": "t", "round": 3.0}, "round"),
+])
+def test_invalid_signed_call_answered_about_something_else_exits_1(
+    argv: list[str], method: str, answer: dict[str, Any], field: str,
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path,
+) -> None:
+    """A script trusts exit 0: an answer about another task, round, signer or status made the
+    command report success for something that did not happen (CLI probe, stop 20)."""
+    fake_node.replies[method] = answer
+    code, out, err = run(capsys, "train", *argv, "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and out == ""
+    assert err.startswith(f"tenzro: the node's {method.removeprefix('tenzro_training_')} answer says {field} ")
+
+
+def test_invalid_submit_answered_with_another_payload_hash_exits_1(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path, tmp_path: Path
+) -> None:
+    payload = tmp_path / "p.bin"
+    payload.write_bytes(b"payload bytes")
+    fake_node.replies["tenzro_training_submitOuterGradient"] = {
+        "task_id": "t", "round": 0, "fragment": 0, "payload_hash": "0x" + "11" * 32}
+    code, _, err = run(capsys, "train", "submit-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",
+                       "--payload", str(payload), "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and "answer says payload_hash" in err
+
+
+def test_invalid_finalize_round_from_a_non_integer_round_signs_nothing(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
+) -> None:
+    for bad in (2.9, "7", True, -1, 2**64):
+        fake_node.raw["tenzro_training_getRun"] = json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "result": {"task_id": "t", "round": bad}}).encode()
+        code, _, err = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file),
+                           "--rpc", fake_node.url)
+        assert code == EXIT_RPC_ERROR and "no round to finalize" in err, bad
+    assert not any(m == "tenzro_training_finalizeRound" for m, _ in fake_node.calls)
+
+
+def test_invalid_get_receipt_answer_does_not_replace_the_out_file(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, tmp_path: Path
+) -> None:
+    out_file = tmp_path / "receipt.json"
+    out_file.write_text("a good receipt")
+    for answer in ({"receipt": "garbage"}, {"receipt": {"task_id": "another"}}):
+        fake_node.replies["tenzro_training_getReceipt"] = answer
+        code, _, _ = run(capsys, "train", "get-receipt", "--task-id", "t", "--out", str(out_file),
+                         "--rpc", fake_node.url)
+        assert code == EXIT_RPC_ERROR
+    assert out_file.read_text() == "a good receipt"
+
+
+def test_invalid_make_gradient_for_a_huge_layout_allocates_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fake_node: FakeNode, tmp_path: Path
+) -> None:
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    layouts = compute_fragment_layouts([TensorSpec("w", (1 << 42,), "float32")], 1)
+    fake_node.replies["tenzro_training_getRun"] = {"task_id": "t"}
+    monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
+    code, _, err = run(capsys, "train", "make-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",
+                       "--out", str(tmp_path / "g.bin"), "--rpc", fake_node.url)
+    assert code == EXIT_RPC_ERROR and "the most submit-gradient reads" in err
+    assert not (tmp_path / "g.bin").exists()
+
+
 def test_invalid_field_in_a_well_formed_answer_exits_1(
     capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
 ) -> None:
-    fake_node.replies["tenzro_training_getRun"] = {"round": "four"}
+    fake_node.replies["tenzro_training_getRun"] = {"task_id": "t", "round": "four"}
     code, out, err = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file),
                          "--rpc", fake_node.url)
     assert code == EXIT_RPC_ERROR and out == ""
-    assert err.startswith("tenzro: cannot read the node's answer (ValueError:") and err.count("\n") == 1
+    assert err == "tenzro: the node's getRun answer has no round to finalize ('four')\n"
+    assert not any(m == "tenzro_training_finalizeRound" for m, _ in fake_node.calls)
 
 
 def test_invalid_program_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,8 +32,9 @@ def test_verify_receipt_file_good(result: dict[str, Any], tmp_path: Path, capsys
     code = cli.main(["train", "verify-receipt", "--file", _write(tmp_path / "r.json", result)])
     out = capsys.readouterr().out.splitlines()
     assert code == cli.EXIT_OK
-    assert [line.split()[1] for line in out] == list(CHECK_NAMES)
-    assert all(line.startswith("ok ") for line in out)
+    assert out[0] == f"task  {result['receipt']['task_id']} (named by the file)"  # which run was checked
+    assert [line.split()[1] for line in out[1:]] == list(CHECK_NAMES)
+    assert all(line.startswith("ok ") for line in out[1:])
 
 
 def test_invalid_verify_receipt_file_tampered(
@@ -106,5 +107,32 @@ def test_verify_receipt_task_id_over_rpc(
     code = cli.main(["train", "verify-receipt", "--task-id", task_id, "--rpc", url, "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["ok"] is True
-    assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
+    assert [c["name"] for c in report["checks"]] == ["task_id", *CHECK_NAMES]  # the run asked for comes first
+    assert report["skipped"] == []
     assert calls == [("tenzro_training_getReceipt", {"task_id": task_id})]
+
+
+def test_invalid_verify_receipt_of_another_run_than_asked(
+    result: dict[str, Any], endpoint: tuple[str, list[Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CLI probe (stop 20): a node answering getReceipt of run A with run B's valid receipt
+    passed every check, and no line named the run."""
+    url, _ = endpoint
+    code = cli.main(["train", "verify-receipt", "--task-id", "run-A", "--rpc", url])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_RPC_ERROR
+    lines = captured.out.splitlines()
+    assert lines[0].split()[:2] == ["FAIL", "task_id"] and repr(result["receipt"]["task_id"]) in lines[0]
+    assert all(line.startswith("ok ") for line in lines[1:])  # the receipt itself is fine
+    assert captured.err == "tenzro: receipt verification failed: task_id\n"
+
+
+def test_verify_receipt_file_without_abi_says_it_skipped_it(
+    result: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {k: v for k, v in result.items() if k != "abi"}
+    assert cli.main(["train", "verify-receipt", "--file", _write(tmp_path / "r.json", doc)]) == cli.EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].split()[:2] == ["skip", "abi"] and "abi" not in [line.split()[1] for line in out[1:-1]]
+    assert cli.main(["train", "verify-receipt", "--file", _write(tmp_path / "r.json", doc), "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["skipped"] == ["abi"]

@@ -55,18 +55,9 @@ class NodeStartupError(TenzroError):
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def _config_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:  # json.loads keeps the last silently: which one did the operator mean?
-            raise ValueError(f"duplicate key {key[:100]!r}")
-        obj[key] = value
-    return obj
-
-
 def _read_config_file(path: str) -> dict[str, Any]:
     from storage.files import NotReadable, read_regular_file
-    from tenzro_training.jsontext import is_json_depth_ok, refuse_json_constant
+    from tenzro_training.jsontext import is_json_depth_ok, refuse_json_constant, unique_keys_object
 
     try:
         raw = read_regular_file(path, MAX_CONFIG_BYTES)
@@ -79,7 +70,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
     if not is_json_depth_ok(text):
         raise NodeStartupError(f"config {path}: JSON nested too deeply")
     try:
-        obj = json.loads(text, object_pairs_hook=_config_object, parse_constant=refuse_json_constant)
+        obj = json.loads(text, object_pairs_hook=unique_keys_object, parse_constant=refuse_json_constant)
     except ValueError as exc:
         raise NodeStartupError(f"config {path} is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

@@ -31,6 +31,7 @@ from typing import Any, Final
 from tenzro_training import auth
 from tenzro_training.errors import TenzroError
 from tenzro_training.records import is_valid_task_id
+from tenzro_training.terminal import printable
 
 __all__ = ["SyncerDaemon", "is_round_closed", "run_syncer_from_args"]
 
@@ -56,7 +57,7 @@ def is_round_closed(view: dict[str, Any]) -> bool:
     if view.get("status") != "Training":
         return False
     if "accepted_set_closed" in view:
-        return bool(view["accepted_set_closed"])
+        return view["accepted_set_closed"] is True  # "false" (a string) is not closed
     straggler = view.get("straggler_deadline_ms")
     if view.get("quorum_at_ms") is None or straggler is None:
         return False
@@ -89,6 +90,10 @@ class SyncerDaemon:
         from eth_account import Account
 
         self.address = str(Account.from_key(self.private_key).address)
+        emit = self.emit
+        # Lines carry the node's text (task ids, statuses, refusals): a hostile node's escape
+        # sequences are escaped, and a lone surrogate can no longer end the daemon in print().
+        self.emit = lambda line: emit(printable(line))
 
     def _note(self, key: tuple[str, ...], line: str) -> None:
         """Emit ``line`` unless the same line was emitted for ``key`` last time (per run or per

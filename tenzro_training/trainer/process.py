@@ -76,6 +76,7 @@ from tenzro_training.gossip_trainer import (
     validate_gossip_as_trainer,
 )
 from tenzro_training.payload import compute_max_payload_bytes, compute_payload_hash
+from tenzro_training.terminal import printable
 from tenzro_training.trainer import TrainerError
 
 __all__ = [
@@ -490,7 +491,8 @@ class _Trainer:
         from tenzro_training.cli import RpcClient
 
         self.cfg = cfg
-        self.say = announce
+        self.say: Callable[[str], None] = lambda line: announce(printable(line))
+        """Every line goes through terminal.printable: most carry the node's text."""
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
         self.reached_node = False
         """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
@@ -544,6 +546,11 @@ class _Trainer:
 
     async def get_run(self) -> dict[str, Any]:
         view = await self.call("tenzro_training_getRun", {"task_id": self.cfg.task_id})
+        if view.get("task_id") != self.cfg.task_id:
+            raise TrainerProcessError(f"the node answered getRun of {self.cfg.task_id} with another run's view "
+                                      f"({view.get('task_id')!r})")
+        if type(view.get("round")) is not int or view["round"] < 0:  # int() took 2.9 as round 2
+            raise TrainerProcessError(f"the node's getRun answer is malformed: round {view.get('round')!r}")
         if self.gossip_limits is not None:
             # What the topic validators (trio thread) read: swapped whole, never mutated.
             max_payload, max_model = self.gossip_limits

@@ -819,7 +819,7 @@ def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypat
 
     async def call(method: str, params: dict[str, object]) -> object:
         calls.append(method)
-        return {"status": "Enrolling", "trainers": []}
+        return {"task_id": TASK, "round": 0, "status": "Enrolling", "trainers": []}
 
     tr.call = call  # type: ignore[method-assign]
     tr.load_spec = lambda view: spec  # type: ignore[method-assign]
@@ -844,7 +844,7 @@ def test_a_second_process_of_one_account_stops_before_it_enrolls(tmp_path) -> No
 
     async def call(method: str, params: dict[str, object]) -> object:
         calls.append(method)
-        return {"status": "Enrolling", "trainers": []}
+        return {"task_id": TASK, "round": 0, "status": "Enrolling", "trainers": []}
 
     second.call = call  # type: ignore[method-assign]
     with pytest.raises(TrainerProcessError, match="another trainer process of this account.*nothing staked"):
