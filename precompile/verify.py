@@ -119,14 +119,15 @@ def _is_sealed_as(held: object, root: bytes, body_digest: bytes) -> bool:
 
 
 VALIDITY_MEMO_ENTRIES = 256
-"""Sealed receipts whose validity :func:`training_verify` remembers (by run root and digest)."""
+"""Sealed receipts :func:`training_verify` remembers as valid (by run root and digest)."""
 
 _validity: OrderedDict[tuple[bytes, bytes], bool] = OrderedDict()
+"""(run root, digest) of sealed receipts that passed the rules; only passes are remembered."""
 _validity_lock = threading.Lock()
 
 
 def _is_valid(root: bytes, digest: bytes, body: bytes) -> bool:
-    """``verify_receipt_bytes(root, body)`` is not None, remembered per (root, SHA-256 of body).
+    """``verify_receipt_bytes(root, body)`` is not None, a pass remembered per (root, SHA-256 of body).
 
     Why a memo: the validity rules are a pure function of these bytes, and the bytes that reach
     them are a sealed receipt's. A contract calling 0x1008 in a loop on one sealed receipt in
@@ -137,13 +138,17 @@ def _is_valid(root: bytes, digest: bytes, body: bytes) -> bool:
     with _validity_lock:
         if key in _validity:
             _validity.move_to_end(key)
-            return _validity[key]
-    valid = verify_receipt_bytes(root, body) is not None
+            return True
+    if verify_receipt_bytes(root, body) is None:
+        # Not remembered: verify_receipt_bytes answers None for ANY failure, a MemoryError
+        # included, and a sealed receipt is valid, so a remembered "invalid" could only be a
+        # transient failure made permanent (review, 2026-11-26).
+        return False
     with _validity_lock:
-        _validity[key] = valid
+        _validity[key] = True
         while len(_validity) > VALIDITY_MEMO_ENTRIES:
             _validity.popitem(last=False)
-    return valid
+    return True
 
 
 def clear_validity_memo() -> None:

@@ -101,6 +101,35 @@ def _deadline_response_class(deadline: float) -> type:
     return _Response
 
 
+def _bound_connection(connection: Any, deadline: float, response_class: type) -> Any:
+    """``connection`` (an http.client connection) with its connect and every send given the time
+    left before ``deadline``, not a fresh timeout each (connect, the headers' send and the
+    body's send each took up to the whole timeout), and its answer read by ``response_class``.
+    TimeoutError once the deadline has passed. A host with several addresses gets the time left
+    per address tried, as socket.create_connection does."""
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the call's deadline passed")
+        return remaining
+
+    connect, send = connection.connect, connection.send
+
+    def connect_in_time() -> None:
+        connection.timeout = left()
+        connect()
+
+    def send_in_time(data: Any) -> None:
+        if connection.sock is not None:
+            connection.sock.settimeout(left())
+        send(data)
+
+    connection.connect, connection.send = connect_in_time, send_in_time
+    connection.response_class = response_class
+    return connection
+
+
 def _opener(deadline: float) -> Any:
     """urllib, except that a 3xx is an HTTPError (urllib would replay the call as a GET without
     its body, and send the Authorization header to whatever host the redirect names), and every
@@ -111,8 +140,7 @@ def _opener(deadline: float) -> Any:
     response_class = _deadline_response_class(deadline)
 
     def bounded(connection: Any) -> Any:
-        connection.response_class = response_class
-        return connection
+        return _bound_connection(connection, deadline, response_class)
 
     class _Refuse(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -498,17 +526,21 @@ def _kv(result: Any, keys: Sequence[str]) -> str:
     return "\n".join(f"{k:<{width}}  {result[k]}" for k in keys if k in result)
 
 
+_HEX_ANSWER_FIELDS = frozenset({"address", "spec_hash", "payload_hash"})
+"""Answer fields compared case-insensitively (EIP-55 addresses, hex hashes). Task ids are not:
+``0xAb`` and ``0xab`` are two tasks."""
+
+
 def _check_answer(result: dict[str, Any], method: str, **asked: Any) -> None:
     """A signed call's answer must be about what was asked: this task, this round, these bytes.
 
     Why: a script trusts exit 0. A node (or anything at ``--rpc``) answering a cancel with
     another task's status, or a submission with another payload hash, made the command report
-    success for something that did not happen (CLI probe, 2026-11-26). Hex values (addresses,
-    hashes) compare case-insensitively; everything else by type and value (a round of 2.9 or
-    "2" is not round 2)."""
+    success for something that did not happen (CLI probe, 2026-11-26). _HEX_ANSWER_FIELDS compare
+    case-insensitively; everything else by type and value (a round of 2.9 or "2" is not round 2)."""
     for key, want in asked.items():
         got = result.get(key)
-        if isinstance(want, str) and want.startswith("0x"):
+        if key in _HEX_ANSWER_FIELDS:
             same = isinstance(got, str) and got.lower() == want.lower()
         else:
             same = type(got) is type(want) and got == want
@@ -861,8 +893,9 @@ def cmd_make_gradient(args: argparse.Namespace) -> None:
     layout = layouts[args.fragment]
     if 4 * layout.numel > MAX_INPUT_FILE_BYTES:
         # Before allocating: a node's getRun could name any size (1.3 GB for 2^27 elements, a
-        # traceback from torch for 2^42), and submit-gradient would not read the file anyway.
-        raise CliError(f"fragment {layout.index} has {layout.numel} elements: its fp32 payload would exceed "
+        # traceback from torch for 2^42). The cap is on the fp32 gradient drawn whatever --dtype:
+        # an fp32 payload of it would be more than submit-gradient reads.
+        raise CliError(f"fragment {layout.index} has {layout.numel} elements: its fp32 gradient would exceed "
                        f"{MAX_INPUT_FILE_BYTES} bytes, the most submit-gradient reads",
                        EXIT_USAGE if args.spec else EXIT_RPC_ERROR)
     flat = compute_random_gradient(layout, args.random_seed, task_id, args.round, args.scale)

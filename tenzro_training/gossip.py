@@ -986,11 +986,13 @@ class WeightsDigests:
     total_size: int
 
     @classmethod
-    def of(cls, data: bytes) -> WeightsDigests:
-        size = len(data)
-        chunks = tuple(hashlib.sha256(data[i * MAX_CHUNK_BYTES:(i + 1) * MAX_CHUNK_BYTES]).digest()
-                       for i in range(compute_chunk_count(size)))
-        return cls(hashlib.sha256(data).digest(), chunks, size)
+    def of(cls, data: bytes, data_hash: bytes | None = None) -> WeightsDigests:
+        """The digests of ``data`` (``data_hash``: its SHA-256 when the caller has it already,
+        as every chunk of a published stream does)."""
+        view = memoryview(data)
+        chunks = tuple(hashlib.sha256(view[i * MAX_CHUNK_BYTES:(i + 1) * MAX_CHUNK_BYTES]).digest()
+                       for i in range(compute_chunk_count(len(data))))
+        return cls(data_hash or hashlib.sha256(data).digest(), chunks, len(data))
 
 
 def _check_held_weights(msg: RoundFinalizedMsg | ModelChunk, chunk_hash: bytes, ctx: GossipContext) -> None:

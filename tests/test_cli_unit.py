@@ -701,6 +701,41 @@ def test_invalid_endless_http_is_cut_at_the_timeout(behaviour: str) -> None:
     assert info.value.exit_code == EXIT_UNREACHABLE and time.monotonic() - started < 5
 
 
+def test_connect_and_every_send_get_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review (stop 20): connect, the headers' send and the body's send each had the whole
+    timeout, on top of the answer's deadline."""
+    now = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    events: list[tuple[str, float]] = []
+
+    class Sock:
+        def settimeout(self, value: float) -> None:
+            events.append(("settimeout", value))
+
+    class Connection:
+        timeout = 120.0
+        sock: Sock | None = None
+
+        def connect(self) -> None:
+            events.append(("connect", self.timeout))
+            self.sock = Sock()
+
+        def send(self, data: bytes) -> None:
+            events.append(("send", len(data)))
+
+    conn = cli._bound_connection(Connection(), deadline=110.0, response_class=object)
+    conn.connect()
+    now[0] = 104.0
+    conn.send(b"headers")
+    now[0] = 109.5
+    conn.send(b"body")
+    assert events == [("connect", 10.0), ("settimeout", 6.0), ("send", 7), ("settimeout", 0.5), ("send", 4)]
+    now[0] = 110.0
+    with pytest.raises(TimeoutError):
+        conn.send(b"late")
+    assert conn.response_class is object
+
+
 _BROKEN_ERROR_BODIES = {
     "reset mid-body": lambda c: _reset(c, b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\""),
     "bad chunk framing": lambda c: c.sendall(
@@ -783,6 +818,8 @@ def test_the_syncer_daemon_survives_a_lone_surrogate(fake_node: FakeNode) -> Non
 @pytest.mark.parametrize(("argv", "method", "answer", "field"), [
     (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "t", "status": "Failed"}, "status"),
     (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "u", "status": "Cancelled"}, "task_id"),
+    (["cancel-task", "--task-id", "0xAb"], "tenzro_training_cancelTask", {"task_id": "0xab", "status": "Cancelled"},
+     "task_id"),  # task ids are case-sensitive, even when they look like hex
     (["enroll-trainer", "--task-id", "t", "--did", "did:tenzro:gpu:a", "--stake", "1"], "tenzro_training_enrollTrainer",
      {"task_id": "t", "address": "0x" + "00" * 20, "shard": 9}, "address"),
     (["finalize-round", "--task-id", "t", "--round", "3"], "tenzro_training_finalizeRound",

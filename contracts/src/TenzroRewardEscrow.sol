@@ -20,7 +20,7 @@ import {ReceiptHeadV1, ReceiptTrainer, TrainingVerify} from "./ITrainingVerify.s
 /// deposit of the receipt's sponsor. Payouts are pull payments: one payee whose transfer
 /// reverts (a blacklisted address, a token hook) cannot block the others' claim. The amount held
 /// is what the escrow actually received (balance difference), so a token that takes its fee out
-/// of the amount cannot over-promise; and every payout must take exactly what it pays from the
+/// of the amount cannot over-promise; and no payout may take more than it pays from the
 /// escrow's balance (`TransferMismatch` otherwise), so a token that charges the sender on top
 /// of the amount cannot pay one deposit's payees out of another deposit's tokens.
 contract TenzroRewardEscrow is ReentrancyGuard {
@@ -156,17 +156,19 @@ contract TenzroRewardEscrow is ReentrancyGuard {
         emit Refunded(key, msg.sender, d.amount);
     }
 
-    /// @dev Transfer `amount` and require the escrow's balance to drop by exactly `amount`. The
+    /// @dev Transfer `amount` and require the escrow's balance to drop by at most `amount`. The
     /// escrow holds many deposits in one balance per token: a token that charged the sender a fee
     /// on top of the amount would pay each payout partly out of other depositors' tokens, and the
     /// last to withdraw or refund would find the escrow short. Such a token cannot pay out (its
     /// deposits stay locked, as they would with a token that reverts), which is safer than
-    /// insolvency spread over everyone else.
+    /// insolvency spread over everyone else. A drop smaller than `amount` harms nobody and is
+    /// allowed: share-based tokens (stETH, aTokens) round a transfer's balance change by a wei.
     function _payOut(IERC20 token, address to, uint256 amount) private {
         uint256 before = token.balanceOf(address(this));
         token.safeTransfer(to, amount);
         uint256 remaining = token.balanceOf(address(this));
-        uint256 taken = remaining <= before ? before - remaining : 0;
-        if (remaining > before || taken != amount) revert TransferMismatch(address(token), amount, taken);
+        if (remaining < before && before - remaining > amount) {
+            revert TransferMismatch(address(token), amount, before - remaining);
+        }
     }
 }

@@ -138,14 +138,16 @@ class GossipBridge:
         self.counters = {"payloads_stored": 0, "payloads_refused": 0, "equivocations": 0, "tickets": 0,
                          "model_answers": 0, "finalized_published": 0, "model_requests_limited": 0}
 
-    def _hold_weights(self, task_id: str, model_hash: bytes, data: bytes) -> None:
+    async def _hold_weights(self, task_id: str, model_hash: bytes, data: bytes, data_hash: bytes) -> None:
         """Remember the digests of weights about to be published (chunk digests: 32 bytes per
-        MiB), so that copies from other peers are relayed only when they are these bytes."""
+        MiB), so that copies from other peers are relayed only when they are these bytes. The
+        hashing (one pass over the model) runs off the event loop."""
         key = (task_id, model_hash)
         if key in self._held_weights:
             return
+        digests = await asyncio.to_thread(g.WeightsDigests.of, data, data_hash)
         held = dict(self._held_weights)
-        held[key] = g.WeightsDigests.of(data)
+        held[key] = digests
         while len(held) > HELD_WEIGHTS:
             del held[next(iter(held))]
         self._held_weights = held
@@ -414,8 +416,9 @@ class GossipBridge:
         if len(self._broadcast_at) > 1024:
             self._broadcast_at = {k: t for k, t in self._broadcast_at.items() if now - t < 60.0}
         data = compute_weights_bytes(weights)
-        self._hold_weights(msg.task_id, model_hash, data)
-        for chunk in g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data):
+        chunks = g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data)
+        await self._hold_weights(msg.task_id, model_hash, data, chunks[0].data_hash)
+        for chunk in chunks:
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))
         self.counters["model_answers"] += 1
         log.info("ModelRequest for %s round %d answered (%d bytes)", msg.task_id, round_, len(data))
@@ -456,11 +459,12 @@ class GossipBridge:
             return
         record = run.records[event.round]
         data = compute_weights_bytes(weights)
-        self._hold_weights(event.task_id, model_hash, data)
-        for chunk in g.compute_round_finalized_chunks(
+        chunks = g.compute_round_finalized_chunks(
             task_id=event.task_id, round=event.round, syncer=event.syncer, syncer_signature=signature,
             aggregate_hashes=tuple(o.aggregate_hash for o in record.fragments), model_hash=model_hash, weights=data,
-        ):
+        )
+        await self._hold_weights(event.task_id, model_hash, data, chunks[0].data_hash)
+        for chunk in chunks:
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))
         self.counters["finalized_published"] += 1
         log.info("RoundFinalized %s round %d published (%d bytes of weights)", event.task_id, event.round, len(data))

@@ -434,6 +434,21 @@ def test_a_token_charging_the_sender_on_top_cannot_pay_out_of_other_deposits(cha
     assert s.balances()["escrow"] == 2 * AMOUNT
 
 
+def test_a_token_that_rounds_transfers_down_still_pays_out(chain: Chain, sealed_run: SealedRun) -> None:
+    # Review (stop 20): share-based tokens move a transfer's amount give or take a wei; a payout
+    # that takes LESS than it pays harms no other deposit and must not be refused.
+    s = make_setup(chain, sealed_run, token_contract="RoundingTestToken")
+    assert s.deposit(sealed_run.task_id).status == 1
+    assert s.balances()["escrow"] == AMOUNT - 1  # what arrived is what is held
+    assert s.claim(sealed_run.abi, sealed_run.run_root).status == 1
+    before = s.balances()
+    t0 = s.accounts()["t0"]
+    owed = s.owed()["t0"]
+    assert chain.send(s.escrow.functions.withdraw(s.token.address, t0), STRANGER.key).status == 1
+    after = s.balances()
+    assert after["t0"] - before["t0"] == owed - 1 and before["escrow"] - after["escrow"] == owed - 1
+
+
 def test_invalid_withdraw_of_nothing_and_twice(setup: Setup) -> None:
     run = setup.run
     t0 = setup.accounts()["t0"]
