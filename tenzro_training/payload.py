@@ -29,7 +29,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
-from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok
+from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, unique_keys_object
 from tenzro_training.errors import FragmentError, PayloadError
 from tenzro_training.fragments import (
     is_all_finite,
@@ -355,15 +355,6 @@ def _as_byte_view(data: object) -> memoryview:
     return view
 
 
-def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise PayloadFormatError(f"duplicate key {key[:200]!r} in the safetensors header")
-        out[key] = value
-    return out
-
-
 def _reject_constant(name: str) -> None:
     raise PayloadFormatError(f"the safetensors header holds the non-JSON constant {name}")
 
@@ -375,7 +366,8 @@ def _parse_header_json(raw: memoryview) -> dict[str, object]:
         text = bytes(raw).decode("utf-8")
         if not is_json_depth_ok(text):
             raise PayloadFormatError(f"the safetensors header nests deeper than {MAX_JSON_NESTING} levels")
-        doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+        # A key given twice is a ValueError ("duplicate key ..."): not valid JSON here.
+        doc = json.loads(text, object_pairs_hook=unique_keys_object, parse_constant=_reject_constant)
     except PayloadError:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
