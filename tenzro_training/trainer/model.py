@@ -66,6 +66,7 @@ __all__ = [
     "build_model",
     "config_from_spec",
     "count_params",
+    "tensor_shapes",
     "create_init_checkpoint",
     "get_adapter",
     "load_checkpoint",
@@ -275,8 +276,9 @@ class PatchTransformer(nn.Module):
 # --- parameters and the initial checkpoint --------------------------------------------------
 
 
-def _tensor_shapes(cfg: PatchTransformerConfig) -> dict[str, tuple[int, ...]]:
-    # The meta device allocates nothing and draws no random numbers.
+def tensor_shapes(cfg: PatchTransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every state-dict tensor's name and shape (the meta device allocates nothing and draws no
+    random numbers)."""
     with torch.device("meta"):
         model = PatchTransformer(cfg)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -284,7 +286,7 @@ def _tensor_shapes(cfg: PatchTransformerConfig) -> dict[str, tuple[int, ...]]:
 
 def count_params(cfg: PatchTransformerConfig) -> int:
     """Number of parameters (every tensor of the state dict is a trainable parameter)."""
-    return sum(math.prod(shape) for shape in _tensor_shapes(cfg).values())
+    return sum(math.prod(shape) for shape in tensor_shapes(cfg).values())
 
 
 def _init_tensor(name: str, shape: tuple[int, ...], cfg: PatchTransformerConfig, gen: torch.Generator) -> Tensor:
@@ -308,7 +310,7 @@ def create_init_checkpoint(cfg: PatchTransformerConfig, seed: int) -> dict[str, 
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise TrainerError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    shapes = _tensor_shapes(cfg)
+    shapes = tensor_shapes(cfg)
     return {name: _init_tensor(name, shapes[name], cfg, gen) for name in sorted(shapes)}
 
 
@@ -430,10 +432,13 @@ class ModelAdapter:
     """(config, seed) -> deterministic initial state dict."""
     count_params: Callable[[Any], int]
     """Config -> parameter count (compare with ``architecture.param_count``)."""
+    tensor_shapes: Callable[[Any], dict[str, tuple[int, ...]]]
+    """Config -> every state-dict tensor's name and shape, allocating nothing (a trainer checks
+    the node's fragment layouts against it before it enrolls)."""
 
 
 ADAPTERS: Mapping[str, ModelAdapter] = MappingProxyType(
-    {FAMILY: ModelAdapter(FAMILY, config_from_spec, build_model, create_init_checkpoint, count_params)}
+    {FAMILY: ModelAdapter(FAMILY, config_from_spec, build_model, create_init_checkpoint, count_params, tensor_shapes)}
 )
 """Registered model families, by ``architecture.family``."""
 

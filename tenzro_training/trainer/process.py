@@ -78,6 +78,7 @@ from tenzro_training.gossip_trainer import (
 from tenzro_training.payload import compute_max_payload_bytes, compute_payload_hash
 from tenzro_training.terminal import printable
 from tenzro_training.trainer import TrainerError
+from tenzro_training.trainer.signing_guard import SigningGuard, SigningRefused
 
 __all__ = [
     "PayloadStore",
@@ -259,13 +260,9 @@ class PayloadStore:
 
     def load(self, round_: int, fragments: int, base: bytes) -> list[bytes | None]:
         """The saved payload of each fragment of ``round_`` trained from ``base`` (None where
-        none is saved). Saves of that round from another base are deleted."""
-        if self.dir.is_dir():
-            keep = {self.path(round_, f, base).name for f in range(fragments)}
-            for file in self.dir.glob(f"round-{round_}-fragment-*.payload"):
-                if file.name not in keep:
-                    log.warning("deleted %s: saved for round %d of another run with this task id", file.name, round_)
-                    file.unlink(missing_ok=True)
+        none is saved). Saves of that round from another base are left alone: they were signed,
+        and deleting them (as until 2026-11-26) let a node that served the round again with
+        another model have the trainer sign a second payload (the SigningGuard now refuses)."""
         out: list[bytes | None] = []
         for f in range(fragments):
             try:
@@ -509,6 +506,8 @@ class _Trainer:
         self.gossip_view: TrainerGossipView | None = None
         self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
                                      cfg.task_id, self.address)
+        self.guard: SigningGuard | None = None
+        """What this account signed for the task (opened with the state directory's lock)."""
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         """One JSON-RPC call. Once the node has answered a first time, a call that cannot reach
@@ -549,7 +548,7 @@ class _Trainer:
         if view.get("task_id") != self.cfg.task_id:
             raise TrainerProcessError(f"the node answered getRun of {self.cfg.task_id} with another run's view "
                                       f"({view.get('task_id')!r})")
-        if type(view.get("round")) is not int or view["round"] < 0:  # int() took 2.9 as round 2
+        if type(view.get("round")) is not int or not 0 <= view["round"] < 2**64:  # int() took 2.9 as round 2
             raise TrainerProcessError(f"the node's getRun answer is malformed: round {view.get('round')!r}")
         if self.gossip_limits is not None:
             # What the topic validators (trio thread) read: swapped whole, never mutated.
@@ -615,10 +614,16 @@ class _Trainer:
         return await self.get_run()
 
     async def wait_training(self, stop: asyncio.Event) -> dict[str, Any]:
+        """The first view past enrollment, within ``max_round_wait_s`` (a node answering
+        "Enrolling" forever held a bonded trainer forever; trainer probe, 2026-11-26)."""
+        deadline = time.monotonic() + self.cfg.max_round_wait_s
         while not stop.is_set():
             view = await self.get_run()
             if view["status"] not in ("Posted", "Electing", "Enrolling"):
                 return view
+            if time.monotonic() >= deadline:
+                raise TrainerProcessError(f"{self.cfg.task_id} did not start training within --max-round-wait "
+                                          f"{self.cfg.max_round_wait_s:g}s (still {view['status']})")
             await asyncio.sleep(self.cfg.poll_interval_s)
         raise asyncio.CancelledError
 
@@ -737,6 +742,16 @@ class _Trainer:
         ):
             await self.host.publish(g.get_topic(chunk), g.encode_message(chunk))
 
+    def signing_guard(self) -> SigningGuard:
+        """The SigningGuard of this (task, account), opened on first use."""
+        if self.guard is None:
+            try:
+                self.payloads.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise TrainerProcessError(f"cannot use state directory {self.payloads.dir}: {exc.strerror}") from None
+            self.guard = SigningGuard(self.payloads.dir)
+        return self.guard
+
     async def submit(self, round_: int, payloads: list[bytes], stop: asyncio.Event) -> bool:
         """Publish and submit every fragment's payload; True once all were accepted, False when
         the node says the round is no longer open to this trainer (LateSubmission, RoundMismatch,
@@ -745,8 +760,10 @@ class _Trainer:
         from tenzro_training.cli import CliError
 
         signed = []
+        guard = self.signing_guard()
         for f, payload in enumerate(payloads):
             digest = compute_payload_hash(payload)
+            guard.record(round_, f, digest)  # durably, BEFORE signing; SigningRefused if it would equivocate
             sig = self.sign(auth.SubmitOuterGradient(task_id=self.cfg.task_id, round=round_, fragment=f, payload_hash=digest))
             signed.append((digest, sig))
             await self.publish_payload(round_, f, payload, sig)
@@ -893,6 +910,7 @@ class _Trainer:
         view = await self.get_run()
         state_lock = self.payloads.lock()  # first: a second process of this account stops here
         try:
+            self.signing_guard()  # a damaged record stops the trainer before it enrolls
             return await self._run(view, stop)
         finally:
             os.close(state_lock)
@@ -908,6 +926,7 @@ class _Trainer:
         spec = self.load_spec(view)
         corpus = await self.prepare(spec)
         self.layouts = compute_layouts_from_view(view)
+        self.check_layouts_fit_model(spec)
         self.model = compute_model_layout_from_view(view, self.layouts)
         # The largest payload the node can accept for any fragment, and the model size.
         self.gossip_limits = (
@@ -964,6 +983,22 @@ class _Trainer:
                 )
             await asyncio.sleep(self.cfg.poll_interval_s)
 
+    def check_layouts_fit_model(self, spec: Any) -> None:
+        """The node's fragment layouts must cut exactly the tensors (names, shapes) of the model
+        the spec describes, BEFORE enrolling. They were checked only against the layout hashes
+        the same node states, so another model's layouts passed and the trainer failed in its
+        inner loop with the stake bonded (trainer probe, 2026-11-26)."""
+        from tenzro_training.trainer.model import get_adapter
+
+        want = get_adapter(spec.architecture.family).tensor_shapes(self.model_cfg)
+        got = {entry.name: tuple(entry.shape) for layout in self.layouts for entry in layout.entries}
+        if got != want:
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            shapes = sorted(n for n in set(want) & set(got) if want[n] != got[n])
+            raise TrainerProcessError(
+                f"the node's fragment layouts do not describe the spec's model (nothing staked): missing "
+                f"{missing[:5]}, unexpected {extra[:5]}, other shapes {shapes[:5]}")
+
     async def prepare(self, spec: Any) -> Any:
         """The model and inner-loop configs, the payload dtype and the dataset (hash-checked) of
         ``spec``; TrainerProcessError when this trainer cannot train it. Returns the corpus."""
@@ -989,6 +1024,19 @@ class _Trainer:
         if base is None:
             raise TrainerProcessError("internal: no verified global model to train from")
         saved = self.payloads.load(round_, len(self.layouts), base)
+        guard = self.signing_guard()
+        if guard.highest_round > round_:
+            raise SigningRefused(f"the node says round {round_}, but this trainer already signed for round "
+                                 f"{guard.highest_round}: rounds never go back (the node's view went backwards)")
+        for f, payload in enumerate(saved):
+            if payload is None and guard.signed(round_, f):
+                # Signed before, and those bytes are not saved for the model held now: the node
+                # serves this round again with another model (or the save was lost). Training it
+                # again would sign a second payload: equivocation (trainer probe, 2026-11-26).
+                raise SigningRefused(
+                    f"round {round_} fragment {f}: this trainer already signed a payload for it that it does "
+                    f"not hold for the model it now trains from ({_hex(base)}); it will not sign another "
+                    "(equivocation burns the stake). The node served this round again with another model")
         if all(p is not None for p in saved):
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
@@ -1024,7 +1072,9 @@ class _Trainer:
             if any(t["slashed"] for t in view["trainers"] if t["address"].lower() == self.address.lower()):
                 raise TrainerProcessError("this trainer was slashed")
             r = int(view["round"])
-            self.payloads.prune(r)  # rounds before r are finalized: their payloads can never be asked again
+            # Only rounds the view commits a record of are over: one getRun claiming a later round
+            # pruned the saved bytes of a round still open (trainer probe, 2026-11-26).
+            self.payloads.prune(min(r, len(view.get("round_records") or [])))
             if self.held_hash != _unhex(view["model_hash"]):
                 view = await self.request_model(view, stop)
                 continue  # from the view whose model it holds: the run may have moved on or ended

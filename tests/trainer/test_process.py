@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tenzro_training import auth
 from tenzro_training import gossip as g
 from tenzro_training.auth import FinalizeRound, sign_message
 from tenzro_training.errors import GossipIgnore, GossipReject
@@ -510,7 +511,8 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(p2p_host, "P2PHost", FailingHost)
     monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
     monkeypatch.setattr(process, "compute_model_layout_from_view", lambda view, lays: None)
-    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(config_from_spec=lambda spec: None))
+    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(config_from_spec=lambda spec: None,
+                                                                             tensor_shapes=lambda cfg: {"w": (8,)}))
     monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
     monkeypatch.setattr(data, "load_corpus", lambda ref: None)
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
@@ -764,20 +766,28 @@ def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_p
     """The saved payloads were keyed by task id only: a trainer that had saved round 0 of a run
     and then joined another run with the same task id (another node) submitted the saved bytes,
     a gradient of another model, and it was accepted and paid (trainer restart probe). A save
-    now names the model hash it was trained from."""
+    names the model hash it was trained from. It was then DELETED and the round trained again,
+    which, when the "other run" was this run served with another model by a hostile node,
+    signed a second payload for the round: equivocation (trainer probe, stop 20). Now the
+    saves are kept, nothing is submitted and nothing new is signed."""
     import asyncio
 
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.trainer.signing_guard import SigningRefused
 
     tr, _ = _bare_trainer(tmp_path)
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
     for f in range(2):
         tr.payloads.save(0, f, b"\x01" * 32, b"old-run-f%d" % f)
     tr.held_hash = BASE  # this run's round-0 model
-    tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
-    assert asyncio.run(tr.get_payloads(0)) == ([b"new-f0", b"new-f1"], False)
-    assert sorted(p.name for p in tr.payloads.dir.iterdir()) == [
-        f"round-0-fragment-{f}-{BASE.hex()}.payload" for f in range(2)
+    trained: list[int] = []
+    tr.train = lambda round_: trained.append(round_) or [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
+    with pytest.raises(SigningRefused, match="already signed a payload for it"):
+        asyncio.run(tr.get_payloads(0))
+    assert trained == []
+    other_base = "01" * 32
+    assert sorted(p.name for p in tr.payloads.dir.glob("*.payload")) == [
+        f"round-0-fragment-{f}-{other_base}.payload" for f in range(2)
     ]
 
 
@@ -985,3 +995,193 @@ def test_an_unreachable_bootstrap_peer_stops_the_trainer_before_it_stakes(tmp_pa
         asyncio.run(tr.wait_for_bootstrap(asyncio.Event()))
     peers.extend(get_peer_ids((_BOOTSTRAP,)))
     asyncio.run(tr.wait_for_bootstrap(asyncio.Event()))  # the node's stream is up: returns at once
+
+
+# --- a hostile node cannot make the trainer equivocate (trainer probe, stop 20) --------------------
+
+
+_A, _B, _C = b"\xaa" * 32, b"\xbb" * 32, b"\xcc" * 32
+
+
+def _hostile_view(tr, round_: int, model_hash: bytes, records: int | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {"task_id": TASK, "status": "Training", "round": round_, "trainer_count": 1,
+            "model_hash": "0x" + model_hash.hex(), "round_records": [{}] * (round_ if records is None else records),
+            "trainers": [{"address": tr.address, "shard": 0, "slashed": False}]}
+
+
+def _signing_trainer(tmp_path, monkeypatch, **overrides):  # type: ignore[no-untyped-def]
+    """A bare trainer of 2 fragments whose every SubmitOuterGradient signature is recorded, and
+    whose gradient depends on the model it trains from (as a real one does)."""
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)
+    tr, said = _bare_trainer(tmp_path, **overrides)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
+    tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
+    tr.inbox = _Inbox(TASK, g, 64)
+    tr.last_loss = 0.5
+    signed: dict[tuple[int, int], set[bytes]] = {}
+    sign = tr.sign
+
+    def recording(msg):  # type: ignore[no-untyped-def]
+        if isinstance(msg, auth.SubmitOuterGradient):
+            signed.setdefault((msg.round, msg.fragment), set()).add(msg.payload_hash)
+        return sign(msg)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        return {}
+
+    tr.sign, tr.call = recording, call  # type: ignore[method-assign]
+    tr.train = lambda r: [b"grad r%d f%d from %s" % (r, f, (tr.held_hash or b"").hex().encode()) for f in range(2)]  # type: ignore[method-assign]
+    return tr, said, signed
+
+
+def test_a_round_going_back_is_refused_not_signed_again(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Probe p1: round 3 submitted and finalized (model C), round 4 submitted, then getRun says
+    round 3 again with model C: the trainer trained round 3 from C and signed a second payload
+    for (3, f). Anyone able to rewrite a plain-http getRun answer could do it."""
+    import asyncio
+
+    from tenzro_training.trainer.signing_guard import SigningRefused
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch, rounds=5)
+    tr.held_hash = _A
+    answers = iter(["finalized 3", "back to 3"])
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A)
+
+    async def wait_finalized(round_: int, stop: object) -> dict[str, object]:
+        if next(answers) == "finalized 3":
+            tr.held_hash = _C
+            return _hostile_view(tr, 4, _C)
+        return _hostile_view(tr, 3, _C, records=3)
+
+    tr.wait_training, tr.wait_finalized = wait_training, wait_finalized  # type: ignore[method-assign]
+    with pytest.raises(SigningRefused, match="rounds never go back"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1)] and all(len(h) == 1 for h in signed.values())
+
+
+def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Probe p2a: after round 3 was submitted from model A, the node serves round 3 with model B
+    (and weights hashing to B). The saved round-3 payloads were deleted as "another run's" and
+    the round trained again: a second signed payload for (3, f)."""
+    import asyncio
+
+    from tenzro_training.trainer.signing_guard import SigningRefused
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch, rounds=3)
+    tr.held_hash = _A
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A)
+
+    async def wait_finalized(round_: int, stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _B)
+
+    async def request_model(view: dict[str, object], stop: object) -> dict[str, object]:
+        tr.held_hash = _B  # the node serves weights that hash to what it claims
+        return view
+
+    tr.wait_training, tr.wait_finalized, tr.request_model = wait_training, wait_finalized, request_model  # type: ignore[method-assign]
+    with pytest.raises(SigningRefused, match="round 3 fragment 0: this trainer already signed"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert sorted(signed) == [(3, 0), (3, 1)] and all(len(h) == 1 for h in signed.values())
+    assert len(list(tr.payloads.dir.glob("round-3-fragment-*.payload"))) == 2  # kept, not deleted
+
+
+def test_a_restarted_trainer_told_another_model_for_its_round_signs_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Probe p2b: the first process saved and submitted round 3 from A; the restarted one is
+    told the round starts from B."""
+    import asyncio
+
+    from tenzro_training.trainer.signing_guard import SigningRefused
+
+    first, _, signed = _signing_trainer(tmp_path, monkeypatch)
+    first.held_hash = _A
+    payloads, _ = asyncio.run(first.get_payloads(3))
+    assert asyncio.run(first.submit(3, payloads, asyncio.Event()))
+    second, _, signed_after = _signing_trainer(tmp_path, monkeypatch)
+    second.held_hash = _B
+    with pytest.raises(SigningRefused, match="already signed a payload for it"):
+        asyncio.run(second.get_payloads(3))
+    assert signed_after == {}
+    second.held_hash = _A  # the true model: the saved bytes are replayed, nothing new signed
+    replay, resubmitted = asyncio.run(second.get_payloads(3))
+    assert resubmitted and replay == payloads
+    assert asyncio.run(second.submit(3, replay, asyncio.Event()))
+    assert signed_after == signed
+
+
+def test_one_view_claiming_a_later_round_does_not_prune_an_open_round(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Probe p3: getRun said round 4 (no record of round 3): prune(4) deleted round 3's saved
+    bytes, and when round 3 came back it was trained again (bytes differ across thread counts
+    and GPUs: a second payload)."""
+    import asyncio
+
+    tr, _, _ = _signing_trainer(tmp_path, monkeypatch, rounds=1)
+    tr.held_hash = _A
+    asyncio.run(tr.get_payloads(3))  # trained and saved, about to be submitted
+    views = iter([_hostile_view(tr, 4, _A, records=3)])
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return next(views)
+
+    async def no_training(round_: int) -> object:
+        raise AssertionError("not reached")
+
+    tr.wait_training = wait_training  # type: ignore[method-assign]
+    tr.get_payloads = no_training  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match="not reached"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert len(list(tr.payloads.dir.glob("round-3-fragment-*.payload"))) == 2  # round 3 has no record yet: kept
+
+
+def test_the_wait_for_training_is_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Probe (stop 20): a node answering "Enrolling" forever held a bonded trainer forever."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, max_round_wait_s=0.2, poll_interval_s=0.05)
+    polls: list[int] = []
+
+    async def get_run() -> dict[str, object]:
+        polls.append(1)
+        return {"task_id": TASK, "round": 0, "status": "Enrolling"}
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="did not start training within --max-round-wait 0.2s"):
+        asyncio.run(tr.wait_training(asyncio.Event()))
+    assert 2 <= len(polls) <= 10
+
+
+def test_layouts_of_another_model_stop_the_trainer_before_it_enrolls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Probe (stop 20): the node's layouts were checked only against the hashes the same node
+    states; another model's passed, and the trainer failed in its inner loop with the stake
+    bonded. The real adapter's shapes for the shipped spec against a tampered layout."""
+    import json
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.model import get_adapter
+    from tenzro_training.trainer.process import TrainerProcessError
+    from tests.test_spec import example
+
+    spec = TrainingTaskSpec.from_dict(json.loads(json.dumps(example())))
+    tr, _ = _bare_trainer(tmp_path)
+    tr.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
+    shapes = get_adapter(spec.architecture.family).tensor_shapes(tr.model_cfg)
+    specs = [TensorSpec(name, shape, "float32") for name, shape in shapes.items()]
+    tr.layouts = compute_fragment_layouts(specs, spec.architecture.fragment_count)
+    tr.check_layouts_fit_model(spec)  # the spec's own model: fine
+    first = next(iter(shapes))
+    for bad in ([TensorSpec("evil.weight", (4,), "float32"), *specs[1:]],
+                [TensorSpec(first, (*shapes[first][:-1], shapes[first][-1] + 1), "float32"), *specs[1:]]):
+        tr.layouts = compute_fragment_layouts(bad, spec.architecture.fragment_count)
+        with pytest.raises(TrainerProcessError, match="do not describe the spec's model .nothing staked."):
+            tr.check_layouts_fit_model(spec)
