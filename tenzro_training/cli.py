@@ -1276,10 +1276,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto",
                    help="inner-loop device: auto (CUDA, else MPS, else CPU; the default), cpu, cuda, cuda:N, mps")
     p.add_argument("--max-round-wait", type=float, default=6 * 3600.0, metavar="SECONDS",
-                   help="safety net: give up on a round not finalized after this long (default 21600); the wait "
-                        "normally ends with the round or at the deadline the node reports")
-    p.add_argument("--state-dir", help="where payloads are kept until their round is finalized, so a restart "
-                                       "resubmits the same bytes (default <dir of --p2p-key>/tenzro-trainer-state)")
+                   help="safety net: give up on a round not finalized, or on a run not training after enrolling, "
+                        "after this long (default 21600); the wait normally ends with the round or at the "
+                        "deadline the node reports")
+    p.add_argument("--state-dir", help="where payloads are kept until their round is finalized (a restart "
+                                       "resubmits the same bytes) and the record of every payload signed "
+                                       "(slashing protection: never delete it) (default <dir of "
+                                       "--p2p-key>/tenzro-trainer-state)")
     _client_flags(p, signing=True, json_output=False)
     p.set_defaults(func=cmd_trainer_run)
 

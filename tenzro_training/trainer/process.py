@@ -508,6 +508,8 @@ class _Trainer:
                                      cfg.task_id, self.address)
         self.guard: SigningGuard | None = None
         """What this account signed for the task (opened with the state directory's lock)."""
+        self.max_rounds = 2**64
+        """The run's spec's max_rounds, once the spec is loaded: a round at or past it is bogus."""
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         """One JSON-RPC call. Once the node has answered a first time, a call that cannot reach
@@ -550,6 +552,12 @@ class _Trainer:
                                       f"({view.get('task_id')!r})")
         if type(view.get("round")) is not int or not 0 <= view["round"] < 2**64:  # int() took 2.9 as round 2
             raise TrainerProcessError(f"the node's getRun answer is malformed: round {view.get('round')!r}")
+        records = view.get("round_records")
+        if view.get("status") == "Training" and (not isinstance(records, list) or len(records) != view["round"]):
+            # A node serves round r with the r records before it (one RunState): anything else
+            # is forged or broken, and the trainer would prune or train by it.
+            raise TrainerProcessError(f"the node's getRun answer is inconsistent: round {view['round']} with "
+                                      f"{len(records) if isinstance(records, list) else 'no'} round records")
         if self.gossip_limits is not None:
             # What the topic validators (trio thread) read: swapped whole, never mutated.
             max_payload, max_model = self.gossip_limits
@@ -742,14 +750,15 @@ class _Trainer:
         ):
             await self.host.publish(g.get_topic(chunk), g.encode_message(chunk))
 
-    def signing_guard(self) -> SigningGuard:
-        """The SigningGuard of this (task, account), opened on first use."""
+    def signing_guard(self, floor_if_new: int | None = None) -> SigningGuard:
+        """The SigningGuard of this (task, account), opened on first use (``run`` opens it
+        with the state directory's lock held)."""
         if self.guard is None:
             try:
                 self.payloads.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
                 raise TrainerProcessError(f"cannot use state directory {self.payloads.dir}: {exc.strerror}") from None
-            self.guard = SigningGuard(self.payloads.dir)
+            self.guard = SigningGuard(self.payloads.dir, floor_if_new=floor_if_new)
         return self.guard
 
     async def submit(self, round_: int, payloads: list[bytes], stop: asyncio.Event) -> bool:
@@ -910,7 +919,11 @@ class _Trainer:
         view = await self.get_run()
         state_lock = self.payloads.lock()  # first: a second process of this account stops here
         try:
-            self.signing_guard()  # a damaged record stops the trainer before it enrolls
+            # A damaged record stops the trainer before it enrolls. A record created while this
+            # account is already enrolled starts at the run's current round (signing_guard.py).
+            enrolled = any(str(t.get("address", "")).lower() == self.address.lower()
+                           for t in view.get("trainers") or [] if isinstance(t, dict))
+            self.signing_guard(floor_if_new=view["round"] if enrolled else None)
             return await self._run(view, stop)
         finally:
             os.close(state_lock)
@@ -924,10 +937,11 @@ class _Trainer:
         # model and inner-loop configs, the dataset and its hash, the layouts, the p2p host. Only
         # the shard waits for the shard index, which enrollment assigns.
         spec = self.load_spec(view)
+        self.max_rounds = spec.max_rounds
         corpus = await self.prepare(spec)
         self.layouts = compute_layouts_from_view(view)
-        self.check_layouts_fit_model(spec)
         self.model = compute_model_layout_from_view(view, self.layouts)
+        self.check_layouts_fit_model(spec)
         # The largest payload the node can accept for any fragment, and the model size.
         self.gossip_limits = (
             max(compute_max_payload_bytes(lay) for lay in self.layouts),
@@ -991,7 +1005,11 @@ class _Trainer:
         from tenzro_training.trainer.model import get_adapter
 
         want = get_adapter(spec.architecture.family).tensor_shapes(self.model_cfg)
-        got = {entry.name: tuple(entry.shape) for layout in self.layouts for entry in layout.entries}
+        # Every tensor the layouts cut, and the zero-element ones they cannot (``empty_tensors``).
+        got = {t.name: tuple(t.shape) for t in self.model.specs}
+        if len(self.layouts) != spec.architecture.fragment_count:
+            raise TrainerProcessError(f"the node's getRun has {len(self.layouts)} fragment layouts; the spec has "
+                                      f"{spec.architecture.fragment_count} fragments (nothing staked)")
         if got != want:
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             shapes = sorted(n for n in set(want) & set(got) if want[n] != got[n])
@@ -1025,18 +1043,17 @@ class _Trainer:
             raise TrainerProcessError("internal: no verified global model to train from")
         saved = self.payloads.load(round_, len(self.layouts), base)
         guard = self.signing_guard()
-        if guard.highest_round > round_:
-            raise SigningRefused(f"the node says round {round_}, but this trainer already signed for round "
-                                 f"{guard.highest_round}: rounds never go back (the node's view went backwards)")
         for f, payload in enumerate(saved):
             if payload is None and guard.signed(round_, f):
-                # Signed before, and those bytes are not saved for the model held now: the node
-                # serves this round again with another model (or the save was lost). Training it
-                # again would sign a second payload: equivocation (trainer probe, 2026-11-26).
+                # Signed before (or maybe, before the record began), and those bytes are not saved
+                # for the model held now: the node serves this round again with another model or
+                # after it moved on, or the save was lost. Training it again would sign a second
+                # payload: equivocation (trainer probe, 2026-11-26).
                 raise SigningRefused(
-                    f"round {round_} fragment {f}: this trainer already signed a payload for it that it does "
-                    f"not hold for the model it now trains from ({_hex(base)}); it will not sign another "
-                    "(equivocation burns the stake). The node served this round again with another model")
+                    f"round {round_} fragment {f}: this trainer may already have signed a payload for it "
+                    f"that it does not hold for the model it now trains from ({_hex(base)}), so it signs "
+                    "none (equivocation burns the stake): the node served this round again with another "
+                    "model or after it moved on, or the saved payload was lost")
         if all(p is not None for p in saved):
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
@@ -1081,10 +1098,18 @@ class _Trainer:
             self.inbox.expect_finalized(r)  # its RoundFinalized may come while we still submit
             started = time.monotonic()
             try:
+                if r >= self.max_rounds:  # the spec (hash-checked) has no such round
+                    raise SigningRefused(f"the node says round {r}, but the run's spec has {self.max_rounds} rounds")
                 payloads, resubmitted = await self.get_payloads(r)
+                accepted = await self.submit(r, payloads, stop)
             except InnerLoopStopped:
                 return 0  # told to stop mid-round: nothing of the round was saved or published
-            accepted = await self.submit(r, payloads, stop)
+            except SigningRefused as exc:
+                # Nothing (more) is signed for this round; the trainer goes on with the next one
+                # (exiting made a supervisor restart it into the same refusal until the round closed).
+                self.say(f"round {r} skipped, nothing signed: {exc}")
+                log.warning("round %d skipped by the signing guard: %s", r, exc)
+                accepted, resubmitted = False, False
             trained += 1
             if accepted:
                 how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"

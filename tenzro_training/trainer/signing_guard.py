@@ -10,19 +10,37 @@ held valid evidence against it (trainer probe, 2026-11-26). Validator clients ke
 of record for the same reason (Ethereum's slashing-protection database).
 
 The rules, checked before every signature:
-- a (round, fragment) already signed may be signed again only for a payload hash it was signed
+- a (round, fragment) already signed may be signed again only for the payload hash it was signed
   for (an exact replay: the node answers it as a no-op);
-- nothing new is signed for a round below the highest round signed: rounds never go back.
+- nothing is signed for a round below the record's floor: the rounds this account may have signed
+  before the record existed (below).
+
+There is no "highest round" rule: the record holds every signature made since it was created, so
+the per-(round, fragment) rule alone prevents equivocation, and a high-water mark let ONE forged
+round number (2^64 - 1) lock the trainer out of every later round of the task (review).
 
 The record is one append-only text file, ``signed-payloads.log``, in the trainer's per-task,
-per-account state directory (``PayloadStore.dir``, which one process holds at a time): a line
-``<round> <fragment> <payload hash hex>`` per signature, written and fsynced BEFORE the
-signature is made. A line cut short by a crash ends the file without its newline: it is
-dropped when the file is read (its signature was never made); any other damage refuses to
-start, since what was signed is then unknown. Records are never pruned: a task id reused by
-another run on the same chain makes the old signatures valid evidence in the new run, so a
-trainer that signed for a task id never signs new payloads for that task id again from the
-same state directory.
+per-account state directory (``PayloadStore.dir``, which one process holds at a time), written
+and fsynced BEFORE each signature is made:
+
+- ``<round> <fragment> <payload hash hex>``: a signature;
+- ``floor <round>``: nothing new below this round (first line only, see below);
+- ``blocked <round> <fragment>``: nothing at all for it (two different saved payloads were found
+  for it when the record was created: at least one was signed, maybe both).
+
+A line cut short by a crash ends the file without its newline: it is dropped, and cut off the
+file, when the file is read (its signature was never made). Any other damage refuses to start,
+since what was signed is then unknown.
+
+Creating the record (atomically: temporary file, fsync, rename): a trainer that predates the
+record, or a new or moved state directory, may already have signed for this task. Its saved
+payloads were each signed before they were published, so each becomes a line (``blocked`` where
+one (round, fragment) has several). When the account is already enrolled in the run, the round
+the node says the run is in becomes the ``floor``: rounds below it may have been signed with no
+save left. (The floor trusts the node's word at that one moment.)
+
+Records are never pruned: a task id reused by another run on the same chain makes the old
+signatures valid evidence in the new run.
 """
 
 from __future__ import annotations
@@ -38,101 +56,123 @@ __all__ = ["RECORD_FILE", "SigningGuard", "SigningRefused"]
 RECORD_FILE = "signed-payloads.log"
 """The guard's file in the state directory."""
 
-_LINE = re.compile(r"(\d{1,20}) (\d{1,10}) ([0-9a-f]{64})")
+_SIGNED = re.compile(rb"(\d{1,20}) (\d{1,10}) ([0-9a-f]{64})")
+_FLOOR = re.compile(rb"floor (\d{1,20})")
+_BLOCKED = re.compile(rb"blocked (\d{1,20}) (\d{1,10})")
 _SAVED = re.compile(r"round-(\d{1,20})-fragment-(\d{1,10})(?:-[0-9a-f]{64})?\.payload")
 
 
 class SigningRefused(TrainerError):
-    """Signing this payload would be equivocation (or the record of what was signed is damaged)."""
+    """Signing this payload would (or could) be equivocation, or the record is unusable."""
 
 
 class SigningGuard:
     """The signatures of one (task, account), as :data:`RECORD_FILE` in ``directory`` holds them."""
 
-    def __init__(self, directory: Path) -> None:
-        """Read the record (creating it, seeded from the payloads saved in ``directory`` by a
-        trainer that predates the record: each was signed before it was published).
-        SigningRefused when the record is damaged."""
-        from tenzro_training.payload import compute_payload_hash
-
+    def __init__(self, directory: Path, *, floor_if_new: int | None = None) -> None:
+        """Read the record, or create it (module docstring) with ``floor_if_new`` as its floor
+        (None: the account is not enrolled yet, nothing can have been signed beyond the saves).
+        SigningRefused when the record is damaged or cannot be written."""
         self.path = directory / RECORD_FILE
-        self._signed: dict[tuple[int, int], set[bytes]] = {}
-        self._max_round = -1
+        self._signed: dict[tuple[int, int], bytes] = {}
+        self._blocked: set[tuple[int, int]] = set()
+        self.floor = 0
+        """No new signature for a round below this one."""
         try:
-            text = self.path.read_bytes().decode("ascii")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            seeds = []
-            for file in sorted(directory.glob("round-*-fragment-*.payload")):
-                m = _SAVED.fullmatch(file.name)
-                if m is not None:
-                    seeds.append((int(m[1]), int(m[2]), compute_payload_hash(file.read_bytes())))
-            self._append(seeds, create=True)
+            self._create(directory, floor_if_new)
             return
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SigningRefused(f"cannot read the record of signed payloads {self.path}: {exc}") from None
-        lines = text.split("\n")
-        if lines[-1]:  # a line a crash cut short: its signature was never made; cut it off
+        except OSError as exc:
+            raise SigningRefused(f"cannot read the record of signed payloads {self.path}: {exc.strerror}") from None
+        *lines, tail = raw.split(b"\n")
+        if tail:  # a line a crash cut short (any bytes): its signature was never made; cut it off
             try:
-                os.truncate(self.path, len(text) - len(lines[-1]))
+                os.truncate(self.path, len(raw) - len(tail))
             except OSError as exc:
                 raise SigningRefused(f"cannot repair the record of signed payloads {self.path}: {exc}") from None
-            lines[-1] = ""
-        for number, line in enumerate(lines[:-1], 1):
-            m = _LINE.fullmatch(line)
-            if m is None:
-                raise SigningRefused(f"the record of signed payloads {self.path} is damaged at line {number}: "
-                                     "what this trainer signed is unknown, so it signs nothing (move the file "
-                                     "aside only if no run with this task id will ever count these signatures)")
-            self._note(int(m[1]), int(m[2]), bytes.fromhex(m[3]))
+        for number, line in enumerate(lines, 1):
+            if (m := _SIGNED.fullmatch(line)) is not None and (int(m[1]), int(m[2])) not in self._signed:
+                self._signed[int(m[1]), int(m[2])] = bytes.fromhex(m[3].decode())
+            elif (m := _BLOCKED.fullmatch(line)) is not None:
+                self._blocked.add((int(m[1]), int(m[2])))
+            elif number == 1 and (m := _FLOOR.fullmatch(line)) is not None:
+                self.floor = int(m[1])
+            else:
+                raise SigningRefused(
+                    f"the record of signed payloads {self.path} is damaged at line {number}: what this "
+                    "trainer signed is unknown, so it signs nothing (move the file aside only if no run "
+                    "with this task id on this chain will ever count these signatures)")
 
-    def signed(self, round_: int, fragment: int) -> frozenset[bytes]:
-        """The payload hashes signed for (round, fragment) (empty: none)."""
-        return frozenset(self._signed.get((round_, fragment), ()))
-
-    @property
-    def highest_round(self) -> int:
-        """The highest round anything was signed for (-1: none)."""
-        return self._max_round
+    def signed(self, round_: int, fragment: int) -> bool:
+        """Whether anything may have been signed for (round, fragment)."""
+        key = (round_, fragment)
+        return key in self._signed or key in self._blocked or round_ < self.floor
 
     def record(self, round_: int, fragment: int, payload_hash: bytes) -> None:
         """Allow signing ``payload_hash`` for (round, fragment): record it durably first, or
         raise SigningRefused (module docstring)."""
-        held = self._signed.get((round_, fragment))
-        if held:
-            if payload_hash in held:
-                return
+        key = (round_, fragment)
+        held = self._signed.get(key)
+        if held == payload_hash:
+            return  # an exact replay
+        if held is not None or key in self._blocked:
             raise SigningRefused(
                 f"refusing to sign a second payload for round {round_} fragment {fragment}: this trainer "
-                f"already signed 0x{min(held).hex()} for it, and two are equivocation (the stake is burned). "
-                "The node served this round again with another model or after it was finalized")
-        if round_ < self._max_round:
+                "already signed another for it, and two are equivocation (the stake is burned)")
+        if round_ < self.floor:
             raise SigningRefused(
-                f"refusing to sign a payload for round {round_}: this trainer already signed for round "
-                f"{self._max_round}, and rounds never go back (the node's view went backwards)")
-        self._append([(round_, fragment, payload_hash)])
+                f"refusing to sign for round {round_}: this trainer's record of signatures began at round "
+                f"{self.floor}, and it may have signed earlier rounds before that")
+        self._append(f"{round_} {fragment} {payload_hash.hex()}\n".encode("ascii"))
+        self._signed[key] = payload_hash
 
-    def _note(self, round_: int, fragment: int, payload_hash: bytes) -> None:
-        self._signed.setdefault((round_, fragment), set()).add(payload_hash)
-        self._max_round = max(self._max_round, round_)
+    def _create(self, directory: Path, floor: int | None) -> None:
+        from storage.files import write_file_atomically
+        from tenzro_training.payload import compute_payload_hash
 
-    def _append(self, entries: list[tuple[int, int, bytes]], *, create: bool = False) -> None:
-        data = "".join(f"{r} {f} {h.hex()}\n" for r, f, h in entries).encode("ascii")
+        saved: dict[tuple[int, int], set[bytes]] = {}
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            for file in sorted(directory.glob("round-*-fragment-*.payload")):
+                m = _SAVED.fullmatch(file.name)
+                if m is not None:
+                    saved.setdefault((int(m[1]), int(m[2])), set()).add(compute_payload_hash(file.read_bytes()))
+        except OSError as exc:
+            raise SigningRefused(f"cannot read the saved payloads in {directory}: {exc.strerror or exc}") from None
+        lines = [] if floor is None else [f"floor {floor}"]
+        for (r, f), hashes in sorted(saved.items()):
+            if len(hashes) == 1:
+                lines.append(f"{r} {f} {next(iter(hashes)).hex()}")
+            else:
+                lines.append(f"blocked {r} {f}")
+        try:
+            write_file_atomically(self.path, "".join(line + "\n" for line in lines).encode("ascii"), mode=0o600)
+        except OSError as exc:
+            raise SigningRefused(f"cannot create the record of signed payloads {self.path}: {exc.strerror}") from None
+        self.floor = floor or 0
+        for (r, f), hashes in saved.items():
+            if len(hashes) == 1:
+                self._signed[r, f] = next(iter(hashes))
+            else:
+                self._blocked.add((r, f))
+
+    def _append(self, line: bytes) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            raise SigningRefused(f"cannot record a signature in {self.path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
             try:
-                view = memoryview(data)
-                while view:  # a crash leaves a prefix: at worst a cut last line
+                view = memoryview(line)
+                while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
-            finally:
-                os.close(fd)
-            if create:  # the new file's name is durable too
-                dir_fd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
-        except OSError as exc:
-            raise SigningRefused(f"cannot record a signature in {self.path}: {exc.strerror or exc}") from None
-        for r, f, h in entries:
-            self._note(r, f, h)
+            except OSError as exc:
+                try:  # no partial line left for a later append to glue onto
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                raise SigningRefused(f"cannot record a signature in {self.path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)

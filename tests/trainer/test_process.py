@@ -510,14 +510,16 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
     monkeypatch.setattr(p2p_host, "P2PHost", FailingHost)
     monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
-    monkeypatch.setattr(process, "compute_model_layout_from_view", lambda view, lays: None)
+    monkeypatch.setattr(process, "compute_model_layout_from_view",
+                        lambda view, lays: SimpleNamespace(specs=(TensorSpec("w", (8,), "float32"),)))
     monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(config_from_spec=lambda spec: None,
                                                                              tensor_shapes=lambda cfg: {"w": (8,)}))
     monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
     monkeypatch.setattr(data, "load_corpus", lambda ref: None)
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
     tr = _trainer_for(tmp_path, None, TASK)
-    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32"), dataset_ref="r", dataset_hash="h")
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
+                           dataset_hash="h", max_rounds=2)
 
     async def get_run() -> dict[str, object]:
         return {}
@@ -782,7 +784,7 @@ def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_p
     tr.held_hash = BASE  # this run's round-0 model
     trained: list[int] = []
     tr.train = lambda round_: trained.append(round_) or [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
-    with pytest.raises(SigningRefused, match="already signed a payload for it"):
+    with pytest.raises(SigningRefused, match="may already have signed a payload for it"):
         asyncio.run(tr.get_payloads(0))
     assert trained == []
     other_base = "01" * 32
@@ -824,7 +826,8 @@ def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypat
 
     monkeypatch.setattr(data, "validate_dataset_hash", wrong_hash)
     tr, _ = _bare_trainer(tmp_path, device="cpu")
-    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32"), dataset_ref="r", dataset_hash="h")
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
+                           dataset_hash="h", max_rounds=2)
     calls: list[str] = []
 
     async def call(method: str, params: dict[str, object]) -> object:
@@ -1042,12 +1045,11 @@ def _signing_trainer(tmp_path, monkeypatch, **overrides):  # type: ignore[no-unt
 def test_a_round_going_back_is_refused_not_signed_again(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Probe p1: round 3 submitted and finalized (model C), round 4 submitted, then getRun says
     round 3 again with model C: the trainer trained round 3 from C and signed a second payload
-    for (3, f). Anyone able to rewrite a plain-http getRun answer could do it."""
+    for (3, f). Anyone able to rewrite a plain-http getRun answer could do it. Now the round is
+    skipped with nothing signed, and the trainer goes on."""
     import asyncio
 
-    from tenzro_training.trainer.signing_guard import SigningRefused
-
-    tr, _, signed = _signing_trainer(tmp_path, monkeypatch, rounds=5)
+    tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=3)
     tr.held_hash = _A
     answers = iter(["finalized 3", "back to 3"])
 
@@ -1058,12 +1060,16 @@ def test_a_round_going_back_is_refused_not_signed_again(tmp_path, monkeypatch) -
         if next(answers) == "finalized 3":
             tr.held_hash = _C
             return _hostile_view(tr, 4, _C)
-        return _hostile_view(tr, 3, _C, records=3)
+        return _hostile_view(tr, 3, _C)
 
-    tr.wait_training, tr.wait_finalized = wait_training, wait_finalized  # type: ignore[method-assign]
-    with pytest.raises(SigningRefused, match="rounds never go back"):
-        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    async def get_run() -> dict[str, object]:
+        return _hostile_view(tr, 5, _C)
+
+    tr.wait_training, tr.wait_finalized, tr.get_run = wait_training, wait_finalized, get_run  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
     assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1)] and all(len(h) == 1 for h in signed.values())
+    assert any(line.startswith("round 3 skipped, nothing signed: round 3 fragment 0: this trainer may already")
+               for line in said)
 
 
 def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -1072,9 +1078,7 @@ def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatc
     the round trained again: a second signed payload for (3, f)."""
     import asyncio
 
-    from tenzro_training.trainer.signing_guard import SigningRefused
-
-    tr, _, signed = _signing_trainer(tmp_path, monkeypatch, rounds=3)
+    tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=2)
     tr.held_hash = _A
 
     async def wait_training(stop: object) -> dict[str, object]:
@@ -1087,10 +1091,14 @@ def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatc
         tr.held_hash = _B  # the node serves weights that hash to what it claims
         return view
 
-    tr.wait_training, tr.wait_finalized, tr.request_model = wait_training, wait_finalized, request_model  # type: ignore[method-assign]
-    with pytest.raises(SigningRefused, match="round 3 fragment 0: this trainer already signed"):
-        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    async def get_run() -> dict[str, object]:
+        return _hostile_view(tr, 4, _B)
+
+    tr.wait_training, tr.wait_finalized, tr.request_model, tr.get_run = (  # type: ignore[method-assign]
+        wait_training, wait_finalized, request_model, get_run)
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
     assert sorted(signed) == [(3, 0), (3, 1)] and all(len(h) == 1 for h in signed.values())
+    assert any(line.startswith("round 3 skipped, nothing signed") for line in said)
     assert len(list(tr.payloads.dir.glob("round-3-fragment-*.payload"))) == 2  # kept, not deleted
 
 
@@ -1107,7 +1115,7 @@ def test_a_restarted_trainer_told_another_model_for_its_round_signs_nothing(tmp_
     assert asyncio.run(first.submit(3, payloads, asyncio.Event()))
     second, _, signed_after = _signing_trainer(tmp_path, monkeypatch)
     second.held_hash = _B
-    with pytest.raises(SigningRefused, match="already signed a payload for it"):
+    with pytest.raises(SigningRefused, match="may already have signed a payload for it"):
         asyncio.run(second.get_payloads(3))
     assert signed_after == {}
     second.held_hash = _A  # the true model: the saved bytes are replayed, nothing new signed
@@ -1166,7 +1174,8 @@ def test_layouts_of_another_model_stop_the_trainer_before_it_enrolls(tmp_path) -
     bonded. The real adapter's shapes for the shipped spec against a tampered layout."""
     import json
 
-    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.fragments import TensorSpec
+    from tenzro_training.global_model import ModelLayout
     from tenzro_training.spec import TrainingTaskSpec
     from tenzro_training.trainer.model import get_adapter
     from tenzro_training.trainer.process import TrainerProcessError
@@ -1177,11 +1186,51 @@ def test_layouts_of_another_model_stop_the_trainer_before_it_enrolls(tmp_path) -
     tr.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
     shapes = get_adapter(spec.architecture.family).tensor_shapes(tr.model_cfg)
     specs = [TensorSpec(name, shape, "float32") for name, shape in shapes.items()]
-    tr.layouts = compute_fragment_layouts(specs, spec.architecture.fragment_count)
+    tr.model = ModelLayout.from_specs(specs, spec.architecture.fragment_count)
+    tr.layouts = tr.model.layouts
     tr.check_layouts_fit_model(spec)  # the spec's own model: fine
     first = next(iter(shapes))
     for bad in ([TensorSpec("evil.weight", (4,), "float32"), *specs[1:]],
                 [TensorSpec(first, (*shapes[first][:-1], shapes[first][-1] + 1), "float32"), *specs[1:]]):
-        tr.layouts = compute_fragment_layouts(bad, spec.architecture.fragment_count)
+        tr.model = ModelLayout.from_specs(bad, spec.architecture.fragment_count)
+        tr.layouts = tr.model.layouts
         with pytest.raises(TrainerProcessError, match="do not describe the spec's model .nothing staked."):
             tr.check_layouts_fit_model(spec)
+    tr.model = ModelLayout.from_specs(specs, spec.architecture.fragment_count + 1)
+    tr.layouts = tr.model.layouts
+    with pytest.raises(TrainerProcessError, match="fragment layouts; the spec has"):
+        tr.check_layouts_fit_model(spec)
+
+
+def test_a_view_whose_round_disagrees_with_its_records_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        return {"task_id": TASK, "round": 3, "status": "Training", "round_records": [{}]}
+
+    tr.call = call  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="inconsistent: round 3 with 1 round records"):
+        asyncio.run(tr.get_run())
+
+
+def test_a_round_past_the_specs_last_is_skipped_unsigned(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Review (stop 20): the spec (hash-checked) bounds the rounds; a node's round past it is bogus."""
+    import asyncio
+
+    tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=1)
+    tr.held_hash = _A
+    tr.max_rounds = 3
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A)
+
+    async def get_run() -> dict[str, object]:
+        return _hostile_view(tr, 3, _A, records=3) | {"status": "Training", "round": 4}
+
+    tr.wait_training, tr.get_run = wait_training, get_run  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    assert signed == {} and any("the run's spec has 3 rounds" in line for line in said)

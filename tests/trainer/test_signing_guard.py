@@ -1,7 +1,7 @@
 """The trainer's slashing protection (``trainer.signing_guard``): what was signed is recorded
 before it is signed, survives restarts and crashes, and a second payload for one (round,
-fragment) or a round going back is refused. The hostile-node scenarios that made an honest
-trainer equivocate are in tests/trainer/test_process.py."""
+fragment), or a round the record cannot vouch for, is refused. The hostile-node scenarios that
+made an honest trainer equivocate are in tests/trainer/test_process.py."""
 
 from __future__ import annotations
 
@@ -22,50 +22,82 @@ def test_a_replay_is_allowed_a_second_payload_is_not(tmp_path: Path) -> None:
     guard.record(3, 1, H2)
     with pytest.raises(SigningRefused, match="second payload for round 3 fragment 0"):
         guard.record(3, 0, H3)
-    assert guard.signed(3, 0) == {H1} and guard.signed(4, 0) == frozenset() and guard.highest_round == 3
+    assert guard.signed(3, 0) and not guard.signed(4, 0)
     assert (tmp_path / RECORD_FILE).read_text() == f"3 0 {H1.hex()}\n3 1 {H2.hex()}\n"  # the refusal wrote nothing
 
 
-def test_rounds_never_go_back(tmp_path: Path) -> None:
+def test_one_forged_high_round_does_not_lock_out_later_rounds(tmp_path: Path) -> None:
+    """Review (stop 20): a "rounds never go back" high-water mark let one forged round number
+    (2^64 - 1) refuse every honest round of the task for good. The record is complete from its
+    creation, so (round, fragment) alone decides."""
     guard = SigningGuard(tmp_path)
-    guard.record(5, 0, H1)
-    guard.record(5, 1, H2)  # the rest of the highest round is still fine
-    with pytest.raises(SigningRefused, match="rounds never go back"):
-        guard.record(4, 0, H3)
-    guard.record(6, 0, H3)
+    guard.record(2**64 - 1, 0, H1)
+    guard.record(5, 0, H2)
+    assert SigningGuard(tmp_path).signed(5, 0)
+
+
+def test_a_record_begun_mid_run_refuses_the_rounds_before_it(tmp_path: Path) -> None:
+    """Review (stop 20): created while the account is enrolled (an upgrade, a new --state-dir),
+    the record cannot know what was signed before: rounds below the run's round then are out."""
+    guard = SigningGuard(tmp_path, floor_if_new=7)
+    assert guard.signed(6, 0) and not guard.signed(7, 0)
+    with pytest.raises(SigningRefused, match="record of signatures began at round 7"):
+        guard.record(6, 0, H1)
+    guard.record(7, 0, H1)
+    again = SigningGuard(tmp_path, floor_if_new=99)  # an existing record keeps its own floor
+    assert again.floor == 7 and again.signed(7, 0) and not again.signed(8, 0)
 
 
 def test_the_record_survives_a_restart_and_a_crash_mid_line(tmp_path: Path) -> None:
     SigningGuard(tmp_path).record(2, 0, H1)
     path = tmp_path / RECORD_FILE
-    with path.open("a") as fh:
-        fh.write(f"2 1 {H2.hex()[:20]}")  # killed while writing: this signature was never made
+    with path.open("ab") as fh:
+        fh.write(b"2 1 " + H2.hex()[:20].encode() + b"\xff\xfe")  # killed mid-write (stale bytes too)
     guard = SigningGuard(tmp_path)
-    assert guard.signed(2, 0) == {H1} and guard.signed(2, 1) == frozenset()
+    assert guard.signed(2, 0) and not guard.signed(2, 1)
     guard.record(2, 1, H3)  # the cut line is gone: the next record is a line of its own
     assert path.read_text() == f"2 0 {H1.hex()}\n2 1 {H3.hex()}\n"
-    again = SigningGuard(tmp_path)
     with pytest.raises(SigningRefused):
-        again.record(2, 0, H2)
+        SigningGuard(tmp_path).record(2, 0, H2)
 
 
-@pytest.mark.parametrize("damage", ["2 0 nothex\n", "\n", "x\n2 0 " + "ab" * 32 + "\n"])
+@pytest.mark.parametrize("damage", ["2 0 nothex\n", "\n", "x\n2 0 " + "ab" * 32 + "\n", "2 0 x\n", "blocked 1\n"])
 def test_a_damaged_record_refuses_to_sign_anything(tmp_path: Path, damage: str) -> None:
     (tmp_path / RECORD_FILE).write_text(damage)
     with pytest.raises(SigningRefused, match="damaged at line 1"):
         SigningGuard(tmp_path)
 
 
+def test_a_floor_after_the_first_line_is_damage(tmp_path: Path) -> None:
+    (tmp_path / RECORD_FILE).write_text(f"2 0 {H1.hex()}\nfloor 0\n")
+    with pytest.raises(SigningRefused, match="damaged at line 2"):
+        SigningGuard(tmp_path)
+
+
 def test_a_new_record_starts_from_the_payloads_saved_before_it(tmp_path: Path) -> None:
     """A trainer upgraded mid-round holds saved payloads (signed before they were published) but
-    no record yet, some under the old name without the model hash: each counts as signed."""
+    no record yet, some under the old name without the model hash: each counts as signed, and a
+    (round, fragment) with two different saves is blocked outright."""
     (tmp_path / f"round-4-fragment-0-{'ab' * 32}.payload").write_bytes(b"current name")
     (tmp_path / "round-4-fragment-1.payload").write_bytes(b"legacy name")
-    (tmp_path / ".round-4-fragment-2.payload.x.tmp").write_bytes(b"an unfinished save: never signed")
-    guard = SigningGuard(tmp_path)
-    assert guard.signed(4, 0) == {hashlib.sha256(b"current name").digest()}
-    assert guard.signed(4, 1) == {hashlib.sha256(b"legacy name").digest()}
-    assert guard.signed(4, 2) == frozenset() and guard.highest_round == 4
+    (tmp_path / f"round-4-fragment-2-{'ab' * 32}.payload").write_bytes(b"from model ab")
+    (tmp_path / f"round-4-fragment-2-{'cd' * 32}.payload").write_bytes(b"from model cd")
+    (tmp_path / ".round-4-fragment-3.payload.x.tmp").write_bytes(b"an unfinished save: never signed")
+    guard = SigningGuard(tmp_path, floor_if_new=4)
+    guard.record(4, 0, hashlib.sha256(b"current name").digest())  # a replay of the saved bytes
     with pytest.raises(SigningRefused):
         guard.record(4, 1, H1)
-    assert SigningGuard(tmp_path).signed(4, 1) == guard.signed(4, 1)  # written down, not re-seeded
+    for saved in (b"from model ab", b"from model cd"):
+        with pytest.raises(SigningRefused):
+            guard.record(4, 2, hashlib.sha256(saved).digest())
+    assert not guard.signed(4, 3)
+    text = (tmp_path / RECORD_FILE).read_text()
+    assert text.startswith("floor 4\n") and "blocked 4 2\n" in text
+    assert SigningGuard(tmp_path).signed(4, 2)  # written down, not seeded again
+
+
+def test_seeding_that_cannot_read_a_save_refuses_cleanly(tmp_path: Path) -> None:
+    (tmp_path / f"round-4-fragment-0-{'ab' * 32}.payload").mkdir()  # not a file
+    with pytest.raises(SigningRefused, match="cannot read the saved payloads"):
+        SigningGuard(tmp_path)
+    assert not (tmp_path / RECORD_FILE).exists()
