@@ -750,6 +750,19 @@ class _Trainer:
         ):
             await self.host.publish(g.get_topic(chunk), g.encode_message(chunk))
 
+    def open_signing_guard(self, view: dict[str, Any]) -> None:
+        """Open the record of signatures (state directory lock held; spec loaded), BEFORE
+        enrolling: a damaged record stops the trainer here. A record created while this account
+        is already enrolled begins after the run's current round, which may have been signed
+        from another state directory (signing_guard.py), and never past the spec's rounds."""
+        enrolled = any(str(t.get("address", "")).lower() == self.address.lower()
+                       for t in view.get("trainers") or [] if isinstance(t, dict))
+        floor = None
+        if enrolled:
+            started = view.get("status") not in ("Posted", "Electing", "Enrolling")
+            floor = min(self.max_rounds, view["round"] + 1 if started else 0)
+        self.signing_guard(floor_if_new=floor)
+
     def signing_guard(self, floor_if_new: int | None = None) -> SigningGuard:
         """The SigningGuard of this (task, account), opened on first use (``run`` opens it
         with the state directory's lock held)."""
@@ -919,11 +932,6 @@ class _Trainer:
         view = await self.get_run()
         state_lock = self.payloads.lock()  # first: a second process of this account stops here
         try:
-            # A damaged record stops the trainer before it enrolls. A record created while this
-            # account is already enrolled starts at the run's current round (signing_guard.py).
-            enrolled = any(str(t.get("address", "")).lower() == self.address.lower()
-                           for t in view.get("trainers") or [] if isinstance(t, dict))
-            self.signing_guard(floor_if_new=view["round"] if enrolled else None)
             return await self._run(view, stop)
         finally:
             os.close(state_lock)
@@ -938,6 +946,7 @@ class _Trainer:
         # the shard waits for the shard index, which enrollment assigns.
         spec = self.load_spec(view)
         self.max_rounds = spec.max_rounds
+        self.open_signing_guard(view)
         corpus = await self.prepare(spec)
         self.layouts = compute_layouts_from_view(view)
         self.model = compute_model_layout_from_view(view, self.layouts)
@@ -1049,11 +1058,13 @@ class _Trainer:
                 # for the model held now: the node serves this round again with another model or
                 # after it moved on, or the save was lost. Training it again would sign a second
                 # payload: equivocation (trainer probe, 2026-11-26).
+                why = (f"its record of signatures began at round {guard.floor} (created while enrolled)"
+                       if round_ < guard.floor else "it signed one before")
                 raise SigningRefused(
                     f"round {round_} fragment {f}: this trainer may already have signed a payload for it "
-                    f"that it does not hold for the model it now trains from ({_hex(base)}), so it signs "
-                    "none (equivocation burns the stake): the node served this round again with another "
-                    "model or after it moved on, or the saved payload was lost")
+                    f"({why}) and does not hold it for the model it now trains from ({_hex(base)}), so it "
+                    "signs none (equivocation burns the stake): the node served this round again with "
+                    "another model or after it moved on, or the saved payload was lost")
         if all(p is not None for p in saved):
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
@@ -1105,11 +1116,13 @@ class _Trainer:
             except InnerLoopStopped:
                 return 0  # told to stop mid-round: nothing of the round was saved or published
             except SigningRefused as exc:
-                # Nothing (more) is signed for this round; the trainer goes on with the next one
-                # (exiting made a supervisor restart it into the same refusal until the round closed).
-                self.say(f"round {r} skipped, nothing signed: {exc}")
+                # Nothing more is signed for this round (a fragment signed before the refusal was
+                # recorded first); the trainer goes on with the next one (exiting made a
+                # supervisor restart it into the same refusal until the round closed).
+                self.say(f"round {r} skipped: {exc}")
                 log.warning("round %d skipped by the signing guard: %s", r, exc)
                 accepted, resubmitted = False, False
+                trained -= 1  # not a round trained, for --rounds
             trained += 1
             if accepted:
                 how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"

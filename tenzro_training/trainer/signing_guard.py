@@ -35,9 +35,12 @@ since what was signed is then unknown.
 Creating the record (atomically: temporary file, fsync, rename): a trainer that predates the
 record, or a new or moved state directory, may already have signed for this task. Its saved
 payloads were each signed before they were published, so each becomes a line (``blocked`` where
-one (round, fragment) has several). When the account is already enrolled in the run, the round
-the node says the run is in becomes the ``floor``: rounds below it may have been signed with no
-save left. (The floor trusts the node's word at that one moment.)
+one (round, fragment) has several). When the account is already enrolled in the run, the caller
+passes a ``floor``: the round after the one the run is in (that one may have been signed from
+another state directory, with no save here: a record begun mid-round by a fresh state directory
+let it be signed again, review), capped at the spec's rounds. The floor trusts the node's word
+at that one moment: a forged first answer can lock the account out of that run, never make it
+sign twice.
 
 Records are never pruned: a task id reused by another run on the same chain makes the old
 signatures valid evidence in the new run.
@@ -51,7 +54,7 @@ from pathlib import Path
 
 from tenzro_training.trainer import TrainerError
 
-__all__ = ["RECORD_FILE", "SigningGuard", "SigningRefused"]
+__all__ = ["RECORD_FILE", "SigningGuard", "SigningRecordError", "SigningRefused"]
 
 RECORD_FILE = "signed-payloads.log"
 """The guard's file in the state directory."""
@@ -63,7 +66,12 @@ _SAVED = re.compile(r"round-(\d{1,20})-fragment-(\d{1,10})(?:-[0-9a-f]{64})?\.pa
 
 
 class SigningRefused(TrainerError):
-    """Signing this payload would (or could) be equivocation, or the record is unusable."""
+    """Signing this payload would (or could) be equivocation: the trainer skips it."""
+
+
+class SigningRecordError(TrainerError):
+    """The record cannot be read, repaired or written: nothing can be signed safely, and the
+    trainer stops (skipping every round instead trained each one for nothing; review)."""
 
 
 class SigningGuard:
@@ -72,10 +80,11 @@ class SigningGuard:
     def __init__(self, directory: Path, *, floor_if_new: int | None = None) -> None:
         """Read the record, or create it (module docstring) with ``floor_if_new`` as its floor
         (None: the account is not enrolled yet, nothing can have been signed beyond the saves).
-        SigningRefused when the record is damaged or cannot be written."""
+        SigningRecordError when the record is damaged or cannot be written."""
         self.path = directory / RECORD_FILE
         self._signed: dict[tuple[int, int], bytes] = {}
         self._blocked: set[tuple[int, int]] = set()
+        self._unusable = False
         self.floor = 0
         """No new signature for a round below this one."""
         try:
@@ -84,13 +93,13 @@ class SigningGuard:
             self._create(directory, floor_if_new)
             return
         except OSError as exc:
-            raise SigningRefused(f"cannot read the record of signed payloads {self.path}: {exc.strerror}") from None
+            raise SigningRecordError(f"cannot read the record of signed payloads {self.path}: {exc.strerror}") from None
         *lines, tail = raw.split(b"\n")
         if tail:  # a line a crash cut short (any bytes): its signature was never made; cut it off
             try:
                 os.truncate(self.path, len(raw) - len(tail))
             except OSError as exc:
-                raise SigningRefused(f"cannot repair the record of signed payloads {self.path}: {exc}") from None
+                raise SigningRecordError(f"cannot repair the record of signed payloads {self.path}: {exc}") from None
         for number, line in enumerate(lines, 1):
             if (m := _SIGNED.fullmatch(line)) is not None and (int(m[1]), int(m[2])) not in self._signed:
                 self._signed[int(m[1]), int(m[2])] = bytes.fromhex(m[3].decode())
@@ -99,7 +108,7 @@ class SigningGuard:
             elif number == 1 and (m := _FLOOR.fullmatch(line)) is not None:
                 self.floor = int(m[1])
             else:
-                raise SigningRefused(
+                raise SigningRecordError(
                     f"the record of signed payloads {self.path} is damaged at line {number}: what this "
                     "trainer signed is unknown, so it signs nothing (move the file aside only if no run "
                     "with this task id on this chain will ever count these signatures)")
@@ -123,7 +132,7 @@ class SigningGuard:
         if round_ < self.floor:
             raise SigningRefused(
                 f"refusing to sign for round {round_}: this trainer's record of signatures began at round "
-                f"{self.floor}, and it may have signed earlier rounds before that")
+                f"{self.floor} (created while enrolled), and it may have signed earlier rounds before that")
         self._append(f"{round_} {fragment} {payload_hash.hex()}\n".encode("ascii"))
         self._signed[key] = payload_hash
 
@@ -138,7 +147,7 @@ class SigningGuard:
                 if m is not None:
                     saved.setdefault((int(m[1]), int(m[2])), set()).add(compute_payload_hash(file.read_bytes()))
         except OSError as exc:
-            raise SigningRefused(f"cannot read the saved payloads in {directory}: {exc.strerror or exc}") from None
+            raise SigningRecordError(f"cannot read the saved payloads in {directory}: {exc.strerror or exc}") from None
         lines = [] if floor is None else [f"floor {floor}"]
         for (r, f), hashes in sorted(saved.items()):
             if len(hashes) == 1:
@@ -148,7 +157,7 @@ class SigningGuard:
         try:
             write_file_atomically(self.path, "".join(line + "\n" for line in lines).encode("ascii"), mode=0o600)
         except OSError as exc:
-            raise SigningRefused(f"cannot create the record of signed payloads {self.path}: {exc.strerror}") from None
+            raise SigningRecordError(f"cannot create the record of signed payloads {self.path}: {exc.strerror}") from None
         self.floor = floor or 0
         for (r, f), hashes in saved.items():
             if len(hashes) == 1:
@@ -157,10 +166,13 @@ class SigningGuard:
                 self._blocked.add((r, f))
 
     def _append(self, line: bytes) -> None:
+        if self._unusable:
+            raise SigningRecordError(f"the record of signed payloads {self.path} holds a partial line this "
+                                     "process could not remove; restart the trainer (it cuts such a line off)")
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
-            raise SigningRefused(f"cannot record a signature in {self.path}: {exc.strerror}") from None
+            raise SigningRecordError(f"cannot record a signature in {self.path}: {exc.strerror}") from None
         try:
             size = os.fstat(fd).st_size
             try:
@@ -172,7 +184,7 @@ class SigningGuard:
                 try:  # no partial line left for a later append to glue onto
                     os.ftruncate(fd, size)
                 except OSError:
-                    pass
-                raise SigningRefused(f"cannot record a signature in {self.path}: {exc.strerror}") from None
+                    self._unusable = True
+                raise SigningRecordError(f"cannot record a signature in {self.path}: {exc.strerror}") from None
         finally:
             os.close(fd)

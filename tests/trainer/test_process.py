@@ -1051,25 +1051,27 @@ def test_a_round_going_back_is_refused_not_signed_again(tmp_path, monkeypatch) -
 
     tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=3)
     tr.held_hash = _A
-    answers = iter(["finalized 3", "back to 3"])
+    answers = iter(["finalized 3", "back to 3", "finalized 5"])
 
     async def wait_training(stop: object) -> dict[str, object]:
         return _hostile_view(tr, 3, _A)
 
     async def wait_finalized(round_: int, stop: object) -> dict[str, object]:
-        if next(answers) == "finalized 3":
+        answer = next(answers)
+        if answer == "finalized 3":
             tr.held_hash = _C
             return _hostile_view(tr, 4, _C)
-        return _hostile_view(tr, 3, _C)
+        return _hostile_view(tr, 3, _C) if answer == "back to 3" else _hostile_view(tr, 6, _C)
 
     async def get_run() -> dict[str, object]:
         return _hostile_view(tr, 5, _C)
 
     tr.wait_training, tr.wait_finalized, tr.get_run = wait_training, wait_finalized, get_run  # type: ignore[method-assign]
     assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
-    assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1)] and all(len(h) == 1 for h in signed.values())
-    assert any(line.startswith("round 3 skipped, nothing signed: round 3 fragment 0: this trainer may already")
-               for line in said)
+    assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1), (5, 0), (5, 1)]
+    assert all(len(h) == 1 for h in signed.values())
+    assert any(line.startswith("round 3 skipped: round 3 fragment 0: this trainer may already") for line in said)
+    assert said[-1] == "stopping after 3 rounds as asked"  # the skipped round does not count
 
 
 def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -1097,9 +1099,8 @@ def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatc
     tr.wait_training, tr.wait_finalized, tr.request_model, tr.get_run = (  # type: ignore[method-assign]
         wait_training, wait_finalized, request_model, get_run)
     assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
-    assert sorted(signed) == [(3, 0), (3, 1)] and all(len(h) == 1 for h in signed.values())
-    assert any(line.startswith("round 3 skipped, nothing signed") for line in said)
-    assert len(list(tr.payloads.dir.glob("round-3-fragment-*.payload"))) == 2  # kept, not deleted
+    assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1)] and all(len(h) == 1 for h in signed.values())
+    assert any(line.startswith("round 3 skipped: ") for line in said)
 
 
 def test_a_restarted_trainer_told_another_model_for_its_round_signs_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -1221,6 +1222,8 @@ def test_a_round_past_the_specs_last_is_skipped_unsigned(tmp_path, monkeypatch) 
     """Review (stop 20): the spec (hash-checked) bounds the rounds; a node's round past it is bogus."""
     import asyncio
 
+    from tenzro_training.trainer.process import TrainerProcessError
+
     tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=1)
     tr.held_hash = _A
     tr.max_rounds = 3
@@ -1229,8 +1232,32 @@ def test_a_round_past_the_specs_last_is_skipped_unsigned(tmp_path, monkeypatch) 
         return _hostile_view(tr, 3, _A)
 
     async def get_run() -> dict[str, object]:
-        return _hostile_view(tr, 3, _A, records=3) | {"status": "Training", "round": 4}
+        return _hostile_view(tr, 3, _A) | {"status": "Cancelled"}
 
     tr.wait_training, tr.get_run = wait_training, get_run  # type: ignore[method-assign]
-    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    with pytest.raises(TrainerProcessError, match="the run ended: Cancelled"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
     assert signed == {} and any("the run's spec has 3 rounds" in line for line in said)
+
+
+@pytest.mark.parametrize(("status", "round_", "floor"), [
+    ("Training", 3, 4),  # round 3 may have been signed from another state directory: it is out too
+    ("Enrolling", 0, 0),  # enrolled, nothing submitted yet
+    ("Training", 2**40, 5),  # capped at the spec's rounds: a forged round cannot plant a larger floor
+])
+def test_a_record_begun_while_enrolled_starts_after_the_runs_round(tmp_path, status: str, round_: int,  # type: ignore[no-untyped-def]
+                                                                   floor: int) -> None:
+    """Review (stop 20): a fresh --state-dir mid-round took the run's round as its floor, and
+    re-signed that round, which the node already held from the old directory: slashed by an
+    honest node."""
+    tr, _ = _bare_trainer(tmp_path)
+    tr.max_rounds = 5
+    tr.open_signing_guard({"status": status, "round": round_, "trainers": [{"address": tr.address}]})
+    assert tr.guard is not None and tr.guard.floor == floor
+
+
+def test_a_record_begun_before_enrolling_has_no_floor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tr, _ = _bare_trainer(tmp_path)
+    tr.max_rounds = 5
+    tr.open_signing_guard({"status": "Training", "round": 3, "trainers": [{"address": "0x" + "00" * 20}]})
+    assert tr.guard is not None and tr.guard.floor == 0

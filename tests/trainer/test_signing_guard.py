@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tenzro_training.trainer.signing_guard import RECORD_FILE, SigningGuard, SigningRefused
+from tenzro_training.trainer.signing_guard import RECORD_FILE, SigningGuard, SigningRecordError, SigningRefused
 
 H1, H2, H3 = (hashlib.sha256(b"%d" % i).digest() for i in range(3))
 
@@ -64,13 +64,13 @@ def test_the_record_survives_a_restart_and_a_crash_mid_line(tmp_path: Path) -> N
 @pytest.mark.parametrize("damage", ["2 0 nothex\n", "\n", "x\n2 0 " + "ab" * 32 + "\n", "2 0 x\n", "blocked 1\n"])
 def test_a_damaged_record_refuses_to_sign_anything(tmp_path: Path, damage: str) -> None:
     (tmp_path / RECORD_FILE).write_text(damage)
-    with pytest.raises(SigningRefused, match="damaged at line 1"):
+    with pytest.raises(SigningRecordError, match="damaged at line 1"):
         SigningGuard(tmp_path)
 
 
 def test_a_floor_after_the_first_line_is_damage(tmp_path: Path) -> None:
     (tmp_path / RECORD_FILE).write_text(f"2 0 {H1.hex()}\nfloor 0\n")
-    with pytest.raises(SigningRefused, match="damaged at line 2"):
+    with pytest.raises(SigningRecordError, match="damaged at line 2"):
         SigningGuard(tmp_path)
 
 
@@ -98,6 +98,38 @@ def test_a_new_record_starts_from_the_payloads_saved_before_it(tmp_path: Path) -
 
 def test_seeding_that_cannot_read_a_save_refuses_cleanly(tmp_path: Path) -> None:
     (tmp_path / f"round-4-fragment-0-{'ab' * 32}.payload").mkdir()  # not a file
-    with pytest.raises(SigningRefused, match="cannot read the saved payloads"):
+    with pytest.raises(SigningRecordError, match="cannot read the saved payloads"):
         SigningGuard(tmp_path)
     assert not (tmp_path / RECORD_FILE).exists()
+
+
+def test_a_record_that_cannot_be_written_stops_rather_than_skips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review (stop 20): an I/O failure raised the refusal the trainer skips a round on, so it
+    trained every round and signed none, forever. It is a SigningRecordError, which stops it;
+    a failed append is cut back, and when even that fails the guard refuses every later append."""
+    import os
+
+    guard = SigningGuard(tmp_path)
+    guard.record(1, 0, H1)
+    path = tmp_path / RECORD_FILE
+    real_write = os.write
+
+    def short_then_full(fd: int, data: object) -> int:
+        real_write(fd, bytes(data)[:5])  # type: ignore[call-overload]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(SigningRecordError, match="No space left"):
+        guard.record(1, 1, H2)
+    monkeypatch.setattr(os, "write", real_write)
+    assert path.read_text() == f"1 0 {H1.hex()}\n"  # the partial line was cut back
+    assert not issubclass(SigningRecordError, SigningRefused)
+    monkeypatch.setattr(os, "write", short_then_full)
+    monkeypatch.setattr(os, "ftruncate", lambda fd, size: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(SigningRecordError):
+        guard.record(1, 1, H2)
+    monkeypatch.setattr(os, "write", real_write)
+    with pytest.raises(SigningRecordError, match="partial line"):
+        guard.record(1, 1, H2)
+    assert SigningGuard(tmp_path).signed(1, 0)  # the next start cuts the partial line off
+    assert not SigningGuard(tmp_path).signed(1, 1)
