@@ -510,6 +510,8 @@ class _Trainer:
         """What this account signed for the task (opened with the state directory's lock)."""
         self.max_rounds = 2**64
         """The run's spec's max_rounds, once the spec is loaded: a round at or past it is bogus."""
+        self.spec_hash: str | None = None
+        """The run's spec hash, once the spec is loaded: every later getRun must name it."""
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         """One JSON-RPC call. Once the node has answered a first time, a call that cannot reach
@@ -552,6 +554,10 @@ class _Trainer:
                                       f"({view.get('task_id')!r})")
         if type(view.get("round")) is not int or not 0 <= view["round"] < 2**64:  # int() took 2.9 as round 2
             raise TrainerProcessError(f"the node's getRun answer is malformed: round {view.get('round')!r}")
+        if self.spec_hash is not None and str(view.get("spec_hash", "")).lower() != self.spec_hash:
+            # The spec was checked once; every later answer must be of that same run.
+            raise TrainerProcessError(f"the node's getRun answer names spec {view.get('spec_hash')!r}, not the "
+                                      f"run's {self.spec_hash}")
         records = view.get("round_records")
         if view.get("status") == "Training" and (not isinstance(records, list) or len(records) != view["round"]):
             # A node serves round r with the r records before it (one RunState): anything else
@@ -609,7 +615,12 @@ class _Trainer:
             await asyncio.sleep(self.cfg.poll_interval_s)
             view = await self.get_run()
         if any(t["address"].lower() == self.address.lower() for t in view["trainers"]):
-            return view  # a restart: already enrolled
+            # A restart: already enrolled. If this process created the signing record, whatever
+            # was signed before came from another state directory: the record starts after the
+            # run's round as of this answer too (the first answer may have been stale or forged).
+            if self.guard is not None and view["status"] not in ("Posted", "Electing", "Enrolling"):
+                self.guard.raise_floor(min(self.max_rounds, view["round"] + 1))
+            return view
         if view["status"] != "Enrolling":
             raise TrainerProcessError(f"cannot enroll: the run is {view['status']}")
         did = self.cfg.did or f"did:tenzro:trainer:{self.address.lower()}"
@@ -783,8 +794,11 @@ class _Trainer:
 
         signed = []
         guard = self.signing_guard()
+        digests = [compute_payload_hash(payload) for payload in payloads]
+        for f, digest in enumerate(digests):  # every fragment first: a round is never half signed, then refused
+            guard.check(round_, f, digest)
         for f, payload in enumerate(payloads):
-            digest = compute_payload_hash(payload)
+            digest = digests[f]
             guard.record(round_, f, digest)  # durably, BEFORE signing; SigningRefused if it would equivocate
             sig = self.sign(auth.SubmitOuterGradient(task_id=self.cfg.task_id, round=round_, fragment=f, payload_hash=digest))
             signed.append((digest, sig))
@@ -945,6 +959,8 @@ class _Trainer:
         # model and inner-loop configs, the dataset and its hash, the layouts, the p2p host. Only
         # the shard waits for the shard index, which enrollment assigns.
         spec = self.load_spec(view)
+        if isinstance(view.get("spec_hash"), str):  # load_spec checked the spec against it
+            self.spec_hash = view["spec_hash"].lower()
         self.max_rounds = spec.max_rounds
         self.open_signing_guard(view)
         corpus = await self.prepare(spec)
@@ -1058,13 +1074,15 @@ class _Trainer:
                 # for the model held now: the node serves this round again with another model or
                 # after it moved on, or the save was lost. Training it again would sign a second
                 # payload: equivocation (trainer probe, 2026-11-26).
-                why = (f"its record of signatures began at round {guard.floor} (created while enrolled)"
-                       if round_ < guard.floor else "it signed one before")
-                raise SigningRefused(
-                    f"round {round_} fragment {f}: this trainer may already have signed a payload for it "
-                    f"({why}) and does not hold it for the model it now trains from ({_hex(base)}), so it "
-                    "signs none (equivocation burns the stake): the node served this round again with "
-                    "another model or after it moved on, or the saved payload was lost")
+                if round_ < guard.floor:
+                    why = (f"its record of signatures began at round {guard.floor} (created while enrolled: "
+                           "earlier rounds may have been signed from another state directory)")
+                else:
+                    why = ("it signed one before and does not hold it for the model it now trains from "
+                           f"({_hex(base)}): the node served this round again with another model or after it "
+                           "moved on, or the saved payload was lost")
+                raise SigningRefused(f"round {round_} fragment {f}: this trainer may already have signed a "
+                                     f"payload for it, so it signs none (equivocation burns the stake): {why}")
         if all(p is not None for p in saved):
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
@@ -1090,6 +1108,10 @@ class _Trainer:
         except TrainerError as exc:
             raise TrainerProcessError(f"cannot build shard {self.shard_index}: {exc}") from None
         trained = 0
+        refused: set[int] = set()
+        """Rounds the signing guard refused (each said once)."""
+        progress = time.monotonic()
+        """When a round was last accepted (or the loop began): refusals alone end after max_round_wait_s."""
         while not stop.is_set():
             if view["status"] == "Sealed":
                 self.payloads.prune(None)
@@ -1116,14 +1138,23 @@ class _Trainer:
             except InnerLoopStopped:
                 return 0  # told to stop mid-round: nothing of the round was saved or published
             except SigningRefused as exc:
-                # Nothing more is signed for this round (a fragment signed before the refusal was
-                # recorded first); the trainer goes on with the next one (exiting made a
-                # supervisor restart it into the same refusal until the round closed).
-                self.say(f"round {r} skipped: {exc}")
-                log.warning("round %d skipped by the signing guard: %s", r, exc)
+                # Nothing is signed for this round; the trainer goes on with the next one
+                # (exiting made a supervisor restart it into the same refusal until the round
+                # closed). Said once per round, paced, and bounded: a node serving refused
+                # rounds back to back made it spin (review).
+                if r not in refused:
+                    refused.add(r)
+                    self.say(f"round {r} refused by the signing guard: {exc}")
+                if time.monotonic() - progress > self.cfg.max_round_wait_s:
+                    raise TrainerProcessError(f"no round could be signed for --max-round-wait "
+                                              f"{self.cfg.max_round_wait_s:g}s: the signing guard refused "
+                                              f"rounds {sorted(refused)[:10]}") from None
+                await asyncio.sleep(self.cfg.poll_interval_s)
                 accepted, resubmitted = False, False
                 trained -= 1  # not a round trained, for --rounds
             trained += 1
+            if accepted:
+                progress = time.monotonic()
             if accepted:
                 how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"
                 self.say(f"round {r} submitted {len(payloads)} fragments over gossip "

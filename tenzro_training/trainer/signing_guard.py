@@ -39,8 +39,10 @@ one (round, fragment) has several). When the account is already enrolled in the 
 passes a ``floor``: the round after the one the run is in (that one may have been signed from
 another state directory, with no save here: a record begun mid-round by a fresh state directory
 let it be signed again, review), capped at the spec's rounds. The floor trusts the node's word
-at that one moment: a forged first answer can lock the account out of that run, never make it
-sign twice.
+at that one moment, raised again if the answer the trainer enrolls from shows the account
+enrolled (``raise_floor``). It is best effort: a node or a man in the middle that hides an earlier
+enrollment from a NEW state directory in every answer can still get a second signature. Never
+replace the state directory of an account enrolled in a run (and use https).
 
 Records are never pruned: a task id reused by another run on the same chain makes the old
 signatures valid evidence in the new run.
@@ -85,6 +87,8 @@ class SigningGuard:
         self._signed: dict[tuple[int, int], bytes] = {}
         self._blocked: set[tuple[int, int]] = set()
         self._unusable = False
+        self._created_here = False
+        self._appended = False
         self.floor = 0
         """No new signature for a round below this one."""
         try:
@@ -118,13 +122,15 @@ class SigningGuard:
         key = (round_, fragment)
         return key in self._signed or key in self._blocked or round_ < self.floor
 
-    def record(self, round_: int, fragment: int, payload_hash: bytes) -> None:
-        """Allow signing ``payload_hash`` for (round, fragment): record it durably first, or
-        raise SigningRefused (module docstring)."""
+    def check(self, round_: int, fragment: int, payload_hash: bytes) -> bool:
+        """SigningRefused unless signing ``payload_hash`` for (round, fragment) is allowed;
+        True when it is an exact replay (already recorded). Writes nothing: a caller signing
+        several fragments checks them all first, so a round is never half signed and then
+        refused."""
         key = (round_, fragment)
         held = self._signed.get(key)
         if held == payload_hash:
-            return  # an exact replay
+            return True
         if held is not None or key in self._blocked:
             raise SigningRefused(
                 f"refusing to sign a second payload for round {round_} fragment {fragment}: this trainer "
@@ -133,8 +139,36 @@ class SigningGuard:
             raise SigningRefused(
                 f"refusing to sign for round {round_}: this trainer's record of signatures began at round "
                 f"{self.floor} (created while enrolled), and it may have signed earlier rounds before that")
+        return False
+
+    def record(self, round_: int, fragment: int, payload_hash: bytes) -> None:
+        """Allow signing ``payload_hash`` for (round, fragment): record it durably first, or
+        raise SigningRefused (module docstring)."""
+        if self.check(round_, fragment, payload_hash):
+            return  # an exact replay
         self._append(f"{round_} {fragment} {payload_hash.hex()}\n".encode("ascii"))
-        self._signed[key] = payload_hash
+        self._signed[round_, fragment] = payload_hash
+
+    @property
+    def created_here(self) -> bool:
+        """This object created the record (rather than reading one an earlier process wrote)."""
+        return self._created_here
+
+    def raise_floor(self, floor: int) -> None:
+        """Raise the floor of a record this process created and has not signed into yet: a later
+        answer showed the account enrolled before this process could have enrolled it (the first
+        answer, which set the floor, may have been stale or forged). Only ever more restrictive."""
+        if not self._created_here or self._appended or floor <= self.floor:
+            return
+        from storage.files import write_file_atomically
+
+        lines = [f"floor {floor}"] + [f"{r} {f} {h.hex()}" for (r, f), h in sorted(self._signed.items())]
+        lines += [f"blocked {r} {f}" for r, f in sorted(self._blocked)]
+        try:
+            write_file_atomically(self.path, "".join(line + "\n" for line in lines).encode("ascii"), mode=0o600)
+        except OSError as exc:
+            raise SigningRecordError(f"cannot raise the floor of {self.path}: {exc.strerror}") from None
+        self.floor = floor
 
     def _create(self, directory: Path, floor: int | None) -> None:
         from storage.files import write_file_atomically
@@ -159,6 +193,7 @@ class SigningGuard:
         except OSError as exc:
             raise SigningRecordError(f"cannot create the record of signed payloads {self.path}: {exc.strerror}") from None
         self.floor = floor or 0
+        self._created_here = True
         for (r, f), hashes in saved.items():
             if len(hashes) == 1:
                 self._signed[r, f] = next(iter(hashes))
@@ -176,6 +211,7 @@ class SigningGuard:
         try:
             size = os.fstat(fd).st_size
             try:
+                self._appended = True  # set first: a failed append also ends raise_floor's window
                 view = memoryview(line)
                 while view:
                     view = view[os.write(fd, view):]

@@ -1070,7 +1070,8 @@ def test_a_round_going_back_is_refused_not_signed_again(tmp_path, monkeypatch) -
     assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
     assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1), (5, 0), (5, 1)]
     assert all(len(h) == 1 for h in signed.values())
-    assert any(line.startswith("round 3 skipped: round 3 fragment 0: this trainer may already") for line in said)
+    assert any(line.startswith("round 3 refused by the signing guard: round 3 fragment 0: this trainer may already")
+               for line in said)
     assert said[-1] == "stopping after 3 rounds as asked"  # the skipped round does not count
 
 
@@ -1100,7 +1101,7 @@ def test_a_round_served_again_with_another_model_is_refused(tmp_path, monkeypatc
         wait_training, wait_finalized, request_model, get_run)
     assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
     assert sorted(signed) == [(3, 0), (3, 1), (4, 0), (4, 1)] and all(len(h) == 1 for h in signed.values())
-    assert any(line.startswith("round 3 skipped: ") for line in said)
+    assert any(line.startswith("round 3 refused by the signing guard: ") for line in said)
 
 
 def test_a_restarted_trainer_told_another_model_for_its_round_signs_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -1261,3 +1262,91 @@ def test_a_record_begun_before_enrolling_has_no_floor(tmp_path) -> None:  # type
     tr.max_rounds = 5
     tr.open_signing_guard({"status": "Training", "round": 3, "trainers": [{"address": "0x" + "00" * 20}]})
     assert tr.guard is not None and tr.guard.floor == 0
+
+
+def test_refused_rounds_are_said_once_paced_and_bounded(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Review (stop 20): a node serving refused rounds back to back (here 3 and 4, below a floor
+    of 5) made the trainer spin: 20,000 getRun calls and lines in 1.6 s, and --rounds never
+    ended it. Now each refused round is said once, the loop pauses, and refusals alone end
+    after --max-round-wait."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+    from tenzro_training.trainer.signing_guard import SigningGuard
+
+    tr, said, signed = _signing_trainer(tmp_path, monkeypatch, rounds=1, poll_interval_s=0.01, max_round_wait_s=0.3)
+    tr.payloads.dir.mkdir(parents=True)
+    tr.guard = SigningGuard(tr.payloads.dir, floor_if_new=5)
+    tr.held_hash = _A
+    flip = [3]
+    polls: list[int] = []
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A)
+
+    async def get_run() -> dict[str, object]:
+        polls.append(1)
+        flip[0] = 7 - flip[0]
+        return _hostile_view(tr, flip[0], _A)
+
+    tr.wait_training, tr.get_run = wait_training, get_run  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="no round could be signed for --max-round-wait 0.3s"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    refusals = [line for line in said if "refused by the signing guard" in line]
+    assert signed == {} and len(refusals) == 2  # rounds 3 and 4, once each
+    assert len(polls) <= 40  # paced by poll_interval_s (0.01 s) over 0.3 s, not thousands
+
+
+def test_a_round_with_one_refused_fragment_is_not_half_signed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Review (stop 20): submit recorded and signed fragment by fragment, so a refusal at
+    fragment 1 came after fragment 0 was signed and published."""
+    import asyncio
+
+    from tenzro_training.trainer.signing_guard import SigningRefused
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch)
+    guard = tr.signing_guard()
+    guard.record(3, 1, b"\x01" * 32)
+    with pytest.raises(SigningRefused, match="round 3 fragment 1"):
+        asyncio.run(tr.submit(3, [b"fragment 0", b"fragment 1"], asyncio.Event()))
+    assert signed == {} and not guard.signed(3, 0)
+
+
+def test_an_enrollment_found_later_raises_the_floor_of_a_new_record(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Review (stop 20): the floor came from the first answer only; one that hid the account's
+    enrollment (stale or forged) left a new record with no floor, and the round in progress,
+    signed from an old state directory, was signed again."""
+    import asyncio
+
+    tr, _ = _bare_trainer(tmp_path)
+    tr.max_rounds = 10
+    tr.open_signing_guard({"status": "Training", "round": 3, "trainers": []})  # the enrollment hidden
+    assert tr.guard is not None and tr.guard.floor == 0
+    view = _hostile_view(tr, 3, _A)
+    assert asyncio.run(tr.enroll(view, asyncio.Event())) == view  # already enrolled: a restart
+    assert tr.guard.floor == 4
+    from tenzro_training.trainer.signing_guard import SigningGuard
+
+    assert SigningGuard(tr.payloads.dir).floor == 4  # written down
+    tr.guard.record(4, 0, b"\x02" * 32)
+    tr.guard.raise_floor(9)  # after a signature of this process, the floor stays
+    assert tr.guard.floor == 4
+
+
+def test_every_later_view_must_name_the_checked_spec(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+    tr.spec_hash = "0x" + "ab" * 32
+    answer = {"task_id": TASK, "round": 0, "status": "Enrolling", "spec_hash": "0x" + "AB" * 32}
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        return answer
+
+    tr.call = call  # type: ignore[method-assign]
+    asyncio.run(tr.get_run())  # the same hash (any case)
+    answer["spec_hash"] = "0x" + "cd" * 32
+    with pytest.raises(TrainerProcessError, match="names spec '0xcdcd"):
+        asyncio.run(tr.get_run())
