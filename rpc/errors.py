@@ -57,6 +57,7 @@ from tenzro_training.errors import (
     RunFull,
     SpecError,
     StakeTooLow,
+    TooManyRuns,
     TaskExists,
     TenzroError,
     UnknownTask,
@@ -249,6 +250,7 @@ ERROR_TABLE: Final[tuple[ErrorEntry, ...]] = (
     _e(NotSponsor, 1314, "not the sponsor"),
     _e(NotSyncer, 1315, "not the current syncer"),
     _e(StragglerWindowOpen, 1316, "straggler window still open"),
+    _e(TooManyRuns, 1317, "too many open runs"),
     # Payloads, fragments, records, aggregation.
     _e(PayloadError, 1400, "invalid payload"),
     _e(FragmentError, 1401, "invalid fragmentation"),

@@ -139,6 +139,16 @@ class RunFull(RunError):
         super().__init__(task_id, f"run is full ({trainer_count} trainers)")
 
 
+class TooManyRuns(RunError):
+    """postTask would open more runs than the node admits (``scope``: ``node`` or ``sponsor``)."""
+
+    def __init__(self, task_id: str, scope: str, limit: int) -> None:
+        self.scope = scope
+        self.limit = limit
+        super().__init__(task_id, f"the node holds {limit} open runs{' of this sponsor' if scope == 'sponsor' else ''}, "
+                                  "its limit: post again when one has ended")
+
+
 class StakeTooLow(RunError):
     """The offered stake is below the node's configured minimum."""
 

@@ -33,9 +33,19 @@ from tenzro_training.errors import CheckpointError, FragmentError, SpecError
 from tenzro_training.fragments import get_dtype_name, validate_tensor_name
 from tenzro_training.spec import TrainingTaskSpec
 
-__all__ = ["load_init_checkpoint", "resolve_checkpoint_path", "parse_checkpoint_bytes"]
+__all__ = ["MAX_CHECKPOINT_TENSORS", "load_init_checkpoint", "resolve_checkpoint_path", "parse_checkpoint_bytes"]
 
 _INIT_PATH = "architecture.metadata.init_checkpoint"
+
+MAX_CHECKPOINT_TENSORS = 65_536
+"""Most tensors a checkpoint may hold (large transformer checkpoints hold a few thousand). The
+per-tensor work of a post (~35 us each) ran on the node's one service thread: a 48 MB file of
+800,000 zero-element tensors held it for 29 s (malicious-participant probe, 2026-11-26)."""
+
+_MAX_HEADER_BYTES = 16 << 20
+"""Largest safetensors header read (JSON: ~40 bytes per tensor at least)."""
+
+_HASH_CHUNK = 16 << 20
 
 
 def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
@@ -58,6 +68,34 @@ def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
     return real
 
 
+def _stream_sha256(path: Path, uri: str, max_bytes: int) -> bytes:
+    """SHA-256 of the regular file at ``path`` (at most ``max_bytes``), read in chunks."""
+    import stat
+
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise CheckpointError(uri, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(uri, "not a regular file")
+        if info.st_size > max_bytes:
+            raise CheckpointError(uri, f"file is {info.st_size} bytes, the limit is {max_bytes}")
+        digest, read = hashlib.sha256(), 0
+        while chunk := os.read(fd, _HASH_CHUNK):
+            read += len(chunk)
+            if read > max_bytes:
+                raise CheckpointError(uri, f"file is larger than the limit of {max_bytes} bytes")
+            digest.update(chunk)
+        return digest.digest()
+    except OSError as exc:
+        raise CheckpointError(uri, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
 def _read_bounded(path: Path, uri: str, max_bytes: int) -> bytes:
     # Non-blocking open and a regular-file check (storage.files): a FIFO would otherwise block
     # the node's one service thread until a writer came. No symlink: the path is resolved above.
@@ -67,8 +105,26 @@ def _read_bounded(path: Path, uri: str, max_bytes: int) -> bytes:
         raise CheckpointError(uri, exc.reason) from None
 
 
+def _check_header(data: bytes, uri: str) -> None:
+    """The safetensors header's size and tensor count, before the library parses it all."""
+    from tenzro_training.jsontext import loads_bounded
+
+    if len(data) < 8:
+        raise CheckpointError(uri, "not a valid safetensors file: shorter than its header length")
+    size = int.from_bytes(data[:8], "little")
+    if size > min(_MAX_HEADER_BYTES, len(data) - 8):
+        raise CheckpointError(uri, f"not a valid safetensors file (or a header over {_MAX_HEADER_BYTES} bytes)")
+    try:
+        header = loads_bounded(data[8:8 + size])
+    except ValueError as exc:
+        raise CheckpointError(uri, f"not a valid safetensors file: {exc}") from None
+    if isinstance(header, dict) and len(header) - ("__metadata__" in header) > MAX_CHECKPOINT_TENSORS:
+        raise CheckpointError(uri, f"the checkpoint holds more than {MAX_CHECKPOINT_TENSORS} tensors")
+
+
 def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:
     """Parse safetensors bytes into float32 tensors (names checked, 16-bit dtypes widened exactly)."""
+    _check_header(data, uri)
     try:
         raw = safetensors.torch.load(data)
     except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
@@ -98,6 +154,11 @@ def load_init_checkpoint(
     if ref is None:
         raise SpecError(_INIT_PATH, 'required: {"uri": "file:///...", "sha256": "0x..."} naming the initial model')
     path = resolve_checkpoint_path(ref.uri, allowed_dirs)
+    # A streamed hash first (16 MiB at a time): a wrong hash is refused without the whole file
+    # in memory (a post naming any large readable file held twice its size; probe, 2026-11-26).
+    # The bytes parsed are hashed again below: the file may change between the two reads.
+    if _stream_sha256(path, ref.uri, max_bytes) != ref.sha256_bytes:
+        raise CheckpointError(ref.uri, f"sha256 differs from the spec's {ref.sha256}")
     data = _read_bounded(path, ref.uri, max_bytes)
     actual = hashlib.sha256(data).digest()
     if actual != ref.sha256_bytes:

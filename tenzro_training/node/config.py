@@ -81,6 +81,7 @@ _TOP_KEYS: Final = (
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
     "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
     "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
+    "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -218,6 +219,15 @@ class NodeConfig:
     max_trainer_count: int = DEFAULT_MAX_TRAINER_COUNT
     """Largest ``trainer_count`` a posted spec may ask for (postTask refuses more: one claim
     credits every payee)."""
+    min_reward_pool: int = 1
+    """Smallest ``reward_pool`` (attoTNZO) postTask accepts. A post costs the node a model
+    snapshot on disk and a layout in memory; with a pool of 0, a key holding nothing could post
+    without limit (malicious-participant probe, 2026-11-26). 1 makes every sponsor a funded
+    account; raise it to price posting."""
+    max_open_runs: int = 1024
+    """Most runs not yet Sealed, Failed or Cancelled the node holds; postTask refuses more (1317)."""
+    max_open_runs_per_sponsor: int = 64
+    """Most such runs of one sponsor address; postTask refuses more (1317)."""
     candidates: tuple[Candidate, ...] = ()
     """Registered syncer candidates (address, VRF public key, stake): the election's inputs."""
     syncer_identities: tuple[SyncerIdentity, ...] = ()
@@ -356,6 +366,9 @@ class NodeConfig:
         _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
         _int("max_receipt_bytes", self.max_receipt_bytes, 1, MAX_RECEIPT_BYTES)
         _int("max_trainer_count", self.max_trainer_count, 1, _MAX_JSON_INT)
+        _int("min_reward_pool", self.min_reward_pool, 0, _MAX_JSON_INT)
+        _int("max_open_runs", self.max_open_runs, 1, _MAX_JSON_INT)
+        _int("max_open_runs_per_sponsor", self.max_open_runs_per_sponsor, 1, _MAX_JSON_INT)
 
     def _genesis_pairs(self) -> list[tuple[object, object]]:
         pairs = []
@@ -413,7 +426,8 @@ class NodeConfig:
                  "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
-                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms")
+                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
+                 "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -467,6 +481,9 @@ class NodeConfig:
             "rpc_max_inflight_bytes": self.rpc_max_inflight_bytes,
             "rpc_max_batch_answer_bytes": self.rpc_max_batch_answer_bytes,
             "rpc_max_batch_ms": self.rpc_max_batch_ms,
+            "min_reward_pool": self.min_reward_pool,
+            "max_open_runs": self.max_open_runs,
+            "max_open_runs_per_sponsor": self.max_open_runs_per_sponsor,
         }
 
     def server_limits(self) -> ServerLimits:

@@ -65,6 +65,7 @@ from tenzro_training.errors import (
     PayloadUnavailable,
     SpecError,
     TenzroError,
+    TooManyRuns,
     UnknownTask,
 )
 from tenzro_training.jsontext import serialize_json
@@ -579,6 +580,17 @@ class NodeService:
             # The same spec again answers as the first call did; another spec is TaskExists.
             process_post_task(task, signer, self._ledger, now, timings, existing.initial_model_hash, existing=existing)
             return self._post_result(existing)
+        # Node policy before anything is read or written: a post costs a snapshot on disk and a
+        # layout in memory, so it must be paid for and the open runs are bounded
+        # (malicious-participant probe, 2026-11-26: free posts filled the disk for good).
+        if task.reward_pool < self._config.min_reward_pool:
+            raise SpecError("reward_pool", f"{task.reward_pool} is below this node's minimum, "
+                                           f"{self._config.min_reward_pool} attoTNZO")
+        open_runs = [r for r in self._runs.values() if not is_terminal(r)]
+        if len(open_runs) >= self._config.max_open_runs:
+            raise TooManyRuns(task.task_id, "node", self._config.max_open_runs)
+        if sum(r.spec.sponsor_address_bytes == signer for r in open_runs) >= self._config.max_open_runs_per_sponsor:
+            raise TooManyRuns(task.task_id, "sponsor", self._config.max_open_runs_per_sponsor)
         # Every refusal the core can make (unsupported spec, outer config, balance) comes before
         # the checkpoint is read: a dry run with a placeholder model hash.
         caps = {"max_grace_window_ms": self._config.max_grace_window_ms,

@@ -59,6 +59,7 @@ from tenzro_training.errors import (
     TenzroError,
     UnknownTask,
     VRFError,
+    TooManyRuns,
 )
 from tenzro_training.jsontext import serialize_json
 from tenzro_training.ledger import (
@@ -250,6 +251,7 @@ ERROR_SAMPLES: list[tuple[BaseException, int, dict[str, Any]]] = [
      {"type": "NotSyncer", "task_id": "t1", "address": "0xabc", "expected": "0xdef"}),
     (StragglerWindowOpen("t1", 2, 1000), 1316,
      {"type": "StragglerWindowOpen", "task_id": "t1", "round": 2, "straggler_deadline_ms": 1000}),
+    (TooManyRuns("t1", "sponsor", 64), 1317, {"type": "TooManyRuns", "task_id": "t1", "scope": "sponsor", "limit": 64}),
     (PayloadError("bad"), 1400, {"type": "PayloadError"}),
     (PayloadNonFinite("w", 3), 1400, {"type": "PayloadNonFinite", "name": "w", "count": 3}),
     (PayloadValueOutOfRange("w", 2, 1e6), 1400, {"type": "PayloadValueOutOfRange", "name": "w", "count": 2, "limit": 1e6}),

@@ -1,0 +1,90 @@
+"""postTask's node policy (malicious-participant probe, stop 20): a post costs the node a model
+snapshot on disk and a layout in memory, so it must carry a reward pool (``min_reward_pool``),
+open runs are bounded per node and per sponsor (``max_open_runs``, ``max_open_runs_per_sponsor``),
+and a checkpoint is refused on its hash or its tensor count before it is held in memory."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpc.errors import compute_error_object
+from tenzro_training import auth
+from storage import schema
+from storage.memory import MemoryStore
+from tenzro_training.errors import CheckpointError, SpecError, TooManyRuns
+from tenzro_training.node import checkpoint as checkpoint_module
+from tenzro_training.node.service import NodeService
+from tests.node.conftest import SPONSOR, STRANGER, FakeClock, Net, make_config, spec_dict, write_checkpoint
+
+
+def _net(tmp_path: Path, **config: object) -> Net:
+    return Net(NodeService(make_config(None, **config), MemoryStore(), clock=FakeClock()), FakeClock())
+
+
+def test_a_post_needs_the_nodes_minimum_pool(tmp_path: Path) -> None:
+    net = _net(tmp_path)
+    uri, sha = write_checkpoint(tmp_path)
+    with pytest.raises(SpecError) as info:
+        net.post(spec_dict(uri, sha, reward_pool="0"))
+    assert info.value.path == "reward_pool" and "below this node's minimum, 1 attoTNZO" in str(info.value)
+    assert net.service.get_run_state("run-1") is None
+    assert not list(net.store.iterate(schema.CF_TRAINING_RUNS))  # nothing written
+    priced = _net(tmp_path, min_reward_pool=1000)
+    with pytest.raises(SpecError, match="below this node's minimum"):
+        priced.post(spec_dict(uri, sha, reward_pool="999"))
+    priced.post(spec_dict(uri, sha, reward_pool="1000"))
+
+
+def test_open_runs_are_bounded_per_node_and_per_sponsor(tmp_path: Path) -> None:
+    uri, sha = write_checkpoint(tmp_path)
+    net = _net(tmp_path, max_open_runs=3, max_open_runs_per_sponsor=2)
+    net.post(spec_dict(uri, sha, task_id="a"))
+    net.post(spec_dict(uri, sha, task_id="b"))
+    with pytest.raises(TooManyRuns) as info:
+        net.post(spec_dict(uri, sha, task_id="c"))
+    assert (info.value.scope, info.value.limit) == ("sponsor", 2)
+    assert compute_error_object(info.value)["code"] == 1317
+    assert compute_error_object(info.value)["data"] == {"type": "TooManyRuns", "task_id": "c", "scope": "sponsor",
+                                                        "limit": 2}
+    net.post(spec_dict(uri, sha, task_id="a"))  # the same spec again is still a no-op replay
+    other = spec_dict(uri, sha, task_id="d", sponsor_address=STRANGER.text)
+    net.post(other, signer=STRANGER)  # another sponsor: the node's third open run
+    with pytest.raises(TooManyRuns) as node_full:
+        net.post(spec_dict(uri, sha, task_id="e", sponsor_address=STRANGER.text), signer=STRANGER)
+    assert node_full.value.scope == "node"
+    net.service.cancel_task("a", SPONSOR.sign(auth.CancelTask(task_id="a")))
+    net.post(spec_dict(uri, sha, task_id="c"))  # an ended run frees its slot
+
+
+def test_a_wrong_hash_is_refused_before_the_file_is_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A post naming any large readable file with a wrong hash read it whole (twice its size at
+    the peak) before refusing it; now a streamed hash refuses it first."""
+    uri, sha = write_checkpoint(tmp_path)
+    read_whole: list[Path] = []
+    real = checkpoint_module._read_bounded
+    monkeypatch.setattr(checkpoint_module, "_read_bounded",
+                        lambda path, uri, max_bytes: read_whole.append(path) or real(path, uri, max_bytes))
+    net = _net(tmp_path)
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        net.post(spec_dict(uri, "0x" + "00" * 32))
+    assert read_whole == []
+    net.post(spec_dict(uri, sha))
+    assert len(read_whole) == 1
+
+
+def test_a_checkpoint_of_too_many_tensors_is_refused_before_it_is_parsed(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checkpoint_module, "MAX_CHECKPOINT_TENSORS", 4)
+    state = {f"t{i}": torch.zeros(1) for i in range(5)}
+    uri, sha = write_checkpoint(tmp_path, state)
+    with pytest.raises(CheckpointError, match="more than 4 tensors"):
+        _net(tmp_path).post(spec_dict(uri, sha))
+    header = b'{"a":' * 2  # a header length past the file
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 1 << 40) + header)
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        checkpoint_module.parse_checkpoint_bytes(bad.read_bytes(), bad.as_uri())
