@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -46,6 +48,13 @@ _MAX_HEADER_BYTES = 16 << 20
 """Largest safetensors header read (JSON: ~40 bytes per tensor at least)."""
 
 _HASH_CHUNK = 16 << 20
+
+_DIGESTS: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+"""(device, inode, size, mtime ns, ctime ns) -> SHA-256 of the file then: a post naming a file
+hashed before, unchanged, costs a stat, not a pass over it. Any sponsor may name any readable
+file with a wrong hash, and each refused post used to read the whole file again."""
+_DIGESTS_LOCK = threading.Lock()
+_MAX_DIGESTS = 256
 
 
 def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
@@ -83,12 +92,21 @@ def _stream_sha256(path: Path, uri: str, max_bytes: int) -> bytes:
             raise CheckpointError(uri, "not a regular file")
         if info.st_size > max_bytes:
             raise CheckpointError(uri, f"file is {info.st_size} bytes, the limit is {max_bytes}")
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        with _DIGESTS_LOCK:
+            known = _DIGESTS.get(key)
+        if known is not None:
+            return known
         digest, read = hashlib.sha256(), 0
         while chunk := os.read(fd, _HASH_CHUNK):
             read += len(chunk)
             if read > max_bytes:
                 raise CheckpointError(uri, f"file is larger than the limit of {max_bytes} bytes")
             digest.update(chunk)
+        with _DIGESTS_LOCK:
+            _DIGESTS[key] = digest.digest()
+            while len(_DIGESTS) > _MAX_DIGESTS:
+                _DIGESTS.popitem(last=False)
         return digest.digest()
     except OSError as exc:
         raise CheckpointError(uri, f"cannot read: {exc.strerror or exc}") from None

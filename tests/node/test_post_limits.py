@@ -88,3 +88,29 @@ def test_a_checkpoint_of_too_many_tensors_is_refused_before_it_is_parsed(tmp_pat
     bad.write_bytes(struct.pack("<Q", 1 << 40) + header)
     with pytest.raises(CheckpointError, match="not a valid safetensors file"):
         checkpoint_module.parse_checkpoint_bytes(bad.read_bytes(), bad.as_uri())
+
+
+def test_a_file_hashed_before_is_not_read_again_until_it_changes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any sponsor may name any readable file with a wrong hash: each refused post read the
+    whole file again. An unchanged file (same inode, size, mtime, ctime) costs a stat."""
+    import os
+
+    uri, sha = write_checkpoint(tmp_path)
+    path = tmp_path / "init.safetensors"
+    reads: list[int] = []
+    real_read = os.read
+    monkeypatch.setattr(checkpoint_module.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    checkpoint_module._DIGESTS.clear()
+    net = _net(tmp_path)
+    for wrong in ("00", "11", "22"):
+        with pytest.raises(CheckpointError, match="sha256 differs"):
+            net.post(spec_dict(uri, "0x" + wrong * 32))
+    first = len(reads)
+    assert 1 <= first <= 3  # one pass for the three posts
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # changed: hashed again
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(CheckpointError, match="sha256 differs"):
+        net.post(spec_dict(uri, sha))
+    assert len(reads) > first
