@@ -220,10 +220,11 @@ class NodeConfig:
     """Largest ``trainer_count`` a posted spec may ask for (postTask refuses more: one claim
     credits every payee)."""
     min_reward_pool: int = 1
-    """Smallest ``reward_pool`` (attoTNZO) postTask accepts. A post costs the node a model
-    snapshot on disk and a layout in memory; with a pool of 0, a key holding nothing could post
-    without limit (malicious-participant probe, 2026-11-26). 1 makes every sponsor a funded
-    account; raise it to price posting."""
+    """Smallest ``reward_pool`` (attoTNZO; a decimal string in the config file) postTask accepts.
+    A post costs the node a model snapshot on disk and a layout in memory; with a pool of 0, a key
+    holding nothing could post without limit (malicious-participant probe, 2026-11-26). 1 makes
+    every sponsor a funded account. It is a deposit, refunded when the run is cancelled or fails,
+    not a price (docs/node.md)."""
     max_open_runs: int = 1024
     """Most runs not yet Sealed, Failed or Cancelled the node holds; postTask refuses more (1317)."""
     max_open_runs_per_sponsor: int = 64
@@ -366,7 +367,7 @@ class NodeConfig:
         _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
         _int("max_receipt_bytes", self.max_receipt_bytes, 1, MAX_RECEIPT_BYTES)
         _int("max_trainer_count", self.max_trainer_count, 1, _MAX_JSON_INT)
-        _int("min_reward_pool", self.min_reward_pool, 0, _MAX_JSON_INT)
+        object.__setattr__(self, "min_reward_pool", _amount("min_reward_pool", self.min_reward_pool))
         _int("max_open_runs", self.max_open_runs, 1, _MAX_JSON_INT)
         _int("max_open_runs_per_sponsor", self.max_open_runs_per_sponsor, 1, _MAX_JSON_INT)
 
@@ -481,7 +482,7 @@ class NodeConfig:
             "rpc_max_inflight_bytes": self.rpc_max_inflight_bytes,
             "rpc_max_batch_answer_bytes": self.rpc_max_batch_answer_bytes,
             "rpc_max_batch_ms": self.rpc_max_batch_ms,
-            "min_reward_pool": self.min_reward_pool,
+            "min_reward_pool": str(self.min_reward_pool),
             "max_open_runs": self.max_open_runs,
             "max_open_runs_per_sponsor": self.max_open_runs_per_sponsor,
         }

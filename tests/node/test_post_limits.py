@@ -69,7 +69,7 @@ def test_a_wrong_hash_is_refused_before_the_file_is_held(tmp_path: Path, monkeyp
     monkeypatch.setattr(checkpoint_module, "_read_bounded",
                         lambda path, uri, max_bytes: read_whole.append(path) or real(path, uri, max_bytes))
     net = _net(tmp_path)
-    with pytest.raises(CheckpointError, match="sha256 differs"):
+    with pytest.raises(CheckpointError, match="sha256 is 0x.*(streamed)"):
         net.post(spec_dict(uri, "0x" + "00" * 32))
     assert read_whole == []
     net.post(spec_dict(uri, sha))
@@ -101,16 +101,41 @@ def test_a_file_hashed_before_is_not_read_again_until_it_changes(tmp_path: Path,
     reads: list[int] = []
     real_read = os.read
     monkeypatch.setattr(checkpoint_module.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    monkeypatch.setattr(checkpoint_module, "_SETTLED_NS", 0)  # the file was just written
     checkpoint_module._DIGESTS.clear()
     net = _net(tmp_path)
     for wrong in ("00", "11", "22"):
-        with pytest.raises(CheckpointError, match="sha256 differs"):
+        with pytest.raises(CheckpointError, match="sha256 is 0x.*(streamed)"):
             net.post(spec_dict(uri, "0x" + wrong * 32))
     first = len(reads)
     assert 1 <= first <= 3  # one pass for the three posts
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # changed: hashed again
     os.utime(path, ns=(1, 1))
-    with pytest.raises(CheckpointError, match="sha256 differs"):
+    with pytest.raises(CheckpointError, match="sha256 is 0x.*(streamed)"):
         net.post(spec_dict(uri, sha))
     assert len(reads) > first
+
+
+def test_a_file_changed_within_the_last_seconds_is_not_remembered(tmp_path: Path) -> None:
+    """Review (stop 20): a rewrite within one timestamp tick keeps the key; a digest of a file
+    changed less than 2 s ago is therefore not remembered (git's "racy" rule)."""
+    uri, _ = write_checkpoint(tmp_path)
+    checkpoint_module._DIGESTS.clear()
+    checkpoint_module._stream_sha256(tmp_path / "init.safetensors", uri, 1 << 30)
+    assert not checkpoint_module._DIGESTS
+
+
+def test_the_header_count_needs_no_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review (stop 20): the pre-check parsed the header in Python, ~3 s for a hostile 16 MiB one
+    the library refuses in 2 ms. It counts the tensor entries' key instead."""
+    import json
+
+    monkeypatch.setattr(checkpoint_module, "MAX_CHECKPOINT_TENSORS", 2)
+    body = {f"t{i}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i in range(3)}
+    header = json.dumps({"__metadata__": {"note": "data_offsets"}, **body}).encode()
+    data = struct.pack("<Q", len(header)) + header + bytes(12)
+    with pytest.raises(CheckpointError, match="more than 2 tensors"):
+        checkpoint_module.parse_checkpoint_bytes(data, "file:///x")
+    monkeypatch.setattr(checkpoint_module, "MAX_CHECKPOINT_TENSORS", 4)  # the metadata value counts too
+    assert len(checkpoint_module.parse_checkpoint_bytes(data, "file:///x")) == 3
