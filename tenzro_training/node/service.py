@@ -502,8 +502,15 @@ class NodeService:
         committed, update the in-memory state and publish the events."""
         task_id = t.run.task_id
         before = self._runs.get(task_id)
-        if self._config.prune_payloads and is_terminal(t.run) and not (before is not None and is_terminal(before)):
+        ends_now = is_terminal(t.run) and not (before is not None and is_terminal(before))
+        if self._config.prune_payloads and ends_now:
             extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
+        if ends_now and not t.run.records:
+            # Ended before any round was committed (cancelled, or failed in its election,
+            # enrollment or first round): its round-0 snapshot (8 bytes per parameter) is the
+            # checkpoint's, which the committed initial model hash pins (tenzro audit recomputes
+            # it). Kept, it let a funded sponsor fill the disk by posting and cancelling (review).
+            extra = [*extra, *self._drop_snapshot_ops(task_id, t.run.spec.architecture.fragment_count)]
         ops, encoded = persistence.compute_transition_ops(
             self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
         )
@@ -517,6 +524,8 @@ class NodeService:
         self._stored_runs[task_id] = encoded
         if is_terminal(t.run):  # no finalize will step it again
             self._model_cache.pop(task_id, None)
+            if not t.run.records:
+                self._models.pop(task_id, None)  # read back from the store if ever asked for
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
             self._drop_cached_payloads(task_id)  # no finalize will read them again
         self._emit(t.events)
@@ -1031,6 +1040,15 @@ class NodeService:
         ops = _fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
         ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
         ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_round_count(rounds)))
+        return ops
+
+    def _drop_snapshot_ops(self, task_id: str, fragments: int) -> list[Operation]:
+        """Delete the stored snapshot (weights, momentum, its round count) of ``task_id``."""
+        ops: list[Operation] = [
+            (BatchOp.DELETE, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), None)
+            for kind in (schema.MODEL_WEIGHTS, schema.MODEL_MOMENTUM) for index in range(fragments)
+        ]
+        ops.append((BatchOp.DELETE, schema.CF_META, schema.model_snapshot_key(task_id), None))
         return ops
 
     def _prune_ops(self, task_id: str, through: int) -> list[Operation]:

@@ -139,3 +139,22 @@ def test_the_header_count_needs_no_parse(tmp_path: Path, monkeypatch: pytest.Mon
         checkpoint_module.parse_checkpoint_bytes(data, "file:///x")
     monkeypatch.setattr(checkpoint_module, "MAX_CHECKPOINT_TENSORS", 4)  # the metadata value counts too
     assert len(checkpoint_module.parse_checkpoint_bytes(data, "file:///x")) == 3
+
+
+def test_a_run_that_ends_before_training_leaves_no_snapshot(tmp_path: Path) -> None:
+    """Review (stop 20): the pool minimum is a deposit a cancel refunds, and every post wrote a
+    round-0 snapshot (8 bytes per parameter) that stayed: post, cancel, repeat filled the disk.
+    A run that ends before any round was committed drops it (the checkpoint, pinned by the
+    committed initial model hash, is the same bytes); `tenzro audit` still passes the run."""
+    from tenzro_training.node.audit import audit_store
+
+    uri, sha = write_checkpoint(tmp_path)
+    net = _net(tmp_path, max_open_runs_per_sponsor=1)
+    for i in range(5):
+        net.post(spec_dict(uri, sha, task_id=f"r{i}"))
+        net.service.cancel_task(f"r{i}", SPONSOR.sign(auth.CancelTask(task_id=f"r{i}")))
+    assert not list(net.store.iterate(schema.CF_MODEL_STATE))
+    assert all(net.store.get(schema.CF_META, schema.model_snapshot_key(f"r{i}")) is None for i in range(5))
+    assert net.service._models == {}
+    assert net.service.get_run("r4")["status"] == "Cancelled" and net.service.get_run("r4")["fragments"]
+    assert [r.problem for r in audit_store(net.store, ["r0", "r4"])] == [None, None]
