@@ -51,6 +51,7 @@ from tenzro_training.errors import (
     SpecError,
     StakeTooLow,
     TaskExists,
+    TooManyRuns,
 )
 from tenzro_training.ledger import (
     Ledger,
@@ -142,6 +143,7 @@ __all__ = [
     "process_finalize",
     "process_cancel",
     "is_accepted_set_closed",
+    "validate_open_runs",
 ]
 
 
@@ -430,6 +432,18 @@ def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_m
     return Transition(moved, ledger, (DeadlinesExtended(run.task_id, resumed_at_ms, paused_at_ms, by),))
 
 
+def validate_open_runs(
+    task_id: str, sponsor: bytes, open_sponsors: Sequence[bytes], max_open_runs: int, max_open_runs_per_sponsor: int
+) -> None:
+    """TooManyRuns unless one more run of ``sponsor`` fits the node's limits, given the sponsors
+    of the runs it holds that are not Sealed, Failed or Cancelled (``open_sponsors``). Node
+    admission policy: a post costs the node a snapshot on disk and a layout in memory."""
+    if len(open_sponsors) >= max_open_runs:
+        raise TooManyRuns(task_id, "node", max_open_runs)
+    if sum(s == sponsor for s in open_sponsors) >= max_open_runs_per_sponsor:
+        raise TooManyRuns(task_id, "sponsor", max_open_runs_per_sponsor)
+
+
 def process_post_task(
     spec: TrainingTaskSpec,
     signer: bytes,
@@ -442,6 +456,7 @@ def process_post_task(
     max_grace_window_ms: int | None = None,
     max_receipt_bytes: int | None = None,
     max_trainer_count: int | None = None,
+    min_reward_pool: int | None = None,
 ) -> Transition:
     """Create a run in Posted and escrow ``spec.reward_pool`` from the sponsor.
 
@@ -452,7 +467,9 @@ def process_post_task(
     node's ``max_grace_window_ms`` (None: no limit), the receipt its run could seal at most the
     node's ``max_receipt_bytes`` and its ``trainer_count`` at most the node's
     ``max_trainer_count`` (None: no limit; a claim carries the whole receipt and credits each
-    payee, so past either the trainers could never be paid on chain) and its outer-optimizer overrides valid
+    payee, so past either the trainers could never be paid on chain), its ``reward_pool`` at least
+    the node's ``min_reward_pool`` (None: no minimum; a post costs the node a snapshot, so a key
+    holding nothing must not post) and its outer-optimizer overrides valid
     (SpecError); the sponsor's balance must cover the pool (ledger InsufficientBalance).
     ``initial_model_hash`` is ``fragments.compute_model_hash`` of the verified init checkpoint.
     """
@@ -474,6 +491,8 @@ def process_post_task(
             return Transition(existing, ledger)
         raise TaskExists(task_id)
     spec.validate_supported()
+    if min_reward_pool is not None and spec.reward_pool < min_reward_pool:
+        raise SpecError("reward_pool", f"{spec.reward_pool} is below this node's minimum, {min_reward_pool} attoTNZO")
     if max_grace_window_ms is not None and spec.grace_window_ms > max_grace_window_ms:
         raise SpecError(
             "grace_window_ms",

@@ -1001,3 +1001,25 @@ def test_invalid_from_dict_rejects_tampered_state() -> None:
         mutate(bad)
         with pytest.raises(EncodingError):
             RunState.from_dict(bad)
+
+
+def test_post_task_pool_minimum_and_open_run_limits_are_core_rules() -> None:
+    """The node's admission policy for postTask (malicious-participant probe, stop 20) as pure
+    functions: a pool below the node's minimum is a SpecError; open runs are bounded per node
+    and per sponsor."""
+    from tenzro_training.errors import SpecError, TooManyRuns
+    from tenzro_training.run import validate_open_runs
+
+    env = Env()
+    spec = make_spec()
+    with pytest.raises(SpecError) as info:
+        process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, min_reward_pool=POOL + 1)
+    assert info.value.path == "reward_pool"
+    process_post_task(spec, SPONSOR, env.ledger, 0, TIMINGS, INITIAL_MODEL, min_reward_pool=POOL)
+    other = OTHER
+    validate_open_runs("t", SPONSOR, [SPONSOR, other], 3, 2)
+    with pytest.raises(TooManyRuns, match="of this sponsor"):
+        validate_open_runs("t", SPONSOR, [SPONSOR, SPONSOR, other], 4, 2)
+    with pytest.raises(TooManyRuns) as full:
+        validate_open_runs("t", other, [SPONSOR, other, other], 3, 5)
+    assert (full.value.scope, full.value.limit) == ("node", 3)

@@ -65,7 +65,6 @@ from tenzro_training.errors import (
     PayloadUnavailable,
     SpecError,
     TenzroError,
-    TooManyRuns,
     UnknownTask,
 )
 from tenzro_training.jsontext import serialize_json
@@ -117,6 +116,7 @@ from tenzro_training.run import (
     process_submission,
     process_tick,
     process_ticket,
+    validate_open_runs,
 )
 from tenzro_training.run_events import EquivocationDetected
 from tenzro_training.run_state import (
@@ -590,21 +590,16 @@ class NodeService:
             process_post_task(task, signer, self._ledger, now, timings, existing.initial_model_hash, existing=existing)
             return self._post_result(existing)
         # Node policy before anything is read or written: a post costs a snapshot on disk and a
-        # layout in memory, so it must be paid for and the open runs are bounded
-        # (malicious-participant probe, 2026-11-26: free posts filled the disk for good).
-        if task.reward_pool < self._config.min_reward_pool:
-            raise SpecError("reward_pool", f"{task.reward_pool} is below this node's minimum, "
-                                           f"{self._config.min_reward_pool} attoTNZO")
-        open_runs = [r for r in self._runs.values() if not is_terminal(r)]
-        if len(open_runs) >= self._config.max_open_runs:
-            raise TooManyRuns(task.task_id, "node", self._config.max_open_runs)
-        if sum(r.spec.sponsor_address_bytes == signer for r in open_runs) >= self._config.max_open_runs_per_sponsor:
-            raise TooManyRuns(task.task_id, "sponsor", self._config.max_open_runs_per_sponsor)
-        # Every refusal the core can make (unsupported spec, outer config, balance) comes before
-        # the checkpoint is read: a dry run with a placeholder model hash.
-        caps = {"max_grace_window_ms": self._config.max_grace_window_ms,
-                "max_receipt_bytes": self._config.max_receipt_bytes,
-                "max_trainer_count": self._config.max_trainer_count}
+        # layout in memory, so the open runs are bounded and the pool has a minimum (below;
+        # malicious-participant probe, 2026-11-26: free posts filled the disk for good).
+        config = self._config
+        validate_open_runs(task.task_id, signer, [r.spec.sponsor_address_bytes for r in self._runs.values()
+                                                  if not is_terminal(r)],
+                           config.max_open_runs, config.max_open_runs_per_sponsor)
+        # Every refusal the core can make (unsupported spec, pool minimum, outer config, balance)
+        # comes before the checkpoint is read: a dry run with a placeholder model hash.
+        caps = {"max_grace_window_ms": config.max_grace_window_ms, "max_receipt_bytes": config.max_receipt_bytes,
+                "max_trainer_count": config.max_trainer_count, "min_reward_pool": config.min_reward_pool}
         process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, **caps)
         state = load_init_checkpoint(
             task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
