@@ -90,6 +90,7 @@ __all__ = [
     "SYNCER_STATUS_INTERVAL_MS",
     "WeightsDigests",
     "check_status_interval",
+    "note_status",
     "ChunkAssembler",
     "encode_message",
     "decode_message",
@@ -1279,11 +1280,20 @@ def validate_syncer_status_gossip(msg: SyncerStatus, ctx: GossipContext, seen: S
         raise GossipReject(f"0x{msg.syncer.hex()} is not the current syncer of {msg.task_id}")
     check_status_interval(msg, seen)
     seen.add(key)
-    seen.set_mark(("status", msg.task_id, msg.syncer), msg.at_ms)
+    note_status(msg, seen)
 
 
 SYNCER_STATUS_INTERVAL_MS = 1_000
 """A SyncerStatus is relayed only if dated this much after the last one relayed for its syncer."""
+
+
+def _status_mark(msg: SyncerStatus) -> tuple[object, ...]:
+    return ("status", msg.task_id, msg.syncer)
+
+
+def note_status(msg: SyncerStatus, seen: SeenCache) -> None:
+    """Record an accepted SyncerStatus's time as its syncer's mark (:func:`check_status_interval`)."""
+    seen.set_mark(_status_mark(msg), msg.at_ms)
 
 
 def check_status_interval(msg: SyncerStatus, seen: SeenCache) -> None:
@@ -1296,7 +1306,7 @@ def check_status_interval(msg: SyncerStatus, seen: SeenCache) -> None:
     2026-11-26: ~53,000 accepted in 90 s from one peer). Now a syncer's statuses cost the network
     one message a second whoever sends them. A forger dating one up to the clock skew ahead
     silences the real syncer's advisory notes that long; nothing acts on them."""
-    last = seen.get_mark(("status", msg.task_id, msg.syncer))
+    last = seen.get_mark(_status_mark(msg))
     if last is not None and msg.at_ms < last + SYNCER_STATUS_INTERVAL_MS:
         raise GossipIgnore(f"status at {msg.at_ms} is within {SYNCER_STATUS_INTERVAL_MS} ms of the last one")
 

@@ -46,6 +46,7 @@ from tenzro_training.gossip import (
     compute_chunk_dedup_key,
     decode_message,
     get_topic,
+    note_status,
 )
 
 __all__ = ["TrainerGossipView", "find_round_finalized_mismatch", "validate_gossip_as_trainer"]
@@ -161,7 +162,7 @@ def validate_gossip_as_trainer(
             raise GossipIgnore(f"0x{msg.syncer.hex()} is not a ranked syncer of {msg.task_id} here")
         check_status_interval(msg, seen)  # unsigned: one a second per syncer, whoever sends them
         seen.add(key)
-        seen.set_mark(("status", msg.task_id, msg.syncer), msg.at_ms)
+        note_status(msg, seen)
     elif isinstance(msg, RunSealedMsg):
         key = ("sealed", msg.task_id, msg.run_root, msg.final_model_hash)
         _dedup(key, seen)

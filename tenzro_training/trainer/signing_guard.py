@@ -149,11 +149,6 @@ class SigningGuard:
         self._append(f"{round_} {fragment} {payload_hash.hex()}\n".encode("ascii"))
         self._signed[round_, fragment] = payload_hash
 
-    @property
-    def created_here(self) -> bool:
-        """This object created the record (rather than reading one an earlier process wrote)."""
-        return self._created_here
-
     def raise_floor(self, floor: int) -> None:
         """Raise the floor of a record this process created and has not signed into yet: a later
         answer showed the account enrolled before this process could have enrolled it (the first
