@@ -664,3 +664,13 @@ def test_median_midpoint_rounding_to_zero_is_plus_zero() -> None:
     assert out[1].item() == 0.0 and not bool(torch.signbit(out[1]))
     ref = ref_median([to_numpy32(row) for row in x])
     assert np.array_equal(out.numpy().view(np.int32), ref.view(np.int32))
+
+
+def test_trimmed_mean_keeping_one_value_returns_it_widened_with_positive_zero() -> None:
+    """K - 2t = 1 (alpha 5000 bps, K odd): docs/aggregation.md says the result is the one kept
+    value, widened to float32, plus +0.0; no division rounds it."""
+    x = torch.tensor([[3.0, -0.0, 1e-3], [1.0, -0.0, 3e-3], [2.0, -0.0, 2e-3]], dtype=torch.float16)
+    out = aggregate(AggregationRule.trimmed_mean(5000), x).tensor
+    assert out.dtype == torch.float32
+    assert out.tolist() == [2.0, 0.0, float(torch.tensor(2e-3, dtype=torch.float16))]
+    assert math.copysign(1.0, float(out[1])) == 1.0

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from tenzro_training.fragments import compute_model_hash
-from tenzro_training.global_model import compute_initial_model, compute_round_update, compute_state_model_hash
+from tenzro_training.global_model import (
+    compute_initial_model,
+    compute_model_file_bytes,
+    compute_round_update,
+    compute_state_model_hash,
+)
 from tenzro_training.outer import OuterConfig, apply_outer_step, compute_initial_momentum
 from tenzro_training.payload import PayloadHeader, encode_payload
 from tenzro_training.aggregation import aggregate
@@ -195,3 +200,36 @@ def test_check_round_update_names_the_first_difference() -> None:
     with pytest.raises(RecordMismatch) as info:
         check_round_update(spec.task_id, other_outcome, update)
     assert info.value.what == "fragment outcomes"
+
+
+def test_final_model_file_is_the_layout_docs_node_md_pins() -> None:
+    """docs/node.md "What is stored where" pins the file's bytes so a third party can rebuild
+    it; this rebuilds it from that text alone (struct + json), not from the code's helper."""
+    import struct
+
+    from safetensors.torch import load as load_safetensors
+
+    state = {
+        "z_\u00e9t\u00e9": torch.tensor([1.5, -0.0], dtype=torch.float32),  # non-ASCII: \\u escapes
+        "Emb": torch.arange(6, dtype=torch.float32).reshape(2, 3),  # sorts before "__metadata__"
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.0),
+    }
+    init = compute_initial_model(state, 2)
+    metadata = {"format": "pt", "tenzro.task_id": "t\u00e9", "tenzro.model_hash": "0x" + "ab" * 32,
+                "tenzro.run_root": "0x" + "cd" * 32}
+    data = compute_model_file_bytes(init.model, init.weights, metadata)
+
+    header: dict[str, object] = {"__metadata__": metadata}
+    chunks, offset = [], 0
+    for name in sorted(state, key=lambda n: n.encode()):
+        raw = struct.pack(f"<{state[name].numel()}f", *state[name].flatten().tolist())
+        header[name] = {"data_offsets": [offset, offset + len(raw)], "dtype": "F32", "shape": list(state[name].shape)}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("ascii")
+    text += b" " * (-len(text) % 8)
+    assert data == struct.pack("<Q", len(text)) + text + b"".join(chunks)
+    assert text.index(b'"Emb"') < text.index(b'"__metadata__"') < text.index(b'"empty"')
+    loaded = load_safetensors(data)
+    assert compute_model_hash(loaded) == init.model_hash
