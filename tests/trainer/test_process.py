@@ -512,14 +512,15 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
     monkeypatch.setattr(process, "compute_model_layout_from_view",
                         lambda view, lays: SimpleNamespace(specs=(TensorSpec("w", (8,), "float32"),)))
-    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(config_from_spec=lambda spec: None,
-                                                                             tensor_shapes=lambda cfg: {"w": (8,)}))
+    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(
+        config_from_spec=lambda spec: SimpleNamespace(context_len=1, horizon=1), tensor_shapes=lambda cfg: {"w": (8,)}))
     monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
     monkeypatch.setattr(data, "load_corpus", lambda ref: None)
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)  # the corpus is a fake
     tr = _trainer_for(tmp_path, None, TASK)
     spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
-                           dataset_hash="h", max_rounds=2)
+                           dataset_hash="h", max_rounds=2, trainer_count=1)
 
     async def get_run() -> dict[str, object]:
         return {}
@@ -841,6 +842,34 @@ def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypat
     assert calls == ["tenzro_training_getRun"]  # no enrollTrainer
 
 
+@pytest.mark.parametrize("context_len, fits", [(2048, False), (32, True)])
+def test_a_corpus_too_short_for_the_spec_windows_stops_the_trainer_before_it_enrolls(
+    tmp_path, context_len: int, fits: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """The shard index comes with enrollment, but whether the real corpus fills M shards at the
+    spec's context and horizon does not: with context 2048 the default corpus has no training
+    window, which was found only after staking (ML review). Real corpus, real spec."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.data import DEFAULT_DATASET_REF, compute_dataset_hash, load_corpus
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    doc = json.loads((Path(__file__).parents[2] / "tenzro_training/data/timesfm-200m-task.json").read_text())
+    doc["dataset_ref"] = DEFAULT_DATASET_REF
+    doc["dataset_hash"] = "0x" + compute_dataset_hash(load_corpus(DEFAULT_DATASET_REF)).hex()
+    doc["architecture"]["metadata"] = {**doc["architecture"]["metadata"], "context_len": context_len, "horizon": 8}
+    spec = TrainingTaskSpec.from_dict(doc)
+    tr, _ = _bare_trainer(tmp_path, device="cpu")
+    if fits:
+        assert len(asyncio.run(tr.prepare(spec))) == len(load_corpus(DEFAULT_DATASET_REF))
+        return
+    with pytest.raises(TrainerProcessError, match=r"nothing staked.*0 training windows cannot fill 8 shards"):
+        asyncio.run(tr.prepare(spec))
+
+
 def test_a_second_process_of_one_account_stops_before_it_enrolls(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two trainer processes of one account train the same round with different bytes, which is
     equivocation: the second one (same state directory) stops at once, nothing staked, and the
@@ -1020,7 +1049,7 @@ def _signing_trainer(tmp_path, monkeypatch, **overrides):  # type: ignore[no-unt
     import tenzro_training.trainer.data as data
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
 
-    monkeypatch.setattr(data, "shard_windows", lambda *args: None)
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)  # the corpus is a fake
     tr, said = _bare_trainer(tmp_path, **overrides)
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
     tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
