@@ -582,6 +582,11 @@ def test_invalid_out_is_refused_before_anything_is_written() -> None:
     row = backing[:6]
     row.copy_(x[0].reshape(-1))
     assert torch.equal(aggregate(AggregationRule.mean(), [row], out=backing[6:]).tensor, x[0].reshape(-1))
+    # ... on either side: an input right after the output's last float32 is no overlap either.
+    backing = torch.zeros(12)
+    row = backing[6:]
+    row.copy_(x[1].reshape(-1))
+    assert torch.equal(aggregate(AggregationRule.mean(), [row], out=backing[:6]).tensor, x[1].reshape(-1))
 
 
 def test_invalid_shape_mismatch() -> None:
@@ -595,6 +600,22 @@ def test_invalid_shape_mismatch() -> None:
 def test_invalid_dtype(dtype: torch.dtype) -> None:
     with pytest.raises(AggregationError, match="dtype"):
         aggregate(AggregationRule.mean(), [torch.zeros(3, dtype=dtype)] * 2)
+
+
+def test_invalid_sparse_input() -> None:
+    # float32 on the CPU, so only the layout check can refuse it.
+    with pytest.raises(AggregationError, match="dense"):
+        aggregate(AggregationRule.mean(), [torch.zeros(3).to_sparse(), torch.zeros(3).to_sparse()])
+    with pytest.raises(AggregationError, match="dense"):
+        aggregate(AggregationRule.mean(), [torch.zeros(3), torch.zeros(3).to_sparse()])
+
+
+def test_invalid_non_cpu_input() -> None:
+    # The "meta" device exists in every torch build (no accelerator needed).
+    with pytest.raises(AggregationError, match="CPU"):
+        aggregate(AggregationRule.mean(), [torch.zeros(3, device="meta")] * 2)
+    with pytest.raises(AggregationError, match="input 1 is on meta"):
+        aggregate(AggregationRule.coordinate_median(), [torch.zeros(3), torch.zeros(3, device="meta")])
 
 
 def test_invalid_input_containers() -> None:

@@ -353,6 +353,15 @@ def test_boundary_s_equal_half_order_accepted() -> None:
     assert recovered != ADDR_A and parse_address(recovered)
 
 
+@pytest.mark.parametrize(("r", "s"), [(1, 1), (1, 5), (2, 1)])
+def test_boundary_r_and_s_equal_one_accepted(r: int, s: int) -> None:
+    # 1 is the smallest valid r and s (ecrecover's range is 1..n-1): it must pass the range
+    # checks. x = 1 and x = 2 are x-coordinates of curve points, so these recover to somebody.
+    for v in (27, 28):
+        recovered = recover_signer(MESSAGES[3], _join(r, s, v))
+        assert recovered != ADDR_A and parse_address(recovered)
+
+
 def test_compute_canonical_signature_maps_v_0_1() -> None:
     r, s, v = _parts(GOOD)
     assert compute_canonical_signature(_join(r, s, v - 27)) == GOOD

@@ -128,6 +128,11 @@ def test_invalid_ticket_arguments() -> None:
         assert not is_valid_ticket(good, c, seed)  # type: ignore[arg-type]
     with pytest.raises(ElectionError):
         validate_ticket(c, good, SEED)  # type: ignore[arg-type]
+    # Each argument is checked on its own: one right type does not let the other through.
+    for ticket, cand in ((c, c), (good, good), (None, c), (good, None)):
+        with pytest.raises(ElectionError):
+            validate_ticket(ticket, cand, SEED)  # type: ignore[arg-type]
+        assert not is_valid_ticket(ticket, cand, SEED)  # type: ignore[arg-type]
     with pytest.raises(ElectionError):
         make_ticket(secret(1)[:31], address(1), SEED)
     with pytest.raises(ElectionError):
@@ -411,6 +416,22 @@ def test_exclusion_reasons_reported() -> None:
     }
     keys = [(x.address, x.reason.value, x.proof or b"") for x in ranking.excluded]
     assert keys == sorted(keys)
+
+
+def test_exclusions_with_one_address_and_reason_are_ordered_by_proof() -> None:
+    # Four tickets for one registered address, each under a foreign VRF key: all KEY_MISMATCH.
+    # The documented order is (address, reason, proof); the ticket scan runs in (address, key,
+    # proof) order, which for these keys is a different order, so the final sort must use the proof.
+    cands = POOL_CANDIDATES[:3]
+    foreign = [
+        Ticket(address(2), vrf.public_key(secret(j)), vrf.prove(secret(j), SEED)) for j in range(10, 14)
+    ]
+    by_key = [t.proof for t in sorted(foreign, key=lambda t: (t.vrf_public_key, t.proof))]
+    assert by_key != sorted(by_key)  # the precondition that makes this test able to fail
+    ranking = rank_candidates(SEED, cands, [GOOD[0], GOOD[1], *foreign])
+    mismatched = [x for x in ranking.excluded if x.address == address(2)]
+    assert [x.reason for x in mismatched] == [ExclusionReason.KEY_MISMATCH] * 4
+    assert [x.proof for x in mismatched] == sorted(t.proof for t in foreign)
 
 
 def test_syncer_failover_and_exhaustion() -> None:

@@ -292,6 +292,16 @@ def test_invalid_leaf_types() -> None:
         leaf_hash(None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("leaves", [b"", bytearray(), memoryview(b""), ""])
+def test_invalid_empty_byte_string_is_not_an_empty_tree(leaves: object) -> None:
+    # Iterating a non-empty byte string yields ints, which leaf_hash refuses anyway; only the
+    # explicit check refuses an EMPTY one instead of answering EMPTY_ROOT for "no leaves".
+    with pytest.raises(MerkleError):
+        merkle_root(leaves)  # type: ignore[arg-type]
+    with pytest.raises(MerkleError):
+        inclusion_proofs(leaves)  # type: ignore[arg-type]
+
+
 def test_invalid_node_hash_lengths() -> None:
     with pytest.raises(MerkleError):
         node_hash(b"\x00" * 31, b"\x00" * 32)

@@ -269,6 +269,9 @@ def test_empty_fragment_is_allowed() -> None:
     empty = torch.zeros(0)
     new_w, new_b = apply_outer_step(empty, empty, empty, OuterConfig())
     assert new_w.numel() == 0 and new_b.numel() == 0
+    # ...and so is its initial momentum buffer: zero elements is a length, not an error.
+    b0 = compute_initial_momentum(0)
+    assert b0.shape == (0,) and b0.dtype == torch.float32
 
 
 @pytest.mark.parametrize(

@@ -234,6 +234,18 @@ def test_invalid_header_length_beyond_the_bytes_present(length) -> None:
         decode(bytes(range(256)) * 16, max_bytes=4096)
 
 
+def test_header_and_payload_caps_follow_the_documented_formula() -> None:
+    # docs/payload.md: 4096 + per entry (256 + 6 * (UTF-8 name length + 42) + 32 * ndim); a
+    # receiver sizes its buffers by these numbers, so they are pinned as literals.
+    # Fragment 0: enc.bias (3,), enc.weight (3, 5)[0:6].
+    assert compute_max_header_bytes(LAYOUTS[0]) == 4096 + (256 + 6 * (8 + 42) + 32) + (256 + 6 * (10 + 42) + 64) == 5316
+    # Fragment 2: enc.weight (3, 5)[14:15], head.weight (2, 3), norm.scale () -- a scalar has ndim 0.
+    assert compute_max_header_bytes(LAYOUTS[2]) == 5934
+    # Length prefix + header cap + the data in float32.
+    assert compute_max_payload_bytes(LAYOUTS[0]) == 8 + 5316 + 4 * 9
+    assert compute_max_payload_bytes(LAYOUTS[1]) == 8 + 4728 + 4 * 8
+
+
 def test_invalid_header_length_above_the_cap_with_the_bytes_present() -> None:
     data = valid(0)
     cap = compute_max_header_bytes(LAYOUTS[0])
@@ -477,6 +489,17 @@ def test_invalid_non_json_header(text) -> None:
         decode(join(text, body))
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_invalid_non_json_constant_is_a_format_error_wherever_it_stands(constant: str) -> None:
+    # Python's json reads these; the header parser refuses them outright, so a constant never
+    # reaches a field check (as a tensor dtype it would otherwise be an "unsupported dtype").
+    doc, body = split(valid(0))
+    text = json.dumps(doc).replace('"dtype": "F32"', f'"dtype": {constant}', 1)
+    assert constant in text
+    with pytest.raises(PayloadFormatError, match="non-JSON constant"):
+        decode(join(text, body))
+
+
 def test_invalid_tensor_entry_fields() -> None:
     for mutate in (
         lambda info: info.pop("dtype"),
@@ -516,6 +539,16 @@ def test_invalid_decode_arguments() -> None:
         decode_payload(valid(0), "layout", max_bytes=MAX)
     with pytest.raises(PayloadError):
         decode_payload(valid(0), LAYOUTS[0], max_bytes=MAX, expected={"task_id": TASK})
+
+
+def test_invalid_payload_above_a_zero_byte_limit_is_too_large() -> None:
+    # 0 is a valid (if useless) limit: every payload exceeds it, it is not a bad argument.
+    data = valid(0)
+    with pytest.raises(PayloadTooLarge) as info:
+        decode_payload(data, LAYOUTS[0], max_bytes=0)
+    assert (info.value.what, info.value.size, info.value.limit) == ("payload", len(data), 0)
+    with pytest.raises(PayloadTruncated):  # no bytes at all: within the limit, then too short
+        decode_payload(b"", LAYOUTS[0], max_bytes=0)
 
 
 def test_invalid_encode_arguments() -> None:
@@ -702,3 +735,7 @@ def test_max_abs_bounds_every_value(dtype: str) -> None:
     nan[:4 if dtype == "float32" else 2] = b"\xff" * (4 if dtype == "float32" else 2)
     with pytest.raises(PayloadNonFinite):
         decode_payload(join(doc, bytes(nan)), layout, max_bytes=MAX, max_abs=1.0)
+    # Skipping the finiteness scan (check_finite=False) does not skip the bound.
+    with pytest.raises(PayloadValueOutOfRange):
+        decode_payload(data, layout, max_bytes=MAX, max_abs=999.0, check_finite=False)
+    assert decode_payload(data, layout, max_bytes=MAX, max_abs=1000.0, check_finite=False).flat_fp32()[-1] == -1000.0

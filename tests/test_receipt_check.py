@@ -256,6 +256,35 @@ def test_an_explicit_matching_chain_id_passes(good: Doc) -> None:
     assert check_receipt_document(good, auth.DEFAULT_CHAIN_ID).ok
 
 
+def test_task_id_check_comes_first_when_the_caller_names_the_run(good: Doc) -> None:
+    task_id = good["receipt"]["spec"]["task_id"]
+    result = check_receipt_document(good, task_id=task_id)
+    assert result.ok
+    assert tuple(c.name for c in result.checks) == ("task_id", *CHECK_NAMES)
+    other = check_receipt_document(good, task_id="another-run")
+    assert other.failed == ("task_id",)  # every other check still passes: the receipt is valid
+    assert repr(task_id) in other.checks[0].detail
+
+
+@pytest.mark.parametrize("chain_id", ["1337", True, 1337.0, None])
+def test_invalid_chain_id_type_is_one_failed_check(good: Doc, chain_id: object) -> None:
+    receipt = TrainingReceipt.from_dict(good["receipt"])
+    att = Attestations.from_dict(good["attestations"])
+    result = check_receipt(receipt, att, chain_id)  # type: ignore[arg-type]
+    assert [(c.name, c.ok) for c in result.checks] == [("chain_id", False)]
+
+
+def test_invalid_ticket_list_raising_in_a_check_is_a_failed_check(good: Doc) -> None:
+    # The same candidate's ticket twice: each ticket verifies, but rank_candidates raises
+    # ElectionError (duplicate candidate). A check that raises is a failed check, never an exception.
+    doc = tampered(good, lambda d: d["attestations"]["election"]["tickets"].append(
+        copy.deepcopy(d["attestations"]["election"]["tickets"][0])))
+    result = check_receipt_document(doc)
+    assert result.failed == ("ranking", "round_syncers")
+    ranking = result.get("ranking")
+    assert ranking is not None and ranking.detail.startswith("ElectionError: ")
+
+
 # --- the election ---------------------------------------------------------------------------------
 
 
@@ -485,6 +514,7 @@ def test_invalid_abi_bytes(good: Doc) -> None:
         lambda d: d["attestations"]["election"].pop("ranking"),
         lambda d: d["attestations"]["election"]["tickets"][0].update(proof="0x12"),
         lambda d: d["attestations"]["rounds"][0].update(round=-1),
+        lambda d: d["attestations"]["rounds"][0].update(round=2**64),  # uint64: 2**64 - 1 at most
         lambda d: d["attestations"]["rounds"][0]["submissions"][0].update(fragment=True),
         lambda d: d["attestations"].update(chain_id=0),
         lambda d: d["receipt"].update(version=9),

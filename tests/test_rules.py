@@ -247,6 +247,47 @@ def test_invalid_krum_f(bad: object) -> None:
     assert err.value.path == "aggregation.Krum.f"
 
 
+def test_krum_f_bound_is_the_largest_json_safe_integer() -> None:
+    # RFC 8785 writes numbers as doubles: 2**53 - 1 round-trips through the spec JSON, 2**53
+    # would not. Literal values, so the bound itself is pinned (not only "the constant + 1").
+    assert MAX_JSON_SAFE_INT == 2**53 - 1
+    assert AggregationRule.from_spec({"Krum": {"f": 2**53 - 1}}) == AggregationRule.krum(2**53 - 1)
+    for bad in (2**53, 2**53 + 1):
+        with pytest.raises(SpecError) as err:
+            AggregationRule.from_spec({"Krum": {"f": bad}})
+        assert err.value.path == "aggregation.Krum.f"
+        with pytest.raises(AggregationError):
+            AggregationRule.krum(bad)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (None, "null"),
+        (True, "boolean"),
+        (2.5, "number 2.5"),
+        (7, "number 7"),
+        ([], "array"),
+        ({"Mean": 1, "Krum": 2}, "2 keys"),
+        (b"Mean", "bytes"),  # not a JSON value at all: its Python type name
+    ],
+)
+def test_invalid_rule_error_names_the_json_type(value: object, named: str) -> None:
+    # The message is what a sponsor reads: it names the JSON type it got, not a Python repr.
+    with pytest.raises(SpecError) as err:
+        AggregationRule.from_spec(value)
+    assert err.value.path == "aggregation"
+    assert f"got {named}" in str(err.value)
+
+
+@pytest.mark.parametrize(("body", "named"), [(None, "null"), ([1], "array"), ("f", "string")])
+def test_invalid_rule_body_error_names_the_json_type(body: object, named: str) -> None:
+    with pytest.raises(SpecError) as err:
+        AggregationRule.from_spec({"Krum": body})
+    assert err.value.path == "aggregation.Krum"
+    assert f"got {named}" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("kind", "param"),
     [

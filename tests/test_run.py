@@ -536,6 +536,48 @@ def test_invalid_submission_late_for_finalized_round() -> None:
         env.submit(2, 0, 2000, round_=0)
 
 
+def test_invalid_submission_after_the_run_ended_names_the_right_refusal() -> None:
+    # Sealed: a round it committed is LateSubmission; any other round (from max_rounds on)
+    # is InvalidState, the run no longer trains. Ended without that round: InvalidState too.
+    env = Env()
+    env.to_training()
+    for r in range(2):
+        for f in (0, 1):
+            env.submit(0, f, 300 + 10_000 * r)
+            env.submit(1, f, 310 + 10_000 * r)
+        env.finalize(310 + 10_000 * r + GRACE_MS + 1)
+    assert env.run.status is RunStatus.SEALED and len(env.run.records) == 2
+    for r in (0, 1):
+        with pytest.raises(LateSubmission):
+            env.submit(2, 0, 50_000, round_=r)
+    for r in (2, 3):
+        with pytest.raises(InvalidState):
+            env.submit(2, 0, 50_000, round_=r)
+
+    failed = Env()
+    failed.to_training()
+    for f in (0, 1):
+        failed.submit(0, f, 300)
+        failed.submit(1, f, 310)
+    failed.finalize(310 + GRACE_MS + 1)
+    failed.apply(process_tick, 10**9)  # round 1 never reached quorum
+    assert failed.run.status is RunStatus.FAILED and len(failed.run.records) == 1
+    with pytest.raises(InvalidState):
+        failed.submit(2, 0, 10**9, round_=0)
+
+
+def test_invalid_submission_of_a_past_round_by_a_stranger_is_not_enrolled() -> None:
+    # Who may submit is checked before the round: a stranger learns nothing about the rounds.
+    env = Env()
+    env.to_training()
+    for f in (0, 1):
+        env.submit(0, f, 300)
+        env.submit(1, f, 310)
+    env.finalize(310 + GRACE_MS + 1)
+    with pytest.raises(NotEnrolled):
+        env.apply(process_submission, TRAINERS[3], 0, 0, h("x"), 2000)
+
+
 def test_invalid_submission_bad_fragment_and_hash() -> None:
     env = Env()
     env.to_training()
@@ -561,6 +603,29 @@ def test_submission_replay_is_a_no_op() -> None:
     before = env.run
     t = env.submit(0, 0, 301)
     assert t.run == before and t.events == () and t.error is None
+
+
+def test_accepted_set_is_open_before_quorum_and_outside_training() -> None:
+    # The node's getRun view asks this of every run, whatever its state: it answers, never raises.
+    env = Env()
+    env.post()
+    assert not is_accepted_set_closed(env.run, 10**9)  # Posted: no round at all
+    env.elect()
+    assert not is_accepted_set_closed(env.run, 10**9)  # Enrolling
+    for i, now in enumerate((200, 210, 220)):
+        env.enroll(i, now)
+    for f in (0, 1):
+        env.submit(0, f, 300)
+    assert env.run.current_round.straggler_deadline_ms is None  # below quorum: no window yet
+    assert not is_accepted_set_closed(env.run, 10**9)
+    env.submit(1, 0, 310)
+    env.submit(1, 1, 320)
+    assert not is_accepted_set_closed(env.run, 320 + GRACE_MS)  # quorum, window open (inclusive)
+    assert is_accepted_set_closed(env.run, 320 + GRACE_MS + 1)
+    env.finalize(320 + GRACE_MS + 1)
+    env.apply(process_tick, 10**9)  # round 1 times out: Failed
+    assert env.run.status is RunStatus.FAILED and env.run.current_round is None
+    assert not is_accepted_set_closed(env.run, 10**9)
 
 
 def test_invalid_cancel_after_training_started() -> None:
@@ -854,6 +919,30 @@ def test_a_pause_moves_only_deadlines_still_pending() -> None:
     enrollment = env.run.enrollment_deadline_ms
     env.apply(process_pause, enrollment - 10, enrollment + 990)
     assert env.run.enrollment_deadline_ms == enrollment + 1000
+
+
+def test_a_pause_starting_at_a_round_deadline_still_moves_it() -> None:
+    # Deadlines are inclusive: at paused_at == deadline a call would still have been in time.
+    env = Env()
+    env.to_training()
+    deadline = env.run.current_round.round_deadline_ms  # no quorum: the only pending deadline
+    t = env.apply(process_pause, deadline, deadline + 5000)
+    assert env.run.current_round.round_deadline_ms == deadline + 5000 and len(t.events) == 1
+    env.apply(process_tick, deadline + 1)
+    assert env.run.status is RunStatus.TRAINING  # the round did not time out during the pause
+
+    env = Env()
+    env.to_training()
+    for f in (0, 1):
+        env.submit(0, f, 300)
+        env.submit(1, f, 310)
+    r = env.run.current_round
+    finalize = r.finalize_deadline_ms  # the round and straggler deadlines are already past
+    env.apply(process_pause, finalize, finalize + 5000)
+    r = env.run.current_round
+    assert r.finalize_deadline_ms == finalize + 5000
+    env.apply(process_tick, finalize + 1)
+    assert env.run.syncer_rank == 1  # no failover
 
 
 def test_a_pause_changes_nothing_without_pending_deadlines_or_time() -> None:
