@@ -108,7 +108,19 @@ class Counter(_Metric):
             raise ValueError(f"counter {name!r} must end in _total")
         super().__init__(name, help, labelnames)
         self._lock = lock or threading.Lock()
-        self._values: dict[Labels, float] = {}
+        # An unlabelled counter is exported at 0 from the start: a series that appears only with
+        # its first increment hides that increment from increase()/rate(), so an alert on a
+        # single failure never fires (ops probe). Labelled ones: see ``declare``.
+        self._values: dict[Labels, float] = {} if self.labelnames else {(): 0}
+
+    def declare(self, *label_sets: Sequence[str]) -> Counter:
+        """Export these label sets at 0 until they are first incremented (the known values of a
+        bounded label, e.g. every rejection reason). Returns the counter."""
+        keys = [self._labels(labels) for labels in label_sets]
+        with self._lock:
+            for key in keys:
+                self._values.setdefault(key, 0)
+        return self
 
     def inc(self, *labels: str, amount: float = 1) -> None:
         if not amount >= 0:

@@ -570,7 +570,8 @@ def create_app(
         "HTTP framing), unsupported_encoding (415), timeout (408: body not received in time), busy "
         "(503: in-flight bytes at their limit), connection_limit (503: connection refused at once).",
         ("reason",),
-    )
+    ).declare(*((r,) for r in ("too_large", "unreadable", "unsupported_encoding", "timeout", "busy",
+                                "connection_limit")))
     budget = _ByteBudget(4 * max_body_bytes if limits.max_inflight_bytes is None else limits.max_inflight_bytes)
     registry.gauge_callback(
         "tenzro_rpc_inflight_bytes", "Bytes held for JSON-RPC requests being read, decoded, queued or answered.",

@@ -1506,11 +1506,26 @@ def test_invalid_input_that_is_not_a_regular_file_is_refused_at_once(tmp_path: P
         assert info.value.exit_code == EXIT_USAGE
 
 
-def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("dev", [False, True])
+def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, dev: bool) -> None:
     path = tmp_path / "node.json"
     path.write_text('{"rpc_port": 70000}')
-    code, out, err = run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--config", str(path))
+    argv = ["node", "--data-dir", str(tmp_path / "d"), "--config", str(path), *(["--dev"] if dev else [])]
+    code, out, err = run(capsys, *argv)
     assert code == EXIT_USAGE and out == "" and "rpc_port" in err and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()  # a refused config writes nothing (ops probe)
+
+
+def test_dev_accounts_name_the_chain_id_the_node_runs(tmp_path: Path) -> None:
+    """A config file may set another chain id than the dev default: dev-accounts.json, which
+    clients read it from, says the one the node signs under (it said 1337: ops probe)."""
+    from tenzro_training.node.main import load_node_config
+
+    path = tmp_path / "node.json"
+    path.write_text('{"chain_id": 5}')
+    config = load_node_config(tmp_path / "d", config_file=str(path), dev=True)
+    assert config.chain_id == 5
+    assert json.loads((tmp_path / "d" / "dev-accounts.json").read_text())["chain_id"] == 5
 
 
 def test_invalid_node_config_not_utf8(tmp_path: Path) -> None:
@@ -1531,8 +1546,11 @@ def test_invalid_node_data_dir_exits_2_with_one_line(
     for data_dir in (blocker, blocker / "sub"):
         argv = ["node", "--data-dir", str(data_dir), "--rpc-port", "0", *(["--dev"] if dev else [])]
         code, out, err = run(capsys, *argv)
-        assert code == EXIT_USAGE and out == ""
-        assert err.startswith(f"tenzro: cannot create data dir {data_dir}: ") and err.count("\n") == 1
+        assert code == EXIT_USAGE and out == "" and err.count("\n") == 1
+        if data_dir == blocker:  # said as it is, not as "File exists" (ops probe)
+            assert err == f"tenzro: data dir {data_dir} exists and is not a directory\n"
+        else:
+            assert err.startswith(f"tenzro: cannot create data dir {data_dir}: ")
     assert blocker.read_text() == "x"
 
 

@@ -132,11 +132,20 @@ def _write_private(path: Path, text: str) -> None:
         raise
 
 
+def write_dev_accounts(data_dir: Path, document: dict[str, Any]) -> None:
+    """Write ``data_dir/dev-accounts.json`` (mode 600, atomically), creating ``data_dir``."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _write_private(data_dir / DEV_ACCOUNTS_FILE, json.dumps(document, indent=2) + "\n")
+
+
 def dev_genesis(
-    data_dir: Path, *, trainers: int = 8, syncers: int = 3, chain_id: int = auth.DEFAULT_CHAIN_ID
+    data_dir: Path, *, trainers: int = 8, syncers: int = 3, chain_id: int = auth.DEFAULT_CHAIN_ID,
+    write: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Derive the dev accounts, write ``data_dir/dev-accounts.json`` and return
-    ``(node_config_kwargs, accounts_document)``.
+    """Derive the dev accounts, write ``data_dir/dev-accounts.json`` (unless ``write`` is false:
+    :func:`write_dev_accounts` writes it later) and return ``(node_config_kwargs,
+    accounts_document)``.
 
     ``node_config_kwargs`` holds ``chain_id``, ``timings`` (:data:`DEV_TIMINGS`), ``genesis``
     (every account funded with :data:`DEV_BALANCE`), ``candidates`` (the syncers, stake
@@ -144,15 +153,14 @@ def dev_genesis(
     ``NodeConfig(**kwargs, data_dir=...)`` or merge them under a config file's values.
     Calling it again gives the same accounts (the file is rewritten with the same content).
     """
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     accounts = dev_accounts(trainers=trainers, syncers=syncers)
     document = {
         "chain_id": chain_id,
         "warning": "dev keys are public: never use them for anything of value",
         "accounts": accounts,
     }
-    _write_private(data_dir / DEV_ACCOUNTS_FILE, json.dumps(document, indent=2) + "\n")
+    if write:
+        write_dev_accounts(data_dir, document)
 
     genesis = tuple((bytes.fromhex(a["address"][2:]), DEV_BALANCE) for a in accounts)
     candidates: list[Candidate] = []

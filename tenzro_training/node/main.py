@@ -96,13 +96,11 @@ def load_node_config(
     from tenzro_training.node.config import NodeConfig
 
     obj: dict[str, Any] = {}
+    accounts: dict[str, Any] | None = None
     if dev:
-        from tenzro_training.node.dev import DEV_ACCOUNTS_FILE, dev_genesis
+        from tenzro_training.node.dev import dev_genesis
 
-        try:
-            kwargs, _accounts = dev_genesis(data_dir)
-        except OSError as exc:
-            raise NodeStartupError(f"cannot write {data_dir / DEV_ACCOUNTS_FILE}: {exc.strerror or exc}") from None
+        kwargs, accounts = dev_genesis(data_dir, write=False)
         obj = NodeConfig(data_dir=data_dir, **kwargs).to_dict()
     if config_file is not None:
         overrides = _read_config_file(config_file)
@@ -118,10 +116,21 @@ def load_node_config(
     if rpc_port is not None:
         obj["rpc_port"] = rpc_port
     try:
-        return NodeConfig.from_dict(obj, data_dir=data_dir)
+        config = NodeConfig.from_dict(obj, data_dir=data_dir)
     except (TenzroError, ValueError, TypeError, KeyError) as exc:
         where = f"config {config_file}" if config_file else "config"
         raise NodeStartupError(f"{where}: {exc}") from None
+    if accounts is not None:
+        # Only once the whole config is valid, and with the chain id the node will sign under
+        # (a config file may set another): a refused config writes nothing (ops probe).
+        from tenzro_training.node.dev import DEV_ACCOUNTS_FILE, write_dev_accounts
+
+        _make_data_dir(data_dir)
+        try:
+            write_dev_accounts(data_dir, {**accounts, "chain_id": config.chain_id})
+        except OSError as exc:
+            raise NodeStartupError(f"cannot write {data_dir / DEV_ACCOUNTS_FILE}: {exc.strerror or exc}") from None
+    return config
 
 
 def _tick(service: Any) -> int | None:
@@ -222,8 +231,15 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     return host, bridge
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Each shuts the node down cleanly (exit 0). SIGHUP too: a node started from a terminal that
+closes got it and died at once, exit 129, without closing the store (ops probe)."""
+
+
 def _make_data_dir(data_dir: Path) -> None:
     """Create the data directory (and its parents) or fail with one line."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise NodeStartupError(f"data dir {data_dir} exists and is not a directory")
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -342,14 +358,15 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
             raise NodeStartupError(
                 f"cannot listen on {config.rpc_host}:{config.rpc_port}: {exc.strerror or exc}"
             ) from None
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
-        announce(f"tenzro node listening on http://{server.host}:{server.port} (data dir {data_dir})")
+        host_text = f"[{server.host}]" if ":" in server.host else server.host  # IPv6: RFC 3986 brackets
+        announce(f"tenzro node listening on http://{host_text}:{server.port} (data dir {data_dir})")
         await stop.wait()
         log.info("shutting down")
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in _STOP_SIGNALS:
             loop.remove_signal_handler(sig)
         if tick_task is not None:
             tick_task.cancel()
@@ -382,7 +399,6 @@ def run_node_from_args(args: argparse.Namespace) -> None:
     )
     data_dir = Path(args.data_dir).resolve()
     try:
-        _make_data_dir(data_dir)  # before --dev writes its accounts there
         config = load_node_config(
             data_dir,
             config_file=args.config,

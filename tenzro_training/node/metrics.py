@@ -17,6 +17,7 @@ from typing import Any
 
 from rpc.metrics import Counter, Registry
 from tenzro_training import __version__
+from tenzro_training.run_events import RunEvent
 from tenzro_training.run_state import RunStatus
 
 __all__ = ["NodeMetrics", "register_gossip_metrics"]
@@ -61,7 +62,7 @@ class NodeMetrics:
         self.events: Counter = registry.counter(
             "tenzro_run_events_total", "Run events committed (RunPosted, RoundFinalized, RunSealed...), by type.",
             ("event",),
-        )
+        ).declare(*((name,) for name in sorted({cls.__name__ for cls in RunEvent.__subclasses__()})))  # 0 until the first
         for kind, name, help_text, stat in _CACHE_METRICS:
             register = registry.gauge_callback if kind == "gauge" else registry.counter_callback
             register(name, help_text, lambda stat=stat: {(): self._cache_stat(stat)})

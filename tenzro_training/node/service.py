@@ -179,6 +179,17 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def elapsed_clock_ms() -> int:
+    """Milliseconds on a clock that keeps counting while the process is stopped or the machine
+    suspended (Linux CLOCK_BOOTTIME; elsewhere the monotonic clock) but never steps when the
+    wall clock is set. What a pause is measured on: a wall clock set back and then corrected
+    had been taken for a pause of the whole correction (ops probe: a day)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        return time.clock_gettime_ns(boottime) // 1_000_000
+    return time.monotonic_ns() // 1_000_000
+
+
 def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
@@ -195,13 +206,16 @@ class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
     ``store`` is opened and closed by the caller; ``clock`` returns unix milliseconds (tests pass
-    a fake). ``on_event`` (an attribute) is called with each event after its batch committed.
+    a fake). ``elapsed_clock`` (ms) measures pauses; by default :func:`elapsed_clock_ms` with
+    the wall clock, and ``clock`` itself with a fake one. ``on_event`` (an attribute) is called
+    with each event after its batch committed.
     """
 
     on_event: Callable[[RunEvent], None] | None
 
     def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None,
-                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+                 cpu_clock: Callable[[], float] = time.process_time,
+                 elapsed_clock: Callable[[], int] | None = None) -> None:
         if not isinstance(config, NodeConfig):
             raise TypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self._config = config
@@ -215,6 +229,11 @@ class NodeService:
         self._cpu_clock = cpu_clock
         self._alive_cpu_s = 0.0
         """The process's CPU seconds at ``_alive_ms``."""
+        if elapsed_clock is None:
+            elapsed_clock = elapsed_clock_ms if clock is None else self._clock
+        self._elapsed_clock = elapsed_clock
+        self._alive_elapsed_ms = 0
+        """``elapsed_clock`` at ``_alive_ms``."""
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
@@ -258,6 +277,7 @@ class NodeService:
         self._record_legacy_snapshots()
         self._record_legacy_sealed_records()
         self._restore_model_files()
+        self._prune_ended_runs()
 
     # --- startup ---------------------------------------------------------------------------
 
@@ -267,18 +287,33 @@ class NodeService:
             store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER)
         )
         flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
+        chain_id = self._config.chain_id.to_bytes(8, "big")
         if flag is not None:
             if ledger is None:
                 raise StorageError("the genesis record exists but the ledger's supply counters do not")
+            # Refused, not ignored (ops probe): a first start that failed after creating the
+            # store (a port in use) had fixed its genesis for good, and the corrected config
+            # then ran on the old balances with only a warning. Like a chain client's genesis
+            # mismatch. An empty configured genesis means "whatever the store has".
             if self._config.genesis and self._genesis_record() != flag:
-                log.warning("the configured genesis differs from the one this store was created with; it is ignored")
+                raise StorageError(
+                    "the configured genesis differs from the one this store was created with: configure the "
+                    "original genesis (or none), or start on a new data dir")
+            stored = store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
+            if stored is None:  # a store from before the chain id was recorded: record it now
+                self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY, chain_id)])
+            elif stored != chain_id:
+                raise StorageError(
+                    f"this store was created for chain id {int.from_bytes(stored, 'big')}, the config says "
+                    f"{self._config.chain_id}: every signature in it was checked under the former")
             return ledger
         if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
             raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
         ledger = Ledger()
         for address, amount in self._config.genesis:
             ledger = credit(ledger, address, amount)
-        self._write(persistence.compute_genesis_ops(ledger, self._genesis_record()))
+        self._write([*persistence.compute_genesis_ops(ledger, self._genesis_record()),
+                     (BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY, chain_id)])
         return ledger
 
     def _genesis_record(self) -> bytes:
@@ -337,6 +372,23 @@ class NodeService:
         if ops:
             log.info("recorded the sealed records of %d run(s) from an older store", len(ops))
         self._write(ops)
+
+    def _prune_ended_runs(self) -> None:
+        """With ``prune_payloads`` turned on for a store that kept its payloads (an archive node
+        until now), runs that had already ended get the pruning their end would have done:
+        nothing else ever deletes their payloads (ops probe: switching it on freed nothing).
+        Open runs are pruned at their next snapshot, as always. One batch per run."""
+        if not self._config.prune_payloads:
+            return
+        for task_id, run in sorted(self._runs.items()):
+            raw = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
+            if not is_terminal(run) or (raw is not None and decode_round_count(raw) == schema.PAYLOADS_PRUNED_ALL):
+                continue
+            ops = self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)
+            self._write(ops)
+            self._payloads_pruned += len(ops) - 1
+            log.info("pruned the %d stored payload(s) of %s, which ended before prune_payloads was on",
+                     len(ops) - 1, task_id)
 
     def _restore_model_files(self) -> None:
         """A sealed run's model file is written after its batch committed; a crash in between
@@ -405,22 +457,28 @@ class NodeService:
             log.warning("the node was down for %.1f s since it last served: pending deadlines move that much later",
                         (now - self._alive_ms) / 1000)
             events = self._apply_pause(self._alive_ms, now)
-        self._alive_ms, self._alive_cpu_s = now, self._cpu_clock()
+        self._alive_ms, self._alive_cpu_s, self._alive_elapsed_ms = now, self._cpu_clock(), self._elapsed_clock()
         return events + self._resume_if_paused()
 
     def _resume_if_paused(self) -> tuple[RunEvent, ...]:
         assert self._alive_ms is not None
-        now, cpu = self._now(), self._cpu_clock()
+        now, cpu, elapsed = self._now(), self._cpu_clock(), self._elapsed_clock()
         last = self._alive_ms
         events: tuple[RunEvent, ...] = ()
-        gap_ms = now - last
+        # The part of the wall clock's gap that time really took: a wall clock stepped forward
+        # (set back, then corrected) is no pause, and deadlines, which are wall-clock instants,
+        # simply come sooner.
+        gap_ms = min(now - last, elapsed - self._alive_elapsed_ms)
+        if now - last - gap_ms > PAUSE_MIN_MS:
+            log.warning("the wall clock stepped forward by %.1f s: not a pause, deadlines stay as they are",
+                        (now - last - gap_ms) / 1000)
         if gap_ms > PAUSE_MIN_MS and (cpu - self._alive_cpu_s) * 1000 < PAUSE_MAX_CPU_SHARE * gap_ms:
-            log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked; or the clock "
-                        "jumped): pending deadlines move that much later", gap_ms / 1000)
-            events = self._apply_pause(last, now)
+            log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked): pending "
+                        "deadlines move that much later", gap_ms / 1000)
+            events = self._apply_pause(now - gap_ms, now)
         # ``now`` even when the clock was set back: the next gap is measured from it (kept at
         # the later instant, a set-back clock hid every pause for as long as it was set back).
-        self._alive_ms, self._alive_cpu_s = now, cpu
+        self._alive_ms, self._alive_cpu_s, self._alive_elapsed_ms = now, cpu, elapsed
         if self._alive_written_ms is None or abs(now - self._alive_written_ms) >= ALIVE_WRITE_MS:
             try:
                 self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])

@@ -358,6 +358,10 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
     again = node_factory("lifecycle", data_dir=first.data_dir)
     assert again.stop(signal.SIGINT) == 0
     assert "Traceback" not in again.stderr()
+    # SIGHUP (the terminal closed): the same, not exit 129 with the store left open.
+    third = node_factory("lifecycle", data_dir=first.data_dir)
+    assert third.stop(signal.SIGHUP) == 0
+    assert "shutting down" in third.stderr() and "Traceback" not in third.stderr()
 
     # A bad config file.
     bad = tmp_path / "bad.json"

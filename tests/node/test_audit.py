@@ -111,6 +111,33 @@ def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint:
     assert "snapshot of run-2 (round 2) does not hash" in str(node.audit("run-2")["problem"])
 
 
+def test_turning_prune_payloads_on_prunes_the_runs_that_already_ended(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """An archive node restarted with prune_payloads: the sealed run gets the pruning its end
+    would have done (before, nothing ever deleted its payloads: ops probe); the open run keeps
+    its payloads until its next snapshot; the audit still passes on both."""
+    node = make_node(tmp_path / "node", checkpoint, training_rounds=3)
+    node.stop()
+
+    def payloads(store: RocksStore, task_id: str) -> int:
+        return sum(1 for _ in store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(task_id)))
+
+    with RocksStore(node.data / "db") as store:
+        kept = payloads(store, "run-1"), payloads(store, "run-2")
+        assert kept[0] > 0 and kept[1] > 0
+        service = NodeService(make_config(node.data, model_snapshot_rounds=2, prune_payloads=True), store,
+                              clock=FakeClock())
+        assert service.cache_stats()["payloads_pruned"] == kept[0]
+        service.close()
+        assert (payloads(store, "run-1"), payloads(store, "run-2")) == (0, kept[1])
+        assert store.get(schema.CF_META, schema.payloads_pruned_key("run-1")) == (2**64 - 1).to_bytes(8, "big")
+        again = NodeService(make_config(node.data, model_snapshot_rounds=2, prune_payloads=True), store,
+                            clock=FakeClock())
+        assert again.cache_stats()["payloads_pruned"] == 0  # once
+        again.close()
+    sealed, training = (node.audit(t) for t in ("run-1", "run-2"))
+    assert sealed["ok"] and "payloads pruned: no round replayed" in sealed["checks"]
+    assert training["ok"] and training["rounds_replayed"] == 3  # its payloads are all there: replayed from round 0
+
 def flip_last_byte(raw: bytes) -> bytes:
     return raw[:-1] + bytes([raw[-1] ^ 1])
 

@@ -186,3 +186,39 @@ def test_reopen_keeps_genesis_once(tmp_path: Path, kind: str) -> None:
     second = make_net(store, None)
     assert second.service._ledger.minted == minted == first.service._ledger.minted
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocks"])
+def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -> None:
+    """A store is bound to the genesis and chain id it was created with (ops probe: a first start
+    that failed after creating the store fixed its genesis for good, and the corrected config ran
+    on the old balances with a warning; a changed chain id was taken silently and every stored
+    signature stopped verifying). Both are now refused, nothing written; no genesis configured
+    and the same chain id open as before."""
+    from dataclasses import replace
+
+    from storage import schema
+    from storage.interface import StorageError
+
+    store = MemoryStore() if kind == "memory" else RocksStore(tmp_path / "db")
+    config = make_config(None)
+    NodeService(config, store, clock=FakeClock()).close()
+    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(8, "big")
+    before = snapshot(store)
+    richer = replace(config, genesis=((config.genesis[0][0], config.genesis[0][1] + 1), *config.genesis[1:]))
+    with pytest.raises(StorageError, match="genesis differs"):
+        NodeService(richer, store, clock=FakeClock())
+    with pytest.raises(StorageError, match=f"created for chain id {config.chain_id}, the config says 5"):
+        NodeService(replace(config, chain_id=5), store, clock=FakeClock())
+    assert snapshot(store) == before
+    NodeService(replace(config, genesis=()), store, clock=FakeClock()).close()
+    if kind == "rocks":  # what the node writes is on disk
+        store.close()
+        store = RocksStore(tmp_path / "db")
+    # A store from before the chain id was recorded gets it at its first start.
+    with store.atomic_batch() as batch:
+        batch.delete(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
+    NodeService(config, store, clock=FakeClock()).close()
+    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(8, "big")
+    if kind == "rocks":
+        store.close()

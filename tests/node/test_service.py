@@ -895,6 +895,41 @@ def test_a_busy_node_is_not_a_paused_one(tmp_path: Path, checkpoint: tuple[str, 
     service.close()
 
 
+def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """Pauses are measured on a clock that counts stopped and suspended time but not steps of the
+    wall clock (ops probe: a wall clock set back a day and then corrected moved every deadline a
+    day later). A step forward moves nothing; a real stop (both clocks advance) still does."""
+    from storage.memory import MemoryStore
+    from tests.node.conftest import FakeClock, make_config
+
+    clock, elapsed = FakeClock(), [10_000]
+    service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: 0.0,
+                          elapsed_clock=lambda: elapsed[0])
+    events: list[object] = []
+    service.on_event = events.append
+    net = Net(service, clock)
+    start(net, checkpoint)
+    service.start_clock()
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)
+    before = service._runs[net.task_id].current_round
+    clock.now -= 86_400_000  # set back a day: nothing
+    elapsed[0] += 100
+    service.tick()
+    clock.now += 86_400_000 + 100  # corrected: a step forward, not a pause
+    elapsed[0] += 100
+    service.tick()
+    assert not any(isinstance(e, DeadlinesExtended) for e in events)
+    assert service._runs[net.task_id].current_round.finalize_deadline_ms == before.finalize_deadline_ms
+    clock.now += 20_000  # stopped for 20 s: both clocks advance
+    elapsed[0] += 20_000
+    service.tick()
+    (event,) = [e for e in events if isinstance(e, DeadlinesExtended)]
+    assert event.by_ms == 20_000
+    assert service._runs[net.task_id].current_round.finalize_deadline_ms == before.finalize_deadline_ms + 20_000
+    service.close()
+
 def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: tuple[str, str]) -> None:
     """Services driven by a hand-set clock (these tests) see no pauses: deadlines fire as set."""
     start(net, checkpoint)

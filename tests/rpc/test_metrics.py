@@ -48,6 +48,22 @@ def test_counter_and_callbacks_render_in_the_text_format() -> None:
     assert text.endswith("\n") and c.get("a", "0") == 3 and c.get("b", "1") == 0
 
 
+def test_counters_are_exported_at_zero_before_their_first_increment() -> None:
+    """A series that first appears with value 1 hides that increment from increase(), so an
+    alert on one tick failure never fired (ops probe): unlabelled counters and declared label
+    sets are exported at 0 from the start; undeclared label sets still appear on first use."""
+    reg = Registry()
+    reg.counter("t_failures_total", "Failures.")
+    declared = reg.counter("t_rejected_total", "Rejected.", ("reason",)).declare(("a",), ("b",))
+    assert parse(reg)["t_failures"] == {("t_failures_total", ()): 0}
+    assert parse(reg)["t_rejected"] == {("t_rejected_total", (("reason", "a"),)): 0,
+                                        ("t_rejected_total", (("reason", "b"),)): 0}
+    declared.inc("c")
+    declared.declare(("c",))  # declaring a label set that has counted keeps its count
+    assert parse(reg)["t_rejected"][("t_rejected_total", (("reason", "c"),))] == 1
+    with pytest.raises(ValueError):
+        declared.declare(("a", "extra"))
+
 def test_histogram_buckets_are_cumulative() -> None:
     reg = Registry()
     h = reg.histogram("t_seconds", "Latency.", ("method",), buckets=(0.1, 1.0))
@@ -165,7 +181,9 @@ def test_metrics_endpoint_serves_the_text_format() -> None:
     requests = {tuple(sorted(s.labels.items())): s.value for s in families["tenzro_rpc_requests"].samples}
     assert requests[(("code", "0"), ("method", "tenzro_training_getRun"))] == 1
     rejected = {s.labels["reason"]: s.value for s in families["tenzro_rpc_rejected_bodies"].samples}
-    assert rejected == {"too_large": 1}
+    # Every reason is exported from the start (at 0), so increase() sees a first rejection.
+    assert rejected == {"too_large": 1, "unreadable": 0, "unsupported_encoding": 0, "timeout": 0, "busy": 0,
+                        "connection_limit": 0}
 
 
 def test_a_body_that_does_not_decompress_is_a_json_400_counted_unreadable() -> None:
@@ -180,7 +198,7 @@ def test_a_body_that_does_not_decompress_is_a_json_400_counted_unreadable() -> N
         _status, _headers, text = live.request("GET", "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(text.decode())}
     rejected = {s.labels["reason"]: s.value for s in families["tenzro_rpc_rejected_bodies"].samples}
-    assert rejected == {"unreadable": 1}
+    assert {reason: n for reason, n in rejected.items() if n} == {"unreadable": 1}
 
 
 def test_a_shared_registry_carries_the_callers_metrics() -> None:
