@@ -442,9 +442,9 @@ NODE_GENESIS_KEY: Final = b"node.genesis"
 """Key in :data:`CF_META`: present once the genesis balances were credited (value: the node's
 record of what was credited)."""
 NODE_CHAIN_ID_KEY: Final = b"node.chain_id"
-"""Key in :data:`CF_META`: the chain id (u64 big-endian) every signature in the store was checked
-under, written with the genesis (or at the first start of an older store); a node configured
-with another chain id refuses to open the store."""
+"""Key in :data:`CF_META`: the chain id (u256 big-endian) every signature in the store was
+checked under, written with the genesis (or at the first start of an older store); a node
+configured with another chain id refuses to open the store. Offline tools do not touch it."""
 NODE_ALIVE_KEY: Final = b"node.alive_ms"
 """Key in :data:`CF_META`: the last instant (u64 big-endian wall-clock ms) the node was seen
 serving, written about once a second; a restart moves deadlines later by the time since

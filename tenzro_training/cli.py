@@ -935,7 +935,7 @@ def _export_from_store(data_dir: Path, task_id: str) -> bytes:
     except StorageError as exc:
         raise CliError(str(exc)) from None
     try:
-        service = NodeService(NodeConfig(data_dir=data_dir), store)
+        service = NodeService(NodeConfig(data_dir=data_dir), store, bind_store=False)  # never binds the store
         try:
             return bytes(service.export_final_model(task_id))
         finally:

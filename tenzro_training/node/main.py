@@ -2,7 +2,7 @@
 
 What this module is: the entry point that loads the :class:`NodeConfig`, opens the RocksDB store,
 builds the :class:`NodeService`, serves JSON-RPC and drives the service's clock (``tick``) until
-SIGINT/SIGTERM, then closes everything in order. Every service call (RPC and tick) runs on ONE
+SIGINT/SIGTERM/SIGHUP, then closes everything in order. Every service call (RPC and tick) runs on ONE
 single-thread executor, because the service is synchronous and not thread-safe.
 
 What it is NOT: protocol logic (the service and the pure core), JSON-RPC handling (``rpc/``) or a
@@ -13,8 +13,8 @@ Process contract (tests and scripts rely on it):
   stdout: ``tenzro node p2p <multiaddr>`` (with ``/p2p/<peer id>``, what trainers bootstrap from);
 - when the server is bound, one line on stdout: ``tenzro node listening on http://HOST:PORT
   (data dir D)``;
-- SIGINT or SIGTERM: stop accepting, finish in-flight calls, close the service and the store, exit 0
-  (no traceback);
+- SIGINT, SIGTERM or SIGHUP (unless started ignoring SIGHUP, as under ``nohup``): stop accepting,
+  finish in-flight calls, close the service and the store, exit 0 (no traceback);
 - a startup failure (unreadable or invalid config, a data dir that cannot be created or written,
   store locked by another node, a store written by a newer version, port in use) is one line on
   stderr and exit status 2.
@@ -231,9 +231,30 @@ async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: 
     return host, bridge
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Each shuts the node down cleanly (exit 0). SIGHUP too: a node started from a terminal that
-closes got it and died at once, exit 129, without closing the store (ops probe)."""
+def _stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that shut the node down cleanly (exit 0): SIGINT, SIGTERM and SIGHUP (a node
+    started from a terminal that closed died at once, exit 129, without closing the store: ops
+    probe), but not SIGHUP when the process was started ignoring it (``nohup``): that operator
+    asked for the node to outlive the session, and a handler would override it (review)."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGINT, signal.SIGTERM, *hangup)
+
+
+def _check_rpc_address(host: str, port: int) -> None:
+    """Fail with one line when the JSON-RPC address cannot be bound, BEFORE the store is opened:
+    a first start that failed on its port had already created the store and bound it to that
+    start's genesis and chain id (ops probe). A pre-flight bind and close: racy against another
+    process taking the port in between, which the real bind still reports."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _name, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+                probe.bind(address)
+    except OSError as exc:
+        raise NodeStartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _make_data_dir(data_dir: Path) -> None:
@@ -304,6 +325,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     from tenzro_training.node.metrics import NodeMetrics, register_gossip_metrics
     from tenzro_training.node.service import NodeService
 
+    _check_rpc_address(config.rpc_host, config.rpc_port)
     _make_data_dir(data_dir)
     _raise_open_file_limit(config.rpc_max_connections)
     asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
@@ -319,6 +341,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     bridge: Any = None
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    stop_signals: tuple[signal.Signals, ...] = ()
     try:
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
@@ -358,7 +381,8 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
             raise NodeStartupError(
                 f"cannot listen on {config.rpc_host}:{config.rpc_port}: {exc.strerror or exc}"
             ) from None
-        for sig in _STOP_SIGNALS:
+        stop_signals = _stop_signals()
+        for sig in stop_signals:
             loop.add_signal_handler(sig, stop.set)
         tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
         host_text = f"[{server.host}]" if ":" in server.host else server.host  # IPv6: RFC 3986 brackets
@@ -366,7 +390,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         await stop.wait()
         log.info("shutting down")
     finally:
-        for sig in _STOP_SIGNALS:
+        for sig in stop_signals:
             loop.remove_signal_handler(sig)
         if tick_task is not None:
             tick_task.cancel()

@@ -38,7 +38,7 @@ import rfc8785
 
 from storage import schema
 from storage.interface import BatchOp, Operation, StorageError
-from tenzro_training.addresses import format_address
+from tenzro_training.addresses import format_address, parse_address
 from tenzro_training.auth import SubmitOuterGradient
 from tenzro_training.errors import TenzroError
 from tenzro_training.jsontext import is_json_depth_ok
@@ -56,7 +56,9 @@ __all__ = [
     "compute_genesis_ops",
     "compute_report_canonical",
     "compute_transition_ops",
+    "decode_chain_id",
     "decode_escrow",
+    "decode_genesis_record",
     "decode_evidence",
     "decode_finalize_record",
     "decode_json",
@@ -66,6 +68,7 @@ __all__ = [
     "decode_submission_record",
     "decode_supply",
     "decode_u256",
+    "encode_chain_id",
     "encode_escrow",
     "encode_evidence",
     "encode_finalize_record",
@@ -103,6 +106,26 @@ def decode_u256(raw: bytes, what: str = "amount") -> int:
     if not isinstance(raw, bytes) or len(raw) != 32:
         raise StorageError(f"stored {what} is malformed: expected 32 bytes")
     return int.from_bytes(raw, "big")
+
+
+def encode_chain_id(chain_id: int) -> bytes:
+    """The store's chain id record (``schema.NODE_CHAIN_ID_KEY``): a u256, as a config may name
+    any chain id below 2^256."""
+    return encode_u256(chain_id)
+
+
+def decode_chain_id(raw: bytes) -> int:
+    return decode_u256(raw, "chain id")
+
+
+def decode_genesis_record(raw: bytes) -> list[tuple[bytes, int]]:
+    """The ``(address, balance)`` pairs of a stored genesis record, sorted (what a configured
+    genesis is compared with: its order does not matter)."""
+    doc = decode_json(raw, "genesis record")
+    try:
+        return sorted((parse_address(entry["address"]), int(entry["balance"])) for entry in doc["genesis"])
+    except (TypeError, KeyError, ValueError, TenzroError):
+        raise StorageError("the stored genesis record is malformed") from None
 
 
 def encode_escrow(escrow: Escrow) -> bytes:

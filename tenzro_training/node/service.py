@@ -32,6 +32,7 @@ runs finalized last, and the accepted payloads of open rounds.
 from __future__ import annotations
 
 import logging
+import sys
 from hashlib import sha256
 import time
 from collections import OrderedDict
@@ -182,11 +183,14 @@ def wall_clock_ms() -> int:
 def elapsed_clock_ms() -> int:
     """Milliseconds on a clock that keeps counting while the process is stopped or the machine
     suspended (Linux CLOCK_BOOTTIME; elsewhere the monotonic clock) but never steps when the
-    wall clock is set. What a pause is measured on: a wall clock set back and then corrected
-    had been taken for a pause of the whole correction (ops probe: a day)."""
+    wall clock is set. With the wall clock it tells a correction of a set-back clock from a
+    pause (``NodeService._resume_if_paused``): such a correction had been taken for a pause of
+    its whole size (ops probe: a day)."""
     boottime = getattr(time, "CLOCK_BOOTTIME", None)
     if boottime is not None:
         return time.clock_gettime_ns(boottime) // 1_000_000
+    if sys.platform == "darwin":  # its CLOCK_MONOTONIC counts sleep; time.monotonic() does not
+        return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1_000_000
     return time.monotonic_ns() // 1_000_000
 
 
@@ -207,15 +211,16 @@ class NodeService:
 
     ``store`` is opened and closed by the caller; ``clock`` returns unix milliseconds (tests pass
     a fake). ``elapsed_clock`` (ms) measures pauses; by default :func:`elapsed_clock_ms` with
-    the wall clock, and ``clock`` itself with a fake one. ``on_event`` (an attribute) is called
-    with each event after its batch committed.
+    the wall clock, and ``clock`` itself with a fake one. ``bind_store=False`` is for offline
+    tools (see ``_bind_store``). ``on_event`` (an attribute) is called with each event after its
+    batch committed.
     """
 
     on_event: Callable[[RunEvent], None] | None
 
     def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None,
                  cpu_clock: Callable[[], float] = time.process_time,
-                 elapsed_clock: Callable[[], int] | None = None) -> None:
+                 elapsed_clock: Callable[[], int] | None = None, bind_store: bool = True) -> None:
         if not isinstance(config, NodeConfig):
             raise TypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self._config = config
@@ -234,6 +239,14 @@ class NodeService:
         self._elapsed_clock = elapsed_clock
         self._alive_elapsed_ms = 0
         """``elapsed_clock`` at ``_alive_ms``."""
+        self._clock_offset_ms: int | None = None
+        """The highest wall-minus-elapsed offset seen since ``start_clock``: the offset while the
+        wall clock was right, as far as the node can tell. A later offset below it is a clock
+        set back; a rise back towards it is that clock's correction, not a pause."""
+        self._bind_store = bind_store
+        """False for offline tools opening a stopped node's store (``tenzro train
+        export-model``): they must neither check nor record the chain id, which their default
+        config does not know."""
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, bytes] = {}
         self._models: dict[str, ModelLayout] = {}
@@ -287,25 +300,12 @@ class NodeService:
             store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER)
         )
         flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
-        chain_id = self._config.chain_id.to_bytes(8, "big")
+        chain_id = persistence.encode_chain_id(self._config.chain_id)
         if flag is not None:
             if ledger is None:
                 raise StorageError("the genesis record exists but the ledger's supply counters do not")
-            # Refused, not ignored (ops probe): a first start that failed after creating the
-            # store (a port in use) had fixed its genesis for good, and the corrected config
-            # then ran on the old balances with only a warning. Like a chain client's genesis
-            # mismatch. An empty configured genesis means "whatever the store has".
-            if self._config.genesis and self._genesis_record() != flag:
-                raise StorageError(
-                    "the configured genesis differs from the one this store was created with: configure the "
-                    "original genesis (or none), or start on a new data dir")
-            stored = store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
-            if stored is None:  # a store from before the chain id was recorded: record it now
-                self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY, chain_id)])
-            elif stored != chain_id:
-                raise StorageError(
-                    f"this store was created for chain id {int.from_bytes(stored, 'big')}, the config says "
-                    f"{self._config.chain_id}: every signature in it was checked under the former")
+            if self._bind_store:
+                self._check_bound_to(flag)
             return ledger
         if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
             raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
@@ -315,6 +315,33 @@ class NodeService:
         self._write([*persistence.compute_genesis_ops(ledger, self._genesis_record()),
                      (BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY, chain_id)])
         return ledger
+
+    def _check_bound_to(self, genesis_record: bytes) -> None:
+        """Refuse a config whose genesis or chain id is not the store's, and record the chain id
+        of a store from before it was recorded. Refused, not ignored (ops probe): a first start
+        that failed after creating the store (a port in use) had fixed its genesis for good and
+        the corrected config ran on the old balances with a warning; a changed chain id was
+        taken silently and every stored signature stopped verifying. Like a chain client's
+        genesis mismatch. An empty configured genesis means "whatever the store has"; the
+        order of the configured accounts does not matter."""
+        stored_genesis = persistence.decode_genesis_record(genesis_record)
+        if self._config.genesis and sorted(self._config.genesis) != stored_genesis:
+            first = ", ".join(f"{format_address(a)}={b}" for a, b in stored_genesis[:2])
+            raise StorageError(
+                f"the configured genesis differs from the one this store was created with ({len(stored_genesis)} "
+                f"account(s): {first}{', ...' if len(stored_genesis) > 2 else ''}): configure that genesis (or "
+                f"none: `genesis` absent or empty), or start on a new data dir")
+        stored = self._store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
+        if stored is None:  # a store from before the chain id was recorded: record it now
+            self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY,
+                          persistence.encode_chain_id(self._config.chain_id))])
+            return
+        chain_id = persistence.decode_chain_id(stored)
+        if chain_id != self._config.chain_id:
+            raise StorageError(
+                f"this store was created for chain id {chain_id} and every signature in it was checked under it, "
+                f"but the config says {self._config.chain_id}: set `chain_id` to {chain_id}, or start on a new "
+                f"data dir")
 
     def _genesis_record(self) -> bytes:
         return persistence.encode_json(
@@ -458,6 +485,7 @@ class NodeService:
                         (now - self._alive_ms) / 1000)
             events = self._apply_pause(self._alive_ms, now)
         self._alive_ms, self._alive_cpu_s, self._alive_elapsed_ms = now, self._cpu_clock(), self._elapsed_clock()
+        self._clock_offset_ms = now - self._alive_elapsed_ms
         return events + self._resume_if_paused()
 
     def _resume_if_paused(self) -> tuple[RunEvent, ...]:
@@ -465,13 +493,20 @@ class NodeService:
         now, cpu, elapsed = self._now(), self._cpu_clock(), self._elapsed_clock()
         last = self._alive_ms
         events: tuple[RunEvent, ...] = ()
-        # The part of the wall clock's gap that time really took: a wall clock stepped forward
-        # (set back, then corrected) is no pause, and deadlines, which are wall-clock instants,
-        # simply come sooner.
-        gap_ms = min(now - last, elapsed - self._alive_elapsed_ms)
-        if now - last - gap_ms > PAUSE_MIN_MS:
-            log.warning("the wall clock stepped forward by %.1f s: not a pause, deadlines stay as they are",
-                        (now - last - gap_ms) / 1000)
+        # The wall clock's gap, less the correction of an earlier set-back: its offset to the
+        # elapsed clock rising back towards the highest offset seen. That part is no pause
+        # (deadlines, wall-clock instants, simply come sooner). A rise past it stays a pause,
+        # whatever its cause: a VM frozen with its clocks (kvmclock) then stepped forward by NTP
+        # looks exactly like it, and treating that as a clock step would fire every deadline
+        # the freeze covered (review).
+        old_offset, new_offset = last - self._alive_elapsed_ms, now - elapsed
+        reference = self._clock_offset_ms if self._clock_offset_ms is not None else old_offset
+        correction = max(0, min(new_offset, reference) - old_offset)
+        self._clock_offset_ms = max(reference, new_offset)
+        gap_ms = now - last - correction
+        if correction > PAUSE_MIN_MS:
+            log.warning("the wall clock stepped forward by %.1f s, back from an earlier set-back: not a pause, "
+                        "deadlines stay as they are", correction / 1000)
         if gap_ms > PAUSE_MIN_MS and (cpu - self._alive_cpu_s) * 1000 < PAUSE_MAX_CPU_SHARE * gap_ms:
             log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked): pending "
                         "deadlines move that much later", gap_ms / 1000)

@@ -52,6 +52,7 @@ __all__ = [
     "Series",
     "Shard",
     "ShardError",
+    "check_shardable",
     "WindowRef",
     "compute_dataset_hash",
     "compute_dataset_ref",
@@ -306,6 +307,23 @@ def _gather(corpus: Sequence[Series], refs: Sequence[WindowRef], window_len: int
     return torch.from_numpy(out)
 
 
+def _check_fills(windows: int, shard_count: int) -> None:
+    if windows < shard_count:
+        raise ShardError(f"{windows} training windows cannot fill {shard_count} shards")
+
+
+def check_shardable(
+    corpus: Sequence[Series], shard_count: int, context_len: int, horizon: int, *, stride: int = 1,
+    holdout_bps: int = DEFAULT_HOLDOUT_BPS,
+) -> None:
+    """ShardError unless :func:`shard_windows` can deal ``shard_count`` non-empty shards: what a
+    trainer checks before it enrolls, when its shard index is not known yet (counting only:
+    no sort, no windows gathered)."""
+    _check_window_args(context_len, horizon, stride, holdout_bps)
+    _check_fills(len(get_training_windows(corpus, context_len + horizon, stride=stride, holdout_bps=holdout_bps)),
+                 shard_count)
+
+
 def shard_windows(
     corpus: Sequence[Series],
     shard_index: int,
@@ -334,8 +352,7 @@ def shard_windows(
         raise ShardError("seed must be bytes")
     window_len = context_len + horizon
     refs = get_training_windows(corpus, window_len, stride=stride, holdout_bps=holdout_bps)
-    if len(refs) < shard_count:
-        raise ShardError(f"{len(refs)} training windows cannot fill {shard_count} shards")
+    _check_fills(len(refs), shard_count)
     ranked = sorted(refs, key=lambda r: (_shard_key(seed, corpus[r.series], r.start), r))
     mine = tuple(sorted(ranked[shard_index::shard_count]))
     return Shard(shard_index, shard_count, mine, _gather(corpus, mine, window_len))

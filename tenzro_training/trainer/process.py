@@ -1045,7 +1045,7 @@ class _Trainer:
     async def prepare(self, spec: Any) -> Any:
         """The model and inner-loop configs, the payload dtype and the dataset (hash-checked) of
         ``spec``; TrainerProcessError when this trainer cannot train it. Returns the corpus."""
-        from tenzro_training.trainer.data import load_corpus, shard_windows, validate_dataset_hash
+        from tenzro_training.trainer.data import check_shardable, load_corpus, validate_dataset_hash
         from tenzro_training.trainer.inner import PAYLOAD_DTYPES, InnerConfig
         from tenzro_training.trainer.model import get_adapter
 
@@ -1058,8 +1058,7 @@ class _Trainer:
             # The shard index comes only with enrollment, but whether the corpus fills the M
             # shards at this context and horizon does not depend on it: a corpus too short for
             # the spec's windows is found here, before any stake is bonded (ML review).
-            await asyncio.to_thread(shard_windows, corpus, 0, spec.trainer_count,
-                                    self.model_cfg.context_len, self.model_cfg.horizon)
+            check_shardable(corpus, spec.trainer_count, self.model_cfg.context_len, self.model_cfg.horizon)
         except (TenzroError, KeyError, ValueError) as exc:
             raise TrainerProcessError(f"cannot train {self.cfg.task_id} (nothing staked): {exc}") from None
         return corpus

@@ -173,7 +173,10 @@ def is_project_entry(name: str) -> bool:
 def project_free_site(target: Path) -> Path:
     """site-packages as symlinks, minus the project (editable finder and .pth files included)."""
     target.mkdir()
-    for sp in site.getsitepackages():
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []  # a pip --user install
+    for sp in [*site.getsitepackages(), *user]:
+        if not Path(sp).is_dir():
+            continue
         for entry in Path(sp).iterdir():
             if not is_project_entry(entry.name) and not (target / entry.name).exists():
                 (target / entry.name).symlink_to(entry)

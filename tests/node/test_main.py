@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -86,3 +87,42 @@ def test_the_open_file_limit_is_raised_to_the_hard_one() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_sighup_stops_the_node_unless_it_was_started_ignoring_it() -> None:
+    """A closed terminal's SIGHUP shuts the node down cleanly (it died at once, exit 129: ops
+    probe); under nohup (SIGHUP ignored at start) the node must outlive the session (review)."""
+    import signal
+
+    from tenzro_training.node.main import _stop_signals
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert _stop_signals() == (signal.SIGINT, signal.SIGTERM)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert _stop_signals() == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def test_a_taken_rpc_port_is_refused_before_the_store_is_created(tmp_path: Path) -> None:
+    """A first start that failed on its port had created the store and bound it to that
+    start's genesis and chain id (ops probe): the address is checked first."""
+    import asyncio
+    import socket
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import NodeStartupError, run_node
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = NodeConfig(data_dir=tmp_path / "d", rpc_port=port)
+        with pytest.raises(NodeStartupError, match=f"cannot listen on 127.0.0.1:{port}"):
+            asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None))
+    with pytest.raises(NodeStartupError, match="cannot listen on no-such-host.invalid"):
+        asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "e", rpc_host="no-such-host.invalid"), tmp_path / "e",
+                             announce=lambda line: None))
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()

@@ -203,12 +203,12 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     store = MemoryStore() if kind == "memory" else RocksStore(tmp_path / "db")
     config = make_config(None)
     NodeService(config, store, clock=FakeClock()).close()
-    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(8, "big")
+    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(32, "big")
     before = snapshot(store)
     richer = replace(config, genesis=((config.genesis[0][0], config.genesis[0][1] + 1), *config.genesis[1:]))
     with pytest.raises(StorageError, match="genesis differs"):
         NodeService(richer, store, clock=FakeClock())
-    with pytest.raises(StorageError, match=f"created for chain id {config.chain_id}, the config says 5"):
+    with pytest.raises(StorageError, match=f"created for chain id {config.chain_id} .* the config says 5"):
         NodeService(replace(config, chain_id=5), store, clock=FakeClock())
     assert snapshot(store) == before
     NodeService(replace(config, genesis=()), store, clock=FakeClock()).close()
@@ -218,7 +218,24 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     # A store from before the chain id was recorded gets it at its first start.
     with store.atomic_batch() as batch:
         batch.delete(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
-    NodeService(config, store, clock=FakeClock()).close()
-    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(8, "big")
+    # An offline tool (tenzro train export-model builds a default config, chain id 1337) neither
+    # checks nor records the chain id: it had recorded 1337 into this older store, after which
+    # the node, on chain 5 below, could never start again (review).
+    tool = NodeService(make_config(None, genesis=()), store, clock=FakeClock(), bind_store=False)
+    tool.close()
+    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) is None
+    chain5 = replace(config, chain_id=5)
+    NodeService(chain5, store, clock=FakeClock()).close()
+    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == (5).to_bytes(32, "big")
+    NodeService(make_config(None, genesis=()), store, clock=FakeClock(), bind_store=False).close()
+    with pytest.raises(StorageError, match="set `chain_id` to 5"):
+        NodeService(config, store, clock=FakeClock())
+    # Any chain id a config accepts (below 2**256) is recorded; it had overflowed a u64 (review).
     if kind == "rocks":
         store.close()
+    huge = replace(config, chain_id=2**64 + 7)
+    fresh = MemoryStore()
+    NodeService(huge, fresh, clock=FakeClock()).close()
+    assert fresh.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == (2**64 + 7).to_bytes(32, "big")
+    # The order of the configured genesis accounts does not matter.
+    NodeService(replace(huge, genesis=tuple(reversed(huge.genesis))), fresh, clock=FakeClock()).close()

@@ -914,7 +914,7 @@ def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str,
         for f in (0, 1):
             net.submit(i, 0, f)
     before = service._runs[net.task_id].current_round
-    clock.now -= 86_400_000  # set back a day: nothing
+    clock.now += 100 - 86_400_000  # 100 ms on, the wall clock is set back a day: nothing
     elapsed[0] += 100
     service.tick()
     clock.now += 86_400_000 + 100  # corrected: a step forward, not a pause
@@ -928,6 +928,20 @@ def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str,
     (event,) = [e for e in events if isinstance(e, DeadlinesExtended)]
     assert event.by_ms == 20_000
     assert service._runs[net.task_id].current_round.finalize_deadline_ms == before.finalize_deadline_ms + 20_000
+    # A VM frozen with its clocks, then stepped forward by NTP: the elapsed clock did not move,
+    # and no set-back is being corrected: still a pause (the review's case).
+    clock.now += 30_000
+    elapsed[0] += 50
+    service.tick()
+    assert [e.by_ms for e in events if isinstance(e, DeadlinesExtended)] == [20_000, 30_000]
+    # Set back 10 s, then within one gap corrected AND stopped for 20 s: only the 20 s count.
+    clock.now -= 10_000
+    elapsed[0] += 50
+    service.tick()
+    clock.now += 10_000 + 20_000
+    elapsed[0] += 20_000
+    service.tick()
+    assert [e.by_ms for e in events if isinstance(e, DeadlinesExtended)] == [20_000, 30_000, 20_000]
     service.close()
 
 def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: tuple[str, str]) -> None:

@@ -517,7 +517,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
     monkeypatch.setattr(data, "load_corpus", lambda ref: None)
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
-    monkeypatch.setattr(data, "shard_windows", lambda *args: None)  # the corpus is a fake
+    monkeypatch.setattr(data, "check_shardable", lambda *args: None)  # the corpus is a fake
     tr = _trainer_for(tmp_path, None, TASK)
     spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
                            dataset_hash="h", max_rounds=2, trainer_count=1)
