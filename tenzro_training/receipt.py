@@ -206,7 +206,7 @@ class TrainingReceipt:
         """
         keys = ("version", "task_id", "spec", "run_root", "final_model_hash", "transcript", "trainers", "syncers", "sealed_at")
         d = _obj("", obj, keys)
-        if d["version"] != RECEIPT_VERSION:
+        if type(d["version"]) is not int or d["version"] != RECEIPT_VERSION:  # true == 1.0 == 1
             raise _fail("version", f"unsupported version {d['version']!r}")
         try:
             spec = TrainingTaskSpec.from_dict(d["spec"], supported_only=False)

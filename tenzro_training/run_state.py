@@ -760,7 +760,7 @@ class RunState:
             "run_root", "ended_at_ms", "end_reason",
         )
         d = _obj("", obj, keys)
-        if d["version"] != RUN_STATE_VERSION:
+        if type(d["version"]) is not int or d["version"] != RUN_STATE_VERSION:  # true == 1.0 == 1
             raise _fail("version", f"unsupported version {d['version']!r}")
         try:
             # A stored run was accepted under the then-supported set; do not re-gate it.

@@ -204,6 +204,18 @@ def test_invalid_shape(shape) -> None:
         TensorSpec("w", shape, "float32")
 
 
+def test_element_count_up_to_u64_max_is_allowed() -> None:
+    u64_max = 2**64 - 1  # = 3 * 5 * 17 * 257 * 641 * 65537 * 6700417
+    assert TensorSpec("w", (u64_max,), "float32").numel == u64_max
+    assert TensorSpec("w", (65535, 65537, 2**32 + 1), "float32").numel == u64_max
+    entry = FragmentEntry("w", (u64_max,), "float32", u64_max - 1, u64_max)
+    assert entry.numel == 1 and not entry.is_whole
+    with pytest.raises(FragmentError, match="do not fit in u64"):
+        TensorSpec("w", (2**32, 2**32), "float32")
+    with pytest.raises(FragmentError):
+        TensorSpec("w", (2**64,), "float32")
+
+
 def test_invalid_model_container() -> None:
     with pytest.raises(FragmentError):
         compute_fragment_layouts("weights", 1)
@@ -229,6 +241,14 @@ def test_invalid_layout_values() -> None:
         FragmentLayout(0, [entry])
     with pytest.raises(FragmentError):
         FragmentLayout(0, (entry, FragmentEntry("w", (4,), "float32", 2, 4)))
+
+
+@pytest.mark.parametrize("bad", ["w", ("w", (4,), "float32", 0, 2), TensorSpec("w", (4,), "float32")],
+                         ids=["str", "tuple", "TensorSpec"])
+def test_invalid_layout_entry_that_is_not_a_fragment_entry(bad: object) -> None:
+    entry = FragmentEntry("v", (4,), "float32", 0, 2)
+    with pytest.raises(FragmentError, match="must be FragmentEntry"):
+        FragmentLayout(0, (entry, bad))  # type: ignore[arg-type]
 
 
 # --- gather / scatter -----------------------------------------------------------------------
@@ -315,6 +335,12 @@ def test_model_hash_matches_the_documented_encoding() -> None:
     state = small_model()
     assert compute_model_hash(state) == reference_model_hash(state)
     assert compute_model_hash(state).hex() == GOLDEN_MODEL_HASH
+
+
+@pytest.mark.parametrize("state", [["w"], "w", [("w", torch.zeros(1))], None], ids=["names", "str", "pairs", "None"])
+def test_invalid_model_hash_of_something_that_is_not_a_mapping(state: object) -> None:
+    with pytest.raises(FragmentError, match="must be a mapping"):
+        compute_model_hash(state)  # type: ignore[arg-type]
 
 
 def test_tensor_hash_matches_the_documented_encoding() -> None:

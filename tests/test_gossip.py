@@ -305,6 +305,25 @@ def test_invalid_encode_non_message() -> None:
         g.encode_message("not a message")  # type: ignore[arg-type]
 
 
+_VALIDATORS = [g.validate_payload_chunk_gossip, g.validate_election_ticket_gossip, g.validate_syncer_status_gossip,
+               g.validate_round_finalized_gossip, g.validate_model_request_gossip, g.validate_model_chunk_gossip,
+               g.validate_run_sealed_gossip]
+
+
+@pytest.mark.parametrize("validate", _VALIDATORS, ids=lambda f: f.__name__)
+def test_invalid_message_of_another_kind_is_rejected_by_each_validator(
+        validate: Callable[..., None], training: World) -> None:
+    accepts = {g.validate_payload_chunk_gossip: PayloadChunk, g.validate_election_ticket_gossip: ElectionTicketMsg,
+               g.validate_syncer_status_gossip: SyncerStatus, g.validate_round_finalized_gossip: RoundFinalizedMsg,
+               g.validate_model_request_gossip: ModelRequest, g.validate_model_chunk_gossip: g.ModelChunk,
+               g.validate_run_sealed_gossip: RunSealedMsg}[validate]
+    others = [m for m in sample_messages() if not isinstance(m, accepts)]
+    assert len(others) == 6
+    for msg in others:
+        with pytest.raises(GossipReject, match="expected a"):
+            validate(msg, training.ctx(), SeenCache())
+
+
 # --- fuzz ----------------------------------------------------------------------------------------
 
 _ENCODED = [g.encode_message(m) for m in sample_messages()]
@@ -397,6 +416,13 @@ def test_invalid_payload_bad_fragment_and_oversized(training: World) -> None:
         g.validate_payload_chunk_gossip(payload_chunks(fragment=2)[0], training.ctx(), SeenCache())
     with pytest.raises(GossipReject, match="exceeds"):
         g.validate_payload_chunk_gossip(payload_chunks()[0], training.ctx(max_payload_bytes=99), SeenCache())
+
+
+def test_payload_of_exactly_the_size_limit_is_accepted(training: World) -> None:
+    chunk = payload_chunks(payload=b"p" * 100)[0]
+    g.validate_payload_chunk_gossip(chunk, training.ctx(max_payload_bytes=100), SeenCache())
+    with pytest.raises(GossipReject, match="exceeds"):
+        g.validate_payload_chunk_gossip(chunk, training.ctx(max_payload_bytes=99), SeenCache())
 
 
 def test_invalid_payload_stale_future_unknown_or_not_training(training: World) -> None:
@@ -498,6 +524,27 @@ def test_invalid_syncer_status_not_current_stale_or_future(training: World) -> N
         g.validate_syncer_status_gossip(ok, training.ctx(now_ms=1_000 + 200_000), SeenCache())
     with pytest.raises(GossipReject, match="future"):
         g.validate_syncer_status_gossip(ok, training.ctx(now_ms=0, max_clock_skew_ms=10), SeenCache())
+
+
+def test_syncer_status_exactly_the_clock_skew_old_or_ahead_is_accepted(training: World) -> None:
+    current = get_current_syncer(training.run)
+    msg = SyncerStatus(task_id=TASK, syncer=current, round=0, status="alive", at_ms=1_000)
+    g.validate_syncer_status_gossip(msg, training.ctx(now_ms=1_000 + 500, max_clock_skew_ms=500), SeenCache())
+    with pytest.raises(GossipIgnore, match="stale"):
+        g.validate_syncer_status_gossip(msg, training.ctx(now_ms=1_000 + 501, max_clock_skew_ms=500), SeenCache())
+    g.validate_syncer_status_gossip(msg, training.ctx(now_ms=1_000 - 500, max_clock_skew_ms=500), SeenCache())
+    with pytest.raises(GossipReject, match="future"):
+        g.validate_syncer_status_gossip(msg, training.ctx(now_ms=1_000 - 501, max_clock_skew_ms=500), SeenCache())
+
+
+def test_syncer_status_about_a_sealed_run_is_ignored(training: World) -> None:
+    training.finalize_round(5_000)
+    training.finalize_round(9_000)
+    assert training.run.status is RunStatus.SEALED
+    last_syncer = training.run.records[-1].syncer
+    msg = SyncerStatus(task_id=TASK, syncer=last_syncer, round=2, status="finalized", at_ms=12_000)
+    with pytest.raises(GossipIgnore, match="Sealed|sealed"):
+        g.validate_syncer_status_gossip(msg, training.ctx(now_ms=12_000), SeenCache())
 
 
 # --- round finalized -----------------------------------------------------------------------------------
@@ -622,6 +669,18 @@ def test_model_chunk_rules(training: World) -> None:
     g.validate_model_chunk_gossip(future[0], training.ctx(), SeenCache())
     with pytest.raises(GossipIgnore, match="stale"):
         g.validate_model_chunk_gossip(chunks[0], training.ctx(), SeenCache())
+
+
+def test_default_context_accepts_weights_up_to_4_gib(training: World) -> None:
+    """The node's bridge leaves ``max_model_bytes`` at its default: 4 GiB of fp32 weights."""
+    ctx = training.ctx()
+    assert ctx.max_model_bytes == 4 << 30
+    first = g.ModelChunk(task_id=TASK, round=0, model_hash=INITIAL_MODEL, seq=0, total_chunks=4096,
+                         total_size=4 << 30, data_hash=h("weights"), data=bytes(MAX_CHUNK_BYTES))
+    g.validate_model_chunk_gossip(first, ctx, SeenCache())
+    larger = dataclasses.replace(first, total_chunks=4097, total_size=(4 << 30) + 4)
+    with pytest.raises(GossipReject, match="exceed"):
+        g.validate_model_chunk_gossip(larger, ctx, SeenCache())
 
 
 def test_a_node_relays_only_the_weights_it_holds(training: World) -> None:
@@ -860,6 +919,25 @@ def test_seen_cache_forgets_a_stream_from_another_thread() -> None:
     assert len(seen) == 0
 
 
+def test_chunks_of_a_dropped_stream_are_accepted_again_for_every_chunked_kind(training: World) -> None:
+    """What the assembler reports to ``on_drop`` ((source,) + stream key) is what the dedup cache
+    indexes each kind's chunks under, so a republish of a dropped stream is not a duplicate."""
+    cases = [
+        (g.validate_payload_chunk_gossip, payload_chunks()[0]),
+        (g.validate_round_finalized_gossip, finalized_chunks(training)[0]),
+        (g.validate_model_chunk_gossip,
+         g.compute_model_chunks(task_id=TASK, round=0, model_hash=INITIAL_MODEL, weights=b"\0" * 16)[0]),
+    ]
+    for validate, chunk in cases:
+        seen = SeenCache()
+        ctx = training.ctx(source="peer")
+        validate(chunk, ctx, seen)
+        with pytest.raises(GossipIgnore, match="duplicate"):
+            validate(chunk, ctx, seen)
+        seen.forget_stream(("peer",) + g.compute_stream_key(chunk))
+        validate(chunk, ctx, seen)
+
+
 def test_assembler_forged_chunks_from_another_peer_do_not_poison_the_genuine_stream() -> None:
     """Probe repro attack_poison.py: a peer that copies a genuine header onto random bytes and
     sends every seq first used to take the genuine chunks' places, so the genuine stream failed
@@ -915,6 +993,46 @@ def test_invalid_assembler_settings() -> None:
         ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=5.0)  # no clock
     with pytest.raises(ValueError):
         ChunkAssembler(max_total_bytes=1, max_pending=1, idle_s=0.0, clock=lambda: 0.0)
+
+
+def test_invalid_assembler_bounds_at_construction_and_resize() -> None:
+    for total, pending in ((-1, 1), (1, 0), (1, -1)):
+        with pytest.raises(ValueError, match="max_pending >= 1"):
+            ChunkAssembler(max_total_bytes=total, max_pending=pending)
+    with pytest.raises(ValueError, match="max_done"):
+        ChunkAssembler(max_total_bytes=1, max_pending=1, max_done=-1)
+    asm = ChunkAssembler(max_total_bytes=0, max_pending=1)  # the smallest legal bounds
+    assert asm.add(payload_chunks(payload=b"")[0]) == b""
+    for total, pending in ((-1, 1), (1, 0)):
+        with pytest.raises(ValueError, match="max_pending >= 1"):
+            asm.resize(total, pending)
+    assert (asm.max_total_bytes, asm.max_pending) == (0, 1)  # a refused resize changes nothing
+
+
+def test_assembler_with_max_done_zero_remembers_no_completed_stream() -> None:
+    asm = ChunkAssembler(max_total_bytes=1 << 20, max_pending=2, max_done=0)
+    chunk = payload_chunks(payload=b"abc")[0]
+    assert asm.add(chunk) == b"abc"
+    assert asm.add(chunk) == b"abc"  # not remembered: the repeat is a new stream, delivered again
+    assert asm.completed == 2 and len(asm) == 0
+    remembering = ChunkAssembler(max_total_bytes=1 << 20, max_pending=2, max_done=1)
+    assert remembering.add(chunk) == b"abc" and remembering.add(chunk) is None
+
+
+def test_assembler_evicts_every_weaker_stream_needed_for_the_bytes_bound() -> None:
+    """Slots are plentiful here (max_pending=8), so the byte bound alone decides how many
+    phantom streams (announced for a chunk and a byte, holding 1 byte) must yield: all three."""
+    genuine = payload_chunks(payload=os.urandom(3 * MAX_CHUNK_BYTES))
+    asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=8)
+    for i in range(3):
+        size = MAX_CHUNK_BYTES + 1 + i
+        phantom = dataclasses.replace(genuine[0], total_size=size, total_chunks=2, seq=1, data=b"x" * (1 + i))
+        assert asm.add(phantom, f"sybil-{i}") is None
+    assert len(asm) == 3 and asm.pending_bytes == 3 * MAX_CHUNK_BYTES + 6
+    assert asm.add(genuine[0], "trainer") is None
+    assert asm.evicted == 3 and asm.refused == 0 and len(asm) == 1
+    assert asm.pending_bytes == 3 * MAX_CHUNK_BYTES <= asm.max_total_bytes
+    assert [asm.add(c, "trainer") for c in genuine[1:]][-1] == b"".join(c.data for c in genuine)
 
 
 def test_assembler_streams_announced_for_a_few_bytes_yield_to_one_that_brings_a_chunk() -> None:

@@ -75,6 +75,18 @@ def test_invalid_view_is_a_value_error() -> None:
         TrainerGossipView.from_run_view({"task_id": TASK}, chain_id=1, max_payload_bytes=1, max_model_bytes=1)
 
 
+def test_invalid_view_with_a_non_integer_count_or_task_id_is_a_value_error() -> None:
+    w = World()
+    w.to_training()
+    good = compute_run_view(w.run, 1_000)
+    TrainerGossipView.from_run_view(good, chain_id=1, max_payload_bytes=1, max_model_bytes=1)
+    bad = [("round", -1), ("round", 2.9), ("round", True), ("round", "0"),
+           ("fragment_count", -2), ("fragment_count", "7"), ("fragment_count", 2.0), ("task_id", 7)]
+    for key, value in bad:
+        with pytest.raises(ValueError, match="not a getRun view"):
+            TrainerGossipView.from_run_view({**good, key: value}, chain_id=1, max_payload_bytes=1, max_model_bytes=1)
+
+
 def test_payload_chunk_from_an_enrolled_trainer_passes_once(view: TrainerGossipView) -> None:
     seen = SeenCache()
     chunk = payload_chunks(1)[0]
@@ -128,6 +140,37 @@ def test_invalid_payload_chunk_fragment_or_size(view: TrainerGossipView) -> None
         check(TOPIC_TRAINING, payload_chunks(0, fragment=2)[0], view)
     with pytest.raises(GossipReject, match="exceeds 4096"):
         check(TOPIC_TRAINING, payload_chunks(0, payload=b"x" * (MAX_PAYLOAD + 1))[0], view)
+
+
+def test_payload_chunk_of_exactly_the_size_limit_passes(view: TrainerGossipView) -> None:
+    from dataclasses import replace
+
+    check(TOPIC_TRAINING, payload_chunks(0, payload=b"x" * MAX_PAYLOAD)[0], view)
+    per_fragment = replace(view, payload_bytes=(100, 50))
+    check(TOPIC_TRAINING, payload_chunks(0, payload=b"x" * 100)[0], per_fragment)
+    with pytest.raises(GossipReject, match="exceeds 100 [(]fragment 0[)]"):
+        check(TOPIC_TRAINING, payload_chunks(0, payload=b"x" * 101)[0], per_fragment)
+
+
+def test_chunks_of_a_dropped_stream_pass_again_for_every_chunked_kind() -> None:
+    """The dedup cache indexes a chunk under (origin,) + stream key, what the assembler reports
+    when it drops a stream: a republish of that stream is then not a duplicate."""
+    w = World()
+    w.to_training()
+    view = make_view(w)
+    cases = [
+        (TOPIC_TRAINING, payload_chunks(0)[0]),
+        (TOPIC_SYNCER, finalized_chunks(w)[0]),
+        (TOPIC_TRAINING, g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=b"\0" * MAX_MODEL)[0]),
+    ]
+    for topic, chunk in cases:
+        seen = SeenCache()
+        data = g.encode_message(chunk)
+        validate_gossip_as_trainer(topic, data, view, seen, origin="peer")
+        with pytest.raises(GossipIgnore, match="duplicate"):
+            validate_gossip_as_trainer(topic, data, view, seen, origin="peer")
+        seen.forget_stream(("peer",) + g.compute_stream_key(chunk))
+        validate_gossip_as_trainer(topic, data, view, seen, origin="peer")
 
 
 def test_messages_before_the_view_or_for_another_run_are_ignored(view: TrainerGossipView) -> None:

@@ -63,3 +63,53 @@ def test_invalid_payload_header_deep_nesting_raises_payload_error() -> None:
     data = struct.pack("<Q", len(header)) + header
     with pytest.raises(PayloadError):
         decode_payload(data, layout, max_bytes=1 << 20)
+
+
+def test_depth_bound_of_text_whose_brackets_are_all_inside_strings_is_zero() -> None:
+    text = '"' + "[" * (MAX_JSON_NESTING + 100) + '"'  # slow path: every bracket is string content
+    assert compute_json_depth_bound(text) == 0
+    assert compute_json_depth_bound(text.encode()) == 0
+    assert is_json_depth_ok(text)
+
+
+def test_values_bound_counts_the_first_value_too() -> None:
+    from tenzro_training.jsontext import compute_json_values_bound
+
+    assert compute_json_values_bound("1") == 1
+    assert compute_json_values_bound(b"[1,2]") == 3  # the array and its two elements
+    assert compute_json_values_bound('{"a":[]}') == 4  # object, key, value, array: an over-estimate by one
+
+
+def test_loads_bounded_parses_plain_json() -> None:
+    from tenzro_training.jsontext import loads_bounded
+
+    assert loads_bounded('{"a": [1, 2.5, null, "x"]}') == {"a": [1, 2.5, None, "x"]}
+    assert loads_bounded(b'{"a": 1, "b": 2}', unique_keys=True) == {"a": 1, "b": 2}
+    assert loads_bounded('{"a": 1, "a": 2}') == {"a": 2}  # json.loads' rule unless unique_keys
+
+
+@pytest.mark.parametrize("text", ["NaN", "[1, Infinity]", '{"a": -Infinity}'])
+def test_invalid_loads_bounded_non_json_constants(text: str) -> None:
+    from tenzro_training.jsontext import loads_bounded
+
+    with pytest.raises(ValueError, match="is not JSON"):
+        loads_bounded(text)
+
+
+def test_invalid_loads_bounded_duplicate_key_with_unique_keys() -> None:
+    from tenzro_training.jsontext import loads_bounded
+
+    with pytest.raises(ValueError, match="duplicate key 'a'"):
+        loads_bounded('{"a": 1, "b": {"a": 2}, "a": 3}', unique_keys=True)
+    with pytest.raises(ValueError, match="duplicate key 'k'"):
+        loads_bounded('[{"k": 1, "k": 1}]', unique_keys=True)
+
+
+def test_invalid_loads_bounded_nesting_deeper_than_the_limit() -> None:
+    from tenzro_training.jsontext import loads_bounded
+
+    ok = "[" * MAX_JSON_NESTING + "]" * MAX_JSON_NESTING
+    assert loads_bounded(ok) is not None
+    too_deep = "[" * (MAX_JSON_NESTING + 1) + "]" * (MAX_JSON_NESTING + 1)  # json.loads alone would parse it
+    with pytest.raises(ValueError, match="nested deeper"):
+        loads_bounded(too_deep)

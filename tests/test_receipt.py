@@ -167,11 +167,91 @@ def test_invalid_fields_derived_from_transcript_are_checked(receipt: TrainingRec
     assert not verify_receipt(forged)  # ... but the transcript determines them
 
 
+def test_invalid_receipt_verdicts_are_the_bool_false(receipt: TrainingReceipt) -> None:
+    """Both verifiers return a bool (the CLI and receipt_abi pass it on), never a falsy None."""
+    short = dataclasses.replace(receipt, transcript=receipt.transcript[:1])  # fewer rounds than max_rounds
+    reordered = _replace_record(receipt, 0, round=1)  # two records of round 1: compute_run_leaves raises
+    assert verify_receipt_root(short) is False and verify_receipt(short) is False
+    assert verify_receipt_root(reordered) is False and verify_receipt(reordered) is False
+    miscounted = dataclasses.replace(
+        receipt, trainers=(dataclasses.replace(receipt.trainers[0], accepted_submissions=9),) + receipt.trainers[1:]
+    )
+    assert verify_receipt_root(miscounted) is True and verify_receipt(miscounted) is False
+    assert verify_receipt_root(receipt) is True and verify_receipt(receipt) is True
+
+
+def test_receipt_of_a_trainer_with_no_accepted_submission_verifies() -> None:
+    env = Env()
+    env.to_training()
+    now = 300
+    for _ in range(2):  # trainer 1 is enrolled but never submits
+        for f in (0, 1):
+            env.submit(0, f, now)
+            env.submit(2, f, now + 10)
+        now += 10 + GRACE_MS + 1
+        env.finalize(now)
+        now += 100
+    receipt = compute_receipt(env.run)
+    assert [t.accepted_submissions for t in receipt.trainers] == [4, 0, 4]
+    assert verify_receipt(receipt) is True
+    assert verify_receipt(TrainingReceipt.from_dict(json.loads(json.dumps(receipt.to_dict())))) is True
+
+
 def test_invalid_receipt_of_unsealed_run() -> None:
     env = Env()
     env.to_training()
     with pytest.raises(InvalidState):
         compute_receipt(env.run)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("run_root", b"\0" * 31),
+        ("run_root", b"\0" * 33),
+        ("run_root", bytearray(32)),
+        ("final_model_hash", b"\0" * 20),
+        ("final_model_hash", "0x" + "00" * 32),
+        ("syncers", (b"\0" * 19,)),
+        ("syncers", (bytearray(20),)),
+    ],
+    ids=["root-31", "root-33", "root-bytearray", "model-hash-20", "model-hash-hex", "syncer-19", "syncer-bytearray"],
+)
+def test_invalid_receipt_byte_fields_of_the_wrong_length_or_type(receipt: TrainingReceipt, field: str,
+                                                                 value: object) -> None:
+    with pytest.raises(EncodingError, match=field):
+        dataclasses.replace(receipt, **{field: value})
+
+
+@pytest.mark.parametrize("address", [b"\0" * 19, b"\0" * 21, bytearray(20), "0x" + "00" * 20],
+                         ids=["19-bytes", "21-bytes", "bytearray", "hex-text"])
+def test_invalid_receipt_trainer_address(address: object) -> None:
+    ReceiptTrainer("did:tenzro:node:t0", b"\0" * 20, 1, 0, False)
+    with pytest.raises(EncodingError, match="trainer.address"):
+        ReceiptTrainer("did:tenzro:node:t0", address, 1, 0, False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "field, make",
+    [
+        ("transcript", lambda r: (r.transcript[0], "round 1")),
+        ("transcript", lambda r: (r.transcript[0], r.transcript[1].fragments[0])),
+        ("trainers", lambda r: r.trainers + (r.trainers[0].to_dict(),)),
+        ("trainers", lambda r: ("did:tenzro:node:t0",)),
+        ("syncers", lambda r: ("0x" + "11" * 20,)),
+    ],
+    ids=["transcript-str", "transcript-outcome", "trainers-dict", "trainers-str", "syncers-hex"],
+)
+def test_invalid_receipt_tuples_holding_another_type(receipt: TrainingReceipt, field: str, make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(EncodingError, match=f"{field}: expected a tuple of"):
+        dataclasses.replace(receipt, **{field: make(receipt)})
+
+
+def test_invalid_receipt_of_something_that_is_not_a_run_state() -> None:
+    run = sealed_env().run
+    for not_a_run in (None, "run", run.to_dict()):
+        with pytest.raises(EncodingError, match="needs a RunState"):
+            compute_receipt(not_a_run)  # type: ignore[arg-type]
 
 
 def test_verify_never_raises_on_garbage() -> None:
@@ -183,6 +263,8 @@ def test_verify_never_raises_on_garbage() -> None:
     "mutate",
     [
         lambda d: d.update(version=2),
+        lambda d: d.update(version=True),  # true == 1 in Python: refused as not an integer
+        lambda d: d.update(version=1.0),
         lambda d: d.update(run_root="0x" + "AB" * 32),
         lambda d: d.update(run_root="0x1234"),
         lambda d: d.update(task_id="other-task"),

@@ -1092,6 +1092,118 @@ def test_invalid_from_dict_rejects_tampered_state() -> None:
             RunState.from_dict(bad)
 
 
+def test_run_state_dict_is_version_1_and_reads_no_other() -> None:
+    """Stored runs carry ``"version": 1``; a node must keep reading what it wrote before."""
+    from tenzro_training.errors import EncodingError
+    from tenzro_training.run_state import RUN_STATE_VERSION
+
+    env = Env()
+    env.to_training()
+    good = json.loads(json.dumps(env.run.to_dict()))
+    assert RUN_STATE_VERSION == 1 and good["version"] == 1
+    assert RunState.from_dict(good) == env.run
+    for version in (0, 2, "1", 1.5, True, 1.0):  # true == 1.0 == 1 in Python: refused as not integers
+        with pytest.raises(EncodingError, match="version"):
+            RunState.from_dict({**good, "version": version})
+
+
+def test_invalid_run_state_amount_of_2_to_the_256() -> None:
+    """Stakes, scores and min_stake are uint256: 2**256 - 1 reads back, 2**256 is an EncodingError
+    (not an ElectionError from a Candidate built of it) wherever it stands."""
+    from tenzro_training.errors import EncodingError
+
+    env = Env()
+    env.to_training()
+    good = json.loads(json.dumps(env.run.to_dict()))
+    places = (
+        lambda d, v: d["timings"].update(min_stake=v),
+        lambda d, v: d["trainers"][0].update(stake=v),
+        lambda d, v: d["election"]["entries"][0].update(stake=v),
+    )
+    for place in places:
+        largest = json.loads(json.dumps(good))
+        place(largest, str(2**256 - 1))
+        RunState.from_dict(largest)
+        too_large = json.loads(json.dumps(good))
+        place(too_large, str(2**256))
+        with pytest.raises(EncodingError, match="uint256"):
+            RunState.from_dict(too_large)
+
+
+def test_invalid_timings_out_of_range() -> None:
+    from tenzro_training.errors import EncodingError
+
+    RunTimings(election_window_ms=1, enrollment_window_ms=2**63 - 1, min_stake=2**256 - 1)
+    bad = [
+        {"election_window_ms": 0},
+        {"enrollment_window_ms": -1},
+        {"round_timeout_ms": 2**63},
+        {"finalize_window_ms": 0},
+        {"min_stake": -1},
+        {"min_stake": 2**256},
+    ]
+    for fields in bad:
+        with pytest.raises(EncodingError, match="expected"):
+            RunTimings(**fields)
+
+
+def test_invalid_run_state_that_breaks_its_election_or_seal_invariants() -> None:
+    from tenzro_training.errors import EncodingError
+
+    env = Env()
+    env.to_training()
+    good = json.loads(json.dumps(env.run.to_dict()))
+    assert len(good["election"]["ranking"]) == 2 and good["syncer_rank"] == 1
+    for mutate, what in (
+        (lambda d: d.update(syncer_rank=3), "syncer_rank"),  # only 2 candidates are ranked
+        (lambda d: d["election"]["ranking"][0].update(rank=2), "ranks must be 1, 2, 3"),
+        (lambda d: d["election"].update(ranking=d["election"]["ranking"][::-1]), "ranks must be 1, 2, 3"),
+    ):
+        bad = json.loads(json.dumps(good))
+        mutate(bad)
+        with pytest.raises(EncodingError, match=what):
+            RunState.from_dict(bad)
+    ok = json.loads(json.dumps(good))
+    ok["syncer_rank"] = 2  # after one failover: the second-ranked candidate
+    assert RunState.from_dict(ok).syncer_rank == 2
+    # A Sealed run's final record must be a FinalModelRecord, not just present.
+    for f in (0, 1):
+        for i in range(3):
+            env.submit(i, f, 300)
+    env.finalize(400)
+    for f in (0, 1):
+        env.submit(0, f, 500)
+        env.submit(1, f, 510)
+    env.finalize(510 + GRACE_MS + 1)
+    assert env.run.status is RunStatus.SEALED
+    from dataclasses import replace
+
+    from tenzro_training.run_state import final_record_to_dict
+
+    assert env.run.final_record is not None
+    for not_a_record in (final_record_to_dict(env.run.final_record), env.run.run_root, "final"):
+        with pytest.raises(EncodingError, match="final_record"):
+            replace(env.run, final_record=not_a_record)
+
+
+def test_invalid_fragment_index_of_get_accepted_submissions() -> None:
+    from tenzro_training.errors import EncodingError
+
+    env = Env()
+    env.post()
+    with pytest.raises(EncodingError, match="fragment must be"):
+        get_accepted_submissions(env.run, 2)  # checked even before Training
+    assert get_accepted_submissions(env.run, 1) == ()
+    env.elect()
+    for i, now in enumerate((200, 210, 220)):
+        env.enroll(i, now)
+    env.submit(0, 1, 300)
+    assert [a for a, _ in get_accepted_submissions(env.run, 1)] == [TRAINERS[0]]
+    for fragment in (-1, 2, True, 1.0, "1"):  # -1 would silently read the last fragment
+        with pytest.raises(EncodingError, match="fragment must be"):
+            get_accepted_submissions(env.run, fragment)  # type: ignore[arg-type]
+
+
 def test_post_task_pool_minimum_and_open_run_limits_are_core_rules() -> None:
     """The node's admission policy for postTask (malicious-participant probe, stop 20) as pure
     functions: a pool below the node's minimum is a SpecError; open runs are bounded per node

@@ -820,6 +820,15 @@ def test_invalid_json_document(text: str) -> None:
     assert spec_error(text).path == ""
 
 
+def test_invalid_integer_too_long_for_the_decoder_is_reported_as_invalid_json() -> None:
+    """Python's int() digit limit stops the decoder inside a well-formed object: the sponsor
+    is told the JSON is invalid, not that the document is not an object."""
+    text = example_text().replace('"created_at": ', '"created_at": 1' + "0" * 5000 + ", \"x\": ", 1)
+    assert text != example_text()
+    err = spec_error(text)
+    assert err.path == "" and "invalid JSON" in str(err)
+
+
 def test_invalid_example_with_trailing_garbage() -> None:
     assert spec_error(example_text() + "x").path == ""
 

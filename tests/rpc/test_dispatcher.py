@@ -290,3 +290,25 @@ def test_b64_decoders_agree_and_accept_only_canonical(text: str) -> None:
     decoded = results["binascii"]
     if decoded is not None:  # accepted only if it is THE encoding of what it decodes to
         assert base64.b64encode(decoded).decode() == text
+
+
+@pytest.mark.parametrize("decoder", sorted(params_module.B64_DECODERS))
+def test_invalid_payload_base64_with_any_unused_bit_set(decoder: str) -> None:
+    """One '=' leaves 2 unused bits, two '=' leave 4: every one of them must be zero."""
+    for text, data in (("QQ==", b"A"), ("QUI=", b"AB")):
+        assert _strict_b64(text, decoder) == data
+    for bad in ("QR==", "QS==", "QU==", "QY==", "Qc==", "Q0==", "QUJ=", "QUK="):
+        assert _strict_b64(bad, decoder) is None, bad
+    with pytest.raises(InvalidParams, match="unused bits"):
+        params_module._payload("QU==", params_module.B64_DECODERS[decoder])
+
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [(5, "integer"), (1.5, "number"), (True, "boolean"), (None, "null"), ([], "array"), ({}, "object"),
+     (b"run", "bytes")],
+)
+def test_invalid_params_reason_names_the_json_type_it_got(value: object, kind: str) -> None:
+    with pytest.raises(InvalidParams) as err:
+        params_module.GetRunParams.parse({"task_id": value})
+    assert err.value.param == "task_id" and err.value.reason == f"expected a string, got {kind}"

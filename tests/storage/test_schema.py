@@ -397,3 +397,17 @@ def test_invalid_finalize_signature_keys() -> None:
         schema.parse_finalize_signature_key(schema.finalize_signature_key("ab", 0) + b"x")
     with pytest.raises(KeyFormatError):
         schema.parse_finalize_signature_key(b"")
+
+
+@pytest.mark.parametrize("mark", [b"\x00", b"S", b"U", b"t", b"e", b"b"])
+def test_invalid_finalize_signature_key_with_another_first_byte(mark: bytes) -> None:
+    key = schema.finalize_signature_key("ab", 7)
+    assert schema.parse_finalize_signature_key(key) == ("ab", 7)
+    with pytest.raises(KeyFormatError, match="not a finalize-signature key"):
+        schema.parse_finalize_signature_key(mark + key[1:])
+
+
+@pytest.mark.parametrize("key", ["T\x02abf\x00\x00\x00\x07", bytearray(b"T\x02abf\x00\x00\x00\x07"), None])
+def test_invalid_finalize_signature_key_that_is_not_bytes(key: object) -> None:
+    with pytest.raises(KeyFormatError):
+        schema.parse_finalize_signature_key(key)  # type: ignore[arg-type]
