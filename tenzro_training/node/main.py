@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+from tenzro_training import __version__
 from tenzro_training.errors import TenzroError
 
 __all__ = ["NodeStartupError", "TICK_INTERVAL_S", "format_event", "load_node_config", "run_node", "run_node_from_args"]
@@ -385,6 +386,13 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         for sig in stop_signals:
             loop.add_signal_handler(sig, stop.set)
         tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
+        runs = service.count_runs_by_status()
+        # One line an operator can check a deployment against (ops probe: nothing said which
+        # chain, store or settings a node came up with).
+        log.info("tenzro node %s up: chain_id=%d data_dir=%s runs=%d (%s) sync_writes=%s prune_payloads=%s "
+                 "allowed_checkpoint_dirs=%d p2p=%s", __version__, config.chain_id, data_dir, sum(runs.values()),
+                 ", ".join(f"{n} {status}" for status, n in sorted(runs.items())) or "none", config.sync_writes,
+                 config.prune_payloads, len(config.allowed_checkpoint_dirs), "on" if p2p else "off")
         host_text = f"[{server.host}]" if ":" in server.host else server.host  # IPv6: RFC 3986 brackets
         announce(f"tenzro node listening on http://{host_text}:{server.port} (data dir {data_dir})")
         await stop.wait()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
+from tenzro_training import __version__
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
     MAX_BODY_BYTES,
@@ -358,6 +359,7 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
     again = node_factory("lifecycle", data_dir=first.data_dir)
     assert again.stop(signal.SIGINT) == 0
     assert "Traceback" not in again.stderr()
+    assert f"tenzro node {__version__} up: chain_id=1337" in again.stderr() and "runs=0 (none)" in again.stderr()
     # SIGHUP (the terminal closed): the same, not exit 129 with the store left open.
     third = node_factory("lifecycle", data_dir=first.data_dir)
     assert third.stop(signal.SIGHUP) == 0
