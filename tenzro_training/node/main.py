@@ -245,17 +245,31 @@ def _check_rpc_address(host: str, port: int) -> None:
     """Fail with one line when the JSON-RPC address cannot be bound, BEFORE the store is opened:
     a first start that failed on its port had already created the store and bound it to that
     start's genesis and chain id (ops probe). A pre-flight bind and close: racy against another
-    process taking the port in between, which the real bind still reports."""
+    process taking the port in between, which the real bind still reports. It binds as
+    asyncio's ``create_server`` (what aiohttp uses) does, so it refuses nothing that would have
+    started: SO_REUSEADDR, IPV6_V6ONLY on IPv6 sockets (``::`` beside a listener on
+    ``0.0.0.0``), and an address family the kernel lacks skipped (review)."""
     import socket
 
+    shown = f"[{host}]" if ":" in host else host
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        bound = 0
         for family, kind, proto, _name, address in infos:
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            try:
+                probe = socket.socket(family, kind, proto)
+            except OSError:
+                continue
+            with probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == getattr(socket, "AF_INET6", None) and hasattr(socket, "IPPROTO_IPV6"):
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 probe.bind(address)
+                bound += 1
+        if not bound:
+            raise OSError("no address it resolves to can be bound")
     except OSError as exc:
-        raise NodeStartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise NodeStartupError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None
 
 
 def _make_data_dir(data_dir: Path) -> None:

@@ -182,10 +182,10 @@ def wall_clock_ms() -> int:
 
 def elapsed_clock_ms() -> int:
     """Milliseconds on a clock that keeps counting while the process is stopped or the machine
-    suspended (Linux CLOCK_BOOTTIME; elsewhere the monotonic clock) but never steps when the
-    wall clock is set. With the wall clock it tells a correction of a set-back clock from a
-    pause (``NodeService._resume_if_paused``): such a correction had been taken for a pause of
-    its whole size (ops probe: a day)."""
+    suspended but never steps when the wall clock is set (Linux CLOCK_BOOTTIME; macOS CLOCK_MONOTONIC, which counts sleep there;
+    elsewhere the monotonic clock, which may not count a suspend). With the wall clock it tells
+    the correction of a set-back clock from a pause (``NodeService._resume_if_paused``): such a
+    correction had been taken for a pause of its whole size (ops probe: a day)."""
     boottime = getattr(time, "CLOCK_BOOTTIME", None)
     if boottime is not None:
         return time.clock_gettime_ns(boottime) // 1_000_000
@@ -309,6 +309,8 @@ class NodeService:
             return ledger
         if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
             raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
+        if not self._bind_store:  # an offline tool must not create a genesis (review)
+            raise StorageError("the store has no genesis record: no node finished starting on it")
         ledger = Ledger()
         for address, amount in self._config.genesis:
             ledger = credit(ledger, address, amount)
@@ -484,33 +486,37 @@ class NodeService:
             log.warning("the node was down for %.1f s since it last served: pending deadlines move that much later",
                         (now - self._alive_ms) / 1000)
             events = self._apply_pause(self._alive_ms, now)
-        self._alive_ms, self._alive_cpu_s, self._alive_elapsed_ms = now, self._cpu_clock(), self._elapsed_clock()
-        self._clock_offset_ms = now - self._alive_elapsed_ms
+        self._alive_ms, self._alive_elapsed_ms, self._alive_cpu_s = now, self._elapsed_clock(), self._cpu_clock()
+        # The last instant served is a lower bound on the right wall time: a node started on a
+        # clock still behind (before time sync) must take NTP's later step up to it for a
+        # correction, not a pause of its whole size (review: a dead RTC would be decades).
+        self._clock_offset_ms = (now if last is None else max(last, now)) - self._alive_elapsed_ms
         return events + self._resume_if_paused()
 
     def _resume_if_paused(self) -> tuple[RunEvent, ...]:
         assert self._alive_ms is not None
-        now, cpu, elapsed = self._now(), self._cpu_clock(), self._elapsed_clock()
+        now, elapsed, cpu = self._now(), self._elapsed_clock(), self._cpu_clock()  # wall and elapsed together
         last = self._alive_ms
         events: tuple[RunEvent, ...] = ()
-        # The wall clock's gap, less the correction of an earlier set-back: its offset to the
-        # elapsed clock rising back towards the highest offset seen. That part is no pause
-        # (deadlines, wall-clock instants, simply come sooner). A rise past it stays a pause,
-        # whatever its cause: a VM frozen with its clocks (kvmclock) then stepped forward by NTP
-        # looks exactly like it, and treating that as a clock step would fire every deadline
-        # the freeze covered (review).
+        # The gap is the time the elapsed clock saw pass, plus any rise of the wall clock's
+        # offset to it past the highest offset seen. A rise up to that offset is the correction
+        # of an earlier set-back: no pause (deadlines, wall-clock instants, simply come sooner;
+        # ops probe: a day). A rise past it stays a pause whatever its cause: a VM frozen with
+        # its clocks (kvmclock), then stepped forward by NTP, looks exactly like it, and taking
+        # it for a clock step would fire every deadline the freeze covered (review). A wall
+        # clock set back during a stop does not shorten the stop (review).
         old_offset, new_offset = last - self._alive_elapsed_ms, now - elapsed
         reference = self._clock_offset_ms if self._clock_offset_ms is not None else old_offset
         correction = max(0, min(new_offset, reference) - old_offset)
+        gap_ms = (elapsed - self._alive_elapsed_ms) + max(0, new_offset - reference)
         self._clock_offset_ms = max(reference, new_offset)
-        gap_ms = now - last - correction
         if correction > PAUSE_MIN_MS:
             log.warning("the wall clock stepped forward by %.1f s, back from an earlier set-back: not a pause, "
                         "deadlines stay as they are", correction / 1000)
         if gap_ms > PAUSE_MIN_MS and (cpu - self._alive_cpu_s) * 1000 < PAUSE_MAX_CPU_SHARE * gap_ms:
             log.warning("the node served nothing for %.1f s and barely ran (stopped, frozen or blocked): pending "
                         "deadlines move that much later", gap_ms / 1000)
-            events = self._apply_pause(now - gap_ms, now)
+            events = self._apply_pause(max(0, now - gap_ms), now)
         # ``now`` even when the clock was set back: the next gap is measured from it (kept at
         # the later instant, a set-back clock hid every pause for as long as it was set back).
         self._alive_ms, self._alive_cpu_s, self._alive_elapsed_ms = now, cpu, elapsed

@@ -307,6 +307,11 @@ def _gather(corpus: Sequence[Series], refs: Sequence[WindowRef], window_len: int
     return torch.from_numpy(out)
 
 
+def _check_shard_count(shard_count: int) -> None:
+    if isinstance(shard_count, bool) or not isinstance(shard_count, int) or shard_count < 1:
+        raise ShardError(f"shard_count must be an integer >= 1, got {shard_count!r}")
+
+
 def _check_fills(windows: int, shard_count: int) -> None:
     if windows < shard_count:
         raise ShardError(f"{windows} training windows cannot fill {shard_count} shards")
@@ -317,9 +322,10 @@ def check_shardable(
     holdout_bps: int = DEFAULT_HOLDOUT_BPS,
 ) -> None:
     """ShardError unless :func:`shard_windows` can deal ``shard_count`` non-empty shards: what a
-    trainer checks before it enrolls, when its shard index is not known yet (counting only:
-    no sort, no windows gathered)."""
+    trainer checks before it enrolls, when its shard index is not known yet (the window list
+    only: no hashing, no sort, no windows gathered)."""
     _check_window_args(context_len, horizon, stride, holdout_bps)
+    _check_shard_count(shard_count)
     _check_fills(len(get_training_windows(corpus, context_len + horizon, stride=stride, holdout_bps=holdout_bps)),
                  shard_count)
 
@@ -344,8 +350,7 @@ def shard_windows(
     size by at most one, and are a seeded pseudo-random mix of all series and times.
     """
     _check_window_args(context_len, horizon, stride, holdout_bps)
-    if isinstance(shard_count, bool) or not isinstance(shard_count, int) or shard_count < 1:
-        raise ShardError(f"shard_count must be an integer >= 1, got {shard_count!r}")
+    _check_shard_count(shard_count)
     if isinstance(shard_index, bool) or not isinstance(shard_index, int) or not 0 <= shard_index < shard_count:
         raise ShardError(f"shard_index must be an integer in [0, {shard_count}), got {shard_index!r}")
     if not isinstance(seed, bytes):

@@ -126,3 +126,48 @@ def test_a_taken_rpc_port_is_refused_before_the_store_is_created(tmp_path: Path)
         asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "e", rpc_host="no-such-host.invalid"), tmp_path / "e",
                              announce=lambda line: None))
     assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
+
+
+def test_the_rpc_preflight_binds_as_the_server_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address family the kernel lacks is skipped (localhost -> ::1 on a kernel without IPv6
+    had been refused although asyncio binds 127.0.0.1), IPv6 sockets are V6ONLY (``::`` beside
+    a listener on 0.0.0.0), and a family that binds nothing at all is refused (review)."""
+    import socket
+
+    from tenzro_training.node.main import NodeStartupError, _check_rpc_address
+
+    real_socket = socket.socket
+    made: list[tuple[int, int]] = []
+
+    class Recording(real_socket):  # type: ignore[misc, valid-type]
+        def __init__(self, family: int = -1, *args: object, **kwargs: object) -> None:
+            if family == socket.AF_INET6:
+                raise OSError(97, "Address family not supported by protocol")
+            super().__init__(family, *args, **kwargs)  # type: ignore[arg-type]
+            made.append((family, 0))
+
+    both = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: both)
+    monkeypatch.setattr(socket, "socket", Recording)
+    _check_rpc_address("localhost", 0)
+    assert made == [(socket.AF_INET, 0)]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: both[:1])
+    with pytest.raises(NodeStartupError, match=r"cannot listen on localhost:0: no address .* can be bound"):
+        _check_rpc_address("localhost", 0)
+    monkeypatch.setattr(socket, "socket", real_socket)
+    options: list[tuple[int, int, int]] = []
+
+    class Options(real_socket):  # type: ignore[misc, valid-type]
+        def setsockopt(self, level: int, name: int, value: int) -> None:  # type: ignore[override]
+            options.append((level, name, value))
+            super().setsockopt(level, name, value)
+
+    if socket.has_ipv6:
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: both[:1])
+        monkeypatch.setattr(socket, "socket", Options)
+        try:
+            _check_rpc_address("::1", 0)
+        except NodeStartupError:
+            pass  # IPv6 present in Python but not in this kernel: the option was still set first
+        assert (socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1) in options

@@ -230,6 +230,11 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     NodeService(make_config(None, genesis=()), store, clock=FakeClock(), bind_store=False).close()
     with pytest.raises(StorageError, match="set `chain_id` to 5"):
         NodeService(config, store, clock=FakeClock())
+    # ...nor creates a genesis in a store that has none (a node killed before its first batch).
+    empty = MemoryStore()
+    with pytest.raises(StorageError, match="no genesis record"):
+        NodeService(make_config(None), empty, clock=FakeClock(), bind_store=False)
+    assert snapshot(empty) == snapshot(MemoryStore())
     # Any chain id a config accepts (below 2**256) is recorded; it had overflowed a u64 (review).
     if kind == "rocks":
         store.close()

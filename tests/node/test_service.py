@@ -898,7 +898,9 @@ def test_a_busy_node_is_not_a_paused_one(tmp_path: Path, checkpoint: tuple[str, 
 def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
     """Pauses are measured on a clock that counts stopped and suspended time but not steps of the
     wall clock (ops probe: a wall clock set back a day and then corrected moved every deadline a
-    day later). A step forward moves nothing; a real stop (both clocks advance) still does."""
+    day later). The correction of a set-back moves nothing; a real stop (both clocks advance)
+    still does, and so does a forward step past the highest offset seen (a VM frozen with its
+    clocks)."""
     from storage.memory import MemoryStore
     from tests.node.conftest import FakeClock, make_config
 
@@ -942,7 +944,47 @@ def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str,
     elapsed[0] += 20_000
     service.tick()
     assert [e.by_ms for e in events if isinstance(e, DeadlinesExtended)] == [20_000, 30_000, 20_000]
+    # Stopped 20 s while the clock was set back 10 s, corrected later: the stop counts whole,
+    # the correction not at all (it had shortened the pause to 10 s: review).
+    clock.now += 20_000 - 10_000
+    elapsed[0] += 20_000
+    service.tick()
+    clock.now += 10_000 + 100
+    elapsed[0] += 100
+    service.tick()
+    assert [e.by_ms for e in events if isinstance(e, DeadlinesExtended)] == [20_000, 30_000, 20_000, 20_000]
     service.close()
+
+
+def test_a_node_started_on_a_clock_still_behind_counts_only_its_downtime(checkpoint: tuple[str, str]) -> None:
+    """Started before time sync on a clock a day behind, then stepped right by NTP: the step up
+    to the last instant served is a correction; only the real downtime (60 s) is a pause (it was
+    the whole day: review; with a dead RTC, decades)."""
+    from storage import schema
+    from storage.memory import MemoryStore
+    from tests.node.conftest import FakeClock, make_config
+
+    store, clock, elapsed = MemoryStore(), FakeClock(), [10_000]
+    service = NodeService(make_config(None), store, clock=clock, cpu_clock=lambda: 0.0, elapsed_clock=lambda: elapsed[0])
+    net = Net(service, clock)
+    start(net, checkpoint)
+    service.start_clock()
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)
+    service.close()
+    alive = int.from_bytes(store.get(schema.CF_META, schema.NODE_ALIVE_KEY), "big")
+    clock.now = alive + 60_000 - 86_400_000  # down 60 s; the clock comes back a day behind
+    elapsed[0] = 5_000  # a new boot
+    events: list[object] = []
+    again = NodeService(make_config(None), store, clock=clock, cpu_clock=lambda: 0.0, elapsed_clock=lambda: elapsed[0])
+    again.on_event = events.append
+    assert again.start_clock() == ()  # behind the last instant served: nothing can be measured yet
+    clock.now += 86_400_000 + 100  # NTP steps it right, 100 ms later
+    elapsed[0] += 100
+    again.tick()
+    assert [e.by_ms for e in events if isinstance(e, DeadlinesExtended)] == [60_100]
+    again.close()
 
 def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: tuple[str, str]) -> None:
     """Services driven by a hand-set clock (these tests) see no pauses: deadlines fire as set."""

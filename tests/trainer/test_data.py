@@ -20,6 +20,7 @@ from tenzro_training.trainer.data import (
     Series,
     ShardError,
     WindowRef,
+    check_shardable,
     compute_dataset_hash,
     compute_dataset_ref,
     compute_train_length,
@@ -223,7 +224,10 @@ def test_shard_rule_property(lengths: list[int], count: int, stride: int, seed: 
     if len(windows) < count:
         with pytest.raises(ShardError):
             shard_windows(corpus, 0, count, 6, 4, stride=stride, seed=seed)
+        with pytest.raises(ShardError):
+            check_shardable(corpus, count, 6, 4, stride=stride)
         return
+    check_shardable(corpus, count, 6, 4, stride=stride)  # the trainer's pre-enrollment check agrees
     shards = [shard_windows(corpus, i, count, 6, 4, stride=stride, seed=seed) for i in range(count)]
     refs = [r for s in shards for r in s.refs]
     assert sorted(refs) == sorted(windows) and len(set(refs)) == len(refs)
@@ -242,6 +246,9 @@ def test_invalid_shard_arguments(corpus: tuple[Series, ...], index: int, count: 
     with pytest.raises(ShardError) as info:
         shard_windows(corpus, index, count, ctx, horizon)
     assert isinstance(info.value, TrainerError)
+    if 0 <= index < 3:  # every argument check but the index (unknown before enrollment)
+        with pytest.raises(ShardError):
+            check_shardable(corpus, count, ctx, horizon)
 
 
 def test_invalid_holdout_and_seed(corpus: tuple[Series, ...]) -> None:
