@@ -525,13 +525,19 @@ def test_invalid_submission_late_after_straggler_window() -> None:
         env.submit(2, 1, 310 + GRACE_MS + 1)
 
 
-def test_invalid_submission_late_for_finalized_round() -> None:
+def _round_0_finalized() -> Env:
+    """A run in training whose round 0 was finalized by trainers 0 and 1 (trainer 2 absent)."""
     env = Env()
     env.to_training()
     for f in (0, 1):
         env.submit(0, f, 300)
         env.submit(1, f, 310)
     env.finalize(310 + GRACE_MS + 1)
+    return env
+
+
+def test_invalid_submission_late_for_finalized_round() -> None:
+    env = _round_0_finalized()
     with pytest.raises(LateSubmission):
         env.submit(2, 0, 2000, round_=0)
 
@@ -554,12 +560,7 @@ def test_invalid_submission_after_the_run_ended_names_the_right_refusal() -> Non
         with pytest.raises(InvalidState):
             env.submit(2, 0, 50_000, round_=r)
 
-    failed = Env()
-    failed.to_training()
-    for f in (0, 1):
-        failed.submit(0, f, 300)
-        failed.submit(1, f, 310)
-    failed.finalize(310 + GRACE_MS + 1)
+    failed = _round_0_finalized()
     failed.apply(process_tick, 10**9)  # round 1 never reached quorum
     assert failed.run.status is RunStatus.FAILED and len(failed.run.records) == 1
     with pytest.raises(InvalidState):
@@ -568,12 +569,7 @@ def test_invalid_submission_after_the_run_ended_names_the_right_refusal() -> Non
 
 def test_invalid_submission_of_a_past_round_by_a_stranger_is_not_enrolled() -> None:
     # Who may submit is checked before the round: a stranger learns nothing about the rounds.
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
-    env.finalize(310 + GRACE_MS + 1)
+    env = _round_0_finalized()
     with pytest.raises(NotEnrolled):
         env.apply(process_submission, TRAINERS[3], 0, 0, h("x"), 2000)
 
