@@ -182,10 +182,11 @@ def wall_clock_ms() -> int:
 
 def elapsed_clock_ms() -> int:
     """Milliseconds on a clock that keeps counting while the process is stopped or the machine
-    suspended but never steps when the wall clock is set (Linux CLOCK_BOOTTIME; macOS CLOCK_MONOTONIC, which counts sleep there;
-    elsewhere the monotonic clock, which may not count a suspend). With the wall clock it tells
-    the correction of a set-back clock from a pause (``NodeService._resume_if_paused``): such a
-    correction had been taken for a pause of its whole size (ops probe: a day)."""
+    suspended but never steps when the wall clock is set: Linux CLOCK_BOOTTIME; macOS
+    CLOCK_MONOTONIC, which counts sleep there; elsewhere the monotonic clock, which may not count
+    a suspend. With the wall clock it tells the correction of a set-back clock from a pause
+    (``NodeService._resume_if_paused``): such a correction had been taken for a pause of its
+    whole size (ops probe: a day)."""
     boottime = getattr(time, "CLOCK_BOOTTIME", None)
     if boottime is not None:
         return time.clock_gettime_ns(boottime) // 1_000_000
