@@ -198,22 +198,29 @@ def _log_event(event: Any) -> None:
     log.info("%s", format_event(event))
 
 
-async def _start_p2p(p2p: dict[str, Any], data_dir: Path, service: Any, config: Any, executor: Any) -> tuple[Any, Any]:
-    """Start the libp2p host and the gossip bridge (``node/gossip_bridge.py``)."""
-    from tenzro_training.node.gossip_bridge import GossipBridge
-    from tenzro_training.p2p.host import P2PConfig, P2PHost
+def _p2p_config(p2p: dict[str, Any], data_dir: Path) -> Any:
+    """The libp2p host's config from the command line's p2p options, checked (the multiaddrs
+    parse) before the store is opened: a typo must not leave a store created and bound."""
+    from tenzro_training.p2p.host import P2PConfig
 
     key_path = Path(p2p.get("key") or data_dir / "p2p-key")
     try:
-        p2p_config = P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ()))
-    except TenzroError as exc:
+        return P2PConfig(key_path=key_path, listen=tuple(p2p["listen"]), bootstrap=tuple(p2p.get("bootstrap") or ()))
+    except (TenzroError, ValueError) as exc:
         raise NodeStartupError(str(exc)) from None
+
+
+async def _start_p2p(p2p_config: Any, service: Any, config: Any, executor: Any) -> tuple[Any, Any]:
+    """Start the libp2p host and the gossip bridge (``node/gossip_bridge.py``)."""
+    from tenzro_training.node.gossip_bridge import GossipBridge
+    from tenzro_training.p2p.host import P2PHost
+
     host = P2PHost(p2p_config)
     try:
         try:
             await host.start()
         except (TenzroError, OSError) as exc:
-            raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p['listen'])}: {exc}") from None
+            raise NodeStartupError(f"cannot start libp2p on {', '.join(p2p_config.listen)}: {exc}") from None
         loop = asyncio.get_running_loop()
         bridge = GossipBridge(
             service, host, lambda fn: loop.run_in_executor(executor, fn), chain_id=config.chain_id,
@@ -341,6 +348,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     from tenzro_training.node.service import NodeService
 
     _check_rpc_address(config.rpc_host, config.rpc_port)
+    p2p_config = _p2p_config(p2p, data_dir) if p2p else None
     _make_data_dir(data_dir)
     _raise_open_file_limit(config.rpc_max_connections)
     asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
@@ -372,7 +380,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         metrics.attach(service)
         listeners = [_log_event, metrics.on_event]
         if p2p:
-            host, bridge = await _start_p2p(p2p, data_dir, service, config, executor)
+            host, bridge = await _start_p2p(p2p_config, service, config, executor)
             register_gossip_metrics(registry, host, bridge)
             listeners.append(bridge.on_event)
             announce(f"tenzro node p2p {host.addrs[0]}")

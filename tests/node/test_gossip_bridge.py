@@ -358,7 +358,7 @@ def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monke
 
     import tenzro_training.node.gossip_bridge as bridge_mod
     import tenzro_training.p2p.host as p2p_host
-    from tenzro_training.node.main import _start_p2p
+    from tenzro_training.node.main import _p2p_config, _start_p2p
 
     calls: list[str] = []
 
@@ -379,5 +379,5 @@ def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monke
     monkeypatch.setattr(bridge_mod.GossipBridge, "start", failing_start)
     config = SimpleNamespace(chain_id=1337, get_candidate=lambda a: None, max_payload_bytes=1 << 20)
     with pytest.raises(RuntimeError, match="bridge start failed"):
-        asyncio.run(_start_p2p({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path, object(), config, None))
+        asyncio.run(_start_p2p(_p2p_config({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path), object(), config, None))
     assert calls == ["start", "stop"]

@@ -171,3 +171,15 @@ def test_the_rpc_preflight_binds_as_the_server_does(monkeypatch: pytest.MonkeyPa
         except NodeStartupError:
             pass  # IPv6 present in Python but not in this kernel: the option was still set first
         assert (socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1) in options
+
+
+def test_an_invalid_p2p_listen_address_is_refused_before_the_store_is_created(tmp_path: Path) -> None:
+    """A typo in --p2p-listen had been found after the store was created and bound to this
+    start's genesis and chain id (review of the operator fixes)."""
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import NodeStartupError, run_node
+
+    config = NodeConfig(data_dir=tmp_path / "d", rpc_port=0)
+    with pytest.raises(NodeStartupError, match="not-a-multiaddr"):
+        asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None, p2p={"listen": ["not-a-multiaddr"]}))
+    assert not (tmp_path / "d").exists()
