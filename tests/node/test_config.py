@@ -246,3 +246,88 @@ def test_invalid_rpc_host(host: str) -> None:
     with pytest.raises(ConfigError) as info:
         NodeConfig(rpc_host=host)
     assert info.value.path == "rpc_host"
+
+
+_MAX_JSON_INT = 2**53 - 1
+
+
+@pytest.mark.parametrize(
+    ("field", "lo", "hi"),
+    [
+        ("chain_id", 1, 2**256 - 1),
+        ("max_payload_bytes", 1, 2**40),
+        ("max_checkpoint_bytes", 1, 2**50),
+        ("rpc_port", 0, 65535),
+        ("max_body_bytes", 1024, 2**40),
+        ("rpc_max_batch", 1, 1_000_000),
+        ("rpc_max_connections", 1, 1_000_000),
+        ("rpc_max_connections_per_ip", 1, 1_000_000),
+        ("rpc_idle_timeout_ms", 1, 86_400_000),
+        ("rpc_read_timeout_ms", 1, 86_400_000),
+        ("rpc_max_inflight_bytes", 96 << 20, 2**50),  # at least the default max_body_bytes
+        ("rpc_max_batch_answer_bytes", 1, 2**40),
+        ("rpc_max_batch_ms", 1, 86_400_000),
+        ("model_cache_runs", 0, 1024),
+        ("model_snapshot_rounds", 1, 2**32),
+        ("payload_cache_bytes", 0, 2**50),
+        ("max_grace_window_ms", 0, _MAX_JSON_INT),
+        ("max_receipt_bytes", 1, 4 * 1024 * 1024),
+        ("max_trainer_count", 1, _MAX_JSON_INT),
+        ("min_reward_pool", 0, 2**256 - 1),
+        ("max_open_runs", 1, _MAX_JSON_INT),
+        ("max_open_runs_per_sponsor", 1, _MAX_JSON_INT),
+    ],
+)
+def test_integer_limits_accept_their_whole_range_and_nothing_past_it(field: str, lo: int, hi: int) -> None:
+    """Each documented bound is inclusive, and one past either end is refused, naming the field."""
+    for value in (lo, hi):
+        config = NodeConfig(**{field: value})
+        assert getattr(config, field) == value
+        assert getattr(NodeConfig.from_dict(config.to_dict(), data_dir=None), field) == value
+    for value in (lo - 1, hi + 1):
+        with pytest.raises(ConfigError) as info:
+            NodeConfig(**{field: value})
+        assert info.value.path == field
+
+
+def test_amounts_in_the_file_stop_at_uint256() -> None:
+    top = str(2**256 - 1)
+    assert NodeConfig.from_dict({"min_reward_pool": top}, data_dir=None).min_reward_pool == 2**256 - 1
+    assert NodeConfig.from_dict({"timings": {"min_stake": top}}, data_dir=None).timings.min_stake == 2**256 - 1
+    for obj, path in [({"min_reward_pool": str(2**256)}, "min_reward_pool"),
+                      ({"timings": {"min_stake": str(2**256)}}, "timings.min_stake"),
+                      ({"genesis": [{"address": "0x" + "11" * 20, "balance": str(2**256)}]}, "genesis[0].balance")]:
+        with pytest.raises(ConfigError) as info:
+            NodeConfig.from_dict(obj, data_dir=None)
+        assert info.value.path == path
+
+
+def test_keys_given_as_bytes_to_from_dict_are_taken_as_they_are() -> None:
+    """A caller building the document in Python may give the 32-byte keys as bytes; only 32 bytes pass."""
+    key = vrf.public_key(VRF_SECRETS[0])
+    obj = {
+        "candidates": [{"address": SYNCERS[0].address, "vrf_public_key": key, "stake": "5"}],
+        "syncer_identities": [{"address": SYNCERS[0].address, "vrf_secret": VRF_SECRETS[0]}],
+    }
+    config = NodeConfig.from_dict(obj, data_dir=None)
+    assert config.candidates == (Candidate(SYNCERS[0].address, key, 5),)
+    assert config.syncer_identities == (SyncerIdentity(address=SYNCERS[0].address, vrf_secret=VRF_SECRETS[0]),)
+    obj["candidates"][0]["vrf_public_key"] = key[:31]
+    with pytest.raises(ConfigError, match="expected 32 bytes, got 31") as info:
+        NodeConfig.from_dict(obj, data_dir=None)
+    assert info.value.path == "candidates[0].vrf_public_key"
+
+
+@pytest.mark.parametrize("host", ["a\x7fb", "\x7f"])
+def test_invalid_rpc_host_with_a_delete_character(host: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        NodeConfig(rpc_host=host)
+    assert info.value.path == "rpc_host"
+    assert NodeConfig(rpc_host="!~.example").rpc_host == "!~.example"  # the printable ends are fine
+
+
+@pytest.mark.parametrize("entry", [5, None, "", ["/srv"]])
+def test_invalid_allowed_checkpoint_dir_that_is_not_a_path_string(entry: object) -> None:
+    with pytest.raises(ConfigError, match="expected a path string") as info:
+        NodeConfig.from_dict({"allowed_checkpoint_dirs": ["/srv/ok", entry]}, data_dir=None)
+    assert info.value.path == "allowed_checkpoint_dirs[1]"

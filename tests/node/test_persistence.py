@@ -176,3 +176,83 @@ def test_unchanged_run_and_ledger_give_no_ops() -> None:
     assert persistence.decode_run(encoded) == run
     extra = [(BatchOp.PUT, schema.CF_META, b"x", b"y")]
     assert persistence.compute_transition_ops(encoded, run, ledger, ledger, extra)[0] == extra
+
+
+@pytest.mark.parametrize("value", [-1, 2**256, True, 1.0, "1"])
+def test_invalid_u256_to_encode_is_a_value_error(value: object) -> None:
+    with pytest.raises(ValueError, match="not a uint256"):
+        persistence.encode_u256(value)  # type: ignore[arg-type]
+
+
+def test_chain_id_record_round_trip() -> None:
+    for chain_id in (1, 1337, 2**256 - 1):
+        assert persistence.decode_chain_id(persistence.encode_chain_id(chain_id)) == chain_id
+    with pytest.raises(StorageError, match="stored chain id is malformed"):
+        persistence.decode_chain_id(b"\x00" * 8)
+
+
+def test_sealed_record_is_the_run_root_and_the_receipt_digest() -> None:
+    from tenzro_training.receipt import compute_receipt
+    from tenzro_training.receipt_abi import compute_receipt_digest, encode_receipt
+    from tests.test_receipt import sealed_env
+
+    receipt = compute_receipt(sealed_env().run)
+    raw = persistence.encode_sealed_record(receipt)
+    assert raw == receipt.run_root + compute_receipt_digest(encode_receipt(receipt))
+    assert persistence.decode_sealed_record(raw) == (receipt.run_root, compute_receipt_digest(encode_receipt(receipt)))
+    for bad in (raw[:63], raw + b"\x00", None):
+        with pytest.raises(StorageError):
+            persistence.decode_sealed_record(bad)  # type: ignore[arg-type]
+
+
+def test_submission_record_version_is_its_first_byte() -> None:
+    record = persistence.SubmissionRecord(b"\x07" * 32, b"\x08" * 65)
+    assert persistence.decode_submission_record(persistence.encode_submission_record(record)) == record
+    with pytest.raises(StorageError):
+        persistence.decode_submission_record(b"\x02" + b"\x01" * 97)  # version 2, whatever follows
+    for bad in (persistence.SubmissionRecord(b"\x07" * 31, b"\x08" * 65), persistence.SubmissionRecord(b"\x07" * 32, b"\x08" * 64)):
+        with pytest.raises(ValueError):
+            persistence.encode_submission_record(bad)
+
+
+def test_finalize_record_round_trip_and_invalid() -> None:
+    record = persistence.FinalizeRecord(A, b"\x05" * 65)
+    raw = persistence.encode_finalize_record(record)
+    assert raw == b"\x01" + A + b"\x05" * 65
+    assert persistence.decode_finalize_record(raw) == record
+    for bad in (persistence.FinalizeRecord(A[:19], b"\x05" * 65), persistence.FinalizeRecord(A, b"\x05" * 64)):
+        with pytest.raises(ValueError):
+            persistence.encode_finalize_record(bad)
+    for raw_bad in (raw[:85], raw + b"\x00", b"\x02" + raw[1:]):
+        with pytest.raises(StorageError):
+            persistence.decode_finalize_record(raw_bad)
+
+
+def test_round_reports_round_trip_and_invalid() -> None:
+    docs = [{"fragment": 0, "rule": "mean"}, {"fragment": 1, "rule": "mean"}]
+    raw = persistence.encode_round_reports([persistence.compute_report_canonical(d) for d in docs])
+    assert persistence.decode_round_reports(raw) == docs
+    assert persistence.decode_round_reports(b"[]") == []
+    for bad in (b"[1]", b'[{"a": 1}, []]'):
+        with pytest.raises(StorageError, match="round reports are malformed"):
+            persistence.decode_round_reports(bad)
+
+
+def test_invalid_stored_balance_is_reported_not_dropped() -> None:
+    """A malformed account entry is a damaged store, even when the rest adds up without it."""
+    with pytest.raises(StorageError, match="stored balance is malformed"):
+        persistence.load_ledger_entries([(schema.account_key(A), b"\x00" * 31)],
+                                        [(schema.LEDGER_SUPPLY_KEY, persistence.encode_supply(0, 0))])
+    ledger = credit(Ledger(), A, 5)
+    entries = [(schema.LEDGER_SUPPLY_KEY, persistence.encode_supply(5, 0))]
+    with pytest.raises(StorageError, match="stored balance is malformed"):
+        persistence.load_ledger_entries([(schema.account_key(A), persistence.encode_u256(5)[1:])], entries)
+    assert persistence.load_ledger_entries([(schema.account_key(A), persistence.encode_u256(5))], entries) == ledger
+
+
+def test_a_balance_of_zero_is_deleted_and_one_of_one_is_kept() -> None:
+    before = credit(credit(Ledger(), A, 100), B, 50)
+    after = bond_stake(bond_stake(before, "t", B, 50), "u", A, 99)
+    ops, _ = persistence.compute_transition_ops(None, _fake_run(), before, after)
+    account_ops = sorted((op[0].name, op[2], op[3]) for op in ops if op[1] == schema.CF_ACCOUNTS)
+    assert account_ops == [("DELETE", schema.account_key(B), None), ("PUT", schema.account_key(A), persistence.encode_u256(1))]

@@ -312,3 +312,79 @@ def test_invalid_params_reason_names_the_json_type_it_got(value: object, kind: s
     with pytest.raises(InvalidParams) as err:
         params_module.GetRunParams.parse({"task_id": value})
     assert err.value.param == "task_id" and err.value.reason == f"expected a string, got {kind}"
+
+
+def test_smallest_dispatcher_limits_are_allowed_and_bad_ones_refused() -> None:
+    service = FakeService()
+    dispatcher = Dispatcher(service, max_batch=1, max_answer_bytes=1)
+    answer = json.loads(dispatcher.handle(json.dumps([get_run(id=7)])))
+    assert [a["id"] for a in answer] == [7] and len(service.calls) == 1
+    assert json.loads(dispatcher.handle(json.dumps([get_run(id=1)] * 2)))["error"]["code"] == -32600
+    Dispatcher(FakeService(), max_batch_seconds=3)  # an int is a number of seconds too
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="max_answer_bytes"):
+            Dispatcher(FakeService(), max_answer_bytes=bad)  # type: ignore[arg-type]
+    for bad_seconds in (0, 0.0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="max_batch_seconds"):
+            Dispatcher(FakeService(), max_batch_seconds=bad_seconds)  # type: ignore[arg-type]
+
+
+def test_invalid_json_parsed_too_close_to_the_recursion_limit_is_a_parse_error() -> None:
+    """Nesting within MAX_NESTING can still exhaust the interpreter's recursion limit when the
+    caller's stack is already deep: a parse error, never a wrong value (such as None)."""
+    import inspect
+    import sys
+
+    text = "[" * MAX_NESTING + "]" * MAX_NESTING
+    expected = parse_json(text)
+
+    def at_depth(n: int) -> object:
+        if n:
+            return at_depth(n - 1)
+        try:
+            return parse_json(text) == expected
+        except ParseError as exc:
+            return str(exc)
+
+    old = sys.getrecursionlimit()
+    base = len(inspect.stack())
+    sys.setrecursionlimit(base + 400)
+    try:
+        outcomes = [at_depth(400 - room) for room in range(380, 0, -20)]
+    finally:
+        sys.setrecursionlimit(old)
+    assert set(outcomes) == {True, "parse error: nesting too deep"}
+
+
+def test_a_batch_answer_exactly_at_its_cap_still_runs_the_next_element() -> None:
+    """The cap refuses the rest once the answer holds MORE than max_answer_bytes."""
+    first = Dispatcher(FakeService()).handle(json.dumps([get_run(id=0)]))
+    assert first is not None
+    cap = len(first) - 2 + 1  # one element's text plus its separator, as the batch counts it
+    service = FakeService()
+    answer = json.loads(Dispatcher(service).handle(json.dumps([get_run(id=0), get_run(id=1), get_run(id=2)]),
+                                                   max_answer_bytes=cap) or b"")
+    assert [("result" in a) for a in answer] == [True, True, False] and len(service.calls) == 2
+
+
+def test_elements_refused_by_a_batch_limit_are_each_answered_except_notifications() -> None:
+    service = FakeService()
+    notification = {"jsonrpc": "2.0", "method": "tenzro_training_getRun", "params": {"task_id": "n"}}
+    batch = [get_run(id=0), 5, "x", [1], notification, {"id": "s", "method": 3}, get_run(id=9)]
+    answer = json.loads(Dispatcher(service).handle(json.dumps(batch), max_answer_bytes=1) or b"")
+    assert [a["id"] for a in answer] == [0, None, None, None, "s", 9]
+    assert all(a["error"]["code"] == 1800 for a in answer[1:]) and len(service.calls) == 1
+
+
+def test_request_durations_recorded_are_the_time_spent_in_the_call() -> None:
+    from rpc.metrics import Registry, RpcMetrics
+
+    registry = Registry()
+    dispatcher = Dispatcher(FakeService(), metrics=RpcMetrics(registry, METHODS))
+    dispatcher.handle(json.dumps(get_run(id=1)))  # a result
+    dispatcher.handle(json.dumps({"jsonrpc": "2.0", "method": "tenzro_training_getRun", "params": {}, "id": 2}))  # refused
+    text = registry.render().decode()
+    line = next(x for x in text.splitlines()
+                if x.startswith('tenzro_rpc_request_duration_seconds_sum{method="tenzro_training_getRun"}'))
+    assert 0 <= float(line.split()[-1]) < 10
+    assert 'tenzro_rpc_request_duration_seconds_count{method="tenzro_training_getRun"} 2' in text

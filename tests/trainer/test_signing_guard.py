@@ -133,3 +133,135 @@ def test_a_record_that_cannot_be_written_stops_rather_than_skips(tmp_path: Path,
         guard.record(1, 1, H2)
     assert SigningGuard(tmp_path).signed(1, 0)  # the next start cuts the partial line off
     assert not SigningGuard(tmp_path).signed(1, 1)
+
+
+def test_round_zero_can_be_signed_in_a_record_without_a_floor(tmp_path: Path) -> None:
+    """A record created with no floor (the account not enrolled yet) vouches for every round,
+    round 0 included, also once it is read back after a restart."""
+    guard = SigningGuard(tmp_path)
+    assert guard.floor == 0 and not guard.signed(0, 0)
+    assert guard.check(0, 0, H1) is False  # allowed, and not a replay
+    guard.record(0, 0, H1)
+    again = SigningGuard(tmp_path)
+    assert again.floor == 0 and not again.signed(0, 1)
+    again.record(0, 1, H2)
+    assert again.check(0, 0, H1) is True
+    assert (tmp_path / RECORD_FILE).read_text() == f"0 0 {H1.hex()}\n0 1 {H2.hex()}\n"
+
+
+def test_a_record_read_back_keys_each_signature_by_its_round_and_fragment(tmp_path: Path) -> None:
+    """Lines whose round equals another line's fragment (or the reverse) are different
+    signatures; the same (round, fragment) on two lines is damage."""
+    lines = [f"0 0 {H1.hex()}", f"5 0 {H2.hex()}", f"1 1 {H1.hex()}", f"1 0 {H3.hex()}", f"0 5 {H3.hex()}"]
+    (tmp_path / RECORD_FILE).write_text("".join(line + "\n" for line in lines))
+    guard = SigningGuard(tmp_path)
+    for r, f, h in [(0, 0, H1), (5, 0, H2), (1, 1, H1), (1, 0, H3), (0, 5, H3)]:
+        assert guard.check(r, f, h) is True
+    assert not guard.signed(5, 5) and not guard.signed(0, 1)
+    (tmp_path / RECORD_FILE).write_text(f"2 0 {H1.hex()}\n2 0 {H1.hex()}\n")
+    with pytest.raises(SigningRecordError, match="damaged at line 2"):
+        SigningGuard(tmp_path)
+
+
+def test_a_record_that_cannot_be_read_or_repaired_refuses_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    (tmp_path / RECORD_FILE).mkdir()  # not a file: unreadable, and not to be replaced
+    with pytest.raises(SigningRecordError, match="cannot read the record"):
+        SigningGuard(tmp_path)
+    (tmp_path / RECORD_FILE).rmdir()
+    (tmp_path / RECORD_FILE).write_bytes(f"2 0 {H1.hex()}\n2 1 ab".encode())  # a line cut short
+
+    def fail(*args: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "truncate", fail)
+    with pytest.raises(SigningRecordError, match="cannot repair the record"):
+        SigningGuard(tmp_path)
+
+
+def test_a_record_that_cannot_be_created_refuses_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(SigningRecordError, match="cannot create the record"):
+        SigningGuard(tmp_path, floor_if_new=3)
+    assert not (tmp_path / RECORD_FILE).exists()
+
+
+def test_a_record_file_removed_under_the_guard_refuses_the_next_signature(tmp_path: Path) -> None:
+    guard = SigningGuard(tmp_path)
+    (tmp_path / RECORD_FILE).unlink()
+    with pytest.raises(SigningRecordError, match="cannot record a signature"):
+        guard.record(1, 0, H1)
+    assert not (tmp_path / RECORD_FILE).exists()  # not recreated empty behind the guard's back
+
+
+def test_the_record_file_is_private(tmp_path: Path) -> None:
+    import stat
+
+    guard = SigningGuard(tmp_path)
+    assert stat.S_IMODE((tmp_path / RECORD_FILE).stat().st_mode) == 0o600
+    guard.raise_floor(5)  # rewritten: still private
+    assert stat.S_IMODE((tmp_path / RECORD_FILE).stat().st_mode) == 0o600
+
+
+def test_a_single_saved_payload_stays_a_replayable_signature_after_a_restart(tmp_path: Path) -> None:
+    saved = b"saved before the record"
+    (tmp_path / f"round-2-fragment-0-{'ab' * 32}.payload").write_bytes(saved)
+    digest = hashlib.sha256(saved).digest()
+    SigningGuard(tmp_path)
+    assert (tmp_path / RECORD_FILE).read_text() == f"2 0 {digest.hex()}\n"
+    again = SigningGuard(tmp_path)
+    assert again.check(2, 0, digest) is True
+    with pytest.raises(SigningRefused):
+        again.record(2, 0, H1)
+
+
+def test_raise_floor_only_rewrites_a_fresh_record_upwards(tmp_path: Path) -> None:
+    """raise_floor (a later answer showed the account enrolled): the floor line is rewritten
+    first, every signature and block is kept; a lower or equal floor, a record this process did
+    not create, or one it already signed into is left as it is."""
+    (tmp_path / "round-1-fragment-0.payload").write_bytes(b"one save")
+    (tmp_path / f"round-1-fragment-1-{'ab' * 32}.payload").write_bytes(b"save a")
+    (tmp_path / f"round-1-fragment-1-{'cd' * 32}.payload").write_bytes(b"save b")
+    one = hashlib.sha256(b"one save").digest()
+    path = tmp_path / RECORD_FILE
+    guard = SigningGuard(tmp_path)
+    created = path.read_text()
+    assert created == f"1 0 {one.hex()}\nblocked 1 1\n"
+    guard.raise_floor(0)  # not above the floor (0): nothing written, not even "floor 0"
+    assert path.read_text() == created and guard.floor == 0
+    guard.raise_floor(6)
+    assert guard.floor == 6 and path.read_text() == f"floor 6\n1 0 {one.hex()}\nblocked 1 1\n"
+    guard.raise_floor(6)
+    guard.raise_floor(4)
+    assert guard.floor == 6 and path.read_text().startswith("floor 6\n")
+    with pytest.raises(SigningRefused, match="began at round 6"):
+        guard.record(5, 0, H1)
+    reread = SigningGuard(tmp_path)
+    assert reread.floor == 6 and reread.signed(1, 0) and reread.signed(1, 1) and not reread.signed(6, 0)
+    reread.raise_floor(9)  # not created by this guard: its floor is the file's
+    assert reread.floor == 6 and path.read_text().startswith("floor 6\n")
+    guard.record(7, 0, H1)
+    guard.raise_floor(9)  # signed into already: the window is closed
+    assert guard.floor == 6 and path.read_text().startswith("floor 6\n")
+
+
+def test_a_floor_that_cannot_be_raised_refuses_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    guard = SigningGuard(tmp_path, floor_if_new=2)
+
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(SigningRecordError, match="cannot raise the floor"):
+        guard.raise_floor(5)
+    assert guard.floor == 2  # not raised in memory either: the file still says 2
+    monkeypatch.undo()
+    assert SigningGuard(tmp_path).floor == 2
