@@ -515,23 +515,26 @@ def test_invalid_submission_wrong_round() -> None:
 
 
 def test_invalid_submission_late_after_straggler_window() -> None:
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
+    env = _round_0_at_quorum()
     env.submit(2, 0, 310 + GRACE_MS)  # at the deadline: in time
     with pytest.raises(LateSubmission):
         env.submit(2, 1, 310 + GRACE_MS + 1)
 
 
-def _round_0_finalized() -> Env:
-    """A run in training whose round 0 was finalized by trainers 0 and 1 (trainer 2 absent)."""
+def _round_0_at_quorum() -> Env:
+    """A run in training whose round 0 has quorum: trainers 0 and 1 submitted both fragments
+    (quorum at 310; trainer 2 absent)."""
     env = Env()
     env.to_training()
     for f in (0, 1):
         env.submit(0, f, 300)
         env.submit(1, f, 310)
+    return env
+
+
+def _round_0_finalized() -> Env:
+    """``_round_0_at_quorum`` with round 0 finalized once its straggler window closed."""
+    env = _round_0_at_quorum()
     env.finalize(310 + GRACE_MS + 1)
     return env
 
@@ -836,11 +839,7 @@ def test_invalid_equivocation_evidence_is_refused_without_effect() -> None:
 
 
 def test_failover_after_finalize_deadline_moves_to_rank_2_and_is_recorded() -> None:
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
+    env = _round_0_at_quorum()
     deadline = env.run.current_round.finalize_deadline_ms
     assert deadline == 310 + GRACE_MS + TIMINGS.finalize_window_ms
     first, second = ranked(env)
@@ -863,11 +862,7 @@ def test_failover_after_finalize_deadline_moves_to_rank_2_and_is_recorded() -> N
 
 
 def test_failover_applies_even_when_the_late_syncer_calls_without_a_tick() -> None:
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
+    env = _round_0_at_quorum()
     first = ranked(env)[0]
     late = env.run.current_round.finalize_deadline_ms + 1
     with pytest.raises(NotSyncer):
@@ -878,11 +873,7 @@ def test_failover_applies_even_when_the_late_syncer_calls_without_a_tick() -> No
 def test_a_pause_moves_pending_deadlines_and_spares_the_healthy_syncer() -> None:
     """Syncer probe: a 15 s node restart inside the finalize window failed the run over every
     ranked syncer, none of whom could call while the node was down."""
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
+    env = _round_0_at_quorum()
     r = env.run.current_round
     deadlines = (r.round_deadline_ms, r.straggler_deadline_ms, r.finalize_deadline_ms)
     paused_at, resumed_at = r.straggler_deadline_ms - 100, 10**6  # down across both windows
@@ -927,11 +918,7 @@ def test_a_pause_starting_at_a_round_deadline_still_moves_it() -> None:
     env.apply(process_tick, deadline + 1)
     assert env.run.status is RunStatus.TRAINING  # the round did not time out during the pause
 
-    env = Env()
-    env.to_training()
-    for f in (0, 1):
-        env.submit(0, f, 300)
-        env.submit(1, f, 310)
+    env = _round_0_at_quorum()
     r = env.run.current_round
     finalize = r.finalize_deadline_ms  # the round and straggler deadlines are already past
     env.apply(process_pause, finalize, finalize + 5000)

@@ -301,7 +301,6 @@ class NodeService:
             store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER)
         )
         flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
-        chain_id = persistence.encode_chain_id(self._config.chain_id)
         if flag is not None:
             if ledger is None:
                 raise StorageError("the genesis record exists but the ledger's supply counters do not")
@@ -316,7 +315,8 @@ class NodeService:
         for address, amount in self._config.genesis:
             ledger = credit(ledger, address, amount)
         self._write([*persistence.compute_genesis_ops(ledger, self._genesis_record()),
-                     (BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY, chain_id)])
+                     (BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY,
+                      persistence.encode_chain_id(self._config.chain_id))])
         return ledger
 
     def _check_bound_to(self, genesis_record: bytes) -> None:

@@ -872,21 +872,30 @@ def test_a_stall_moves_deadlines_instead_of_failing_over_the_syncer(net: Net, ch
     assert len(extended) == 1 and extended[0].by_ms > 20_000 and not any(isinstance(e, SyncerFailover) for e in events)
 
 
-def test_a_busy_node_is_not_a_paused_one(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
-    """A gap the process spent computing (a client's huge body to parse, an expensive batch on
-    the one service thread) is the node being busy: were it a pause, any client could push
-    every run's deadlines back, again and again (review of the pause change)."""
+def _clocked_at_quorum(checkpoint: tuple[str, str], store: object = None, **clocks: object) -> tuple[NodeService, Net]:
+    """A service with its pause detection on (``start_clock``), the given fake clocks, and round
+    0 of a run at quorum (trainers 0 and 1 submitted both fragments): the finalize window runs."""
     from storage.memory import MemoryStore
     from tests.node.conftest import FakeClock, make_config
 
-    clock, cpu = FakeClock(), [0.0]
-    service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: cpu[0])
+    clock = FakeClock()
+    service = NodeService(make_config(None), MemoryStore() if store is None else store, clock=clock, **clocks)
     net = Net(service, clock)
     start(net, checkpoint)
     service.start_clock()
     for i in (0, 1):
         for f in (0, 1):
             net.submit(i, 0, f)
+    return service, net
+
+
+def test_a_busy_node_is_not_a_paused_one(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """A gap the process spent computing (a client's huge body to parse, an expensive batch on
+    the one service thread) is the node being busy: were it a pause, any client could push
+    every run's deadlines back, again and again (review of the pause change)."""
+    cpu = [0.0]
+    service, net = _clocked_at_quorum(checkpoint, cpu_clock=lambda: cpu[0])
+    clock = net.clock
     gap = service._runs[net.task_id].current_round.finalize_deadline_ms + 20_000 - clock.now
     clock.now += gap
     cpu[0] += gap / 1000  # the whole gap on the CPU
@@ -901,20 +910,11 @@ def test_a_wall_clock_step_is_not_a_pause(tmp_path: Path, checkpoint: tuple[str,
     day later). The correction of a set-back moves nothing; a real stop (both clocks advance)
     still does, and so does a forward step past the highest offset seen (a VM frozen with its
     clocks)."""
-    from storage.memory import MemoryStore
-    from tests.node.conftest import FakeClock, make_config
-
-    clock, elapsed = FakeClock(), [10_000]
-    service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: 0.0,
-                          elapsed_clock=lambda: elapsed[0])
+    elapsed = [10_000]
+    service, net = _clocked_at_quorum(checkpoint, cpu_clock=lambda: 0.0, elapsed_clock=lambda: elapsed[0])
+    clock = net.clock
     events: list[object] = []
     service.on_event = events.append
-    net = Net(service, clock)
-    start(net, checkpoint)
-    service.start_clock()
-    for i in (0, 1):
-        for f in (0, 1):
-            net.submit(i, 0, f)
     before = service._runs[net.task_id].current_round
     clock.now += 100 - 86_400_000  # 100 ms on, the wall clock is set back a day: nothing
     elapsed[0] += 100
@@ -962,16 +962,11 @@ def test_a_node_started_on_a_clock_still_behind_counts_only_its_downtime(checkpo
     the whole day: review; with a dead RTC, decades)."""
     from storage import schema
     from storage.memory import MemoryStore
-    from tests.node.conftest import FakeClock, make_config
+    from tests.node.conftest import make_config
 
-    store, clock, elapsed = MemoryStore(), FakeClock(), [10_000]
-    service = NodeService(make_config(None), store, clock=clock, cpu_clock=lambda: 0.0, elapsed_clock=lambda: elapsed[0])
-    net = Net(service, clock)
-    start(net, checkpoint)
-    service.start_clock()
-    for i in (0, 1):
-        for f in (0, 1):
-            net.submit(i, 0, f)
+    store, elapsed = MemoryStore(), [10_000]
+    service, net = _clocked_at_quorum(checkpoint, store, cpu_clock=lambda: 0.0, elapsed_clock=lambda: elapsed[0])
+    clock = net.clock
     service.close()
     alive = int.from_bytes(store.get(schema.CF_META, schema.NODE_ALIVE_KEY), "big")
     clock.now = alive + 60_000 - 86_400_000  # down 60 s; the clock comes back a day behind
