@@ -1147,6 +1147,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--config", help="node config JSON file (docs/node.md)")
     node.add_argument("--dev", action="store_true", help="dev genesis: funded accounts in <data-dir>/dev-accounts.json")
     node.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    node.add_argument("--log-format", default="text", choices=["text", "json"],
+                      help="stderr log lines: text, or one JSON object per line for a log collector (docs/cli.md)")
     node.add_argument("--p2p-listen", action="append", metavar="MULTIADDR",
                       help="turn on gossip: libp2p listen address, e.g. /ip4/127.0.0.1/tcp/0 (repeatable)")
     node.add_argument("--p2p-key", help="libp2p identity key file (default <data-dir>/p2p-key, created 0600)")

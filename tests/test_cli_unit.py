@@ -1519,13 +1519,40 @@ def test_node_startup_error_exits_2(capsys: pytest.CaptureFixture[str], tmp_path
 def test_dev_accounts_name_the_chain_id_the_node_runs(tmp_path: Path) -> None:
     """A config file may set another chain id than the dev default: dev-accounts.json, which
     clients read it from, says the one the node signs under (it said 1337: ops probe)."""
-    from tenzro_training.node.main import load_node_config
+    from tenzro_training.node.main import dev_accounts_document, load_node_config
 
     path = tmp_path / "node.json"
     path.write_text('{"chain_id": 5}')
     config = load_node_config(tmp_path / "d", config_file=str(path), dev=True)
-    assert config.chain_id == 5
-    assert json.loads((tmp_path / "d" / "dev-accounts.json").read_text())["chain_id"] == 5
+    assert config.chain_id == 5 and dev_accounts_document(config)["chain_id"] == 5
+    assert not (tmp_path / "d").exists()  # run_node writes it, once the store has taken chain 5
+
+
+def test_a_dev_start_the_store_refuses_leaves_dev_accounts_as_they_were(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--dev on a store made for chain 1337, with a config saying chain 5: refused (exit 2), and
+    dev-accounts.json, which clients sign from, still names 1337, the chain the store holds. It had
+    been rewritten to 5 before the store's check refused the start (ops probe)."""
+    from storage import open_store
+    from tenzro_training.node.dev import write_dev_accounts
+    from tenzro_training.node.main import dev_accounts_document, load_node_config
+    from tenzro_training.node.service import NodeService
+
+    data_dir = tmp_path / "d"
+    config = load_node_config(data_dir, dev=True)
+    write_dev_accounts(data_dir, dev_accounts_document(config))
+    store = open_store(data_dir / "db")
+    NodeService(config, store).close()
+    store.close()
+    before = (data_dir / "dev-accounts.json").read_bytes()
+    path = tmp_path / "node.json"
+    path.write_text('{"chain_id": 5}')
+    code, out, err = run(capsys, "node", "--data-dir", str(data_dir), "--rpc-port", "0", "--dev", "--config", str(path))
+    assert code == EXIT_USAGE and out == "" and err.count("\n") == 1
+    assert "created for chain id 1337" in err and "the config says 5" in err
+    assert (data_dir / "dev-accounts.json").read_bytes() == before and json.loads(before)["chain_id"] == 1337
+    assert sorted(p.name for p in data_dir.iterdir()) == ["db", "dev-accounts.json"]  # no temporary left
 
 
 def test_invalid_node_config_not_utf8(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ them (and anything else) for a node started with ``--dev``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -116,9 +117,17 @@ def dev_accounts(*, trainers: int = 8, syncers: int = 3, balance: int = DEV_BALA
     return out
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by the owner only, atomically (tmp + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def _staged_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _stage_private(path: Path, text: str) -> Path:
+    """Write ``text`` beside ``path``, readable by the owner only and fsynced, and return that
+    temporary; :func:`_publish` renames it into place. A ``path`` that is a directory is refused
+    here (OSError EISDIR), before anything is written, as the rename would refuse it."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    tmp = _staged_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an older tmp file may have had a wider mode
@@ -126,10 +135,23 @@ def _write_private(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the owner only, atomically (tmp + rename)."""
+    _publish(_stage_private(path, text), path)
 
 
 def write_dev_accounts(data_dir: Path, document: dict[str, Any]) -> None:
@@ -137,6 +159,29 @@ def write_dev_accounts(data_dir: Path, document: dict[str, Any]) -> None:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     _write_private(data_dir / DEV_ACCOUNTS_FILE, json.dumps(document, indent=2) + "\n")
+
+
+class StagedDevAccounts:
+    """``data_dir/dev-accounts.json`` written in two steps, for ``tenzro node --dev``: staged
+    (a full, fsynced temporary) before the store is opened, so that a path that cannot be written
+    is refused before anything else is created; published (renamed into place) only once the
+    store has accepted the config's chain id and genesis, so that a refused start does not leave
+    the file naming a chain id the store was not created for (ops probe). ``discard`` removes a
+    temporary that was never published."""
+
+    def __init__(self, data_dir: Path, document: dict[str, Any]) -> None:
+        self.path = Path(data_dir) / DEV_ACCOUNTS_FILE
+        self._tmp: Path | None = _stage_private(self.path, json.dumps(document, indent=2) + "\n")
+
+    def publish(self) -> None:
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            _publish(tmp, self.path)
+
+    def discard(self) -> None:
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def dev_genesis(

@@ -27,7 +27,6 @@ import asyncio
 import json
 import logging
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Final
 
 from tenzro_training import __version__
 from tenzro_training.errors import TenzroError
+from tenzro_training.logformat import RUN_EVENT_ATTR, configure_logging
 
 __all__ = ["NodeStartupError", "TICK_INTERVAL_S", "format_event", "load_node_config", "run_node", "run_node_from_args"]
 
@@ -97,11 +97,10 @@ def load_node_config(
     from tenzro_training.node.config import NodeConfig
 
     obj: dict[str, Any] = {}
-    accounts: dict[str, Any] | None = None
     if dev:
         from tenzro_training.node.dev import dev_genesis
 
-        kwargs, accounts = dev_genesis(data_dir, write=False)
+        kwargs, _ = dev_genesis(data_dir, write=False)
         obj = NodeConfig(data_dir=data_dir, **kwargs).to_dict()
     if config_file is not None:
         overrides = _read_config_file(config_file)
@@ -121,17 +120,18 @@ def load_node_config(
     except (TenzroError, ValueError, TypeError, KeyError) as exc:
         where = f"config {config_file}" if config_file else "config"
         raise NodeStartupError(f"{where}: {exc}") from None
-    if accounts is not None:
-        # Only once the whole config is valid, and with the chain id the node will sign under
-        # (a config file may set another): a refused config writes nothing (ops probe).
-        from tenzro_training.node.dev import DEV_ACCOUNTS_FILE, write_dev_accounts
-
-        _make_data_dir(data_dir)
-        try:
-            write_dev_accounts(data_dir, {**accounts, "chain_id": config.chain_id})
-        except OSError as exc:
-            raise NodeStartupError(f"cannot write {data_dir / DEV_ACCOUNTS_FILE}: {exc.strerror or exc}") from None
     return config
+
+
+def dev_accounts_document(config: Any) -> dict[str, Any]:
+    """What ``tenzro node --dev`` writes to ``<data-dir>/dev-accounts.json``: the dev accounts,
+    with the chain id the node signs under (a config file may set another than the dev one;
+    clients read it from there). :func:`run_node` writes it once the store has accepted that
+    chain id."""
+    from tenzro_training.node.dev import dev_genesis
+
+    _, document = dev_genesis(config.data_dir, write=False)
+    return {**document, "chain_id": config.chain_id}
 
 
 def _tick(service: Any) -> int | None:
@@ -195,7 +195,7 @@ def format_event(event: Any) -> str:
 
 
 def _log_event(event: Any) -> None:
-    log.info("%s", format_event(event))
+    log.info("%s", format_event(event), extra={RUN_EVENT_ATTR: event})
 
 
 def _p2p_config(p2p: dict[str, Any], data_dir: Path) -> Any:
@@ -248,35 +248,70 @@ def _stop_signals() -> tuple[signal.Signals, ...]:
     return (signal.SIGINT, signal.SIGTERM, *hangup)
 
 
-def _check_rpc_address(host: str, port: int) -> None:
-    """Fail with one line when the JSON-RPC address cannot be bound, BEFORE the store is opened:
-    a first start that failed on its port had already created the store and bound it to that
-    start's genesis and chain id (ops probe). A pre-flight bind and close: racy against another
-    process taking the port in between, which the real bind still reports. It binds as
-    asyncio's ``create_server`` (what aiohttp uses) does, so it refuses nothing that would have
+def _bind_probes(host: str, port: int, held: list[Any] | None) -> None:
+    """Bind ``host``:``port`` as asyncio's ``create_server`` (aiohttp) and trio's
+    ``open_tcp_listeners`` (libp2p) do, so the pre-flight refuses nothing that would have
     started: SO_REUSEADDR, IPV6_V6ONLY on IPv6 sockets (``::`` beside a listener on
-    ``0.0.0.0``), and an address family the kernel lacks skipped (review)."""
+    ``0.0.0.0``), an address family the kernel lacks skipped (review). With ``held`` the sockets
+    also listen and are kept open there, so that the node's own listeners are checked against
+    each other too (a p2p port equal to the RPC port); the caller closes them. Raises OSError."""
     import socket
 
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound = 0
+    for family, kind, proto, _name, address in infos:
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == getattr(socket, "AF_INET6", None) and hasattr(socket, "IPPROTO_IPV6"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
+            if held is not None:
+                probe.listen(1)  # two bound sockets with SO_REUSEADDR clash only once one listens
+        except BaseException:
+            probe.close()
+            raise
+        if held is None:
+            probe.close()
+        else:
+            held.append(probe)
+        bound += 1
+    if not bound:
+        raise OSError("no address it resolves to can be bound")
+
+
+def _check_rpc_address(host: str, port: int, held: list[Any] | None = None) -> None:
+    """Fail with one line when the JSON-RPC address cannot be bound, BEFORE the store is opened:
+    a first start that failed on its port had already created the store and bound it to that
+    start's genesis and chain id (ops probe). A pre-flight bind (:func:`_bind_probes`): racy
+    against another process taking the port in between, which the real bind still reports."""
     shown = f"[{host}]" if ":" in host else host
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        bound = 0
-        for family, kind, proto, _name, address in infos:
-            try:
-                probe = socket.socket(family, kind, proto)
-            except OSError:
-                continue
-            with probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == getattr(socket, "AF_INET6", None) and hasattr(socket, "IPPROTO_IPV6"):
-                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                probe.bind(address)
-                bound += 1
-        if not bound:
-            raise OSError("no address it resolves to can be bound")
+        _bind_probes(host, port, held)
     except OSError as exc:
         raise NodeStartupError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None
+
+
+def _check_p2p_listen(listen: tuple[str, ...], held: list[Any]) -> None:
+    """The same pre-flight for each ``--p2p-listen`` address with an IP and a fixed TCP port, made
+    while the RPC probes are ``held``: a taken p2p port (or the RPC port given again) had been
+    found only when libp2p started, after the store was created and bound (ops probe). An address
+    by DNS name or with port 0 is left to libp2p."""
+    import multiaddr
+
+    for addr in listen:
+        parsed = multiaddr.Multiaddr(addr)  # parsed already by P2PConfig
+        names = [p.name for p in parsed.protocols()]
+        ip = next((n for n in ("ip4", "ip6") if n in names), None)
+        if ip is None or "tcp" not in names or int(parsed.value_for_protocol("tcp")) == 0:
+            continue
+        try:
+            _bind_probes(parsed.value_for_protocol(ip), int(parsed.value_for_protocol("tcp")), held)
+        except OSError as exc:
+            raise NodeStartupError(f"cannot start libp2p on {addr}: {exc.strerror or exc}") from None
 
 
 def _make_data_dir(data_dir: Path) -> None:
@@ -336,10 +371,45 @@ class _LoopErrorLog:
         loop.default_exception_handler(context)
 
 
-async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: dict[str, Any] | None = None) -> None:
+async def run_node(
+    config: Any, data_dir: Path, *, announce: Any = print, p2p: dict[str, Any] | None = None,
+    dev_accounts: dict[str, Any] | None = None,
+) -> None:
     """Open the store, serve until SIGINT/SIGTERM, then close everything. Startup failures raise
     NodeStartupError before anything is served. ``p2p`` (``listen``, ``key``, ``bootstrap``)
-    turns on gossip."""
+    turns on gossip. ``dev_accounts`` (:func:`dev_accounts_document`) is written to
+    ``<data_dir>/dev-accounts.json``: checked writable before the store is opened, put in place
+    only once the store has accepted the config's chain id and genesis (a refused start had
+    left the file naming a chain id the store was not created for: ops probe)."""
+    p2p_config = _p2p_config(p2p, data_dir) if p2p else None
+    probes: list[Any] = []
+    try:
+        _check_rpc_address(config.rpc_host, config.rpc_port, probes)
+        if p2p_config is not None:
+            _check_p2p_listen(p2p_config.listen, probes)
+    finally:
+        for probe in probes:
+            probe.close()
+    _make_data_dir(data_dir)
+    staged = None if dev_accounts is None else _stage_dev_accounts(data_dir, dev_accounts)
+    try:
+        await _serve(config, data_dir, announce, p2p_config, staged)
+    finally:
+        if staged is not None:
+            staged.discard()
+
+
+def _stage_dev_accounts(data_dir: Path, document: dict[str, Any]) -> Any:
+    from tenzro_training.node.dev import DEV_ACCOUNTS_FILE, StagedDevAccounts
+
+    try:
+        return StagedDevAccounts(data_dir, document)
+    except OSError as exc:
+        raise NodeStartupError(f"cannot write {data_dir / DEV_ACCOUNTS_FILE}: {exc.strerror or exc}") from None
+
+
+async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, staged: Any) -> None:
+    """run_node once the pre-flight checks passed: the store, the service, the listeners."""
     from rpc.metrics import Registry
     from rpc.server import start_server
     from storage import open_store
@@ -347,9 +417,6 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
     from tenzro_training.node.metrics import NodeMetrics, register_gossip_metrics
     from tenzro_training.node.service import NodeService
 
-    _check_rpc_address(config.rpc_host, config.rpc_port)
-    p2p_config = _p2p_config(p2p, data_dir) if p2p else None
-    _make_data_dir(data_dir)
     _raise_open_file_limit(config.rpc_max_connections)
     asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
     try:
@@ -375,11 +442,16 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
                 _log_event(event)
         except TenzroError as exc:
             raise NodeStartupError(f"cannot start the node service: {exc}") from None
+        if staged is not None:  # the store took this config's chain id and genesis
+            try:
+                staged.publish()
+            except OSError as exc:
+                raise NodeStartupError(f"cannot write {staged.path}: {exc.strerror or exc}") from None
         registry = Registry()
         metrics = NodeMetrics(registry, chain_id=config.chain_id)
         metrics.attach(service)
         listeners = [_log_event, metrics.on_event]
-        if p2p:
+        if p2p_config is not None:
             host, bridge = await _start_p2p(p2p_config, service, config, executor)
             register_gossip_metrics(registry, host, bridge)
             listeners.append(bridge.on_event)
@@ -414,7 +486,7 @@ async def run_node(config: Any, data_dir: Path, *, announce: Any = print, p2p: d
         log.info("tenzro node %s up: chain_id=%d data_dir=%s runs=%d (%s) sync_writes=%s prune_payloads=%s "
                  "allowed_checkpoint_dirs=%d p2p=%s", __version__, config.chain_id, data_dir, sum(runs.values()),
                  ", ".join(f"{n} {status}" for status, n in sorted(runs.items())) or "none", config.sync_writes,
-                 config.prune_payloads, len(config.allowed_checkpoint_dirs), "on" if p2p else "off")
+                 config.prune_payloads, len(config.allowed_checkpoint_dirs), "on" if p2p_config is not None else "off")
         host_text = f"[{server.host}]" if ":" in server.host else server.host  # IPv6: RFC 3986 brackets
         announce(f"tenzro node listening on http://{host_text}:{server.port} (data dir {data_dir})")
         await stop.wait()
@@ -446,11 +518,7 @@ def run_node_from_args(args: argparse.Namespace) -> None:
     from storage.interface import StorageError
     from tenzro_training.cli import CliError
 
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO") or "INFO",
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(getattr(args, "log_level", None) or "INFO", getattr(args, "log_format", None) or "text")
     data_dir = Path(args.data_dir).resolve()
     try:
         config = load_node_config(
@@ -463,7 +531,8 @@ def run_node_from_args(args: argparse.Namespace) -> None:
         p2p = None
         if getattr(args, "p2p_listen", None):
             p2p = {"listen": args.p2p_listen, "key": args.p2p_key, "bootstrap": args.bootstrap or []}
-        asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True), p2p=p2p))
+        asyncio.run(run_node(config, data_dir, announce=lambda line: print(line, flush=True), p2p=p2p,
+                             dev_accounts=dev_accounts_document(config) if args.dev else None))
     except NodeStartupError as exc:
         raise CliError(str(exc), EXIT_STARTUP) from None
     except StorageError as exc:

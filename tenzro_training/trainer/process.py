@@ -69,6 +69,7 @@ from tenzro_training.errors import (
 )
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
+from tenzro_training.logformat import LOG_FORMATS, LOG_LEVELS, configure_logging
 from tenzro_training.gossip import SeenCache
 from tenzro_training.gossip_trainer import (
     TrainerGossipView,
@@ -94,8 +95,6 @@ __all__ = [
 
 log = logging.getLogger("tenzro.trainer")
 
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-"""What TENZRO_LOG_LEVEL may name (any case)."""
 
 # JSON-RPC error codes of the node's answers the trainer acts on, from the node's own table
 # (rpc/errors.py, docs/rpc.md "Errors").
@@ -1240,10 +1239,14 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
     from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_USAGE, CliError, _parse_amount, load_signing_key
 
     level = os.environ.get("TENZRO_LOG_LEVEL", "INFO").strip().upper()
-    if level not in _LOG_LEVELS:
+    if level not in LOG_LEVELS:
         raise CliError(f"TENZRO_LOG_LEVEL={os.environ['TENZRO_LOG_LEVEL']!r} is not a log level "
-                       f"(one of {', '.join(_LOG_LEVELS)})", EXIT_USAGE)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                       f"(one of {', '.join(LOG_LEVELS)})", EXIT_USAGE)
+    fmt = os.environ.get("TENZRO_LOG_FORMAT", "text").strip().lower()
+    if fmt not in LOG_FORMATS:
+        raise CliError(f"TENZRO_LOG_FORMAT={os.environ['TENZRO_LOG_FORMAT']!r} is not a log format "
+                       f"(one of {', '.join(LOG_FORMATS)})", EXIT_USAGE)
+    configure_logging(level, fmt)
     cfg = TrainerProcessConfig(
         task_id=args.task_id, rpc_url=args.rpc, private_key=load_signing_key(args),
         spec_path=None if args.spec is None else Path(args.spec),

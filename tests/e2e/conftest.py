@@ -230,9 +230,9 @@ def node_factory(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     """Start extra nodes (own data dirs) for one test; every one is stopped afterwards."""
     started: list[NodeProcess] = []
 
-    def factory(name: str = "node", data_dir: Path | None = None, **config: Any) -> NodeProcess:
+    def factory(name: str = "node", data_dir: Path | None = None, extra_args: tuple[str, ...] = (), **config: Any) -> NodeProcess:
         cfg = write_config(tmp_path / f"{name}.json", **config)
-        proc = start_node(data_dir or (tmp_path / name / "data"), cfg, log_name=name)
+        proc = start_node(data_dir or (tmp_path / name / "data"), cfg, log_name=name, extra_args=extra_args)
         started.append(proc)
         return proc
 

@@ -360,10 +360,14 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
     assert again.stop(signal.SIGINT) == 0
     assert "Traceback" not in again.stderr()
     assert f"tenzro node {__version__} up: chain_id=1337" in again.stderr() and "runs=0 (none)" in again.stderr()
-    # SIGHUP (the terminal closed): the same, not exit 129 with the store left open.
-    third = node_factory("lifecycle", data_dir=first.data_dir)
+    # SIGHUP (the terminal closed): the same, not exit 129 with the store left open. This one
+    # logs JSON (--log-format json): every stderr line is one object a log collector can parse.
+    third = node_factory("lifecycle", data_dir=first.data_dir, extra_args=("--log-format", "json"))
     assert third.stop(signal.SIGHUP) == 0
-    assert "shutting down" in third.stderr() and "Traceback" not in third.stderr()
+    logged = [json.loads(line) for line in third.stderr().splitlines()]
+    assert [r["message"] for r in logged if r["logger"] == "tenzro.node"][-1] == "shutting down"
+    assert any(r["message"].startswith(f"tenzro node {__version__} up: chain_id=1337") for r in logged)
+    assert all(r["level"] in ("INFO", "WARNING") and r["time"].endswith("Z") and "exception" not in r for r in logged)
 
     # A bad config file.
     bad = tmp_path / "bad.json"

@@ -183,3 +183,30 @@ def test_an_invalid_p2p_listen_address_is_refused_before_the_store_is_created(tm
     with pytest.raises(NodeStartupError, match="not-a-multiaddr"):
         asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None, p2p={"listen": ["not-a-multiaddr"]}))
     assert not (tmp_path / "d").exists()
+
+
+def test_a_taken_p2p_port_is_refused_before_the_store_is_created(tmp_path: Path) -> None:
+    """A taken --p2p-listen port had been found only when libp2p started, after the store was
+    created and bound to this start's genesis and chain id (ops probe); so was the RPC port
+    given again as the p2p port, since each pre-flight bind was closed before the next."""
+    import socket
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import NodeStartupError, run_node
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = NodeConfig(data_dir=tmp_path / "d", rpc_port=0)
+        listen = [f"/ip4/127.0.0.1/tcp/{port}"]
+        with pytest.raises(NodeStartupError, match=f"cannot start libp2p on /ip4/127.0.0.1/tcp/{port}: Address already in use"):
+            asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None, p2p={"listen": listen}))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    config = NodeConfig(data_dir=tmp_path / "e", rpc_port=port)
+    for listen in ([f"/ip4/127.0.0.1/tcp/{port}"], [f"/ip4/0.0.0.0/tcp/{port}"]):
+        with pytest.raises(NodeStartupError, match=f"cannot start libp2p on {listen[0]}: Address already in use"):
+            asyncio.run(run_node(config, tmp_path / "e", announce=lambda line: None, p2p={"listen": listen}))
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()

@@ -913,15 +913,19 @@ def test_a_trainer_setup_failure_exits_1(tmp_path, monkeypatch, capsys) -> None:
     assert code == 1 and "dataset hash is 0x01" in capsys.readouterr().err  # docs/trainer-process.md: exit 1
 
 
-def test_invalid_log_level_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("TENZRO_LOG_LEVEL", "verbose", "TENZRO_LOG_LEVEL='verbose' is not a log level"),
+    ("TENZRO_LOG_FORMAT", "logfmt", "TENZRO_LOG_FORMAT='logfmt' is not a log format (one of text, json)"),
+])
+def test_invalid_log_setting_is_a_one_line_usage_error(tmp_path, monkeypatch, capsys, name, value, said) -> None:  # type: ignore[no-untyped-def]
     from tenzro_training.cli import main
 
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
-    monkeypatch.setenv("TENZRO_LOG_LEVEL", "verbose")
+    monkeypatch.setenv(name, value)
     code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
                  "--bootstrap", _BOOTSTRAP, "--rpc", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
-    assert code == 2 and "TENZRO_LOG_LEVEL='verbose' is not a log level" in err and "Traceback" not in err
+    assert code == 2 and said in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
 

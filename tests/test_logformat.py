@@ -1,0 +1,87 @@
+"""logformat.py: the JSON log format is one parseable object per record, whatever the record
+holds (a traceback, hostile text, a run event with an amount above 2^53)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+
+import pytest
+
+from tenzro_training.logformat import RUN_EVENT_ATTR, JsonFormatter, configure_logging
+from tenzro_training.run_events import RunSealed, TrainerEnrolled
+
+
+def _record(msg: str, *args: object, exc_info: object = None, extra: dict[str, object] | None = None) -> logging.LogRecord:
+    logger = logging.getLogger("tenzro.test")
+    return logger.makeRecord("tenzro.test", logging.WARNING, __file__, 1, msg, args, exc_info, extra=extra)  # type: ignore[arg-type]
+
+
+def test_a_record_is_one_json_line_with_rfc3339_utc_time() -> None:
+    record = _record("quorum %s of %d", "reached", 3)
+    record.created = 1764115200.9999  # 2025-11-26T00:00:00.9999Z: milliseconds truncate, never 1000
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line) == {
+        "time": "2025-11-26T00:00:00.999Z", "level": "WARNING", "logger": "tenzro.test", "message": "quorum reached of 3",
+    }
+
+
+def test_a_traceback_and_hostile_text_stay_inside_the_record() -> None:
+    try:
+        raise ValueError("bad\nline")
+    except ValueError:
+        import sys
+
+        record = _record("did: %s", "evil\n2026-01-01 INFO forged line \u202e\udcff", exc_info=sys.exc_info())
+    line = JsonFormatter().format(record)
+    assert "\n" not in line and line.isascii()  # a lone surrogate or RTL override is escaped, not raised
+    doc = json.loads(line)
+    assert doc["message"] == "did: evil\n2026-01-01 INFO forged line \u202e\udcff"
+    assert doc["exception"].startswith("Traceback (most recent call last):") and "ValueError: bad\nline" in doc["exception"]
+
+
+def test_a_run_event_is_carried_as_its_json_form() -> None:
+    trainer = bytes.fromhex("52908400098527886e0f7030069857d2e4169ee7")
+    sealed = RunSealed("t-1", 7, b"\x01" * 32, b"\x02" * 32, ((trainer, 2**70 + 1),), 3)
+    line = JsonFormatter().format(_record("RunSealed ...", extra={RUN_EVENT_ATTR: sealed}))
+    event = json.loads(line)["event"]
+    assert event == sealed.to_dict()
+    assert event["type"] == "RunSealed" and event["payouts"] == [["0x52908400098527886E0F7030069857D2E4169EE7", str(2**70 + 1)]]
+
+
+def test_the_node_logs_each_run_event_with_its_fields(caplog: pytest.LogCaptureFixture) -> None:
+    from tenzro_training.node.main import _log_event
+
+    event = TrainerEnrolled("t-1", 5, b"\x11" * 20, "did:tenzro:a", 10**18, 2)
+    with caplog.at_level(logging.INFO, logger="tenzro.node"):
+        _log_event(event)
+    [record] = [r for r in caplog.records if r.name == "tenzro.node"]
+    assert record.getMessage().startswith("TrainerEnrolled task_id=t-1 at_ms=5 ")  # the text format is unchanged
+    assert json.loads(JsonFormatter().format(record))["event"] == {
+        "type": "TrainerEnrolled", "task_id": "t-1", "at_ms": 5, "trainer": "0x" + "11" * 20, "did": "did:tenzro:a",
+        "stake": str(10**18), "shard_index": 2,
+    }
+
+
+def test_configure_logging_formats_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # pytest's own handlers would make basicConfig a no-op
+    monkeypatch.setattr(root, "level", root.level)
+    out = io.StringIO()
+    configure_logging("warning", "json", stream=out)
+    logging.getLogger("tenzro.node").info("not shown")
+    logging.getLogger("tenzro.node").warning("shown")
+    [line] = out.getvalue().splitlines()
+    assert json.loads(line)["message"] == "shown"
+    root.handlers = []
+    text = io.StringIO()
+    configure_logging("INFO", stream=text)
+    logging.getLogger("tenzro.node").info("plain")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO tenzro.node: plain\n", text.getvalue())
+    with pytest.raises(ValueError, match="log format must be one of text, json"):
+        configure_logging("INFO", "logfmt")
+    with pytest.raises(ValueError, match="log level must be one of"):
+        configure_logging("VERBOSE")
