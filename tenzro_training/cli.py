@@ -1047,7 +1047,8 @@ def cmd_audit(args: argparse.Namespace) -> None:
         raise CliError(str(exc)) from None
     try:
         audits = audit_store(store, args.task_id or None,
-                             allowed_dirs=tuple(Path(d).resolve() for d in args.allow_checkpoint_dir or ()))
+                             allowed_dirs=tuple(Path(d).resolve() for d in args.allow_checkpoint_dir or ()),
+                             **({} if args.max_checkpoint_bytes is None else {"max_checkpoint_bytes": args.max_checkpoint_bytes}))
     finally:
         store.close()
     result = {"ok": all(a.ok for a in audits), "runs": [a.to_dict() for a in audits]}
@@ -1099,6 +1100,13 @@ def _chain_id(text: str) -> int:
     if not 0 < value < 2**256:
         raise argparse.ArgumentTypeError(f"a chain id is 1..2^256-1, got {text}")
     return value
+
+
+def _checkpoint_bytes(text: str) -> int:
+    """argparse type: a size in bytes within the node config's max_checkpoint_bytes bounds."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**50:
+        raise argparse.ArgumentTypeError(f"expected a decimal byte count in 1..2^50, got {text!r}")
+    return int(text)
 
 
 def _file_path(text: str) -> str:
@@ -1166,6 +1174,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--task-id", action="append", help="audit only this run (repeatable; default: every run)")
     audit.add_argument("--allow-checkpoint-dir", action="append", metavar="DIR",
                        help="read init checkpoints only under DIR (repeatable; default: wherever the spec points)")
+    audit.add_argument("--max-checkpoint-bytes", type=_checkpoint_bytes, metavar="N", help="largest init checkpoint read (default 16 GiB, the node's default; "
+                                         "set it to the node's max_checkpoint_bytes when that is larger)")
     audit.add_argument("--json", action="store_true", help="print the result as JSON")
     audit.set_defaults(func=cmd_audit)
 

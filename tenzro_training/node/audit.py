@@ -191,8 +191,11 @@ def _audit(
     buffers = RoundBuffers()
     for record in run.records[start:]:
         inputs = load_round_inputs(store, task_id, record, load_payload)
+        # As the node's finalize: what the store holds was accepted under the node's own
+        # max_payload_bytes, which may be above this audit's (a larger node config).
+        largest = max((len(data) for subs in inputs for _, data in subs), default=0)
         update = replay_round(run.spec, model, record, inputs, weights, momentum,
-                              max_payload_bytes=max_payload_bytes, worker=worker, buffers=buffers)
+                              max_payload_bytes=max(largest, max_payload_bytes), worker=worker, buffers=buffers)
         stored = store.get(schema.CF_META, schema.round_reports_key(task_id, record.round))
         if stored != persistence.encode_round_reports([r.canonical_bytes() for r in update.reports]):
             raise StorageError(f"the stored aggregation reports of {task_id} round {record.round} differ from the replay's")

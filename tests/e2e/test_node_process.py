@@ -387,3 +387,20 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
             batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(schema.SCHEMA_VERSION + 1))
     proc = subprocess.run(node_command(first.data_dir, cfg), cwd=REPO, env=_child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "newer version" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_shipped_dev_example_posts_as_docs_cli_md_shows(node: NodeProcess, tmp_path: Path) -> None:
+    """docs/cli.md's sponsor flow, literally, on a --dev node: init-checkpoint on the shipped
+    dev example, then post-task as the dev sponsor. The only example shipped before was the
+    SPEC's (another sponsor, 1,024 rounds, an ipfs:// dataset no trainer reads): nothing an
+    operator could post without editing it (docs probe)."""
+    example = REPO / "tenzro_training" / "data" / "dev-task.json"
+    spec_out = tmp_path / "spec.json"
+    r = tenzro("train", "init-checkpoint", "--spec", str(example), "--out", str(tmp_path / "init.safetensors"),
+               "--spec-out", str(spec_out))
+    assert r.code == 0 and r.err == "", r.err  # no note: its param_count is its model's
+    r = tenzro("train", "post-task", "--spec", str(spec_out), "--key-file", str(node.data_dir / "dev-accounts.json"),
+               "--account", "sponsor", "--rpc", node.url, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["task_id"] == "dev-timesfm-1"
+    assert rpc(node.url, "tenzro_training_getRun", {"task_id": "dev-timesfm-1"})["status"] in ("Electing", "Enrolling")

@@ -216,3 +216,22 @@ def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     assert "tenzro: audit found problems in 1 run(s): run-2" in captured.err
     assert cli.main(["audit", "--data-dir", str(data_dir.parent / "nowhere")]) == 2
     assert "not a node data directory" in capsys.readouterr().err
+
+
+def test_the_audit_takes_the_nodes_limits(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node whose config raised max_checkpoint_bytes or max_payload_bytes holds runs the
+    default limits refuse: --max-checkpoint-bytes gives the node's, and stored payloads replay
+    whatever their size, as the node's finalize does (the audit had always used the defaults:
+    docs probe)."""
+    node.stop()
+    with RocksStore(node.data / "db", read_only=True) as store:
+        assert all(a.ok for a in audit_store(store, max_payload_bytes=1))
+        [small] = audit_store(store, ["run-1"], max_checkpoint_bytes=16)
+    assert not small.ok and "16" in str(small.problem)
+    assert cli.main(["audit", "--data-dir", str(node.data), "--task-id", "run-1", "--max-checkpoint-bytes", "16"]) == 1
+    assert "run-1: Sealed, 0/5 rounds reproduced; PROBLEM:" in capsys.readouterr().out
+    assert cli.main(["audit", "--data-dir", str(node.data), "--max-checkpoint-bytes", str(1 << 30)]) == 0
+    for bad in ("0", "-1", "1e9", str(2**50 + 1)):
+        with pytest.raises(SystemExit) as exited:  # argparse's usage error
+            cli.main(["audit", "--data-dir", str(node.data), "--max-checkpoint-bytes", bad])
+        assert exited.value.code == 2 and "expected a decimal byte count in 1..2^50" in capsys.readouterr().err

@@ -282,3 +282,19 @@ def test_validation_and_training_targets_never_overlap() -> None:
     train = torch.cat([shard_windows(corpus, 0, 1, 12, 4).windows[:, 12:].reshape(-1)])
     val = validation_batch(corpus, 12, 4)[:, 12:].reshape(-1)
     assert not set(train.tolist()) & set(val.tolist())
+
+
+def test_the_shipped_dev_example_is_trainable_on_its_dataset() -> None:
+    """tenzro_training/data/dev-task.json names a corpus a trainer loads (statsmodels, shipped
+    in a PyPI package), with its true hash, enough windows for every trainer's shard, and a
+    model its param_count describes: what `tenzro trainer run` checks before it enrolls."""
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.data import check_shardable, compute_dataset_hash, load_corpus
+    from tenzro_training.trainer.model import config_from_spec, count_params
+
+    spec = TrainingTaskSpec.from_json((Path(tenzro_training.__file__).parent / "data" / "dev-task.json").read_text())
+    corpus = load_corpus(spec.dataset_ref)
+    assert "0x" + compute_dataset_hash(corpus).hex() == spec.dataset_hash
+    model = config_from_spec(spec)
+    check_shardable(corpus, spec.trainer_count, model.context_len, model.horizon)
+    assert count_params(model) == spec.architecture.param_count
