@@ -18,11 +18,17 @@ every precompile. No Python exception escapes into py-evm: ``training_verify`` c
 
 from __future__ import annotations
 
-from eth.abc import ComputationAPI
-from eth.vm.forks.prague import PragueVM
-from eth.vm.forks.prague.computation import PragueComputation
-from eth.vm.forks.prague.state import PragueState
-from eth_tester import EthereumTester, PyEVMBackend
+try:  # py-evm and eth-tester come with the `evm` extra, not with a plain install (the node needs neither)
+    from eth.abc import ComputationAPI
+    from eth.vm.forks.prague import PragueVM
+    from eth.vm.forks.prague.computation import PragueComputation
+    from eth.vm.forks.prague.state import PragueState
+    from eth_tester import EthereumTester, PyEVMBackend
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        f"precompile.evm needs py-evm and eth-tester ({exc.name} is missing): pip install 'tenzro-training[evm]'",
+        name=exc.name,
+    ) from None
 from eth_utils import to_canonical_address
 from web3 import EthereumTesterProvider, Web3
 

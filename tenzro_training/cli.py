@@ -579,6 +579,55 @@ def signing_client(args: argparse.Namespace, key: bytes, timeout: float = 120.0)
     return RpcClient(args.rpc, timeout, signer=(key_address(key), args.chain_id))
 
 
+_DEFAULT_DATASET_REF = "statsmodels:co2,sunspots,nile,elnino,elec_equip,macrodata"
+"""trainer.data.DEFAULT_DATASET_REF, repeated so that building the parser imports no torch
+(a test checks they agree)."""
+
+EXAMPLE_SPECS: dict[str, str] = {
+    "dev": "dev-task.json",
+    "timesfm-200m": "timesfm-200m-task.json",
+}
+"""The example specs shipped in the package (``tenzro_training/data``), by ``example-spec --name``:
+``dev`` posts as-is on a ``tenzro node --dev`` once ``init-checkpoint`` has named its weights (a
+small model, 3 trainers, the statsmodels corpus); ``timesfm-200m`` is SPEC.md's example (another
+sponsor, 1,024 rounds, an ipfs:// dataset): a template, not postable as it is."""
+
+
+def cmd_example_spec(args: argparse.Namespace) -> None:
+    """Write a shipped example spec where a pip user can edit it: the package's data directory is
+    inside site-packages, which the docs cannot point at (packaging probe)."""
+    from importlib.resources import files
+
+    from tenzro_training.jsontext import loads_bounded
+    from tenzro_training.spec import TrainingTaskSpec
+
+    doc = loads_bounded((files("tenzro_training") / "data" / EXAMPLE_SPECS[args.name]).read_text(encoding="utf-8"))
+    assert isinstance(doc, dict)
+    if args.task_id is not None:
+        doc["task_id"] = args.task_id
+    if args.sponsor_address is not None:
+        doc["sponsor_address"] = args.sponsor_address
+    spec = TrainingTaskSpec.from_dict(doc)  # SpecError (exit 2, with the field) for a bad --task-id/--sponsor-address
+    _write_out(args.out, (json.dumps(doc, indent=2) + "\n").encode())
+    result = {"out": str(args.out), "name": args.name, "task_id": spec.task_id, "sponsor_address": spec.sponsor_address,
+              "spec_hash": "0x" + spec.spec_hash().hex()}
+    _emit(args, result, lambda r: _kv(r, ["out", "name", "task_id", "sponsor_address", "spec_hash"]))
+
+
+def cmd_dataset_hash(args: argparse.Namespace) -> None:
+    """The ``dataset_hash`` a spec must carry for ``--dataset-ref``: what a trainer recomputes from
+    the corpus it loads, and refuses to train on when it differs."""
+    from tenzro_training.trainer.data import DatasetError, compute_dataset_hash, load_corpus
+
+    try:
+        corpus = load_corpus(args.dataset_ref)
+    except DatasetError as exc:
+        raise CliError(str(exc)) from None
+    result = {"dataset_ref": args.dataset_ref, "dataset_hash": "0x" + compute_dataset_hash(corpus).hex(),
+              "series": len(corpus), "points": sum(int(s.values.size) for s in corpus)}
+    _emit(args, result, lambda r: _kv(r, ["dataset_ref", "dataset_hash", "series", "points"]))
+
+
 def cmd_init_checkpoint(args: argparse.Namespace) -> None:
     """A sponsor's first step: the spec names its initial weights (URI + SHA-256) and the node
     verifies them at postTask, so they must exist before the task does."""
@@ -1145,7 +1194,10 @@ def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool =
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tenzro_training import __version__
+
     parser = argparse.ArgumentParser(prog="tenzro", description="Tenzro Train node and client")
+    parser.add_argument("--version", action="version", version=f"tenzro {__version__}")
     top = parser.add_subparsers(dest="command", required=True)
 
     node = top.add_parser("node", help="run the node (JSON-RPC service)")
@@ -1182,6 +1234,22 @@ def build_parser() -> argparse.ArgumentParser:
     train = top.add_parser("train", help="sponsor, trainer and syncer calls").add_subparsers(
         dest="verb", required=True
     )
+    p = train.add_parser("example-spec", help="write a shipped example TrainingTaskSpec to edit or post")
+    p.add_argument("--name", choices=sorted(EXAMPLE_SPECS), default="dev",
+                   help="dev (default): posts as-is on a --dev node after init-checkpoint; "
+                        "timesfm-200m: SPEC.md's example, a template")
+    p.add_argument("--task-id", help="replace the example's task_id (a node takes each task_id once)")
+    p.add_argument("--sponsor-address", help="replace the example's sponsor_address (the signing key's address)")
+    p.add_argument("--out", required=True, type=_file_path, help="the spec file to write")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_example_spec)
+
+    p = train.add_parser("dataset-hash", help="the dataset_hash a spec needs for a statsmodels: dataset_ref")
+    p.add_argument("--dataset-ref", default=_DEFAULT_DATASET_REF,
+                   help=f"statsmodels:NAME[,NAME...] (default {_DEFAULT_DATASET_REF})")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_dataset_hash)
+
     p = train.add_parser("init-checkpoint",
                          help="write the initial model a spec's metadata describes, and its URI and SHA-256")
     p.add_argument("--spec", required=True, help="the TrainingTaskSpec (its init_checkpoint, if any, is ignored)")

@@ -1773,3 +1773,86 @@ def test_invalid_redirect_is_not_followed(capsys: pytest.CaptureFixture[str], fa
         server.server_close()
     assert code == EXIT_UNREACHABLE and out == "" and "answered HTTP 307 (a redirect" in err
     assert seen and fake_node.calls == []  # the target was never called
+
+
+# --- a pip user's first steps: shipped examples, the dataset hash, the installation --------------
+
+
+def test_example_spec_writes_the_shipped_examples(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The examples live in site-packages for a pip user, which the docs cannot point at: the CLI
+    writes them out (packaging probe). The dev one names the dev sponsor; --task-id and
+    --sponsor-address replace those fields, checked as the spec parser checks them."""
+    from tenzro_training.node.dev import dev_accounts
+    from tenzro_training.spec import TrainingTaskSpec
+
+    out = tmp_path / "spec.json"
+    code, stdout, err = run(capsys, "train", "example-spec", "--out", str(out), "--json")
+    assert code == 0, err
+    spec = TrainingTaskSpec.from_json(out.read_text())
+    [sponsor] = [a for a in dev_accounts() if a["role"] == "sponsor"]
+    assert spec.task_id == "dev-timesfm-1" and spec.sponsor_address == sponsor["address"]
+    assert json.loads(stdout)["spec_hash"] == "0x" + spec.spec_hash().hex()
+    other = "0x" + "ab" * 20
+    assert run(capsys, "train", "example-spec", "--name", "timesfm-200m", "--task-id", "mine-2",
+               "--sponsor-address", other, "--out", str(out))[0] == 0
+    spec = TrainingTaskSpec.from_json(out.read_text())
+    assert (spec.task_id, spec.sponsor_address.lower(), spec.max_rounds) == ("mine-2", other, 1024)
+    before = out.read_bytes()
+    for flag, value, said in [("--task-id", "bad id!", "task_id:"), ("--sponsor-address", "0x12", "sponsor_address:")]:
+        code, stdout, err = run(capsys, "train", "example-spec", flag, value, "--out", str(out))
+        assert code == EXIT_USAGE and stdout == "" and err.startswith(f"tenzro: {said}") and err.count("\n") == 1
+    assert out.read_bytes() == before  # a refused call writes nothing
+
+
+def test_dataset_hash_is_what_a_trainer_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    from tenzro_training.trainer.data import DEFAULT_DATASET_REF, compute_dataset_hash, load_corpus
+
+    assert cli._DEFAULT_DATASET_REF == DEFAULT_DATASET_REF  # repeated in cli.py to keep torch out of the parser
+    code, out, _ = run(capsys, "train", "dataset-hash", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["dataset_hash"] == "0x" + compute_dataset_hash(load_corpus(DEFAULT_DATASET_REF)).hex()
+    assert result["dataset_ref"] == DEFAULT_DATASET_REF and result["series"] == 17
+    code, out, _ = run(capsys, "train", "dataset-hash", "--dataset-ref", "statsmodels:nile", "--json")
+    assert code == 0 and json.loads(out)["series"] == 1 and json.loads(out)["dataset_hash"] != result["dataset_hash"]
+    for ref in ("ipfs://Qm", "statsmodels:nope", "statsmodels:nile,nile"):
+        code, out, err = run(capsys, "train", "dataset-hash", "--dataset-ref", ref)
+        assert code == EXIT_USAGE and out == "" and err.startswith("tenzro: ") and err.count("\n") == 1
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from tenzro_training import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"tenzro {__version__}\n"
+
+
+_FOREIGN_STORAGE = """
+import sys
+sys.path.insert(0, sys.argv[1])  # a directory with another distribution's top-level `storage`
+from tenzro_training.console import main
+sys.exit(main(["--help"]))
+"""
+
+
+def test_a_foreign_package_in_place_of_ours_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """PyPI's `storage` distribution installs a top-level storage/ that overwrites ours without a
+    word from pip; the node then died with an ImportError traceback (packaging probe)."""
+    import subprocess
+    import sys
+
+    from tenzro_training.console import check_installation
+
+    assert check_installation() is None
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "storage" / "__init__.py").write_text("raise SystemExit('foreign code ran')\n")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _FOREIGN_STORAGE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=repo)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"tenzro: the installed 'storage' package is not tenzro-training's (resolves to {tmp_path / 'storage' / '__init__.py'}; "
+        f"expected {repo / 'storage'}): another distribution with a package of that name overwrote or shadows it; "
+        "reinstall tenzro-training in a virtualenv of its own\n"
+    )

@@ -390,11 +390,13 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
 
 
 def test_the_shipped_dev_example_posts_as_docs_cli_md_shows(node: NodeProcess, tmp_path: Path) -> None:
-    """docs/cli.md's sponsor flow, literally, on a --dev node: init-checkpoint on the shipped
-    dev example, then post-task as the dev sponsor. The only example shipped before was the
+    """docs/cli.md's sponsor flow, literally, on a --dev node: example-spec, init-checkpoint on
+    it, then post-task as the dev sponsor. The only example shipped before was the
     SPEC's (another sponsor, 1,024 rounds, an ipfs:// dataset no trainer reads): nothing an
     operator could post without editing it (docs probe)."""
-    example = REPO / "tenzro_training" / "data" / "dev-task.json"
+    example = tmp_path / "dev-task.json"
+    r = tenzro("train", "example-spec", "--out", str(example))
+    assert r.code == 0, r.err
     spec_out = tmp_path / "spec.json"
     r = tenzro("train", "init-checkpoint", "--spec", str(example), "--out", str(tmp_path / "init.safetensors"),
                "--spec-out", str(spec_out))
