@@ -105,6 +105,33 @@ def scrape_metrics(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], floa
     return out
 
 
+def scrape_metric_families(url: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """``GET /metrics`` as its metric families: exposed name (counters with ``_total``) ->
+    (type, label names seen on its samples, histogram ``le`` left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name + "_total" if family.type == "counter" else family.name
+        labels = frozenset(k for sample in family.samples for k in sample.labels if k != "le")
+        out[name] = (family.type, labels)
+    return out
+
+
+def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """docs/node.md's metrics table: name -> (type, label names)."""
+    import re
+
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    for line in (REPO / "docs" / "node.md").read_text().splitlines():
+        row = re.match(r"\| `(tenzro_[a-z_]+)` \| (counter|gauge|histogram) \|([^|]*)\|", line)
+        if row:
+            out[row[1]] = (row[2], frozenset(re.findall(r"`([a-z_]+)`", row[3])))
+    return out
+
+
 def rpc_error(url: str, method: str, params: Any) -> dict[str, Any]:
     """The error object of a call that must fail."""
     reply = rpc_reply(url, method, params)

@@ -21,6 +21,8 @@ import pytest
 
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
+    documented_metrics,
+    scrape_metric_families,
     scrape_metrics,
     REPO,
     NodeProcess,
@@ -167,6 +169,10 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         bridge = {labels[0][1]: v for labels, v in m["tenzro_gossip_bridge_total"].items()}
         assert bridge["payloads_stored"] == 12 and bridge["finalized_published"] >= 2, bridge
         assert () in m["tenzro_gossip_peers"] and () in m["tenzro_gossip_bootstrap_unreachable"]
+        # docs/node.md's metrics table is what a node with gossip exports, name, type and labels
+        # (it had been checked by hand only: docs probe).
+        documented = documented_metrics()
+        assert len(documented) >= 20 and scrape_metric_families(node.url) == documented
     finally:
         for child in children:
             child.stop()
