@@ -13,6 +13,7 @@ service (``node/service.py``). Nothing here opens a file or a socket.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -199,6 +200,21 @@ class SyncerIdentity:
         return f"SyncerIdentity(address={format_address(self.address)}, vrf_secret=<hidden>)"
 
 
+_ENVELOPE_BYTES: Final = 4096
+"""A submitOuterGradient request's JSON-RPC envelope besides its base64 payload (the method,
+task id, round, fragment and a 65-byte signature in hex: well under this)."""
+
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NodeConfig:
     """Everything a node needs besides its store. Checked on construction (ConfigError)."""
@@ -380,6 +396,28 @@ class NodeConfig:
         return pairs
 
     # --- readers ---------------------------------------------------------------------------
+
+    def advice(self) -> tuple[str, ...]:
+        """Settings that are valid one by one but work against each other, or expose the node: one
+        line each, for the node to log as warnings at start. Not refusals: each has a setup where
+        it is what the operator wants (payloads that only ever come over gossip; a deliberately
+        patient failover; a public host behind a proxy that vets sponsors)."""
+        out = []
+        inline = 4 * -(-self.max_payload_bytes // 3) + _ENVELOPE_BYTES
+        if inline > self.max_body_bytes:
+            out.append(f"max_payload_bytes {self.max_payload_bytes} does not fit a JSON-RPC body: base64-encoded it "
+                       f"takes ~{inline} bytes, above max_body_bytes {self.max_body_bytes}; payloads that large can "
+                       f"only arrive over gossip")
+        t = self.timings
+        if t.finalize_window_ms >= t.round_timeout_ms:
+            out.append(f"timings.finalize_window_ms {t.finalize_window_ms} is not shorter than timings.round_timeout_ms "
+                       f"{t.round_timeout_ms}: a silent syncer holds a round longer than its trainers had to train it "
+                       f"before the next candidate takes over")
+        if not _is_loopback(self.rpc_host) and not self.allowed_checkpoint_dirs:
+            out.append(f"rpc_host {self.rpc_host} may be reachable from other hosts and allowed_checkpoint_dirs is empty: "
+                       f"any funded sponsor can make the node read and hash any file it can read "
+                       f"(docs/node.md \"Running on a public host\")")
+        return tuple(out)
 
     def get_candidate(self, address: bytes) -> Candidate | None:
         """The registered candidate with this address, or None."""

@@ -390,6 +390,8 @@ async def run_node(
     finally:
         for probe in probes:
             probe.close()
+    for line in config.advice():  # valid settings that work against each other (docs/node.md)
+        log.warning("config: %s", line)
     _make_data_dir(data_dir)
     staged = None if dev_accounts is None else _stage_dev_accounts(data_dir, dev_accounts)
     try:

@@ -331,3 +331,34 @@ def test_invalid_allowed_checkpoint_dir_that_is_not_a_path_string(entry: object)
     with pytest.raises(ConfigError, match="expected a path string") as info:
         NodeConfig.from_dict({"allowed_checkpoint_dirs": ["/srv/ok", entry]}, data_dir=None)
     assert info.value.path == "allowed_checkpoint_dirs[1]"
+
+
+def test_advice_names_settings_that_work_against_each_other(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """docs/node.md had only advised these cross-checks; a node now says them at start (warnings,
+    not refusals: each has a setup where it is meant)."""
+    import asyncio
+    import logging
+
+    from tenzro_training.node.main import NodeStartupError, run_node
+
+    assert NodeConfig().advice() == ()
+    assert NodeConfig(rpc_host="::1").advice() == NodeConfig(rpc_host="127.0.0.2").advice() == ()
+    # 72 MiB of payload is 96 MiB of base64: just over the default body with its envelope.
+    [payload] = NodeConfig(max_payload_bytes=72 << 20).advice()
+    assert payload.startswith("max_payload_bytes 75497472 does not fit a JSON-RPC body") and "only arrive over gossip" in payload
+    assert NodeConfig(max_payload_bytes=71 << 20).advice() == ()
+    from dataclasses import replace
+
+    slow = replace(NodeConfig().timings, round_timeout_ms=60_000, finalize_window_ms=60_000)
+    [failover] = NodeConfig(timings=slow).advice()
+    assert failover.startswith("timings.finalize_window_ms 60000 is not shorter than timings.round_timeout_ms 60000")
+    public = NodeConfig(rpc_host="0.0.0.0")
+    [exposed] = public.advice()
+    assert exposed.startswith("rpc_host 0.0.0.0 may be reachable from other hosts and allowed_checkpoint_dirs is empty")
+    assert NodeConfig(rpc_host="node.example", allowed_checkpoint_dirs=(tmp_path,)).advice() == ()
+    # The node logs each at start, before anything else can fail.
+    (tmp_path / "file").write_text("x")
+    config = NodeConfig(data_dir=tmp_path / "file", rpc_host="0.0.0.0", rpc_port=0)
+    with caplog.at_level(logging.WARNING, logger="tenzro.node"), pytest.raises(NodeStartupError, match="not a directory"):
+        asyncio.run(run_node(config, tmp_path / "file", announce=lambda line: None))
+    assert [r.getMessage() for r in caplog.records if r.name == "tenzro.node"] == [f"config: {exposed}"]
