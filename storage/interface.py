@@ -289,6 +289,13 @@ class KVStore(abc.ABC):
         validate_bytes("prefix", prefix)
         return self._guard_closed(self._iterate_keys(cf, prefix))
 
+    def upgrade_schema_version(self) -> int | None:
+        """Mark a store opened with ``upgrade_schema=False`` (RocksStore) at an older, upgradable
+        schema version as the current one, and return the version it had; None when there is
+        nothing to upgrade (or, as here, no versions at all)."""
+        self._check_open()
+        return None
+
     def atomic_batch(self) -> AtomicBatch:
         """A new, empty batch for this store (see :class:`AtomicBatch`)."""
         self._check_open()

@@ -131,6 +131,10 @@ class RocksStore(KVStore):
     is a StorageError.
     ``max_total_wal_bytes``: the write-ahead log RocksDB keeps before it flushes the families
     that hold its oldest file (:data:`MAX_TOTAL_WAL_BYTES`).
+    ``upgrade_schema``: with False, an older store of an upgradable version opens without its
+    version key being rewritten; :meth:`upgrade_schema_version` writes it, once the opener has
+    accepted the store (a node refused for its config had left the store marked for a version
+    the old code refuses: upgrade probe).
     ``read_only``: open an existing store for reading only (RocksDB's read-only mode: it takes
     no LOCK, so it works beside the node that has the store open, and sees the data as of the
     open); every batch is a StorageError and nothing on disk changes, not even an upgradable
@@ -150,9 +154,12 @@ class RocksStore(KVStore):
         read_only: bool = False,
         wal_recovery: str = "strict",
         max_total_wal_bytes: int = MAX_TOTAL_WAL_BYTES,
+        upgrade_schema: bool = True,
     ) -> None:
         super().__init__(schema.ALL_COLUMN_FAMILIES)
         self._max_total_wal_bytes = int(max_total_wal_bytes)
+        self._upgrade_schema = bool(upgrade_schema)
+        self._found_version: int | None = None  # an upgradable older version, not yet rewritten
         if wal_recovery not in WAL_RECOVERY_MODES:
             raise ValueError(f"wal_recovery must be one of {WAL_RECOVERY_MODES}, got {wal_recovery!r}")
         self._wal_recovery = wal_recovery
@@ -287,7 +294,10 @@ class RocksStore(KVStore):
                     f"families {missing}: it is damaged"
                 )
             if found != schema.SCHEMA_VERSION and not self._read_only:
-                self._write_schema_version()  # an upgradable version: its data is read as it is
+                if self._upgrade_schema:
+                    self._write_schema_version()  # an upgradable version: its data is read as it is
+                else:
+                    self._found_version = found  # the opener marks it once it has accepted the store
             return
         if self._read_only:
             raise StorageError(f"store at {self._path!r} has no schema version: nothing to read "
@@ -316,6 +326,13 @@ class RocksStore(KVStore):
                     raise StorageError(f"cannot create column family {name!r}: {error}") from error
                 self._attach(name)
         self._write_schema_version()
+
+    def upgrade_schema_version(self) -> int | None:
+        self._check_open()
+        found, self._found_version = self._found_version, None
+        if found is not None:
+            self._write_schema_version()
+        return found
 
     def _write_schema_version(self) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)

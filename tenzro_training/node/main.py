@@ -422,7 +422,9 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     _raise_open_file_limit(config.rpc_max_connections)
     asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
     try:
-        store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery)
+        # An older store is marked for this version by the service, once it accepted the store.
+        store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery,
+                           upgrade_schema=False)
     except StorageError as exc:
         raise NodeStartupError(str(exc)) from None
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-node")

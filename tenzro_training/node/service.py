@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -207,6 +207,11 @@ def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) 
     ]
 
 
+_FIRST_SUBMISSION_KEY: Final = b"\x01"
+"""Submission keys start with their task_id's length (1 or more); payload keys with 0x00
+(``schema.PAYLOAD_KEY_MARK``): a scan from here skips every payload's bytes."""
+
+
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -292,6 +297,14 @@ class NodeService:
         self._record_legacy_sealed_records()
         self._restore_model_files()
         self._prune_ended_runs()
+        if self._bind_store:  # accepted: an older store is marked for this version now, not at its open
+            self._mark_schema_upgraded()
+
+    def _mark_schema_upgraded(self) -> None:
+        older = self._store.upgrade_schema_version()
+        if older is not None:
+            log.warning("store upgraded from schema version %d to %d: older versions of tenzro-training can no "
+                        "longer open it (docs/node.md \"Upgrading\")", older, schema.SCHEMA_VERSION)
 
     # --- startup ---------------------------------------------------------------------------
 
@@ -336,6 +349,7 @@ class NodeService:
                 f"none: `genesis` absent or empty), or start on a new data dir")
         stored = self._store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
         if stored is None:  # a store from before the chain id was recorded: record it now
+            self._check_stored_signatures_chain()
             self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY,
                           persistence.encode_chain_id(self._config.chain_id))])
             return
@@ -345,6 +359,31 @@ class NodeService:
                 f"this store was created for chain id {chain_id} and every signature in it was checked under it, "
                 f"but the config says {self._config.chain_id}: set `chain_id` to {chain_id}, or start on a new "
                 f"data dir")
+
+    def _check_stored_signatures_chain(self) -> None:
+        """Before a store from before the chain id was recorded is bound to the configured one:
+        its first stored trainer signature must recover to its trainer under that chain id. The
+        binding is for good, and a wrong chain id (the operator of a custom chain forgetting
+        --config once) had been recorded as it was: every receipt of the store then failed
+        verification, and the right config was refused with a message saying the store was
+        made for the wrong one (upgrade probe). A store holding no signature binds as it is."""
+        for key, raw in self._store.iterate(schema.CF_SUBMISSIONS, start=_FIRST_SUBMISSION_KEY):
+            sub = schema.parse_submission_key(key)
+            record = persistence.decode_submission_record(raw)
+            msg = SubmitOuterGradient(task_id=sub.task_id, round=sub.round, fragment=sub.fragment,
+                                      payload_hash=record.payload_hash)
+            try:
+                signer: bytes | None = parse_address(recover_signer(msg, record.signature, self._config.chain_id))
+            except TenzroError:
+                signer = None
+            if signer != sub.trainer:
+                raise StorageError(
+                    f"the config says chain id {self._config.chain_id}, but the signatures this store holds were "
+                    f"made under another one (trainer {format_address(sub.trainer)}'s submission to "
+                    f"{sub.task_id} round {sub.round} does not verify under it): set `chain_id` to the one the "
+                    f"store was run with. Nothing was written; the chain id is recorded at the first start "
+                    f"whose config verifies")
+            return
 
     def _genesis_record(self) -> bytes:
         return persistence.encode_json(
@@ -481,6 +520,12 @@ class NodeService:
         now = self._now()
         raw = self._store.get(schema.CF_META, schema.NODE_ALIVE_KEY)
         last = int.from_bytes(raw, "big") if raw is not None and len(raw) == 8 else None
+        if last is None and self._runs:
+            # A store from before the node recorded when it last served: its newest run update is
+            # a lower bound of that instant (the downtime of the upgrade had counted against the
+            # runs: a run posted before it failed its enrollment at once; upgrade probe). A
+            # pending deadline may then move later by more than the downtime, never by less.
+            last = max(run.updated_at_ms for run in self._runs.values())
         self._alive_ms = now if last is None else min(last, now)  # a clock set back: no pause
         events: tuple[RunEvent, ...] = ()
         if now - self._alive_ms > PAUSE_MIN_MS:  # the process was not running at all

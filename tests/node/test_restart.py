@@ -244,3 +244,97 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     assert fresh.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == (2**64 + 7).to_bytes(32, "big")
     # The order of the configured genesis accounts does not matter.
     NodeService(replace(huge, genesis=tuple(reversed(huge.genesis))), fresh, clock=FakeClock()).close()
+
+
+def _older_store_with_a_submission(tmp_path: Path, checkpoint: tuple[str, str]) -> tuple[RocksStore, Any]:
+    """A RocksDB store a node on chain 1337 ran a submission into, then stripped of what stores
+    from before the chain id and the liveness stamp were recorded lack."""
+    from storage import schema
+    from tests.node.test_service import start
+
+    store = RocksStore(tmp_path / "db")
+    config = make_config(None)
+    clock = FakeClock()
+    net = Net(NodeService(config, store, clock=clock), clock)
+    start(net, checkpoint)
+    net.submit(0, 0, 0)
+    net.service.close()
+    with store.atomic_batch() as batch:
+        batch.delete(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
+        batch.delete(schema.CF_META, schema.NODE_ALIVE_KEY)
+    return store, config
+
+
+def test_an_older_store_is_bound_only_to_a_chain_id_its_signatures_verify_under(
+    tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """The first start on a store from before the chain id was recorded had recorded whatever the
+    config said: a forgotten --config on a custom chain broke every receipt of the store for
+    good, and the right config was then refused (upgrade probe)."""
+    from dataclasses import replace
+
+    from storage import schema
+    from storage.interface import StorageError
+
+    store, config = _older_store_with_a_submission(tmp_path, checkpoint)
+    with store:
+        before = snapshot(store)
+        with pytest.raises(StorageError, match="the config says chain id 5, but the signatures this store holds were made "
+                                               "under another one .* run-1 round 0 does not verify"):
+            NodeService(replace(config, chain_id=5), store, clock=FakeClock())
+        assert snapshot(store) == before  # nothing recorded
+        NodeService(config, store, clock=FakeClock()).close()
+        assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(32, "big")
+
+
+def test_the_downtime_of_an_upgrade_from_a_store_without_a_liveness_stamp_is_a_pause(
+    tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Stores from before the node stamped when it last served: the upgrade's downtime had counted
+    against the runs (a posted run failed its enrollment at the upgrade's first tick: upgrade
+    probe). The newest run update stands in for the stamp."""
+    store, config = _older_store_with_a_submission(tmp_path, checkpoint)
+    with store:
+        clock = FakeClock(T0 + 10**9)  # far past every deadline of the run
+        service = NodeService(config, store, clock=clock)
+        events = service.start_clock()
+        assert [type(e).__name__ for e in events] == ["DeadlinesExtended"]
+        service.tick()
+        assert service.get_run("run-1")["status"] == "Training"
+        service.close()
+
+
+def test_a_refused_start_leaves_an_older_store_at_its_version(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """Opening marked an upgradable store for this version before the node's checks ran, so a
+    start refused for its config left the store unreadable by the version it came from
+    (upgrade probe). The node marks it once it has accepted the store, and says so."""
+    import logging
+    from dataclasses import replace
+
+    from storage import schema
+    from storage.interface import StorageError
+
+    store, config = _older_store_with_a_submission(tmp_path, checkpoint)
+    with store.atomic_batch() as batch:
+        batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(2))
+    store.close()
+    with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
+        with pytest.raises(StorageError, match="signatures this store holds"):
+            NodeService(replace(config, chain_id=5), store, clock=FakeClock())
+        assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(2)
+        # An offline tool (bind_store=False) never marks it either.
+        NodeService(replace(config, genesis=()), store, clock=FakeClock(), bind_store=False).close()
+        assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(2)
+    with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
+        logger = logging.getLogger("tenzro.node")
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logger.addHandler(handler)
+        try:
+            NodeService(config, store, clock=FakeClock()).close()
+        finally:
+            logger.removeHandler(handler)
+        assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(schema.SCHEMA_VERSION)
+        assert store.upgrade_schema_version() is None  # once
+    assert any(f"store upgraded from schema version 2 to {schema.SCHEMA_VERSION}" in r.getMessage() for r in records)
