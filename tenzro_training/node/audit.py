@@ -47,6 +47,7 @@ from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from tenzro_training.node.model_state import decode_model_layout, decode_round_count, load_model_fragments
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
+from tenzro_training.node.run_store import load_run
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.run_state import RunState, RunStatus
 
@@ -117,14 +118,13 @@ def audit_run(
 ) -> RunAudit:
     """Audit one run (see the module docstring). Never raises for what it finds: a missing run,
     an unreadable checkpoint or a damaged store are the result's ``problem``."""
-    raw = store.get(schema.CF_TRAINING_RUNS, schema.run_key(task_id))
-    if raw is None:
-        return RunAudit(task_id, "unknown", 0, 0, problem="no such run in the store")
-    progress = _Progress()
     try:
-        run = persistence.decode_run(raw)
+        run = load_run(store, task_id)
     except TenzroError as exc:
         return RunAudit(task_id, "unknown", 0, 0, problem=str(exc))
+    if run is None:
+        return RunAudit(task_id, "unknown", 0, 0, problem="no such run in the store")
+    progress = _Progress()
     try:
         _audit(store, run, progress, allowed_dirs, max_checkpoint_bytes, max_payload_bytes, worker)
         problem = None

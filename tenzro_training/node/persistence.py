@@ -17,7 +17,8 @@ Encodings (docs/node.md "What is stored where"):
   entry is minted || burned;
 - run state, receipts, evidence, genesis record: UTF-8 JSON with sorted keys and no whitespace
   (``RunState.to_dict`` / ``TrainingReceipt.to_dict`` are lossless and deterministic, so equal
-  values give equal bytes);
+  values give equal bytes); a run's value has ``record_count`` in place of ``records``, each
+  committed round record being its own value under ``schema.round_record_key`` (schema 4);
 - a submission record: 0x01 || payload_hash (32) || signature (65); the payload bytes are stored
   once per (task, hash) under ``schema.payload_key`` (the key carries task, round, fragment and
   trainer, so the record plus its key is the whole signed SubmitOuterGradient);
@@ -47,11 +48,13 @@ from tenzro_training.receipt import TrainingReceipt
 from tenzro_training.receipt_abi import compute_receipt_digest
 from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
 from tenzro_training.receipt_check import SlashingAttestation
-from tenzro_training.run_state import RunState
+from tenzro_training.records import RoundRecord
+from tenzro_training.run_state import RunState, round_record_to_dict
 
 __all__ = [
     "EVIDENCE_VERSION",
     "FinalizeRecord",
+    "StoredRun",
     "SubmissionRecord",
     "compute_genesis_ops",
     "compute_report_canonical",
@@ -74,6 +77,7 @@ __all__ = [
     "encode_finalize_record",
     "encode_json",
     "encode_receipt",
+    "encode_round_record",
     "encode_round_reports",
     "encode_run",
     "encode_sealed_record",
@@ -82,6 +86,7 @@ __all__ = [
     "encode_u256",
     "decode_round_reports",
     "load_ledger_entries",
+    "stored_run",
 ]
 
 _U256: Final = 2**256
@@ -170,17 +175,59 @@ def decode_json(raw: bytes, what: str) -> Any:
 # --- runs and receipts -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """What the store holds of one run: its value in ``training_runs`` and how many of its round
+    records are under their own :func:`~storage.schema.round_record_key` (0 for a version-3
+    value, which holds them inline: its next transition writes them all)."""
+
+    value: bytes
+    record_count: int
+
+
 def encode_run(run: RunState) -> bytes:
-    return encode_json(run.to_dict())
+    """The run's value in ``training_runs``: ``RunState.to_dict()`` with ``records`` replaced by
+    ``record_count`` (schema version 4; the records are :func:`encode_round_record` values)."""
+    d = run.to_dict()
+    d["record_count"] = len(d.pop("records"))
+    return encode_json(d)
 
 
-def decode_run(raw: bytes) -> RunState:
+def encode_round_record(record: RoundRecord) -> bytes:
+    """One committed round's value under ``schema.round_record_key``."""
+    return encode_json(round_record_to_dict(record))
+
+
+def decode_run(raw: bytes, records: Sequence[tuple[int, bytes]] = ()) -> RunState:
+    """The run from its value and its stored round records ``(round, value)`` in key order. A
+    version-4 value names its ``record_count``, and exactly rounds 0..count-1 must be given; a
+    version-3 value holds ``records`` inline, and none may be given."""
+    d = decode_json(raw, "run state")
+    if isinstance(d, dict) and "record_count" in d:
+        count = d.pop("record_count")
+        if type(count) is not int or count < 0:
+            raise StorageError(f"stored run state is malformed: record_count {count!r}")
+        rounds = [r for r, _ in records]
+        if rounds != list(range(count)):
+            shown = f"rounds {rounds[:3]}{'...' if len(rounds) > 3 else ''}" if rounds else "none"
+            raise StorageError(f"stored run state names {count} round record(s), the store holds {shown}")
+        d["records"] = [decode_json(value, f"round record {r}") for r, value in records]
+    elif records:
+        raise StorageError("a version-3 run state holds its records inline, yet round records are stored for it")
     try:
-        return RunState.from_dict(decode_json(raw, "run state"))
+        return RunState.from_dict(d)
     except TenzroError as exc:
         if isinstance(exc, StorageError):
             raise
         raise StorageError(f"stored run state is malformed: {exc}") from None
+
+
+def stored_run(raw: bytes) -> StoredRun:
+    """The :class:`StoredRun` of a value read from ``training_runs`` (a version-3 value: 0 records
+    under their own keys)."""
+    d = decode_json(raw, "run state")
+    count = d.get("record_count", 0) if isinstance(d, dict) else 0
+    return StoredRun(raw, count if type(count) is int else 0)
 
 
 def encode_receipt(receipt: TrainingReceipt) -> bytes:
@@ -413,22 +460,30 @@ def compute_genesis_ops(ledger: Ledger, record: bytes) -> list[Operation]:
 
 
 def compute_transition_ops(
-    stored_run: bytes | None,
+    stored: StoredRun | None,
     run: RunState,
     ledger_before: Ledger,
     ledger_after: Ledger,
     extra: Sequence[Operation] = (),
-) -> tuple[list[Operation], bytes]:
+) -> tuple[list[Operation], StoredRun]:
     """Every write of one applied transition, in the order they go into ONE atomic batch: the
-    run state (only if its bytes changed), the ledger entries that differ (balances in
-    ``accounts``; escrows, bonds and supply in ``ledger``), then ``extra`` (submissions,
-    payloads, evidence, model state, reports, receipt). Returns the operations and the run's
-    new stored bytes. An unchanged run with no ledger change and no extra writes gives no
-    operations: a harmless replay writes nothing."""
+    run's value (only if its bytes changed), the round records committed since ``stored`` (each
+    written once: a transition costs the same in round 600 as in round 1), the ledger entries
+    that differ (balances in ``accounts``; escrows, bonds and supply in ``ledger``), then
+    ``extra`` (submissions, payloads, evidence, model state, reports, receipt). Returns the
+    operations and what the store then holds of the run. An unchanged run with no ledger change
+    and no extra writes gives no operations: a harmless replay writes nothing."""
     encoded = encode_run(run)
+    written = 0 if stored is None else stored.record_count
+    if len(run.records) < written:
+        raise ValueError(f"run {run.task_id} has {len(run.records)} records, the store {written}: records are never removed")
     ops: list[Operation] = []
-    if encoded != stored_run:
+    if stored is None or encoded != stored.value:
         ops.append((BatchOp.PUT, schema.CF_TRAINING_RUNS, schema.run_key(run.task_id), encoded))
+    ops.extend(
+        (BatchOp.PUT, schema.CF_META, schema.round_record_key(run.task_id, record.round), encode_round_record(record))
+        for record in run.records[written:]
+    )
     ops.extend(_ledger_ops(ledger_before, ledger_after))
     ops.extend(extra)
-    return ops, encoded
+    return ops, StoredRun(encoded, len(run.records))

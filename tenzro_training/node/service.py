@@ -91,6 +91,7 @@ from tenzro_training.node.model_state import (
     load_model_fragments,
 )
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
+from tenzro_training.node.run_store import read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -254,7 +255,7 @@ class NodeService:
         export-model``): they must neither check nor record the chain id, which their default
         config does not know."""
         self._runs: dict[str, RunState] = {}
-        self._stored_runs: dict[str, bytes] = {}
+        self._stored_runs: dict[str, persistence.StoredRun] = {}
         self._models: dict[str, ModelLayout] = {}
         self._layout_views: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         # getRun's serialized state part per run: (the run state and has_receipt it was
@@ -396,7 +397,7 @@ class NodeService:
     def _load_runs(self) -> None:
         for key, raw in self._store.iterate(schema.CF_TRAINING_RUNS):
             task_id = schema.parse_run_key(key)
-            run = persistence.decode_run(raw)
+            run = persistence.decode_run(raw, read_round_records(self._store, task_id))
             if run.task_id != task_id:
                 raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
             try:
@@ -405,7 +406,7 @@ class NodeService:
                 raise StorageError(f"the store is damaged: {exc}; restore it from a backup "
                                    f"(`tenzro audit` lists what it finds)") from None
             self._runs[task_id] = run
-            self._stored_runs[task_id] = raw
+            self._stored_runs[task_id] = persistence.stored_run(raw)
 
     def _load_finalize_signatures(self) -> None:
         for task_id in sorted(self._runs):

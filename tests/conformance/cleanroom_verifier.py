@@ -684,10 +684,15 @@ class Run:
         self.res.note(self.task_id, what, detail)
 
 
-def check_stored_form(run: Run) -> None:
-    canonical = json.dumps(run.state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def check_stored_form(run: Run, stored: dict[str, Any], record_values: list[bytes]) -> None:
     run.check("node.md 'What is stored where': RunState JSON has sorted keys, no spaces, ASCII",
-              run.raw_state == canonical)
+              run.raw_state == canonical_json(stored))
+    run.check("node.md 'What is stored where': each round record's JSON has sorted keys, no spaces, ASCII",
+              all(v == canonical_json(json.loads(v)) for v in record_values))
 
 
 def check_spec_and_seed(run: Run) -> None:
@@ -966,9 +971,21 @@ def verify_run(task_id: str, store: Store, res: Results, *, run_view: dict[str, 
         res.check(task_id, "storage.md: run state present", False)
         return None
     raw_receipt = store.get("training_receipts", task_id.encode())
-    run = Run(task_id, store, res, raw_state, json.loads(raw_state), json.loads(raw_receipt) if raw_receipt else None,
+    stored = json.loads(raw_state)
+    state = dict(stored)
+    record_values: list[bytes] = []
+    if "record_count" in state:  # storage.md 'Schema version' 4: each round record under its own key
+        prefix = meta_key(task_id, b"c")
+        found = [(k, v) for k, v in store.items("meta", prefix) if len(k) == len(prefix) + 4]
+        res.check(task_id, "storage.md 'Column families and key formats': round_record_key holds rounds 0..record_count-1",
+                  [k for k, _ in found] == [meta_key(task_id, b"c", r) for r in range(state["record_count"])],
+                  f"{len(found)} key(s) for record_count {state['record_count']}")
+        record_values = [v for _, v in found]
+        state["records"] = [json.loads(v) for v in record_values]
+        del state["record_count"]
+    run = Run(task_id, store, res, raw_state, state, json.loads(raw_receipt) if raw_receipt else None,
               run_view, receipt_doc, data_dir)
-    check_stored_form(run)
+    check_stored_form(run, stored, record_values)
     check_spec_and_seed(run)
     check_initial_model(run, ckpt_dir)
     check_run_view_layouts(run)

@@ -16,6 +16,7 @@ from storage.rocks import RocksStore
 from tenzro_training import cli
 from tenzro_training.node import persistence
 from tenzro_training.node.audit import audit_run, audit_store
+from tenzro_training.node.run_store import load_run
 from tenzro_training.node.service import NodeService
 from tests.node.conftest import FakeClock, Net, make_config, spec_dict
 from tests.node.test_service import play_round, start
@@ -187,7 +188,8 @@ class TestFindsDamage:
         view = node.service.get_run("run-2")
         node.stop()
         with RocksStore(node.data / "db") as store:
-            run = persistence.decode_run(store.get(schema.CF_TRAINING_RUNS, schema.run_key("run-2")) or b"")
+            run = load_run(store, "run-2")
+            assert run is not None
             sub = run.current_round.submissions[1][0]  # type: ignore[union-attr]
             with store.atomic_batch() as batch:
                 batch.delete(schema.CF_SUBMISSIONS, schema.payload_key("run-2", sub.payload_hash))

@@ -170,12 +170,89 @@ def _fake_run() -> RunState:
 def test_unchanged_run_and_ledger_give_no_ops() -> None:
     run = _fake_run()
     ledger = _ledger()
-    ops, encoded = persistence.compute_transition_ops(None, run, ledger, ledger)
-    assert [op[1] for op in ops] == [schema.CF_TRAINING_RUNS] and encoded == persistence.encode_run(run)
-    assert persistence.compute_transition_ops(encoded, run, ledger, ledger) == ([], encoded)
-    assert persistence.decode_run(encoded) == run
+    ops, stored = persistence.compute_transition_ops(None, run, ledger, ledger)
+    assert [op[1] for op in ops] == [schema.CF_TRAINING_RUNS] and stored == persistence.StoredRun(persistence.encode_run(run), 0)
+    assert persistence.compute_transition_ops(stored, run, ledger, ledger) == ([], stored)
+    assert persistence.decode_run(stored.value) == run
     extra = [(BatchOp.PUT, schema.CF_META, b"x", b"y")]
-    assert persistence.compute_transition_ops(encoded, run, ledger, ledger, extra)[0] == extra
+    assert persistence.compute_transition_ops(stored, run, ledger, ledger, extra)[0] == extra
+
+
+def _runs_through_two_rounds() -> list[RunState]:
+    """A run's states from posting through rounds 0 and 1 finalized (tests/test_run.py's Env)."""
+    from tests.test_run import GRACE_MS, _round_0_finalized
+
+    env = _round_0_finalized()
+    states = [env.run]
+    for f in (0, 1):
+        env.submit(0, f, 5000)
+        env.submit(1, f, 5010)
+    states.append(env.run)
+    env.finalize(5010 + GRACE_MS + 1)
+    states.append(env.run)
+    assert [len(s.records) for s in states] == [1, 1, 2]  # type: ignore[union-attr]
+    return states  # type: ignore[return-value]
+
+
+def test_each_round_record_is_written_once_and_the_value_stays_small() -> None:
+    """Until schema version 4 the run's value held every round record, and each transition
+    rewrote it whole: a run's writes grew with the square of its rounds (soak probe: 1.19 GB of
+    log for 600 rounds of a tiny model). Now a record is its own value, written by the
+    transition that commits it."""
+    ledger = _ledger()
+    first, training, second = _runs_through_two_rounds()
+    ops, stored = persistence.compute_transition_ops(None, first, ledger, ledger)
+    record_key = schema.round_record_key(first.task_id, 0)
+    assert [(cf, key) for _, cf, key, _ in ops] == [(schema.CF_TRAINING_RUNS, schema.run_key(first.task_id)),
+                                                    (schema.CF_META, record_key)]
+    assert ops[1][3] == persistence.encode_round_record(first.records[0]) and stored.record_count == 1
+    ops, stored = persistence.compute_transition_ops(stored, training, ledger, ledger)  # a submission
+    assert [cf for _, cf, _, _ in ops] == [schema.CF_TRAINING_RUNS]
+    ops, stored = persistence.compute_transition_ops(stored, second, ledger, ledger)  # round 1 committed
+    assert [key for _, _, key, _ in ops] == [schema.run_key(first.task_id), schema.round_record_key(first.task_id, 1)]
+    assert b"records" not in stored.value and b'"record_count":2' in stored.value
+    records = [(r.round, persistence.encode_round_record(r)) for r in second.records]
+    assert persistence.decode_run(stored.value, records) == second
+    assert persistence.stored_run(stored.value) == stored
+    with pytest.raises(ValueError, match="records are never removed"):
+        persistence.compute_transition_ops(stored, first, ledger, ledger)
+
+
+def test_a_version_3_run_value_is_read_and_rewritten_whole_by_its_next_transition() -> None:
+    """A store from before schema version 4 holds each run's records inline: it is read as it
+    is, and the run's next transition writes the value without them and every record under its
+    own key, in one batch."""
+    ledger = _ledger()
+    _, training, second = _runs_through_two_rounds()
+    legacy = persistence.encode_json(training.to_dict())  # what version 3 stored
+    assert persistence.decode_run(legacy) == training
+    stored = persistence.stored_run(legacy)
+    assert stored == persistence.StoredRun(legacy, 0)
+    ops, after = persistence.compute_transition_ops(stored, second, ledger, ledger)
+    assert [key for _, _, key, _ in ops] == [
+        schema.run_key(second.task_id), schema.round_record_key(second.task_id, 0), schema.round_record_key(second.task_id, 1),
+    ]
+    assert after.record_count == 2
+    with pytest.raises(StorageError, match="holds its records inline, yet round records are stored"):
+        persistence.decode_run(legacy, [(0, persistence.encode_round_record(training.records[0]))])
+
+
+@pytest.mark.parametrize(("records", "said"), [
+    ([], "names 2 round record\\(s\\), the store holds none"),
+    ([0], "names 2 round record\\(s\\), the store holds rounds \\[0\\]"),
+    ([0, 2], "the store holds rounds \\[0, 2\\]"),
+    ([0, 1, 2], "the store holds rounds \\[0, 1, 2\\]"),
+])
+def test_invalid_round_records_for_a_run_value_are_storage_errors(records: list[int], said: str) -> None:
+    _, _, second = _runs_through_two_rounds()
+    value = persistence.encode_run(second)
+    body = persistence.encode_round_record(second.records[0])
+    with pytest.raises(StorageError, match=said):
+        persistence.decode_run(value, [(r, body) for r in records])
+    with pytest.raises(StorageError, match="round record 1 is not valid JSON"):
+        persistence.decode_run(value, [(0, body), (1, b"{")])
+    with pytest.raises(StorageError, match="record_count -1"):
+        persistence.decode_run(value.replace(b'"record_count":2', b'"record_count":-1'))
 
 
 @pytest.mark.parametrize("value", [-1, 2**256, True, 1.0, "1"])
