@@ -203,7 +203,7 @@ METHODS: Final[Mapping[str, Method]] = {
     ),
     "tenzro_training_getRun": Method(GetRunParams.parse, lambda s, p: JsonText(s.get_run_json(p.task_id))),
     "tenzro_training_getReceipt": Method(
-        GetReceiptParams.parse, lambda s, p: s.get_receipt(p.task_id)
+        GetReceiptParams.parse, lambda s, p: JsonText(s.get_receipt_json(p.task_id))
     ),
     "tenzro_training_enrollTrainer": Method(
         EnrollTrainerParams.parse,

@@ -56,6 +56,12 @@ class TrainingService(Protocol):
         """``tenzro_training_getReceipt``: the sealed TrainingReceipt of a finished run."""
         ...
 
+    def get_receipt_json(self, task_id: str) -> bytes:
+        """What the transport answers ``tenzro_training_getReceipt`` with: :meth:`get_receipt`'s
+        answer as compact ASCII JSON text, as :meth:`get_run_json` is getRun's. A sealed run's
+        receipt never changes, so an implementation can render it once."""
+        ...
+
     def enroll_trainer(
         self, task_id: str, did: str, address: str, stake: int, signature: bytes
     ) -> dict[str, Any]:

@@ -67,7 +67,13 @@ class Comparator(NamedTuple):
     need_hi: bool
 
 
-@functools.lru_cache(maxsize=None)
+NETWORK_CACHE_SIZE = 64
+"""Networks kept per function. A run's rule and trainer count fix its few (k, outputs) keys;
+unbounded, a sponsor varying trainer counts and trims kept every network ever built (up to
+480 KB each at k = 256: soak probe)."""
+
+
+@functools.lru_cache(maxsize=NETWORK_CACHE_SIZE)
 def compute_sorting_network(k: int) -> tuple[tuple[int, int], ...]:
     """Batcher's odd-even merge sort on k wires, as (lo, hi) pairs with lo < hi, in order.
 
@@ -94,7 +100,7 @@ def compute_sorting_network(k: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=NETWORK_CACHE_SIZE)
 def compute_pruned_network(k: int, outputs: tuple[int, ...]) -> tuple[Comparator, ...]:
     """The sorting network on k wires reduced to what the sorted positions ``outputs`` need.
 

@@ -964,31 +964,19 @@ def cmd_make_gradient(args: argparse.Namespace) -> None:
 
 
 def _export_from_store(data_dir: Path, task_id: str) -> bytes:
-    """The sealed model of ``task_id`` read through a NodeService over a store nobody else holds."""
+    """The sealed model of ``task_id`` read from the store, opened read-only: it works beside a
+    running node, and writes nothing (through a node service it had marked an older store for
+    this version, which the old version then refused: upgrade probe)."""
     from storage import open_store
-    from storage.interface import StorageError, StoreLocked
-    from tenzro_training.node.config import NodeConfig
-    from tenzro_training.node.service import NodeService
+    from storage.interface import StorageError
+    from tenzro_training.node.run_store import read_final_model_file
 
     try:
-        store = open_store(data_dir / "db", create=False)
-    except StoreLocked:
-        # A running node writes a run's model file the moment the run seals (and retries while
-        # it cannot, e.g. on a full disk). Say that, not the store lock's text.
-        raise CliError(
-            f"cannot export {task_id}: no {data_dir / 'models' / (task_id + '.safetensors')}, and the node "
-            f"holding {data_dir / 'db'} is running, so that run is unknown to it or not Sealed, or its "
-            f"model file could not be written yet (the node's log says so; it retries) "
-            f"(`tenzro train get-run --task-id {task_id}` shows its status)", EXIT_RPC_ERROR,
-        ) from None
+        store = open_store(data_dir / "db", create=False, read_only=True)
     except StorageError as exc:
         raise CliError(str(exc)) from None
     try:
-        service = NodeService(NodeConfig(data_dir=data_dir), store, bind_store=False)  # never binds the store
-        try:
-            return bytes(service.export_final_model(task_id))
-        finally:
-            service.close()
+        return read_final_model_file(store, task_id)
     except TenzroError as exc:
         raise CliError(f"cannot export {task_id}: {exc}", EXIT_RPC_ERROR) from None
     finally:

@@ -126,6 +126,7 @@ class GossipBridge:
         self._requests: asyncio.Queue[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._loaders: set[asyncio.Task[None]] = set()  # _load_sizes_soon's, each gone when done
         # (task, model hash) -> when its last ModelChunk broadcast began (monotonic seconds).
         self._broadcast_at: dict[tuple[str, bytes], float] = {}
         self._asked: dict[tuple[str, bytes], float] = {}
@@ -202,7 +203,9 @@ class GossipBridge:
             finally:
                 self._loading.discard(task_id)
 
-        self._tasks.append(asyncio.create_task(load(), name=f"gossip-sizes-{task_id}"))
+        task = asyncio.create_task(load(), name=f"gossip-sizes-{task_id}")
+        self._loaders.add(task)  # held until done (a task only weakly referenced may vanish), then dropped
+        task.add_done_callback(self._loaders.discard)
 
     def _set_sizes(self, task_id: str, got: tuple[g.StreamSizes, int]) -> None:
         self._sizes[task_id] = got
@@ -213,9 +216,14 @@ class GossipBridge:
         sum of trainer_count x the largest payload a fragment admits, at least 4 payloads of
         ``max_payload_bytes``, at most ``max_assembly_bytes``."""
         needed, trainers = 0, 0
-        for task_id, (sizes, count) in self._sizes.items():
+        for task_id, (sizes, count) in list(self._sizes.items()):
             run = self._service.get_run_state(task_id)
-            if run is None or run.status.value not in ("Enrolling", "Training"):
+            if run is None or run.status.value in ("Sealed", "Cancelled", "Failed"):
+                # Ended: no chunk of it is accepted any more (gossip ignores them before asking
+                # for sizes). Kept, every ended run stayed here and was walked on every event.
+                self._sizes.pop(task_id, None)
+                continue
+            if run.status.value not in ("Enrolling", "Training"):
                 continue
             needed += count * max(sizes.payload_bytes, default=0)
             trainers += count
@@ -264,14 +272,16 @@ class GossipBridge:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._loaders]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             try:
                 await task
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+        self._loaders.clear()
 
     def on_event(self, event: RunEvent) -> None:
         """``NodeService.on_event`` listener (runs on the service thread): queue for publishing;

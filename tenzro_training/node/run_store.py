@@ -1,21 +1,30 @@
 """Reading a run back from the store: its value in ``training_runs`` and, since schema version
 4, its committed round records under their own keys in ``meta``.
 
-What this module is: the two reads every opener of a store shares (the node service at start,
-``tenzro audit``, tests): :func:`read_round_records` and :func:`load_run`. The encodings are
-:mod:`.persistence`'s; the writes are :func:`.persistence.compute_transition_ops`'.
+What this module is: the reads every opener of a store shares (the node service at start,
+``tenzro audit``, ``tenzro train export-model``, tests): :func:`read_round_records`,
+:func:`load_run`, :func:`read_model_layout` and :func:`read_final_model_file`, which work on a
+store opened read-only. The encodings are :mod:`.persistence`'s and :mod:`.model_state`'s; the
+writes are :func:`.persistence.compute_transition_ops`'.
 
 What it is NOT: a cache or a writer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
+
 from storage import schema
 from storage.interface import KVStore, StorageError
+from tenzro_training.errors import InvalidState, UnknownTask
+from tenzro_training.global_model import ModelLayout, compute_model_file_bytes, compute_state_model_hash
 from tenzro_training.node import persistence
-from tenzro_training.run_state import RunState
+from tenzro_training.node.model_state import decode_model_layout, load_model_fragments
+from tenzro_training.run_state import RunState, RunStatus
 
-__all__ = ["load_run", "read_round_records"]
+__all__ = ["compute_final_model_file", "load_run", "read_final_model_file", "read_model_layout", "read_round_records"]
 
 
 def read_round_records(store: KVStore, task_id: str) -> list[tuple[int, bytes]]:
@@ -36,3 +45,45 @@ def load_run(store: KVStore, task_id: str) -> RunState | None:
     if raw is None:
         return None
     return persistence.decode_run(raw, read_round_records(store, task_id))
+
+
+def read_model_layout(store: KVStore, run: RunState) -> ModelLayout:
+    """The run's global-model layout, from its stored tensor list."""
+    raw = store.get(schema.CF_META, schema.tensor_specs_key(run.task_id))
+    if raw is None:
+        raise StorageError(f"the tensor list of run {run.task_id!r} is missing")
+    return decode_model_layout(raw, run.spec.architecture.fragment_count)
+
+
+def compute_final_model_file(run: RunState, model: ModelLayout, fragments: Sequence[torch.Tensor]) -> bytes:
+    """The safetensors bytes of a sealed run's final global model (fp32, docs/node.md's layout),
+    after checking that ``fragments`` hash to the receipt's final_model_hash. InvalidState for a
+    run that is not Sealed; StorageError for weights that do not hash right."""
+    _check_sealed(run)
+    assert run.final_record is not None and run.run_root is not None
+    final_hash = run.final_record.final_model_hash
+    if compute_state_model_hash(model, fragments) != final_hash:
+        raise StorageError(f"the stored final model of {run.task_id} does not hash to its final_model_hash")
+    metadata = {
+        "format": "pt",
+        "tenzro.task_id": run.task_id,
+        "tenzro.model_hash": "0x" + final_hash.hex(),
+        "tenzro.run_root": "0x" + run.run_root.hex(),
+    }
+    return compute_model_file_bytes(model, fragments, metadata)
+
+
+def _check_sealed(run: RunState) -> None:
+    if run.status is not RunStatus.SEALED or run.final_record is None or run.run_root is None:
+        raise InvalidState(run.task_id, run.status.value, "export the final model")
+
+
+def read_final_model_file(store: KVStore, task_id: str) -> bytes:
+    """:func:`compute_final_model_file` from the store alone (no node service, nothing written:
+    ``tenzro train export-model`` opens the store read-only). UnknownTask if there is no such run."""
+    run = load_run(store, task_id)
+    if run is None:
+        raise UnknownTask(task_id)
+    _check_sealed(run)
+    model = read_model_layout(store, run)
+    return compute_final_model_file(run, model, load_model_fragments(store, task_id, schema.MODEL_FINAL, model))

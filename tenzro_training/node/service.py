@@ -78,7 +78,6 @@ from tenzro_training.global_model import (
     RoundBuffers,
     RoundUpdate,
     compute_initial_model,
-    compute_model_file_bytes,
     compute_round_update,
     compute_state_model_hash,
 )
@@ -91,7 +90,7 @@ from tenzro_training.node.model_state import (
     load_model_fragments,
 )
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
-from tenzro_training.node.run_store import read_round_records
+from tenzro_training.node.run_store import compute_final_model_file, read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -174,6 +173,11 @@ restart knows how long the node was down."""
 RUN_JSON_CACHE_RUNS = 64
 """Runs whose serialized getRun state part the service keeps (a few KB to a few hundred KB
 each, by trainer and round count); the runs being trained are the ones polled."""
+
+RECEIPT_JSON_CACHE_BYTES = 64 << 20
+"""Serialized getReceipt answers the service keeps, least recently asked for out first. Each
+was rebuilt on every call (ABI, attestations with every signature): 0.6-1.1 s and 3.1 MB for a
+600-round run, on the one service thread, for an unauthenticated call (soak probe)."""
 
 
 def wall_clock_ms() -> int:
@@ -261,15 +265,19 @@ class NodeService:
         # getRun's serialized state part per run: (the run state and has_receipt it was
         # rendered from, the JSON text without its closing brace); see get_run_json.
         self._run_json: OrderedDict[str, tuple[RunState, bool, bytes]] = OrderedDict()
+        self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
+        self._receipt_json_bytes = 0
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round): written with the round's batch
         # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
         # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
         self._finalize_signatures: dict[tuple[str, int], bytes] = {}
-        # (task, round, fragment, trainer) -> (payload hash, the trainer's signature of it) that
+        # task -> (round, fragment, trainer) -> (payload hash, the trainer's signature of it) that
         # gossip brought and store_payload holds: one per trainer and fragment of a run's current
-        # round; a differently signed second one is equivocation (evidence: both signatures).
-        self._gossip_held: dict[tuple[str, int, int, bytes], tuple[bytes, bytes]] = {}
+        # round; a differently signed second one is equivocation (evidence: both signatures). A
+        # run's entries go when its round moves on or it ends (_commit): kept per task, an ended
+        # run's had stayed for good and every gossip payload scanned all of them (soak probe).
+        self._gossip_held: dict[str, dict[tuple[int, int, bytes], tuple[bytes, bytes]]] = {}
         # Finalize hashes the round's aggregates here while the caller hashes the new model
         # (global_model.compute_round_update); its one thread starts at the first finalize.
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
@@ -674,6 +682,7 @@ class NodeService:
                 self._models.pop(task_id, None)  # read back from the store if ever asked for
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
             self._drop_cached_payloads(task_id)  # no finalize will read them again
+            self._gossip_held.pop(task_id, None)  # signed for a round that is over
         self._emit(t.events)
 
     def _emit(self, events: Sequence[RunEvent]) -> None:
@@ -827,7 +836,7 @@ class NodeService:
         msg = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=payload_hash)
         trainer = self._recover(msg, signature)
         current = run.current_round
-        held = self._gossip_held.get((task_id, round, fragment, trainer))
+        held = self._gossip_held.get(task_id, {}).get((round, fragment, trainer))
         if held is not None and held[0] != payload_hash and current is not None and current.round == round:
             # It gossiped another payload, signed, for this fragment: equivocation.
             first = SubmitOuterGradient(task_id=task_id, round=round, fragment=fragment, payload_hash=held[0])
@@ -950,8 +959,6 @@ class NodeService:
                 raise NotEnrolled(task_id, format_address(trainer))
             msg = SubmitOuterGradient(task_id=task_id, round=current.round, fragment=fragment, payload_hash=digest)
             validate_signer(msg, signature, trainer, self._config.chain_id)
-            for stale in [k for k in self._gossip_held if k[0] == task_id and k[1] != current.round]:
-                del self._gossip_held[stale]
             held_key = (task_id, current.round, fragment, trainer)
             first = self._first_signed_payload(run, held_key)
             if first is not None and first[0].payload_hash != digest:
@@ -972,8 +979,8 @@ class NodeService:
                 raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
             self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
             self._cache_payload(task_id, digest, payload)
-        if held_key is not None and held_key not in self._gossip_held:
-            self._gossip_held[held_key] = (digest, signature)
+        if held_key is not None:
+            self._gossip_held.setdefault(task_id, {}).setdefault(held_key[1:], (digest, signature))
         return digest
 
     def _first_signed_payload(
@@ -982,7 +989,7 @@ class NodeService:
         """The payload (message and signature) the trainer of ``key`` already signed for that
         round and fragment: the one gossip brought and is held, else its accepted submission."""
         task_id, round_, fragment, trainer = key
-        held = self._gossip_held.get(key)
+        held = self._gossip_held.get(task_id, {}).get(key[1:])
         if held is not None:
             return SubmitOuterGradient(task_id=task_id, round=round_, fragment=fragment, payload_hash=held[0]), held[1]
         current = run.current_round
@@ -1363,6 +1370,20 @@ class NodeService:
             "attestations": self._attestations(run).to_dict(),
         }
 
+    def get_receipt_json(self, task_id: str) -> bytes:
+        """:meth:`get_receipt` as JSON text, rendered once per sealed run (a receipt, its ABI and
+        its attestations never change once written) and kept up to :data:`RECEIPT_JSON_CACHE_BYTES`."""
+        self._check_open()
+        cached = self._receipt_json.get(task_id)
+        if cached is None:
+            cached = serialize_json(self.get_receipt(task_id))
+            self._receipt_json[task_id] = cached
+            self._receipt_json_bytes += len(cached)
+            while self._receipt_json_bytes > RECEIPT_JSON_CACHE_BYTES and len(self._receipt_json) > 1:
+                self._receipt_json_bytes -= len(self._receipt_json.popitem(last=False)[1])
+        self._receipt_json.move_to_end(task_id)
+        return cached
+
     def _attestations(self, run: RunState) -> Attestations:
         """The stored election and signatures of a sealed run (receipt_check.Attestations)."""
         task_id = run.task_id
@@ -1510,20 +1531,10 @@ class NodeService:
         (``fragments.compute_model_hash``) to the receipt's final_model_hash."""
         self._check_open()
         run = self._run(task_id)
-        if run.status is not RunStatus.SEALED or run.final_record is None or run.run_root is None:
+        if run.status is not RunStatus.SEALED:
             raise InvalidState(task_id, run.status.value, "export the final model")
         model = self._model(task_id)
-        fragments = self._load_fragments(task_id, schema.MODEL_FINAL, model)
-        final_hash = run.final_record.final_model_hash
-        if compute_state_model_hash(model, fragments) != final_hash:
-            raise StorageError(f"the stored final model of {task_id} does not hash to its final_model_hash")
-        metadata = {
-            "format": "pt",
-            "tenzro.task_id": task_id,
-            "tenzro.model_hash": _hex(final_hash),
-            "tenzro.run_root": _hex(run.run_root),
-        }
-        return compute_model_file_bytes(model, fragments, metadata)
+        return compute_final_model_file(run, model, self._load_fragments(task_id, schema.MODEL_FINAL, model))
 
     def _write_model_file(self, task_id: str) -> None:
         """Write the final model file atomically: temporary file, fsync, rename, fsync dir."""

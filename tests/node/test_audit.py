@@ -14,7 +14,6 @@ from storage import schema
 from storage.interface import StorageError
 from storage.rocks import RocksStore
 from tenzro_training import cli
-from tenzro_training.node import persistence
 from tenzro_training.node.audit import audit_run, audit_store
 from tenzro_training.node.run_store import load_run
 from tenzro_training.node.service import NodeService
@@ -237,3 +236,61 @@ def test_the_audit_takes_the_nodes_limits(node: Node, capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as exited:  # argparse's usage error
             cli.main(["audit", "--data-dir", str(node.data), "--max-checkpoint-bytes", bad])
         assert exited.value.code == 2 and "expected a decimal byte count in 1..2^50" in capsys.readouterr().err
+
+
+def test_export_model_reads_the_store_read_only_beside_the_node_and_writes_nothing(
+    node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without the model file, export-model had built a node service over the store: refused
+    while the node ran (its lock), and on a stopped node's older store it marked the store for
+    this version, which the old version then refused (upgrade probe). It now reads the store
+    read-only, beside the running node too, and writes nothing."""
+    from tests.node.conftest import snapshot
+
+    (node.data / "models" / "run-1.safetensors").unlink()
+    final = node.service.get_receipt("run-1")["receipt"]["final_model_hash"]
+    out = tmp_path / "final.safetensors"
+    argv = ["train", "export-model", "--task-id", "run-1", "--data-dir", str(node.data), "--out", str(out), "--json"]
+    assert cli.main(argv) == 0  # beside the running service, which holds the store's lock
+    assert json.loads(capsys.readouterr().out)["model_hash"] == final
+    node.stop()
+    with RocksStore(node.data / "db") as store:
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(2))
+        before = snapshot(store)
+    out.unlink()
+    assert cli.main(argv) == 0 and json.loads(capsys.readouterr().out)["model_hash"] == final
+    with RocksStore(node.data / "db", upgrade_schema=False) as store:
+        assert snapshot(store) == before  # still version 2, nothing added
+    assert cli.main([*argv[:3], "run-2", *argv[4:]]) == 1
+    assert "cannot export run-2: run-2: cannot export the final model while the run is Training" in capsys.readouterr().err
+
+
+def test_get_receipt_is_rendered_once_per_sealed_run(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each getReceipt had rebuilt the ABI and every attestation: ~1 s and 3.1 MB for a 600-round
+    run, on the service thread, for anyone who asks (soak probe). A sealed receipt never changes,
+    so the answer is rendered once and kept (bounded in bytes)."""
+    from collections import OrderedDict
+
+    from tenzro_training.errors import InvalidState
+    from tenzro_training.jsontext import serialize_json
+    from tenzro_training.node import service as service_module
+
+    service = node.service
+    first = service.get_receipt_json("run-1")
+    assert json.loads(first) == json.loads(serialize_json(service.get_receipt("run-1")))
+    monkeypatch.setattr(service, "_attestations", lambda run: pytest.fail("rendered again"))
+    assert service.get_receipt_json("run-1") is first
+    with pytest.raises(InvalidState, match="cannot issue a receipt while the run is Training"):
+        service.get_receipt_json("run-2")  # no receipt: nothing kept
+    assert list(service._receipt_json) == ["run-1"]
+    # Bounded in bytes, least recently asked for out first; the one just rendered always stays.
+    monkeypatch.setattr(service_module, "RECEIPT_JSON_CACHE_BYTES", len(first))
+    service._receipt_json = OrderedDict([("old", b"x" * 10), *service._receipt_json.items()])
+    service._receipt_json_bytes += 10
+    del service._receipt_json["run-1"]
+    service._receipt_json_bytes -= len(first)
+    monkeypatch.undo()
+    monkeypatch.setattr(service_module, "RECEIPT_JSON_CACHE_BYTES", len(first))
+    assert service.get_receipt_json("run-1") == first
+    assert list(service._receipt_json) == ["run-1"] and service._receipt_json_bytes == len(first)

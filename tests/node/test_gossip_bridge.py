@@ -381,3 +381,24 @@ def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monke
     with pytest.raises(RuntimeError, match="bridge start failed"):
         asyncio.run(_start_p2p(_p2p_config({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path), object(), config, None))
     assert calls == ["start", "stop"]
+
+
+def test_a_runs_gossip_state_goes_when_its_round_moves_on_and_when_it_ends(bridged) -> None:  # type: ignore[no-untyped-def]
+    """The held gossip signatures of a round that is over, and the stream sizes of a run that
+    ended, had stayed for good; the sizes were walked on every run event (soak probe)."""
+    from tests.node.test_service import play_round
+
+    net, host, bridge, loop = bridged
+    for c in chunks_of(net, 0, 0, 0)[1]:
+        host.deliver(c)
+    loop.run_until_complete(settle())
+    assert bridge.counters["payloads_stored"] == 1
+    assert list(net.service._gossip_held[net.task_id]) == [(0, 0, TRAINERS[0].address)]
+    assert net.task_id in bridge._sizes
+    rounds = net.service.get_run(net.task_id)["spec"]["max_rounds"]
+    for r in range(rounds):
+        play_round(net, r)
+        loop.run_until_complete(settle())
+        assert net.task_id not in net.service._gossip_held  # round r is over
+    assert net.service.get_run(net.task_id)["status"] == "Sealed"
+    assert net.task_id not in bridge._sizes and not bridge._loaders

@@ -622,7 +622,8 @@ class TestRefusals:
         play_round(net, 0, trainers=(0, 2))
         # Round 1: the bound starts afresh (round 0's entries are dropped).
         self.gossip(net, 2, net.payload(2, 1, 1), 1)
-        assert all(k[1] == 1 for k in net.service._gossip_held)
+        assert list(net.service._gossip_held) == [net.task_id]
+        assert all(r == 1 for r, _, _ in net.service._gossip_held[net.task_id])
 
     def test_gossiped_then_submitted_different_payload_is_equivocation(self, net: Net,
                                                                        checkpoint: tuple[str, str]) -> None:

@@ -142,6 +142,9 @@ class FakeService:
     def get_receipt(self, task_id: str) -> Any:
         return self._call("get_receipt", task_id=task_id)
 
+    def get_receipt_json(self, task_id: str) -> bytes:
+        return serialize_json(self.get_receipt(task_id))
+
     def enroll_trainer(
         self, task_id: str, did: str, address: str, stake: int, signature: bytes
     ) -> Any:

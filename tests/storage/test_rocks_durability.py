@@ -208,15 +208,24 @@ def test_invalid_older_schema_version_refuses_to_open(tmp_path: Path) -> None:
 
 
 def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -> None:
-    """A version-1 or -2 store is read as it is and rewritten as the current version, so code
+    """A version-1, -2 or -3 store is read as it is and rewritten as the current version, so code
     that only knows the old version refuses it afterwards instead of misreading its model state
-    (1) or sealing runs without their sealed record (2)."""
-    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2} and SCHEMA_VERSION == 3
-    for old in (1, 2):
+    (1), sealing runs without their sealed record (2) or reading runs without their round
+    records (3). With upgrade_schema=False (the node) it is rewritten only when the opener says."""
+    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2, 3} and SCHEMA_VERSION == 4
+    for old in (1, 2, 3):
         path = tmp_path / f"db{old}"
         write_version(path, encode_schema_version(old))
-        with RocksStore(path) as store:
+        with RocksStore(path, upgrade_schema=False) as store:
             assert store.get(CF_TRAINING_RUNS, b"run") == b"state"  # the data is untouched
+        assert read_raw_version(path) == encode_schema_version(old)
+        with RocksStore(path, upgrade_schema=False) as store:
+            assert store.upgrade_schema_version() == old and store.upgrade_schema_version() is None
+        assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
+        write_version(path, encode_schema_version(old))
+        with RocksStore(path) as store:
+            assert store.get(CF_TRAINING_RUNS, b"run") == b"state"
+            assert store.upgrade_schema_version() is None  # already rewritten at the open
         assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
 
 

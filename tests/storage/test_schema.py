@@ -46,7 +46,7 @@ def test_column_family_names() -> None:
 
 
 def test_schema_version_encoding() -> None:
-    assert schema.SCHEMA_VERSION == 3 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1, 2})
+    assert schema.SCHEMA_VERSION == 4 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1, 2, 3})
     assert schema.SCHEMA_VERSION_KEY == b"schema_version"
     assert schema.encode_schema_version(1) == b"\x00\x00\x00\x01"
     assert schema.encode_schema_version(0x01020304) == b"\x01\x02\x03\x04"
@@ -58,6 +58,13 @@ def test_key_vectors() -> None:
     assert schema.receipt_key("a.B_9") == b"a.B_9"
     assert schema.account_key(TRAINER) == TRAINER
     assert schema.task_prefix("ab") == b"\x02ab"
+    # docs/storage.md's example row for round_record_key (schema 4).
+    assert schema.round_record_key("ab", 1) == bytes.fromhex("5402616263" "00000001")
+    assert schema.round_record_prefix("ab") == b"T\x02abc"
+    assert schema.parse_round_record_key(schema.round_record_key("ab", 7)) == ("ab", 7)
+    for bad in (b"T\x02abr\x00\x00\x00\x01", b"T\x02abc\x00\x00\x01", b"X\x02abc\x00\x00\x00\x01"):
+        with pytest.raises(schema.KeyFormatError):
+            schema.parse_round_record_key(bad)
     assert schema.submission_key("ab", 1, 2, TRAINER) == (
         b"\x02ab" + b"\x00\x00\x00\x01" + b"\x00\x00\x00\x02" + TRAINER
     )
