@@ -725,9 +725,11 @@ class RunState:
 
     # --- JSON ---------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """Lossless, deterministic JSON-able form (see the module docstring for conventions)."""
-        return {
+    def to_dict(self, *, records: bool = True) -> dict[str, Any]:
+        """Lossless, deterministic JSON-able form (see the module docstring for conventions).
+        ``records=False`` leaves the round records out (the node stores each once, on its own:
+        converting them all for every transition made a transition's cost grow with the run)."""
+        out = {
             "version": RUN_STATE_VERSION,
             "spec": self.spec.to_dict(),
             "spec_hash": _hex(self.spec_hash),
@@ -741,7 +743,7 @@ class RunState:
             "trainers": [t.to_dict() for t in self.trainers],
             "enrollment_deadline_ms": self.enrollment_deadline_ms,
             "current_round": None if self.current_round is None else self.current_round.to_dict(),
-            "records": [round_record_to_dict(r) for r in self.records],
+            "records": [round_record_to_dict(r) for r in self.records] if records else None,
             "initial_model_hash": _hex(self.initial_model_hash),
             "model_hash": _hex(self.model_hash),
             "final_record": None if self.final_record is None else final_record_to_dict(self.final_record),
@@ -749,6 +751,9 @@ class RunState:
             "ended_at_ms": self.ended_at_ms,
             "end_reason": self.end_reason,
         }
+        if not records:
+            del out["records"]
+        return out
 
     @classmethod
     def from_dict(cls, obj: object) -> RunState:

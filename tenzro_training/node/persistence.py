@@ -188,8 +188,8 @@ class StoredRun:
 def encode_run(run: RunState) -> bytes:
     """The run's value in ``training_runs``: ``RunState.to_dict()`` with ``records`` replaced by
     ``record_count`` (schema version 4; the records are :func:`encode_round_record` values)."""
-    d = run.to_dict()
-    d["record_count"] = len(d.pop("records"))
+    d = run.to_dict(records=False)
+    d["record_count"] = len(run.records)
     return encode_json(d)
 
 
