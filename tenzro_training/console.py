@@ -38,7 +38,7 @@ def check_installation() -> str | None:
     for name in _SIBLINGS:
         spec = importlib.util.find_spec(name)
         origin = None if spec is None or spec.origin is None else Path(spec.origin).resolve()
-        if origin != home / name / "__init__.py":
+        if origin is None or origin.parent != home / name:  # __init__.py, or .pyc in a sourceless install
             where = "is missing" if spec is None else f"resolves to {origin or 'a namespace package'}"
             return (f"the installed {name!r} package is not tenzro-training's ({where}; expected {home / name}): "
                     f"another distribution with a package of that name overwrote or shadows it; reinstall "

@@ -901,14 +901,16 @@ def compute_run_view_clock(run: RunState, now_ms: int) -> dict[str, Any]:
     }
 
 
-def compute_run_view_static(run: RunState) -> dict[str, Any]:
+def compute_run_view_static(run: RunState, *, round_records: bool = True) -> dict[str, Any]:
     """The fields of the view that depend on ``run`` alone. Why separate: a run state is
     immutable, so a shell that answers many polls of one state (trainers and syncers poll
-    getRun) can render this part once per state and add only the clock fields per call."""
+    getRun) can render this part once per state and add only the clock fields per call.
+    ``round_records=False`` leaves out ``round_records``, which only ever grows: a shell can
+    render each record once and add them itself."""
     syncer = get_current_syncer(run)
     r = run.current_round
     next_deadline = get_next_deadline_ms(run)
-    return {
+    view: dict[str, Any] = {
         "task_id": run.task_id,
         "spec_hash": _hex(run.spec_hash),
         # The whole spec: a trainer needs its model, dataset and inner-loop settings, and checks
@@ -954,9 +956,12 @@ def compute_run_view_static(run: RunState) -> dict[str, Any]:
         "finalize_deadline_ms": None if r is None else r.finalize_deadline_ms,
         "initial_model_hash": _hex(run.initial_model_hash),
         "model_hash": _hex(run.model_hash),
-        "round_records": [round_record_to_dict(x) for x in run.records],
+        "round_records": [round_record_to_dict(x) for x in run.records] if round_records else None,
         "final_record": None if run.final_record is None else final_record_to_dict(run.final_record),
         "run_root": _opt_hex(run.run_root),
         "ended_at_ms": run.ended_at_ms,
         "end_reason": run.end_reason,
     }
+    if not round_records:
+        del view["round_records"]
+    return view

@@ -1888,3 +1888,25 @@ def test_docs_name_every_cli_flag_and_only_real_ones() -> None:
     assert undocumented == {}
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (docs / "cli.md").read_text()))
     assert named - set(flags) - {"--help", "--version"} == set()
+
+
+def test_a_sourceless_install_of_ours_passes_the_installation_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .pyc-only install (compileall -b, sources removed) has origin __init__.pyc: ours all the
+    same (review)."""
+    import importlib.machinery
+    import importlib.util
+
+    from tenzro_training import console
+
+    home = Path(console.__file__).resolve().parent.parent
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name in ("rpc", "storage", "precompile"):
+            return importlib.machinery.ModuleSpec(name, None, origin=str(home / name / "__init__.pyc"))
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert console.check_installation() is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: importlib.machinery.ModuleSpec(name, None))
+    assert "resolves to a namespace package" in str(console.check_installation())

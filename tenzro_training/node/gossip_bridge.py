@@ -216,14 +216,12 @@ class GossipBridge:
         sum of trainer_count x the largest payload a fragment admits, at least 4 payloads of
         ``max_payload_bytes``, at most ``max_assembly_bytes``."""
         needed, trainers = 0, 0
-        for task_id, (sizes, count) in list(self._sizes.items()):
+        for task_id, (sizes, count) in self._sizes.items():
+            # An ended run keeps its entry: a sealed run's RoundFinalized and ModelChunk messages
+            # are still checked against its sizes (dropped, each such message was ignored and
+            # made the service render the run again to reload them: review).
             run = self._service.get_run_state(task_id)
-            if run is None or run.status.value in ("Sealed", "Cancelled", "Failed"):
-                # Ended: no chunk of it is accepted any more (gossip ignores them before asking
-                # for sizes). Kept, every ended run stayed here and was walked on every event.
-                self._sizes.pop(task_id, None)
-                continue
-            if run.status.value not in ("Enrolling", "Training"):
+            if run is None or run.status.value not in ("Enrolling", "Training"):
                 continue
             needed += count * max(sizes.payload_bytes, default=0)
             trainers += count

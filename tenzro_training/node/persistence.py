@@ -212,6 +212,11 @@ def decode_run(raw: bytes, records: Sequence[tuple[int, bytes]] = ()) -> RunStat
             shown = f"rounds {rounds[:3]}{'...' if len(rounds) > 3 else ''}" if rounds else "none"
             raise StorageError(f"stored run state names {count} round record(s), the store holds {shown}")
         d["records"] = [decode_json(value, f"round record {r}") for r, value in records]
+        task_id = d["spec"].get("task_id") if isinstance(d.get("spec"), dict) else None
+        for r, record in enumerate(d["records"]):
+            # A record under another round's key (swapped values) would pass the load otherwise.
+            if not isinstance(record, dict) or record.get("round") != r or record.get("task_id") != task_id:
+                raise StorageError(f"stored round record {r} of {task_id!r} is not that round's record")
     elif records:
         raise StorageError("a version-3 run state holds its records inline, yet round records are stored for it")
     try:

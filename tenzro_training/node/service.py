@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import torch
 
@@ -212,11 +212,6 @@ def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) 
     ]
 
 
-_FIRST_SUBMISSION_KEY: Final = b"\x01"
-"""Submission keys start with their task_id's length (1 or more); payload keys with 0x00
-(``schema.PAYLOAD_KEY_MARK``): a scan from here skips every payload's bytes."""
-
-
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -266,6 +261,9 @@ class NodeService:
         # rendered from, the JSON text without its closing brace); see get_run_json.
         self._run_json: OrderedDict[str, tuple[RunState, bool, bytes]] = OrderedDict()
         self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
+        # task -> (records rendered, their JSON objects joined by ","): see _round_records_json.
+        # Kept with _run_json: dropped when a run leaves that cache.
+        self._records_json: dict[str, tuple[int, bytes]] = {}
         self._receipt_json_bytes = 0
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round): written with the round's batch
@@ -301,13 +299,17 @@ class NodeService:
         self._payloads_pruned = 0
         self._ledger = self._open_ledger()
         self._load_runs()
+        if self._bind_store:
+            # Accepted (genesis, chain id, every run read): an older store is marked for this
+            # version now, before the writes below that only this version reads; at its open it
+            # had been marked before the checks (upgrade probe), after them the old version
+            # could have taken a store half written in the new form (review).
+            self._mark_schema_upgraded()
         self._load_finalize_signatures()
         self._record_legacy_snapshots()
         self._record_legacy_sealed_records()
         self._restore_model_files()
         self._prune_ended_runs()
-        if self._bind_store:  # accepted: an older store is marked for this version now, not at its open
-            self._mark_schema_upgraded()
 
     def _mark_schema_upgraded(self) -> None:
         older = self._store.upgrade_schema_version()
@@ -376,23 +378,30 @@ class NodeService:
         --config once) had been recorded as it was: every receipt of the store then failed
         verification, and the right config was refused with a message saying the store was
         made for the wrong one (upgrade probe). A store holding no signature binds as it is."""
-        for key, raw in self._store.iterate(schema.CF_SUBMISSIONS, start=_FIRST_SUBMISSION_KEY):
-            sub = schema.parse_submission_key(key)
-            record = persistence.decode_submission_record(raw)
-            msg = SubmitOuterGradient(task_id=sub.task_id, round=sub.round, fragment=sub.fragment,
-                                      payload_hash=record.payload_hash)
-            try:
-                signer: bytes | None = parse_address(recover_signer(msg, record.signature, self._config.chain_id))
-            except TenzroError:
-                signer = None
-            if signer != sub.trainer:
-                raise StorageError(
-                    f"the config says chain id {self._config.chain_id}, but the signatures this store holds were "
-                    f"made under another one (trainer {format_address(sub.trainer)}'s submission to "
-                    f"{sub.task_id} round {sub.round} does not verify under it): set `chain_id` to the one the "
-                    f"store was run with. Nothing was written; the chain id is recorded at the first start "
-                    f"whose config verifies")
-            return
+        for run_key in self._store.keys(schema.CF_TRAINING_RUNS):
+            # The first submission of each run: a chain id changed between two of its runs (a
+            # misconfigured restart before the binding existed) is found too (review).
+            task_id = schema.parse_run_key(run_key)
+            for key, raw in self._store.iterate(schema.CF_SUBMISSIONS, schema.task_prefix(task_id)):
+                self._check_submission_chain(key, raw)
+                break
+
+    def _check_submission_chain(self, key: bytes, raw: bytes) -> None:
+        sub = schema.parse_submission_key(key)
+        record = persistence.decode_submission_record(raw)
+        msg = SubmitOuterGradient(task_id=sub.task_id, round=sub.round, fragment=sub.fragment,
+                                  payload_hash=record.payload_hash)
+        try:
+            signer: bytes | None = parse_address(recover_signer(msg, record.signature, self._config.chain_id))
+        except TenzroError:
+            signer = None
+        if signer != sub.trainer:
+            raise StorageError(
+                f"the config says chain id {self._config.chain_id}, but the signatures this store holds were "
+                f"made under another one (trainer {format_address(sub.trainer)}'s submission to "
+                f"{sub.task_id} round {sub.round} does not verify under it): set `chain_id` to the one the "
+                f"store was run with. Nothing was written; the chain id is recorded at the first start "
+                f"whose config verifies")
 
     def _genesis_record(self) -> bytes:
         return persistence.encode_json(
@@ -1274,19 +1283,34 @@ class NodeService:
         has_receipt = self._has_receipt(task_id)
         cached = self._run_json.get(task_id)
         if cached is None or cached[0] is not run or cached[1] is not has_receipt:
-            cached = (run, has_receipt, serialize_json(self._static_view(run, has_receipt))[:-1])  # without its "}"
+            static = serialize_json(self._static_view(run, has_receipt, round_records=False))[:-1]  # without its "}"
+            cached = (run, has_receipt, static + b',"round_records":' + self._round_records_json(run))
             self._run_json[task_id] = cached
         self._run_json.move_to_end(task_id)
         while len(self._run_json) > RUN_JSON_CACHE_RUNS:
-            self._run_json.popitem(last=False)
+            self._records_json.pop(self._run_json.popitem(last=False)[0], None)
         return cached[2] + b"," + serialize_json(self._clock_view(run, self._now()))[1:]
+
+    def _round_records_json(self, run: RunState) -> bytes:
+        """The view's ``round_records`` as JSON text, each record rendered once: records are
+        only ever appended, and rendering them all again for every new run state (each
+        submission makes one) had made a getRun's cost grow with the run's rounds (review)."""
+        count, text = self._records_json.get(run.task_id, (0, b""))
+        if count > len(run.records):  # cannot happen: records are never removed
+            count, text = 0, b""
+        if count < len(run.records):
+            parts = [serialize_json(round_record_to_dict(r)) for r in run.records[count:]]
+            text = b",".join([text, *parts]) if text else b",".join(parts)
+            count = len(run.records)
+            self._records_json[run.task_id] = (count, text)
+        return b"[" + text + b"]"
 
     def _has_receipt(self, task_id: str) -> bool:
         return self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
 
-    def _static_view(self, run: RunState, has_receipt: bool) -> dict[str, Any]:
+    def _static_view(self, run: RunState, has_receipt: bool, *, round_records: bool = True) -> dict[str, Any]:
         """The view's fields that depend on the committed run state alone."""
-        view = compute_run_view_static(run)
+        view = compute_run_view_static(run, round_records=round_records)
         task_id = run.task_id
         if task_id not in self._layout_views:  # layout hashes never change within a run
             model = self._model(task_id)

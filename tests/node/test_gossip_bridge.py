@@ -383,9 +383,10 @@ def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monke
     assert calls == ["start", "stop"]
 
 
-def test_a_runs_gossip_state_goes_when_its_round_moves_on_and_when_it_ends(bridged) -> None:  # type: ignore[no-untyped-def]
-    """The held gossip signatures of a round that is over, and the stream sizes of a run that
-    ended, had stayed for good; the sizes were walked on every run event (soak probe)."""
+def test_a_runs_held_gossip_goes_when_its_round_moves_on_and_a_sealed_run_keeps_its_sizes(bridged) -> None:  # type: ignore[no-untyped-def]
+    """The held gossip signatures of a round that is over had stayed for good (soak probe). A
+    sealed run keeps its stream sizes: its RoundFinalized and ModelChunk messages are checked
+    against them (dropped, each was ignored and made the service render the run: review)."""
     from tests.node.test_service import play_round
 
     net, host, bridge, loop = bridged
@@ -401,4 +402,4 @@ def test_a_runs_gossip_state_goes_when_its_round_moves_on_and_when_it_ends(bridg
         loop.run_until_complete(settle())
         assert net.task_id not in net.service._gossip_held  # round r is over
     assert net.service.get_run(net.task_id)["status"] == "Sealed"
-    assert net.task_id not in bridge._sizes and not bridge._loaders
+    assert net.task_id in bridge._sizes and not bridge._loaders

@@ -251,6 +251,9 @@ def test_invalid_round_records_for_a_run_value_are_storage_errors(records: list[
         persistence.decode_run(value, [(r, body) for r in records])
     with pytest.raises(StorageError, match="round record 1 is not valid JSON"):
         persistence.decode_run(value, [(0, body), (1, b"{")])
+    swapped = [(0, persistence.encode_round_record(second.records[1])), (1, body)]
+    with pytest.raises(StorageError, match="stored round record 0 of .* is not that round's record"):
+        persistence.decode_run(value, swapped)
     with pytest.raises(StorageError, match="record_count -1"):
         persistence.decode_run(value.replace(b'"record_count":2', b'"record_count":-1'))
 

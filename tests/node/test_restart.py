@@ -287,6 +287,34 @@ def test_an_older_store_is_bound_only_to_a_chain_id_its_signatures_verify_under(
         assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == config.chain_id.to_bytes(32, "big")
 
 
+def test_every_run_of_an_older_store_is_checked_against_the_chain_id(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """A chain id changed between two runs of an older store (a misconfigured restart before the
+    binding existed): the first submission in key order alone had decided (review)."""
+    from dataclasses import replace
+
+    from storage import schema
+    from storage.interface import StorageError
+    from tenzro_training import auth
+    from tenzro_training.node import persistence
+    from tests.node.conftest import TRAINERS
+
+    store, config = _older_store_with_a_submission(tmp_path, checkpoint)
+    with store:
+        run_1 = store.get(schema.CF_TRAINING_RUNS, schema.run_key("run-1"))
+        digest = b"\x07" * 32
+        msg = auth.SubmitOuterGradient(task_id="run-2", round=0, fragment=0, payload_hash=digest)
+        with store.atomic_batch() as batch:  # a second run whose submission was signed on chain 5
+            batch.put(schema.CF_TRAINING_RUNS, schema.run_key("run-2"), run_1 or b"")
+            batch.put(schema.CF_SUBMISSIONS, schema.submission_key("run-2", 0, 0, TRAINERS[0].address),
+                      persistence.encode_submission_record(persistence.SubmissionRecord(digest, TRAINERS[0].sign(msg, chain_id=5))))
+        before = snapshot(store)
+        with pytest.raises(StorageError, match="run-2 round 0 does not verify under it"):
+            NodeService(config, store, clock=FakeClock())
+        with pytest.raises(StorageError, match="run-1 round 0 does not verify under it"):
+            NodeService(replace(config, chain_id=5), store, clock=FakeClock())
+        assert snapshot(store) == before
+
+
 def test_the_downtime_of_an_upgrade_from_a_store_without_a_liveness_stamp_is_a_pause(
     tmp_path: Path, checkpoint: tuple[str, str]
 ) -> None:

@@ -328,11 +328,27 @@ class TestWholeRun:
         assert after["now_ms"] == before["now_ms"] + 5
         assert {k: v for k, v in after.items() if k != "now_ms"} == {k: v for k, v in before.items() if k != "now_ms"}
         rounds = before["max_rounds"]
-        for r in range(rounds):
-            play_round(net, r)
-            view = check()
-            assert len(view["round_records"]) == r + 1
+        import tenzro_training.node.service as service_module
+
+        rendered: list[int] = []
+        real = service_module.round_record_to_dict
+
+        def counting(record: Any) -> Any:
+            rendered.append(record.round)
+            return real(record)
+
+        service_module.round_record_to_dict = counting  # type: ignore[assignment]
+        try:
+            for r in range(rounds):
+                play_round(net, r)
+                view = check()
+                assert len(view["round_records"]) == r + 1
+        finally:
+            service_module.round_record_to_dict = real  # type: ignore[assignment]
         assert view["status"] == "Sealed" and view["has_receipt"] is True
+        # Each committed record is rendered twice in all: for finalizeRound's answer and once for
+        # getRun's text, not again for every later run state (review).
+        assert sorted(rendered) == sorted([*range(rounds), *range(rounds)])
 
     def test_get_run_json_answers_each_run_past_its_cache(
         self, net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
