@@ -90,7 +90,7 @@ def run(rounds: int, window: int, workdir: Path) -> dict[str, float]:
         return {
             "early_s": early, "late_s": late, "ratio": late / early, "seal_s": seal,
             "early_bytes": (sizes[window - 1] - sizes[0]) / (window - 1),
-            "late_bytes": (sizes[-2] - sizes[-window - 1]) / (window - 1),
+            "late_bytes": (sizes[-2] - sizes[-window]) / (window - 1),
             "db_bytes": sizes[-1], "value_bytes": len(value),
         }
     finally:

@@ -47,9 +47,21 @@ import torch
 from tenzro_training import gossip as g
 from tenzro_training.errors import Equivocation, GossipIgnore, GossipReject, TenzroError
 from tenzro_training.fragments import compute_raw_le_bytes
-from tenzro_training.run_events import RoundFinalized, RunEvent, RunSealed
+from tenzro_training.run_events import (
+    RoundFinalized,
+    RunCancelled,
+    RunEvent,
+    RunFailed,
+    RunSealed,
+    SyncerElected,
+    TrainingStarted,
+)
 
 __all__ = ["GossipBridge", "compute_weights_bytes"]
+
+_STATUS_EVENTS = (SyncerElected, TrainingStarted, RunSealed, RunCancelled, RunFailed)
+"""The events that move a run into or out of Enrolling/Training: the only ones that change the
+reassembly budget (a resize on every event had walked every run ever seen: soak probe)."""
 
 HELD_WEIGHTS = 64
 """Models whose published weights' digests the bridge keeps (gossip.WeightsDigests)."""
@@ -121,6 +133,9 @@ class GossipBridge:
         # task_id -> (stream sizes, trainer_count): written on the asyncio thread, read (one dict
         # lookup) by the validators on the libp2p thread.
         self._sizes: dict[str, tuple[g.StreamSizes, int]] = {}
+        # The runs of _sizes that have not ended: what a resize walks. An ended run keeps its sizes
+        # (a sealed run's RoundFinalized and ModelChunk messages are checked against them).
+        self._budgeted: set[str] = set()
         self._loading: set[str] = set()
         self._events: asyncio.Queue[RunEvent] | None = None
         self._requests: asyncio.Queue[Any] | None = None
@@ -209,6 +224,7 @@ class GossipBridge:
 
     def _set_sizes(self, task_id: str, got: tuple[g.StreamSizes, int]) -> None:
         self._sizes[task_id] = got
+        self._budgeted.add(task_id)
         self._resize_payloads()
 
     def _resize_payloads(self) -> None:
@@ -216,12 +232,13 @@ class GossipBridge:
         sum of trainer_count x the largest payload a fragment admits, at least 4 payloads of
         ``max_payload_bytes``, at most ``max_assembly_bytes``."""
         needed, trainers = 0, 0
-        for task_id, (sizes, count) in self._sizes.items():
-            # An ended run keeps its entry: a sealed run's RoundFinalized and ModelChunk messages
-            # are still checked against its sizes (dropped, each such message was ignored and
-            # made the service render the run again to reload them: review).
+        for task_id in list(self._budgeted):
+            sizes, count = self._sizes[task_id]
             run = self._service.get_run_state(task_id)
-            if run is None or run.status.value not in ("Enrolling", "Training"):
+            if run is None or run.status.value in ("Sealed", "Cancelled", "Failed"):
+                self._budgeted.discard(task_id)  # for good: an ended run never starts again
+                continue
+            if run.status.value not in ("Enrolling", "Training"):
                 continue
             needed += count * max(sizes.payload_bytes, default=0)
             trainers += count
@@ -292,7 +309,7 @@ class GossipBridge:
                 got = self._read_sizes(task_id)  # on the service thread: safe to read the service
                 if got is not None:
                     self._loop.call_soon_threadsafe(self._set_sizes, task_id, got)
-            else:  # a status change may start or end a run's share of the buffer
+            elif isinstance(event, _STATUS_EVENTS):  # a status change may start or end a run's share
                 self._loop.call_soon_threadsafe(self._resize_payloads)
         if isinstance(event, (RoundFinalized, RunSealed)):
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)

@@ -299,15 +299,16 @@ class NodeService:
         self._payloads_pruned = 0
         self._ledger = self._open_ledger()
         self._load_runs()
-        if self._bind_store:
-            # Accepted (genesis, chain id, every run read): an older store is marked for this
-            # version now, before the writes below that only this version reads; at its open it
-            # had been marked before the checks (upgrade probe), after them the old version
-            # could have taken a store half written in the new form (review).
-            self._mark_schema_upgraded()
         self._load_finalize_signatures()
-        self._record_legacy_snapshots()
-        self._record_legacy_sealed_records()
+        legacy = [*self._legacy_snapshot_ops(), *self._legacy_sealed_record_ops()]  # read and checked
+        if self._bind_store:
+            # Accepted (genesis, chain id, every run and record read and checked): an older store
+            # is marked for this version now, before the writes that only this version reads. At
+            # its open it had been marked before the checks (upgrade probe); marked after those
+            # writes, the old version could take a store half written in the new form, and marked
+            # before the reads above, a damaged store they refuse stayed marked (reviews).
+            self._mark_schema_upgraded()
+        self._write(legacy)
         self._restore_model_files()
         self._prune_ended_runs()
 
@@ -431,7 +432,7 @@ class NodeService:
                 _, round = schema.parse_finalize_signature_key(key)
                 self._finalize_signatures[(task_id, round)] = persistence.decode_finalize_record(raw).signature
 
-    def _record_legacy_snapshots(self) -> None:
+    def _legacy_snapshot_ops(self) -> list[Operation]:
         """A store of schema version 1 kept every run's current weights and momentum and has no
         snapshot records: record each open run's snapshot at its current round, before any
         finalize writes a round without writing the state (which would make it stale)."""
@@ -441,10 +442,10 @@ class NodeService:
             if not is_terminal(run) and not self._store.contains(schema.CF_META, key):
                 ops.append((BatchOp.PUT, schema.CF_META, key, encode_round_count(len(run.records))))
         if ops:
-            log.info("recorded model snapshots of %d run(s) from a schema-1 store", len(ops))
-        self._write(ops)
+            log.info("recording model snapshots of %d run(s) from a schema-1 store", len(ops))
+        return ops
 
-    def _record_legacy_sealed_records(self) -> None:
+    def _legacy_sealed_record_ops(self) -> list[Operation]:
         """A store of schema version 1 or 2 has no sealed records (TRAINING_VERIFY's lookup):
         write each sealed run's from its stored receipt, once, before anything can ask for it."""
         ops: list[Operation] = []
@@ -457,8 +458,8 @@ class NodeService:
                 raise StorageError(f"the sealed run {task_id} has no stored receipt: the store is damaged")
             ops.append((BatchOp.PUT, schema.CF_META, key, persistence.encode_sealed_record(persistence.decode_receipt(raw))))
         if ops:
-            log.info("recorded the sealed records of %d run(s) from an older store", len(ops))
-        self._write(ops)
+            log.info("recording the sealed records of %d run(s) from an older store", len(ops))
+        return ops
 
     def _prune_ended_runs(self) -> None:
         """With ``prune_payloads`` turned on for a store that kept its payloads (an archive node
@@ -1283,13 +1284,15 @@ class NodeService:
         has_receipt = self._has_receipt(task_id)
         cached = self._run_json.get(task_id)
         if cached is None or cached[0] is not run or cached[1] is not has_receipt:
-            static = serialize_json(self._static_view(run, has_receipt, round_records=False))[:-1]  # without its "}"
-            cached = (run, has_receipt, static + b',"round_records":' + self._round_records_json(run))
+            # Without its "}": the round records and the clock fields follow.
+            cached = (run, has_receipt, serialize_json(self._static_view(run, has_receipt, round_records=False))[:-1])
             self._run_json[task_id] = cached
+        records = self._round_records_json(run)
         self._run_json.move_to_end(task_id)
         while len(self._run_json) > RUN_JSON_CACHE_RUNS:
             self._records_json.pop(self._run_json.popitem(last=False)[0], None)
-        return cached[2] + b"," + serialize_json(self._clock_view(run, self._now()))[1:]
+        clock = serialize_json(self._clock_view(run, self._now()))[1:]
+        return b"".join((cached[2], b',"round_records":', records, b",", clock))
 
     def _round_records_json(self, run: RunState) -> bytes:
         """The view's ``round_records`` as JSON text, each record rendered once: records are
@@ -1303,7 +1306,7 @@ class NodeService:
             text = b",".join([text, *parts]) if text else b",".join(parts)
             count = len(run.records)
             self._records_json[run.task_id] = (count, text)
-        return b"[" + text + b"]"
+        return b"".join((b"[", text, b"]"))
 
     def _has_receipt(self, task_id: str) -> bool:
         return self._store.contains(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))

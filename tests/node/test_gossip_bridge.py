@@ -403,3 +403,14 @@ def test_a_runs_held_gossip_goes_when_its_round_moves_on_and_a_sealed_run_keeps_
         assert net.task_id not in net.service._gossip_held  # round r is over
     assert net.service.get_run(net.task_id)["status"] == "Sealed"
     assert net.task_id in bridge._sizes and not bridge._loaders
+    # ...but no resize walks it again, and only a status change resizes (each event had walked
+    # every run ever seen: soak probe and review).
+    assert net.task_id not in bridge._budgeted
+    from tenzro_training.run_events import SubmissionAccepted
+
+    walked: list[str] = []
+    real = net.service.get_run_state
+    net.service.get_run_state = lambda task_id: walked.append(task_id) or real(task_id)  # type: ignore[method-assign]
+    bridge.on_event(SubmissionAccepted(net.task_id, 0, 0, 0, TRAINERS[0].address, b"\x00" * 32))
+    loop.run_until_complete(settle())
+    assert walked == []

@@ -366,3 +366,30 @@ def test_a_refused_start_leaves_an_older_store_at_its_version(tmp_path: Path, ch
         assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(schema.SCHEMA_VERSION)
         assert store.upgrade_schema_version() is None  # once
     assert any(f"store upgraded from schema version 2 to {schema.SCHEMA_VERSION}" in r.getMessage() for r in records)
+
+
+def test_a_damaged_older_store_refused_at_start_is_not_marked(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """The schema mark had come before the checks of the stored finalize records and receipts:
+    a damaged older store those refused was left marked for this version, which the old version
+    then refused too (review). It now comes after every read."""
+    from storage import schema
+    from storage.interface import StorageError
+    from tests.node.test_service import play_round, start
+
+    store = RocksStore(tmp_path / "db")
+    config = make_config(None)
+    clock = FakeClock()
+    net = Net(NodeService(config, store, clock=clock), clock)
+    start(net, checkpoint)
+    for r in range(net.service.get_run("run-1")["max_rounds"]):
+        play_round(net, r)
+    net.service.close()
+    with store.atomic_batch() as batch:  # a version-3 store that lost a sealed run's receipt
+        batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(3))
+        batch.delete(schema.CF_META, schema.sealed_record_key("run-1"))
+        batch.delete(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("run-1"))
+    store.close()
+    with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
+        with pytest.raises(StorageError, match="the sealed run run-1 has no stored receipt"):
+            NodeService(config, store, clock=FakeClock())
+        assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(3)
