@@ -260,10 +260,11 @@ class NodeService:
         # getRun's serialized state part per run: (the run state and has_receipt it was
         # rendered from, the JSON text without its closing brace); see get_run_json.
         self._run_json: OrderedDict[str, tuple[RunState, bool, bytes]] = OrderedDict()
-        self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
         # task -> (records rendered, their JSON objects joined by ","): see _round_records_json.
         # Kept with _run_json: dropped when a run leaves that cache.
         self._records_json: dict[str, tuple[int, bytes]] = {}
+        # getReceipt's answers, rendered once per sealed run (get_receipt_json).
+        self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
         self._receipt_json_bytes = 0
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # The syncer's FinalizeRound signature per (task, round): written with the round's batch
@@ -374,11 +375,11 @@ class NodeService:
 
     def _check_stored_signatures_chain(self) -> None:
         """Before a store from before the chain id was recorded is bound to the configured one:
-        its first stored trainer signature must recover to its trainer under that chain id. The
-        binding is for good, and a wrong chain id (the operator of a custom chain forgetting
-        --config once) had been recorded as it was: every receipt of the store then failed
-        verification, and the right config was refused with a message saying the store was
-        made for the wrong one (upgrade probe). A store holding no signature binds as it is."""
+        each run's first stored trainer signature must recover to its trainer under that chain
+        id. The binding is for good, and a wrong chain id (the operator of a custom chain
+        forgetting --config once) had been recorded as it was: every receipt of the store then
+        failed verification, and the right config was refused with a message saying the store
+        was made for the wrong one (upgrade probe). A store holding no signature binds as it is."""
         for run_key in self._store.keys(schema.CF_TRAINING_RUNS):
             # The first submission of each run: a chain id changed between two of its runs (a
             # misconfigured restart before the binding existed) is found too (review).
