@@ -489,18 +489,38 @@ def parse_payload_key(key: bytes) -> tuple[str, bytes]:
 def tensor_specs_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a run's global-model tensor list (names, shapes, dtypes: what
     the fragment layouts and the model hash are computed from): b"T" || lp(task_id) || b"s"."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _TENSOR_SPECS_KIND
+    return _task_record_prefix(task_id, _TENSOR_SPECS_KIND)
+
+
+def _task_record_prefix(task_id: str, kind: bytes) -> bytes:
+    """b"T" || lp(task_id) || kind: the prefix of one kind of per-task record in CF_META."""
+    return TASK_RECORD_MARK + _task_field(task_id) + kind
+
+
+def _task_round_key(task_id: str, kind: bytes, round: int) -> bytes:
+    """b"T" || lp(task_id) || kind || round u32: a per-task, per-round record in CF_META."""
+    return _task_record_prefix(task_id, kind) + _u32("round", round)
+
+
+def _parse_task_round_key(key: bytes, kind: bytes, what: str) -> tuple[str, int]:
+    """The (task_id, round) of a :func:`_task_round_key` of ``kind``; KeyFormatError otherwise."""
+    if not isinstance(key, bytes) or key[:1] != TASK_RECORD_MARK:
+        raise KeyFormatError(f"not a {what} key: {key!r}", key)
+    task_id, rest = _split_task_field(key[1:], what)
+    if len(rest) != 1 + 4 or rest[:1] != kind:
+        raise KeyFormatError(f"not a {what} key: {key!r}", key)
+    return task_id, int(_U32.unpack(rest[1:])[0])
 
 
 def round_reports_key(task_id: str, round: int) -> bytes:
     """Key in :data:`CF_META` of one finalized round's aggregation reports (one per fragment):
     b"T" || lp(task_id) || b"r" || round u32."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_REPORTS_KIND + _u32("round", round)
+    return _task_round_key(task_id, _ROUND_REPORTS_KIND, round)
 
 
 def round_reports_prefix(task_id: str) -> bytes:
     """Prefix of every round-report key of one task (rounds in ascending order)."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_REPORTS_KIND
+    return _task_record_prefix(task_id, _ROUND_REPORTS_KIND)
 
 
 # --- finalize signatures (appended for the offline receipt verifier) -------------------------
@@ -517,22 +537,17 @@ _FINALIZE_SIGNATURE_KIND: Final = b"f"
 def finalize_signature_key(task_id: str, round: int) -> bytes:
     """Key in :data:`CF_META` of a finalized round's syncer signature record:
     b"T" || lp(task_id) || b"f" || round u32."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _FINALIZE_SIGNATURE_KIND + _u32("round", round)
+    return _task_round_key(task_id, _FINALIZE_SIGNATURE_KIND, round)
 
 
 def finalize_signature_prefix(task_id: str) -> bytes:
     """Prefix of every finalize-signature key of one task (rounds in ascending order)."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _FINALIZE_SIGNATURE_KIND
+    return _task_record_prefix(task_id, _FINALIZE_SIGNATURE_KIND)
 
 
 def parse_finalize_signature_key(key: bytes) -> tuple[str, int]:
     """The (task_id, round) of a :func:`finalize_signature_key`; KeyFormatError otherwise."""
-    if not isinstance(key, bytes) or key[:1] != TASK_RECORD_MARK:
-        raise KeyFormatError(f"not a finalize-signature key: {key!r}", key)
-    task_id, rest = _split_task_field(key[1:], "finalize-signature")
-    if len(rest) != 1 + 4 or rest[:1] != _FINALIZE_SIGNATURE_KIND:
-        raise KeyFormatError(f"not a finalize-signature key: {key!r}", key)
-    return task_id, int(_U32.unpack(rest[1:])[0])
+    return _parse_task_round_key(key, _FINALIZE_SIGNATURE_KIND, "finalize-signature")
 
 
 # --- round records (schema version 4) -----------------------------------------------------------
@@ -549,22 +564,17 @@ _ROUND_RECORD_KIND: Final = b"c"
 def round_record_key(task_id: str, round: int) -> bytes:
     """Key in :data:`CF_META` of one committed round's record (``RoundRecord.to_dict()`` as
     deterministic JSON): b"T" || lp(task_id) || b"c" || round u32."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_RECORD_KIND + _u32("round", round)
+    return _task_round_key(task_id, _ROUND_RECORD_KIND, round)
 
 
 def round_record_prefix(task_id: str) -> bytes:
     """Prefix of every round-record key of one task (rounds in ascending order)."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _ROUND_RECORD_KIND
+    return _task_record_prefix(task_id, _ROUND_RECORD_KIND)
 
 
 def parse_round_record_key(key: bytes) -> tuple[str, int]:
     """The (task_id, round) of a :func:`round_record_key`; KeyFormatError otherwise."""
-    if not isinstance(key, bytes) or key[:1] != TASK_RECORD_MARK:
-        raise KeyFormatError(f"not a round-record key: {key!r}", key)
-    task_id, rest = _split_task_field(key[1:], "round-record")
-    if len(rest) != 1 + 4 or rest[:1] != _ROUND_RECORD_KIND:
-        raise KeyFormatError(f"not a round-record key: {key!r}", key)
-    return task_id, int(_U32.unpack(rest[1:])[0])
+    return _parse_task_round_key(key, _ROUND_RECORD_KIND, "round-record")
 
 
 # --- model snapshots (schema version 2) -------------------------------------------------------
@@ -584,14 +594,14 @@ PAYLOADS_PRUNED_ALL: Final = 2**64 - 1
 def model_snapshot_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a run's model snapshot record (the count of rounds applied to
     the stored :data:`MODEL_WEIGHTS` and :data:`MODEL_MOMENTUM`): b"T" || lp(task_id) || b"n"."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _MODEL_SNAPSHOT_KIND
+    return _task_record_prefix(task_id, _MODEL_SNAPSHOT_KIND)
 
 
 def payloads_pruned_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a run's pruning record (``prune_payloads``): the payloads of its
     rounds before this one (u64; :data:`PAYLOADS_PRUNED_ALL`: every payload) were deleted on
     purpose. Absent: none were. b"T" || lp(task_id) || b"p"."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _PAYLOADS_PRUNED_KIND
+    return _task_record_prefix(task_id, _PAYLOADS_PRUNED_KIND)
 
 
 # --- sealed records (schema version 3) ----------------------------------------------------------
@@ -609,4 +619,4 @@ _SEALED_RECORD_KIND: Final = b"v"
 def sealed_record_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a sealed run's record (run root || receipt digest, 64 bytes):
     b"T" || lp(task_id) || b"v"."""
-    return TASK_RECORD_MARK + _task_field(task_id) + _SEALED_RECORD_KIND
+    return _task_record_prefix(task_id, _SEALED_RECORD_KIND)

@@ -17,27 +17,13 @@ from tenzro_training.receipt import (
     verify_receipt,
     verify_receipt_root,
 )
-from tenzro_training.run import process_tick
-from tests.test_run import GRACE_MS, TRAINERS, Env, h, make_spec, ranked
+from tests.test_run import GRACE_MS, TRAINERS, Env, h, make_spec, play_to_sealed, ranked
 
 
 def sealed_env(with_failover: bool = False) -> Env:
     env = Env()
     env.to_training()
-    for f in (0, 1):
-        for i in range(3):
-            env.submit(i, f, 300)
-    env.finalize(400)
-    for f in (0, 1):
-        env.submit(0, f, 500)
-        env.submit(2, f, 510)
-    now = 510 + GRACE_MS + 1
-    if with_failover:
-        deadline = env.run.current_round.finalize_deadline_ms
-        env.apply(process_tick, deadline + 1)
-        now = deadline + 1
-    env.finalize(now)
-    return env
+    return play_to_sealed(env, with_failover=with_failover)
 
 
 @pytest.fixture(scope="module")

@@ -521,6 +521,27 @@ def test_invalid_submission_late_after_straggler_window() -> None:
         env.submit(2, 1, 310 + GRACE_MS + 1)
 
 
+def play_to_sealed(env: Env, *, with_failover: bool = False) -> Env:
+    """A run in training, round 0 (every trainer) and round 1 (trainers 0 and 2) finalized: Sealed.
+    ``with_failover``: round 1's syncer misses its window and the next-ranked one finalizes."""
+    for f in (0, 1):
+        for i in range(3):
+            env.submit(i, f, 300)
+    env.finalize(400)
+    for f in (0, 1):
+        env.submit(0, f, 500)
+        env.submit(2, f, 510)
+    now = 510 + GRACE_MS + 1
+    if with_failover:
+        assert env.run is not None and env.run.current_round is not None
+        deadline = env.run.current_round.finalize_deadline_ms
+        assert deadline is not None
+        env.apply(process_tick, deadline + 1)
+        now = deadline + 1
+    env.finalize(now)
+    return env
+
+
 def _round_0_at_quorum() -> Env:
     """A run in training whose round 0 has quorum: trainers 0 and 1 submitted both fragments
     (quorum at 310; trainer 2 absent)."""
@@ -1150,14 +1171,7 @@ def test_invalid_run_state_that_breaks_its_election_or_seal_invariants() -> None
     ok["syncer_rank"] = 2  # after one failover: the second-ranked candidate
     assert RunState.from_dict(ok).syncer_rank == 2
     # A Sealed run's final record must be a FinalModelRecord, not just present.
-    for f in (0, 1):
-        for i in range(3):
-            env.submit(i, f, 300)
-    env.finalize(400)
-    for f in (0, 1):
-        env.submit(0, f, 500)
-        env.submit(1, f, 510)
-    env.finalize(510 + GRACE_MS + 1)
+    play_to_sealed(env)
     assert env.run.status is RunStatus.SEALED
     from dataclasses import replace
 

@@ -117,17 +117,13 @@ def dev_accounts(*, trainers: int = 8, syncers: int = 3, balance: int = DEV_BALA
     return out
 
 
-def _staged_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp")
-
-
 def _stage_private(path: Path, text: str) -> Path:
     """Write ``text`` beside ``path``, readable by the owner only and fsynced, and return that
     temporary; :func:`_publish` renames it into place. A ``path`` that is a directory is refused
     here (OSError EISDIR), before anything is written, as the rename would refuse it."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    tmp = _staged_path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an older tmp file may have had a wider mode
