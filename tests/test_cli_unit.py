@@ -1656,6 +1656,22 @@ def test_parser_trainer_run_round_wait_and_state_dir() -> None:
     assert (a.max_round_wait, a.state_dir) == (90.0, "st")
 
 
+def test_trainer_run_batch_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A GPU trainer's batch is its own choice (docs/trainer.md "GPU check"); a bad one stops the
+    trainer before it reaches the node, in one line."""
+    base = ["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "p2p.key"), "--rpc", "http://127.0.0.1:9",
+            "--bootstrap", "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"]
+    assert cli.build_parser().parse_args(base).batch_size == 16
+    assert cli.build_parser().parse_args(base + ["--batch-size", "256"]).batch_size == 256
+    key = tmp_path / "k.json"
+    assert cli.main(["keys", "new-account", "--out", str(key)]) == 0
+    capsys.readouterr()
+    code, out, err = run(capsys, *base, "--key-file", str(key), "--batch-size", "0")
+    assert code == EXIT_USAGE and out == ""
+    assert err == "tenzro: batch_size must be an integer >= 1, got 0\n"
+    assert not (tmp_path / "p2p.key").exists()
+
+
 @pytest.mark.parametrize(("listen", "bootstrap", "message"), [
     ("garbage", None, "tenzro: listen address 'garbage' is not a multiaddr"),
     ("/ip4/127.0.0.1/tcp/0", "garbage", "tenzro: bootstrap address 'garbage' is not a multiaddr"),

@@ -163,6 +163,8 @@ class TrainerProcessConfig:
             raise TrainerProcessError("private_key must be 32 bytes")
         if self.rounds is not None and (isinstance(self.rounds, bool) or self.rounds < 1):
             raise TrainerProcessError(f"rounds must be >= 1, got {self.rounds!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise TrainerProcessError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if not self.bootstrap:
             raise TrainerProcessError("at least one --bootstrap multiaddr (the node's p2p address) is needed")
         from tenzro_training.p2p.host import check_multiaddrs  # libp2p loads only for a trainer that runs
@@ -1252,7 +1254,7 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         spec_path=None if args.spec is None else Path(args.spec),
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
-        did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device,
+        did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device, batch_size=args.batch_size,
         max_round_wait_s=args.max_round_wait, state_dir=None if args.state_dir is None else Path(args.state_dir),
     )
     try:

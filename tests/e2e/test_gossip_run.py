@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import torch
 
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
@@ -156,6 +157,9 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         for i in (0, 1):
             assert f"round 0 finalized model {round1} verified" in trainers[i].out()
         assert "inner loop on cpu" in trainers[0].out()
+        # Trainer 1 runs the default --device auto: the GPU where there is one (a GPU machine runs
+        # this test with trainers on both devices, docs/trainer.md "GPU check").
+        assert f"inner loop on {'cuda' if torch.cuda.is_available() else 'cpu'}" in trainers[1].out()
         # All 12 payloads (3 trainers x 2 fragments x 2 rounds) reached the node as gossip; every
         # accepted submission named one of them by hash.
         held = [line for line in node.stderr().splitlines() if "(from gossip)" in line]
