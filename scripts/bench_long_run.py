@@ -12,7 +12,10 @@ before the sealing one to that over the first (target <= 1.5x), with the bytes t
 per round (the RocksDB directory's growth, log included) early and late, and the size of the
 run's stored value. The sealing round is timed apart: it builds the run root and the receipt,
 whose size is proportional to the rounds by design. Another process busy on the machine while
-the run goes on makes its later rounds look slower: run it on an idle machine.
+the run goes on makes its later rounds look slower: run it on an idle machine. Once the run
+sealed, a node is started again on the store and the Python memory it holds is measured
+(tracemalloc) with the ended run in its cache of ended runs (one of the ``ENDED_RUNS_CACHED``
+most recent) and out of it: every run ever held used to stay decoded in memory.
 
 Usage::
 
@@ -27,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -84,6 +88,8 @@ def run(rounds: int, window: int, workdir: Path) -> dict[str, float]:
             sizes.append(_dir_bytes(workdir / "db"))
         assert svc.get_run(task_id)["status"] == "Sealed"
         value = bench.store.get(schema.CF_TRAINING_RUNS, schema.run_key(task_id)) or b""
+        svc.close()
+        held = {cached: _held_bytes(bench, task_id, cached) for cached in (True, False)}
         plain, seal = per_round[:-1], per_round[-1]
         early = sum(plain[:window]) / window
         late = sum(plain[-window:]) / window
@@ -92,9 +98,29 @@ def run(rounds: int, window: int, workdir: Path) -> dict[str, float]:
             "early_bytes": (sizes[window - 1] - sizes[0]) / (window - 1),
             "late_bytes": (sizes[-2] - sizes[-window]) / (window - 1),
             "db_bytes": sizes[-1], "value_bytes": len(value),
+            "held_cached": held[True], "held_evicted": held[False],
         }
     finally:
         bench.close()
+
+
+def _held_bytes(bench: Bench, task_id: str, cached: bool) -> int:
+    """Python memory a node started on the bench's store holds once its startup is over."""
+    import tenzro_training.node.service as service_module
+
+    limit = service_module.ENDED_RUNS_CACHED
+    service_module.ENDED_RUNS_CACHED = limit if cached else 0
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        node = service_module.NodeService(bench.config, bench.store, clock=bench.clock)
+        held = tracemalloc.get_traced_memory()[0] - base
+        assert (node.get_run_state(task_id) is not None) is cached
+        node.close()
+        return held
+    finally:
+        tracemalloc.stop()
+        service_module.ENDED_RUNS_CACHED = limit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['late_bytes'] / 1024:8.1f} KiB  (RocksDB directory, log included; flushes make it jumpy)")
     print(f"  store at the end    {r['db_bytes'] / 2**20:.1f} MiB; the run's value in training_runs "
           f"{r['value_bytes']} bytes (round records are under their own keys)")
+    print(f"  node memory, sealed run   {r['held_cached'] / 1024:8.1f} KiB while among the last ended runs "
+          f"(cached), {r['held_evicted'] / 1024:8.1f} KiB once out of that cache (a node started on the store, "
+          f"tracemalloc)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0 if ok else 1
 

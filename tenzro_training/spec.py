@@ -282,7 +282,9 @@ def _freeze_json(path: str, value: object, depth: int) -> JsonValue:
             child = f"{path}.{key}"
             _validate_unicode(child, key)
             out[str(key)] = _freeze_json(child, item, depth + 1)
-        return FrozenJsonObject(out)
+        # Keys in sorted order: a run's view serializes alike whether its spec came from the
+        # sponsor's post or from the store (whose encoding sorts keys), before and after a restart.
+        return FrozenJsonObject(dict(sorted(out.items())))
     raise SpecError(path, f"must be a JSON value, got {_describe(value)}")
 
 

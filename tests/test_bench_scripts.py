@@ -24,7 +24,7 @@ CASES = {
                   ["getRun", "submitOuterGradient", "Mean"]),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
     "bench_gossip_finalize": (["--trainers", "2", "--params", "20000", "--rounds", "1"], ["trainers verified"]),
-    "bench_long_run": (["--rounds", "8", "--window", "2"], ["seconds per round", "store growth/round", "sealing round"]),
+    "bench_long_run": (["--rounds", "8", "--window", "2"], ["seconds per round", "store growth/round", "sealing round", "node memory, sealed run"]),
     "bench_trainer": (["--models", "dev", "--steps", "2", "--cpu-steps", "2", "--rounds", "1"],
                       ["dev: 18,352 parameters", '"trainer_round"']),
     "bench_gossip": (["--repeat", "1"], ['"payload_throughput"', '"libp2p_stream_mib_s"', '"finalize_to_8_trainers"']),

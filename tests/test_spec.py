@@ -321,6 +321,19 @@ def test_metadata_input_is_copied() -> None:
     assert spec.architecture.metadata == {"layers": (1, 2)}
 
 
+def test_metadata_keys_are_in_sorted_order_at_every_depth() -> None:
+    """A run's view put the sponsor's key order while its spec came from the post and sorted
+    order once read back from the store: getRun's bytes changed across a restart."""
+    given = {"z": 1, "a": {"y": [{"q": 1, "b": 2}], "c": None}, "m": "x"}
+    spec = TrainingTaskSpec.from_dict(with_value("architecture.metadata", given))
+    metadata = spec.architecture.metadata
+    assert list(metadata) == ["a", "m", "z"] and list(metadata["a"]) == ["c", "y"]
+    assert list(metadata["a"]["y"][0]) == ["b", "q"]
+    assert list(spec.to_dict()["architecture"]["metadata"]) == ["a", "m", "z"]
+    reordered = TrainingTaskSpec.from_dict(with_value("architecture.metadata", dict(reversed(given.items()))))
+    assert reordered.spec_hash() == spec.spec_hash() and reordered == spec
+
+
 def test_direct_construction_validates_and_normalizes() -> None:
     spec = TrainingTaskSpec.from_json(example_text())
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}

@@ -174,6 +174,13 @@ RUN_JSON_CACHE_RUNS = 64
 """Runs whose serialized getRun state part the service keeps (a few KB to a few hundred KB
 each, by trainer and round count); the runs being trained are the ones polled."""
 
+ENDED_RUNS_CACHED = 64
+"""Ended runs (Sealed, Cancelled, Failed) whose decoded state the service keeps, most recently
+used; the others are read back from the store when asked for. Every run ever held had stayed in
+memory for good, ~1.3 KB per committed round with its finalize signature, so a long-lived node
+grew without bound (soak probe); listRuns and the run metrics read a one-line summary of each
+ended run instead."""
+
 RECEIPT_JSON_CACHE_BYTES = 64 << 20
 """Serialized getReceipt answers the service keeps, least recently asked for out first. Each
 was rebuilt on every call (ABI, attestations with every signature): 0.6-1.1 s and 3.1 MB for a
@@ -253,8 +260,14 @@ class NodeService:
         """False for offline tools opening a stopped node's store (``tenzro train
         export-model``): they must neither check nor record the chain id, which their default
         config does not know."""
+        # Every run that has not ended (and, until startup is over, every run), with what the
+        # store holds of it (compute_transition_ops writes only what changed).
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, persistence.StoredRun] = {}
+        # Ended runs: each one's listRuns entry (its status among them), and the decoded state of
+        # the ENDED_RUNS_CACHED most recently used (_lookup reads the others back).
+        self._ended: dict[str, dict[str, Any]] = {}
+        self._ended_cache: OrderedDict[str, tuple[RunState, persistence.StoredRun]] = OrderedDict()
         self._models: dict[str, ModelLayout] = {}
         self._layout_views: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         # getRun's serialized state part per run: (the run state and has_receipt it was
@@ -267,10 +280,11 @@ class NodeService:
         self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
         self._receipt_json_bytes = 0
         self._ticket_failures: set[tuple[str, bytes]] = set()
-        # The syncer's FinalizeRound signature per (task, round): written with the round's batch
-        # (schema.finalize_signature_key, for getReceipt's attestations) and cached here for the
-        # p2p bridge's RoundFinalized gossip; reloaded from the store at startup.
-        self._finalize_signatures: dict[tuple[str, int], bytes] = {}
+        # The syncer's FinalizeRound signature per task and round: written with the round's batch
+        # (schema.finalize_signature_key, for getReceipt's attestations) and kept here for the
+        # p2p bridge's RoundFinalized gossip while the run is open; reloaded from the store at
+        # startup for open runs, read from it for ended ones (get_finalize_signature).
+        self._finalize_signatures: dict[str, dict[int, bytes]] = {}
         # task -> (round, fragment, trainer) -> (payload hash, the trainer's signature of it) that
         # gossip brought and store_payload holds: one per trainer and fragment of a run's current
         # round; a differently signed second one is equivocation (evidence: both signatures). A
@@ -312,6 +326,8 @@ class NodeService:
         self._write(legacy)
         self._restore_model_files()
         self._prune_ended_runs()
+        for task_id in [t for t, run in self._runs.items() if is_terminal(run)]:  # startup is over
+            self._retire(task_id, self._runs.pop(task_id), self._stored_runs.pop(task_id))
 
     def _mark_schema_upgraded(self) -> None:
         older = self._store.upgrade_schema_version()
@@ -428,10 +444,13 @@ class NodeService:
             self._stored_runs[task_id] = persistence.stored_run(raw)
 
     def _load_finalize_signatures(self) -> None:
-        for task_id in sorted(self._runs):
+        for task_id, run in sorted(self._runs.items()):
+            if is_terminal(run):
+                continue
             for key, raw in self._store.iterate(schema.CF_META, schema.finalize_signature_prefix(task_id)):
                 _, round = schema.parse_finalize_signature_key(key)
-                self._finalize_signatures[(task_id, round)] = persistence.decode_finalize_record(raw).signature
+                signature = persistence.decode_finalize_record(raw).signature
+                self._finalize_signatures.setdefault(task_id, {})[round] = signature
 
     def _legacy_snapshot_ops(self) -> list[Operation]:
         """A store of schema version 1 kept every run's current weights and momentum and has no
@@ -540,12 +559,14 @@ class NodeService:
         now = self._now()
         raw = self._store.get(schema.CF_META, schema.NODE_ALIVE_KEY)
         last = int.from_bytes(raw, "big") if raw is not None and len(raw) == 8 else None
-        if last is None and self._runs:
+        updates = [run.updated_at_ms for run in self._runs.values()]
+        updates += [entry["updated_at_ms"] for entry in self._ended.values()]
+        if last is None and updates:
             # A store from before the node recorded when it last served: its newest run update is
             # a lower bound of that instant (the downtime of the upgrade had counted against the
             # runs: a run posted before it failed its enrollment at once; upgrade probe). A
             # pending deadline may then move later by more than the downtime, never by less.
-            last = max(run.updated_at_ms for run in self._runs.values())
+            last = max(updates)
         self._alive_ms = now if last is None else min(last, now)  # a clock set back: no pause
         events: tuple[RunEvent, ...] = ()
         if now - self._alive_ms > PAUSE_MIN_MS:  # the process was not running at all
@@ -618,10 +639,54 @@ class NodeService:
         return now
 
     def _run(self, task_id: str) -> RunState:
-        run = self._runs.get(task_id)
+        run = self._lookup(task_id)
         if run is None:
             raise UnknownTask(task_id)
         return run
+
+    def _lookup(self, task_id: str) -> RunState | None:
+        """The run's current state, read back from the store for an ended run out of the cache;
+        None for a task the node does not hold."""
+        run = self._runs.get(task_id)
+        if run is not None:
+            return run
+        held = self._ended_cache.get(task_id)
+        if held is None:
+            if task_id not in self._ended:
+                return None
+            raw = self._store.get(schema.CF_TRAINING_RUNS, schema.run_key(task_id))
+            if raw is None:
+                raise StorageError(f"the ended run {task_id} is missing from the store")
+            held = (persistence.decode_run(raw, read_round_records(self._store, task_id)), persistence.stored_run(raw))
+            self._cache_ended(task_id, *held)
+        else:
+            self._ended_cache.move_to_end(task_id)
+        return held[0]
+
+    def _stored(self, task_id: str) -> persistence.StoredRun | None:
+        stored = self._stored_runs.get(task_id)
+        if stored is None and task_id in self._ended_cache:
+            stored = self._ended_cache[task_id][1]
+        return stored
+
+    def _retire(self, task_id: str, run: RunState, stored: persistence.StoredRun) -> None:
+        """An ended run (already out of ``_runs``) leaves the per-run state an open run needs,
+        keeps its listRuns entry and goes to the cache of ended runs."""
+        self._ended[task_id] = self._list_entry(run)
+        self._finalize_signatures.pop(task_id, None)  # in the store (get_finalize_signature)
+        self._ticket_failures = {f for f in self._ticket_failures if f[0] != task_id}
+        self._cache_ended(task_id, run, stored)
+
+    def _cache_ended(self, task_id: str, run: RunState, stored: persistence.StoredRun) -> None:
+        self._ended_cache[task_id] = (run, stored)
+        self._ended_cache.move_to_end(task_id)
+        while len(self._ended_cache) > ENDED_RUNS_CACHED:
+            old = self._ended_cache.popitem(last=False)[0]
+            # What is kept per run for the views: read back when the run is asked for again.
+            self._models.pop(old, None)
+            self._layout_views.pop(old, None)
+            self._run_json.pop(old, None)
+            self._records_json.pop(old, None)
 
     def _recover(self, msg: SignedMessageType, signature: bytes) -> Address:
         return parse_address(recover_signer(msg, signature, self._config.chain_id))
@@ -666,7 +731,7 @@ class NodeService:
         """Write one applied transition (run, ledger diff, ``extra``) in one batch; only once it
         committed, update the in-memory state and publish the events."""
         task_id = t.run.task_id
-        before = self._runs.get(task_id)
+        before = self._lookup(task_id)
         ends_now = is_terminal(t.run) and not (before is not None and is_terminal(before))
         if self._config.prune_payloads and ends_now:
             extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
@@ -677,7 +742,7 @@ class NodeService:
             # it). Kept, it let a funded sponsor fill the disk by posting and cancelling (review).
             extra = [*extra, *self._drop_snapshot_ops(task_id, t.run.spec.architecture.fragment_count)]
         ops, encoded = persistence.compute_transition_ops(
-            self._stored_runs.get(task_id), t.run, self._ledger, t.ledger, extra
+            self._stored(task_id), t.run, self._ledger, t.ledger, extra
         )
         self._write(ops)
         self._payloads_pruned += sum(
@@ -685,8 +750,13 @@ class NodeService:
             if op is BatchOp.DELETE and cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK
         )
         self._ledger = t.ledger
-        self._runs[task_id] = t.run
-        self._stored_runs[task_id] = encoded
+        if is_terminal(t.run):
+            self._retire(task_id, t.run, encoded)  # cached first: get_run_state (other threads) never misses it
+            self._runs.pop(task_id, None)
+            self._stored_runs.pop(task_id, None)
+        else:
+            self._runs[task_id] = t.run
+            self._stored_runs[task_id] = encoded
         if is_terminal(t.run):  # no finalize will step it again
             self._model_cache.pop(task_id, None)
             if not t.run.records:
@@ -750,7 +820,7 @@ class NodeService:
             raise NotSponsor(task.task_id, format_address(signer), task.sponsor_address)
         now = self._now()
         timings = self._config.timings
-        existing = self._runs.get(task.task_id)
+        existing = self._lookup(task.task_id)
         if existing is not None:
             # The same spec again answers as the first call did; another spec is TaskExists.
             process_post_task(task, signer, self._ledger, now, timings, existing.initial_model_hash, existing=existing)
@@ -1098,11 +1168,12 @@ class NodeService:
         t = process_finalize(run, ledger, signer, round, update.outcomes, update.model_hash, now)
         # Cached before the events fire (_commit), dropped again if the call fails before or at
         # the write: a signature of a round the store does not hold is never served.
-        self._finalize_signatures[(task_id, round)] = bytes(signature)
+        signatures = self._finalize_signatures.setdefault(task_id, {})
+        signatures[round] = bytes(signature)
         try:
             sealed = self._commit_finalize(task_id, round, t, update, signer, signature)
         except BaseException:
-            self._finalize_signatures.pop((task_id, round), None)
+            signatures.pop(round, None)
             raise
         if not sealed:  # committed: now the run's current model
             self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
@@ -1333,10 +1404,12 @@ class NodeService:
 
     def count_runs_by_status(self) -> dict[str, int]:
         """Status name -> number of runs. Safe from any thread (it is what ``GET /metrics`` reads
-        from the event loop): one copy of the run table's values, which are immutable."""
+        from the event loop): one copy of each run table's values, which are immutable."""
         counts: dict[str, int] = {}
-        for run in list(self._runs.values()):
-            counts[run.status.value] = counts.get(run.status.value, 0) + 1
+        statuses = [run.status.value for run in list(self._runs.values())]
+        statuses += [entry["status"] for entry in list(self._ended.values())]
+        for status in statuses:
+            counts[status] = counts.get(status, 0) + 1
         return counts
 
     def cache_stats(self) -> dict[str, int]:
@@ -1360,26 +1433,31 @@ class NodeService:
             raise InvalidRunArgument("*", "offset", "expected an integer >= 0")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidRunArgument("*", "limit", "expected an integer >= 1")
-        ids = [t for t in sorted(self._runs) if status is None or self._runs[t].status.value == status]
-        runs = []
-        for task_id in ids[offset : offset + limit]:
-            run = self._runs[task_id]
-            syncer = get_current_syncer(run)
-            runs.append(
-                {
-                    "task_id": task_id,
-                    "status": run.status.value,
-                    "round": run.round,
-                    "max_rounds": run.spec.max_rounds,
-                    "spec_hash": _hex(run.spec_hash),
-                    "sponsor": run.spec.sponsor_address,
-                    "syncer": None if syncer is None else format_address(syncer),
-                    "posted_at_ms": run.posted_at_ms,
-                    "updated_at_ms": run.updated_at_ms,
-                    "next_deadline_ms": get_next_deadline_ms(run),
-                }
-            )
+        open_runs, ended = self._runs, self._ended
+        ids = sorted(
+            [t for t, run in open_runs.items() if status is None or run.status.value == status]
+            + [t for t, entry in ended.items() if status is None or entry["status"] == status]
+        )
+        runs = [
+            self._list_entry(open_runs[t]) if t in open_runs else dict(ended[t]) for t in ids[offset : offset + limit]
+        ]
         return {"runs": runs, "total": len(ids), "offset": offset, "limit": limit}
+
+    @staticmethod
+    def _list_entry(run: RunState) -> dict[str, Any]:
+        syncer = get_current_syncer(run)
+        return {
+            "task_id": run.task_id,
+            "status": run.status.value,
+            "round": run.round,
+            "max_rounds": run.spec.max_rounds,
+            "spec_hash": _hex(run.spec_hash),
+            "sponsor": run.spec.sponsor_address,
+            "syncer": None if syncer is None else format_address(syncer),
+            "posted_at_ms": run.posted_at_ms,
+            "updated_at_ms": run.updated_at_ms,
+            "next_deadline_ms": get_next_deadline_ms(run),
+        }
 
     def get_receipt(self, task_id: str) -> dict[str, Any]:
         self._check_open()
@@ -1431,7 +1509,7 @@ class NodeService:
                 RoundAttestation(
                     round=record.round,
                     syncer=record.syncer,
-                    finalize_signature=self._finalize_signatures.get((task_id, record.round)),
+                    finalize_signature=self.get_finalize_signature(task_id, record.round),
                     submissions=tuple(submissions),
                 )
             )
@@ -1510,9 +1588,15 @@ class NodeService:
         self._commit(process_ticket(run, self._ledger, candidate, ticket, self._now()))
 
     def get_run_state(self, task_id: str) -> RunState | None:
-        """The run's current state (an immutable value), or None. A plain dict read: the p2p
-        bridge's gossip validators call it from the libp2p thread."""
-        return self._runs.get(task_id)
+        """The run's current state (an immutable value), or None. Plain dict reads, no store
+        read: the p2p bridge's gossip validators call it from the libp2p thread. An ended run
+        out of the cache of ended runs (ENDED_RUNS_CACHED) reads as None here: gossip about
+        it is ignored, as for a task the node does not hold."""
+        run = self._runs.get(task_id)
+        if run is None:
+            held = self._ended_cache.get(task_id)
+            run = None if held is None else held[0]
+        return run
 
     def get_global_weights(self, task_id: str) -> tuple[int, bytes, list[torch.Tensor]]:
         """``(round, model_hash, fragments)``: the current global model as fp32 fragment vectors
@@ -1533,8 +1617,14 @@ class NodeService:
 
     def get_finalize_signature(self, task_id: str, round: int) -> bytes | None:
         """The syncer's FinalizeRound signature of a finalized round (else None; also None for
-        rounds finalized by a node version that did not store them)."""
-        return self._finalize_signatures.get((task_id, round))
+        rounds finalized by a node version that did not store them). Kept in memory for open
+        runs, read from the store otherwise: safe from any thread, as the store's writes come
+        before the memory's changes."""
+        signature = self._finalize_signatures.get(task_id, {}).get(round)
+        if signature is None:
+            raw = self._store.get(schema.CF_META, schema.finalize_signature_key(task_id, round))
+            signature = None if raw is None else persistence.decode_finalize_record(raw).signature
+        return signature
 
     # --- the final model ------------------------------------------------------------------------
 
@@ -1549,7 +1639,7 @@ class NodeService:
         here if it went missing, when it can be: it may still be missing on a full disk)."""
         self._check_open()
         path = self._model_file(task_id)
-        run = self._runs.get(task_id)
+        run = self._lookup(task_id)
         if run is not None and run.status is RunStatus.SEALED and not path.exists():
             self._try_write_model_file(task_id)
         return path

@@ -1330,3 +1330,79 @@ class TestPayloadPruning:
         play_round(net, 0)
         play_round(net, 1)
         assert len(self.payload_keys(net)) == 12 and self.pruned(net) is None
+
+
+class TestEndedRuns:
+    """An ended run leaves memory once ENDED_RUNS_CACHED more recent ones ended (soak probe:
+    every run ever held stayed decoded in memory, ~1.3 KB per committed round), and every answer
+    about it stays what it was: it is read back from the store."""
+
+    @staticmethod
+    def _answers(service: NodeService, task_id: str) -> dict[str, Any]:
+        run = service._lookup(task_id)
+        assert run is not None
+        clock, now = service._clock, service._clock.now  # type: ignore[attr-defined]
+        clock.now = 2_000_000_000_000  # type: ignore[attr-defined]  # the views' clock fields alike
+        out: dict[str, Any] = {"run": service.get_run(task_id), "json": service.get_run_json(task_id)}
+        clock.now = now  # type: ignore[attr-defined]
+        if run.status.value == "Sealed":
+            out["receipt"] = service.get_receipt(task_id)
+            out["reports"] = [service.get_round_reports(task_id, r) for r in range(len(run.records))]
+            out["signatures"] = [service.get_finalize_signature(task_id, r) for r in range(len(run.records))]
+            out["model"] = service.export_final_model(task_id)
+        return out
+
+    def test_evicted_runs_answer_as_before_and_a_replay_writes_nothing(
+        self, net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        import tenzro_training.node.service as service_module
+
+        monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 1)
+        service = net.service
+        start(net, checkpoint)
+        play_round(net, 0)
+        syncer = net.syncer()
+        play_round(net, 1)
+        sealed = self._answers(service, "run-1")
+        assert all(sig is not None for sig in sealed["signatures"])
+        assert service.get_run_state("run-1") is not None  # the most recently ended run is cached
+        net.task_id = "run-2"
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        net.cancel()
+        cancelled = self._answers(service, "run-2")
+        net.task_id = "run-3"
+        start(net, checkpoint, task_id="run-3")
+        listed = service.list_runs(None, 0, 10)
+
+        # run-2 ended last: run-1 is out of memory, run-3 (open) is in the open table.
+        assert set(service._runs) == {"run-3"} and list(service._ended_cache) == ["run-2"]
+        assert service.get_run_state("run-1") is None and "run-1" not in service._finalize_signatures
+        assert [r["status"] for r in listed["runs"]] == ["Sealed", "Cancelled", "Training"]
+        assert service.list_runs("Sealed", 0, 10)["runs"] == listed["runs"][:1]
+        assert service.count_runs_by_status() == {"Sealed": 1, "Cancelled": 1, "Training": 1}
+
+        # Read back from the store: the same answers, and a replay of the sealing finalize or of
+        # the post answers as the first call did and writes nothing.
+        assert self._answers(service, "run-1") == sealed
+        before = snapshot(net.store)
+        net.task_id = "run-1"
+        replay = service.finalize_round("run-1", 1, syncer.sign(auth.FinalizeRound(task_id="run-1", round=1)))
+        assert replay["sealed"] and replay["run_root"] == sealed["receipt"]["run_root"]
+        assert net.post(spec_dict(*checkpoint))["status"] == "Sealed"
+        assert snapshot(net.store) == before
+        assert self._answers(service, "run-2") == cancelled
+        assert service.list_runs(None, 0, 10) == listed
+
+        # A restart holds only the open run, and answers the same.
+        config, store = service._config, net.store
+        service.close()
+        if config.data_dir is not None:
+            store.close()
+            store = open_test_store("rocks", tmp_path / "db")
+        again = NodeService(config, store, clock=net.clock)
+        try:
+            assert set(again._runs) == {"run-3"} and again.list_runs(None, 0, 10) == listed
+            assert self._answers(again, "run-1") == sealed and self._answers(again, "run-2") == cancelled
+        finally:
+            again.close()
+            store.close()
