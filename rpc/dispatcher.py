@@ -194,8 +194,10 @@ class Method:
     call: Callable[[TrainingService, Any], Any]
 
 
+POST_TASK: Final = "tenzro_training_postTask"
+
 METHODS: Final[Mapping[str, Method]] = {
-    "tenzro_training_postTask": Method(
+    POST_TASK: Method(
         PostTaskParams.parse, lambda s, p: s.post_task(p.spec, p.signature)
     ),
     "tenzro_training_listRuns": Method(
@@ -320,6 +322,27 @@ class Dispatcher:
                 size += len(part) + 1
                 parts.append(part)
         return b"[" + b",".join(parts) + b"]" if parts else None
+
+    def preload(self, raw: bytes) -> None:
+        """Let the service prepare, off its thread, the postTask a single-request body holds:
+        :meth:`rpc.service.Preloading.preload_post_task` (read the init checkpoint), when the
+        service has it. The server calls this on a thread of its own before :meth:`handle`;
+        only what ``handle`` itself would accept is passed on. Never raises: whatever is wrong
+        with the body is ``handle``'s to answer."""
+        preload = getattr(self._service, "preload_post_task", None)
+        if preload is None:
+            return
+        try:
+            request = parse_json(raw)
+            if type(request) is not dict or request.get("method") != POST_TASK or request.get("jsonrpc") != "2.0":
+                return
+            params = request.get("params")
+            if type(params) is not dict:
+                return
+            parsed = PostTaskParams.parse(params)
+        except TenzroError:
+            return
+        preload(parsed.spec, parsed.signature)
 
     def handle_obj(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
         """Answer one parsed request or batch; ``None`` when nothing must be sent. In process,

@@ -35,7 +35,10 @@ HTTP behaviour:
 Threading: the dispatcher (JSON parse, params, the service call) runs on ONE worker thread, so
 the service sees one call at a time and the event loop stays free to accept and answer other
 connections (health checks keep answering during a long finalizeRound). Pass ``executor`` to
-share that one thread with other callers of the service (gossip handlers, timers).
+share that one thread with other callers of the service (gossip handlers, timers). A single
+postTask request is first shown to the service on a preloading thread of its own
+(:class:`rpc.service.Preloading`: the node reads and hashes the init checkpoint there), so that
+reading a large checkpoint does not hold that one thread.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from rpc.dispatcher import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BATCH_SECONDS,
     METHODS,
+    POST_TASK,
     Dispatcher,
     serialize_json,
 )
@@ -108,6 +112,8 @@ _WRITE_CHUNK: Final = 1024 * 1024
 _DISPATCHER: Final = web.AppKey("rpc_dispatcher", Dispatcher)
 _EXECUTOR: Final = web.AppKey("rpc_executor", Executor)
 _DECODER: Final = web.AppKey("rpc_decoder", Executor)
+_PRELOADER: Final = web.AppKey("rpc_preloader", Executor)
+_POST_TASK: Final = POST_TASK.encode("ascii")
 _MAX_BODY: Final = web.AppKey("rpc_max_body_bytes", int)
 _METRICS: Final = web.AppKey("rpc_metrics", Registry)
 _REJECTED: Final = web.AppKey("rpc_rejected_bodies", Counter)
@@ -483,6 +489,9 @@ async def _answer(request: web.Request, encoding: str, body: bytes | None, hold:
     held = hold[0]
     assert held is not None
     answer_room = max(1, min(held - len(body), _answer_room(limits, budget, body)))
+    if len(body) <= SMALL_BODY_BYTES and _POST_TASK in body:
+        # A post's checkpoint is read and hashed on the preloading thread, not the service's.
+        await _run_to_end(app[_PRELOADER], app[_DISPATCHER].preload, body)
     answer = await _run_to_end(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
     del body
     if answer is None:
@@ -585,9 +594,14 @@ def create_app(
     # to 32 threads on a large machine) clients could run that many ~100 MB decodes at once.
     decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tenzro-rpc-decode")
     app[_DECODER] = decoder
+    # postTask's init checkpoint is read on one thread of its own (Dispatcher.preload): one post
+    # at a time, and never on the service thread or the decoders'.
+    preloader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-rpc-preload")
+    app[_PRELOADER] = preloader
 
     async def _stop_decoder(_app: web.Application) -> None:
         await asyncio.to_thread(decoder.shutdown, True)
+        await asyncio.to_thread(preloader.shutdown, True)
 
     app.on_cleanup.append(_stop_decoder)
     if executor is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["TrainingService"]
+__all__ = ["Preloading", "TrainingService"]
 
 
 @runtime_checkable
@@ -89,3 +89,17 @@ class TrainingService(Protocol):
     def cancel_task(self, task_id: str, signature: bytes) -> dict[str, Any]:
         """``tenzro_training_cancelTask`` (extension): the sponsor cancels before training."""
         ...
+
+
+@runtime_checkable
+class Preloading(Protocol):
+    """Optional: a service that can prepare a postTask off its one thread. The server calls
+    ``preload_post_task`` on a preloading thread of its own, before the call itself reaches the
+    service thread, with the params the dispatcher parsed (a postTask's checkpoint is read and
+    hashed there: seconds for a large model, during which every other call would wait).
+
+    Contract: thread-safe against the service's own calls; never raises; changes nothing a
+    caller can observe except how soon the post answers (the post answers exactly as it would
+    without it, and must not rely on it having run)."""
+
+    def preload_post_task(self, spec: dict[str, Any], signature: bytes) -> None: ...

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from hashlib import sha256
 import time
 from collections import OrderedDict
@@ -74,6 +75,7 @@ from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
 from tenzro_training.global_model import (
+    InitialModel,
     ModelLayout,
     RoundBuffers,
     RoundUpdate,
@@ -181,6 +183,10 @@ memory for good, ~1.3 KB per committed round with its finalize signature, so a l
 grew without bound (soak probe); listRuns and the run metrics read a one-line summary of each
 ended run instead."""
 
+PRELOADED_POSTS = 2
+"""Init checkpoints read ahead of their postTask (``preload_post_task``) held at once; an older
+one is dropped (its post, if it comes, reads the file itself)."""
+
 RECEIPT_JSON_CACHE_BYTES = 64 << 20
 """Serialized getReceipt answers the service keeps, least recently asked for out first. Each
 was rebuilt on every call (ABI, attestations with every signature): 0.6-1.1 s and 3.1 MB for a
@@ -280,6 +286,10 @@ class NodeService:
         self._receipt_json: OrderedDict[str, bytes] = OrderedDict()
         self._receipt_json_bytes = 0
         self._ticket_failures: set[tuple[str, bytes]] = set()
+        # (task id, spec hash) -> the post's initial model, or the error reading it gave, read
+        # by preload_post_task on another thread; taken (and so dropped) by post_task.
+        self._preloaded: OrderedDict[tuple[str, bytes], InitialModel | TenzroError] = OrderedDict()
+        self._preload_lock = threading.Lock()
         # The syncer's FinalizeRound signature per task and round: written with the round's batch
         # (schema.finalize_signature_key, for getReceipt's attestations) and kept here for the
         # p2p bridge's RoundFinalized gossip while the run is open; reloaded from the store at
@@ -818,6 +828,9 @@ class NodeService:
         # Checked before any file is touched: only the sponsor can make the node read a checkpoint.
         if signer != task.sponsor_address_bytes:
             raise NotSponsor(task.task_id, format_address(signer), task.sponsor_address)
+        # Taken whatever the outcome: a refused post must not leave a model waiting in memory.
+        with self._preload_lock:
+            preloaded = self._preloaded.pop((task.task_id, task.spec_hash()), None)
         now = self._now()
         timings = self._config.timings
         existing = self._lookup(task.task_id)
@@ -837,16 +850,10 @@ class NodeService:
         caps = {"max_grace_window_ms": config.max_grace_window_ms, "max_receipt_bytes": config.max_receipt_bytes,
                 "max_trainer_count": config.max_trainer_count, "min_reward_pool": config.min_reward_pool}
         process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, **caps)
-        state = load_init_checkpoint(
-            task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
-        )
-        try:
-            initial = compute_initial_model(state, task.architecture.fragment_count)
-        except FragmentError as exc:
-            # A property of the spec against the sponsor's own model (more fragments than
-            # elements): a public SpecError naming the field, not a private CheckpointError.
-            raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
-        del state
+        if isinstance(preloaded, TenzroError):
+            raise preloaded  # what reading it here would raise, at the same point of the checks
+        initial = self._load_initial_model(task) if preloaded is None else preloaded
+        del preloaded
         t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, **caps)
         t = self._ticket_own(t, now)
         extra: list[Operation] = [
@@ -858,6 +865,51 @@ class NodeService:
         self._models[task.task_id] = initial.model
         self._remember_model_state(task.task_id, (list(initial.weights), momentum))  # round 0's finalize steps them
         return self._post_result(t.run)
+
+    def _load_initial_model(self, task: TrainingTaskSpec) -> InitialModel:
+        """Read, verify and split the post's init checkpoint. Touches no service state: it runs on
+        the service thread or, ahead of the post, on the preloading one."""
+        state = load_init_checkpoint(
+            task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
+        )
+        try:
+            return compute_initial_model(state, task.architecture.fragment_count)
+        except FragmentError as exc:
+            # A property of the spec against the sponsor's own model (more fragments than
+            # elements): a public SpecError naming the field, not a private CheckpointError.
+            raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
+
+    def preload_post_task(self, spec: object, signature: bytes) -> None:
+        """Read a postTask's init checkpoint ahead of the call, on the caller's thread (the RPC
+        server's preloading thread), so that reading and hashing up to ``max_checkpoint_bytes``
+        does not hold the one service thread, and every other call and deadline with it.
+
+        Only for a post the spec's sponsor signed, of a task the node does not hold: as on the
+        service thread, nobody else can make the node read a file. The model, or the error
+        reading it gave, waits for :meth:`post_task`, which takes it instead of reading the file
+        (same bits: the file is pinned by the spec's SHA-256) after its own checks; at most
+        :data:`PRELOADED_POSTS` wait. Never raises: whatever is wrong is the post's to answer.
+        Safe from any thread: it reads only the config and plain dict lookups."""
+        try:
+            if self._closed or not isinstance(spec, dict):
+                return
+            task = TrainingTaskSpec.from_dict(spec)
+            signer = self._recover(PostTask(task_id=task.task_id, spec_hash=task.spec_hash()), signature)
+            if signer != task.sponsor_address_bytes or task.task_id in self._runs or task.task_id in self._ended:
+                return
+        except TenzroError:
+            return
+        try:
+            initial: InitialModel | TenzroError = self._load_initial_model(task)
+        except TenzroError as exc:
+            initial = exc
+        except Exception:  # a bug: the post reads the file itself and reports it
+            log.exception("reading the init checkpoint of %s ahead of its post failed", task.task_id)
+            return
+        with self._preload_lock:
+            self._preloaded[(task.task_id, task.spec_hash())] = initial
+            while len(self._preloaded) > PRELOADED_POSTS:
+                self._preloaded.popitem(last=False)
 
     def _post_result(self, run: RunState) -> dict[str, Any]:
         return {

@@ -158,3 +158,99 @@ def test_a_run_that_ends_before_training_leaves_no_snapshot(tmp_path: Path) -> N
     assert net.service._models == {}
     assert net.service.get_run("r4")["status"] == "Cancelled" and net.service.get_run("r4")["fragments"]
     assert [r.problem for r in audit_store(net.store, ["r0", "r4"])] == [None, None]
+
+
+# --- the checkpoint read ahead of the post, off the service thread (preload_post_task) ------------
+
+
+def _post_signature(spec: dict, signer: object = SPONSOR) -> bytes:
+    from tenzro_training.spec import TrainingTaskSpec
+
+    task = TrainingTaskSpec.from_dict(spec)
+    return signer.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread name of every init checkpoint read."""
+    import threading
+
+    import tenzro_training.node.service as service_module
+
+    seen: list[str] = []
+    real = service_module.load_init_checkpoint
+
+    def load(*args: object, **kwargs: object) -> object:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "load_init_checkpoint", load)
+    return seen
+
+
+def _preload_on_a_thread(net: Net, spec: dict, signature: bytes) -> None:
+    import threading
+
+    worker = threading.Thread(target=net.service.preload_post_task, args=(spec, signature), name="preloader")
+    worker.start()
+    worker.join(30)
+
+
+def test_a_preloaded_post_reads_its_checkpoint_once_ahead_and_answers_the_same(tmp_path: Path, loads: list[str]) -> None:
+    uri, sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, sha)
+    plain, ahead = _net(tmp_path), _net(tmp_path)
+    expected = plain.post(spec)
+    assert loads == ["MainThread"]
+    _preload_on_a_thread(ahead, spec, _post_signature(spec))
+    assert loads == ["MainThread", "preloader"]
+    assert ahead.post(spec) == expected and loads == ["MainThread", "preloader"]  # not read again
+    from tests.node.conftest import snapshot
+
+    assert snapshot(ahead.store) == snapshot(plain.store) and not ahead.service._preloaded
+
+
+def test_a_preload_reads_nothing_for_a_stranger_or_a_held_task(tmp_path: Path, loads: list[str]) -> None:
+    uri, sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, sha)
+    net = _net(tmp_path)
+    for bad in (_post_signature(spec, STRANGER), b"\x00" * 65):
+        net.service.preload_post_task(spec, bad)
+    net.service.preload_post_task({"task_id": "x"}, _post_signature(spec))  # not a spec
+    assert loads == [] and not net.service._preloaded
+    net.post(spec)
+    net.service.preload_post_task(spec, _post_signature(spec))
+    assert loads == ["MainThread"] and not net.service._preloaded
+
+
+def test_a_preloaded_read_error_is_the_posts_answer(tmp_path: Path, loads: list[str]) -> None:
+    uri, _sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, "0x" + "00" * 32)
+    inline = _net(tmp_path)
+    with pytest.raises(CheckpointError) as direct:
+        inline.post(spec)
+    net = _net(tmp_path)
+    _preload_on_a_thread(net, spec, _post_signature(spec))
+    with pytest.raises(CheckpointError) as ahead:
+        net.post(spec)
+    assert str(ahead.value) == str(direct.value) and loads == ["MainThread", "preloader"]
+    assert not list(net.store.iterate(schema.CF_TRAINING_RUNS))
+
+
+def test_a_refused_post_drops_its_preloaded_model_and_few_wait(tmp_path: Path, loads: list[str]) -> None:
+    import tenzro_training.node.service as service_module
+
+    uri, sha = write_checkpoint(tmp_path)
+    net = _net(tmp_path, max_open_runs=1)
+    net.post(spec_dict(uri, sha, task_id="open"))
+    refused = spec_dict(uri, sha, task_id="refused")
+    net.service.preload_post_task(refused, _post_signature(refused))
+    assert len(net.service._preloaded) == 1
+    with pytest.raises(TooManyRuns):
+        net.post(refused)
+    assert not net.service._preloaded  # not left waiting for a post that will not come
+    for i in range(service_module.PRELOADED_POSTS + 2):
+        other = spec_dict(uri, sha, task_id=f"ahead-{i}")
+        net.service.preload_post_task(other, _post_signature(other))
+    kept = range(2, service_module.PRELOADED_POSTS + 2)  # the last PRELOADED_POSTS, in order
+    assert [k[0] for k in net.service._preloaded] == [f"ahead-{i}" for i in kept]

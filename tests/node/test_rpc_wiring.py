@@ -6,6 +6,8 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from rpc.dispatcher import Dispatcher
 from rpc.service import TrainingService
 from tenzro_training import auth
@@ -69,3 +71,30 @@ def test_too_many_fragments_is_a_public_spec_error(net: Net, checkpoint: tuple[s
     assert error["data"]["path"] == "architecture.fragment_count"
     assert "exceeds the model's 17 elements" in error["data"]["reason"]
     assert call(rpc, "listRuns")["result"]["total"] == 0
+
+
+def test_the_dispatchers_preload_reaches_the_node(net: Net, checkpoint: tuple[str, str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the server runs on its preloading thread before a postTask: the node reads the
+    checkpoint there, and the post itself does not read it again."""
+    import tenzro_training.node.service as service_module
+    from rpc.service import Preloading
+
+    assert isinstance(net.service, Preloading)
+    reads: list[str] = []
+    real = service_module.load_init_checkpoint
+    monkeypatch.setattr(service_module, "load_init_checkpoint",
+                        lambda task, **kw: reads.append(task.task_id) or real(task, **kw))
+    rpc = Dispatcher(net.service)
+    spec = spec_dict(*checkpoint)
+    task = TrainingTaskSpec.from_dict(spec)
+    sig = SPONSOR.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tenzro_training_postTask",
+                       "params": {"spec": spec, "signature": "0x" + sig.hex()}}).encode()
+    rpc.preload(body)
+    assert reads == ["run-1"] and net.service.get_run_state("run-1") is None  # read, nothing posted
+    posted = json.loads(rpc.handle(body) or b"")
+    assert posted["result"]["status"] == "Electing" and reads == ["run-1"]
+    for junk in (b"{", b"[]", body.replace(b'"0x', b'"0xzz', 1), b'{"method":"tenzro_training_postTask"}'):
+        rpc.preload(junk)  # never raises; the call itself answers what is wrong
+    assert reads == ["run-1"]

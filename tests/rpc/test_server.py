@@ -433,3 +433,48 @@ def test_a_gzip_bomb_is_a_413(small: LiveServer) -> None:
     assert len(bomb) < SMALL_LIMIT
     status, _headers, data = small.request("POST", "/", bomb, {"Content-Encoding": "gzip"})
     assert status == 413 and json.loads(data)["error"]["data"]["type"] == "RequestTooLarge"
+
+
+class PreloadingService(FakeService):
+    """A FakeService whose postTask preparation (the node reads the init checkpoint there)
+    blocks until released, recording the thread it ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preload_gate = threading.Event()
+        self.preload_entered = threading.Event()
+        self.preloads: list[tuple[dict[str, Any], bytes, str]] = []
+
+    def preload_post_task(self, spec: dict[str, Any], signature: bytes) -> None:
+        self.preloads.append((spec, signature, threading.current_thread().name))
+        self.preload_entered.set()
+        self.preload_gate.wait(timeout=10)
+
+
+def test_a_posts_checkpoint_read_does_not_hold_the_service_thread() -> None:
+    """postTask read and hashed its init checkpoint (up to max_checkpoint_bytes) on the one
+    service thread: every other call, and every deadline, waited for it. The server now shows a
+    single postTask to the service's preload_post_task on a thread of its own first."""
+    service = PreloadingService()
+    post = req("tenzro_training_postTask", {"spec": {"task_id": "t"}, "signature": "0x" + "11" * 65})
+    with LiveServer(service) as server:
+        answers: list[tuple[int, bytes]] = []
+        poster = threading.Thread(target=lambda: answers.append(server.post(json.dumps(post).encode())))
+        poster.start()
+        assert service.preload_entered.wait(10)
+        # The post's preparation is blocked: a getRun is answered meanwhile, by the service.
+        status, body = server.post(json.dumps(get_run("other")).encode())
+        assert status == 200 and json.loads(body)["result"]["task_id"] == "other"
+        assert [name for name, _ in service.calls] == ["get_run"]
+        service.preload_gate.set()
+        poster.join(10)
+        assert answers and json.loads(answers[0][1])["result"]["method"] == "post_task"
+        assert [name for name, _ in service.calls] == ["get_run", "post_task"]
+        ((spec, signature, thread),) = service.preloads
+        assert spec == {"task_id": "t"} and signature == b"\x11" * 65 and thread.startswith("tenzro-rpc-preload")
+        # Only a single, well-formed postTask is shown to it: not a batch, not another method,
+        # not params the dispatcher refuses (each still answered as before).
+        for other in ([post], get_run("t"), req("tenzro_training_postTask", {"spec": [], "signature": "0x11"}),
+                      {**post, "jsonrpc": "1.0"}):
+            assert server.post(json.dumps(other).encode())[0] == 200
+        assert len(service.preloads) == 1
