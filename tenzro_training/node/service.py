@@ -838,23 +838,12 @@ class NodeService:
             # The same spec again answers as the first call did; another spec is TaskExists.
             process_post_task(task, signer, self._ledger, now, timings, existing.initial_model_hash, existing=existing)
             return self._post_result(existing)
-        # Node policy before anything is read or written: a post costs a snapshot on disk and a
-        # layout in memory, so the open runs are bounded and the pool has a minimum (below;
-        # malicious-participant probe, 2026-11-26: free posts filled the disk for good).
-        config = self._config
-        validate_open_runs(task.task_id, signer, [r.spec.sponsor_address_bytes for r in self._runs.values()
-                                                  if not is_terminal(r)],
-                           config.max_open_runs, config.max_open_runs_per_sponsor)
-        # Every refusal the core can make (unsupported spec, pool minimum, outer config, balance)
-        # comes before the checkpoint is read: a dry run with a placeholder model hash.
-        caps = {"max_grace_window_ms": config.max_grace_window_ms, "max_receipt_bytes": config.max_receipt_bytes,
-                "max_trainer_count": config.max_trainer_count, "min_reward_pool": config.min_reward_pool}
-        process_post_task(task, signer, self._ledger, now, timings, _NO_HASH, **caps)
+        self._check_admission(task, signer, now)
         if isinstance(preloaded, TenzroError):
             raise preloaded  # what reading it here would raise, at the same point of the checks
         initial = self._load_initial_model(task) if preloaded is None else preloaded
         del preloaded
-        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, **caps)
+        t = process_post_task(task, signer, self._ledger, now, timings, initial.model_hash, **self._post_caps())
         t = self._ticket_own(t, now)
         extra: list[Operation] = [
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))
@@ -865,6 +854,26 @@ class NodeService:
         self._models[task.task_id] = initial.model
         self._remember_model_state(task.task_id, (list(initial.weights), momentum))  # round 0's finalize steps them
         return self._post_result(t.run)
+
+    def _post_caps(self) -> dict[str, Any]:
+        config = self._config
+        return {"max_grace_window_ms": config.max_grace_window_ms, "max_receipt_bytes": config.max_receipt_bytes,
+                "max_trainer_count": config.max_trainer_count, "min_reward_pool": config.min_reward_pool}
+
+    def _check_admission(self, task: TrainingTaskSpec, signer: Address, now: int) -> None:
+        """Every refusal of a new post that comes before its checkpoint is read. Reads only
+        immutable values and one copy of the open-run table: preload_post_task calls it from
+        another thread."""
+        # Node policy before anything is read or written: a post costs a snapshot on disk and a
+        # layout in memory, so the open runs are bounded and the pool has a minimum
+        # (malicious-participant probe, 2026-11-26: free posts filled the disk for good).
+        config = self._config
+        open_runs = list(self._runs.values())
+        validate_open_runs(task.task_id, signer, [r.spec.sponsor_address_bytes for r in open_runs if not is_terminal(r)],
+                           config.max_open_runs, config.max_open_runs_per_sponsor)
+        # Every refusal the core can make (unsupported spec, pool minimum, outer config, balance):
+        # a dry run with a placeholder model hash.
+        process_post_task(task, signer, self._ledger, now, config.timings, _NO_HASH, **self._post_caps())
 
     def _load_initial_model(self, task: TrainingTaskSpec) -> InitialModel:
         """Read, verify and split the post's init checkpoint. Touches no service state: it runs on
@@ -884,8 +893,10 @@ class NodeService:
         server's preloading thread), so that reading and hashing up to ``max_checkpoint_bytes``
         does not hold the one service thread, and every other call and deadline with it.
 
-        Only for a post the spec's sponsor signed, of a task the node does not hold: as on the
-        service thread, nobody else can make the node read a file. The model, or the error
+        Only for a post the spec's sponsor signed, of a task the node does not hold, that passes
+        the checks made before the read (node policy, the dry run: ``_check_admission``): as on
+        the service thread, nobody else can make the node read a file, and no read is made for a
+        post that would be refused first. The model, or the error
         reading it gave, waits for :meth:`post_task`, which takes it instead of reading the file
         (same bits: the file is pinned by the spec's SHA-256) after its own checks; at most
         :data:`PRELOADED_POSTS` wait. Never raises: whatever is wrong is the post's to answer.
@@ -897,6 +908,7 @@ class NodeService:
             signer = self._recover(PostTask(task_id=task.task_id, spec_hash=task.spec_hash()), signature)
             if signer != task.sponsor_address_bytes or task.task_id in self._runs or task.task_id in self._ended:
                 return
+            self._check_admission(task, signer, self._now())
         except TenzroError:
             return
         try:

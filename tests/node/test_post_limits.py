@@ -242,15 +242,21 @@ def test_a_refused_post_drops_its_preloaded_model_and_few_wait(tmp_path: Path, l
 
     uri, sha = write_checkpoint(tmp_path)
     net = _net(tmp_path, max_open_runs=1)
-    net.post(spec_dict(uri, sha, task_id="open"))
-    refused = spec_dict(uri, sha, task_id="refused")
-    net.service.preload_post_task(refused, _post_signature(refused))
-    assert len(net.service._preloaded) == 1
+    later = spec_dict(uri, sha, task_id="later")
+    net.service.preload_post_task(later, _post_signature(later))  # admissible now: read
+    assert len(net.service._preloaded) == 1 and loads == ["MainThread"]
+    net.post(spec_dict(uri, sha, task_id="open"))  # (its own read: no preload)
     with pytest.raises(TooManyRuns):
-        net.post(refused)
+        net.post(later)
     assert not net.service._preloaded  # not left waiting for a post that will not come
+    # A post the node would refuse before reading its checkpoint is not read ahead either.
+    net.service.preload_post_task(later, _post_signature(later))
+    poor = spec_dict(uri, sha, task_id="poor", reward_pool=str(10**40))
+    net.service.preload_post_task(poor, _post_signature(poor))
+    assert loads == ["MainThread", "MainThread"] and not net.service._preloaded
+    wide = _net(tmp_path)
     for i in range(service_module.PRELOADED_POSTS + 2):
         other = spec_dict(uri, sha, task_id=f"ahead-{i}")
-        net.service.preload_post_task(other, _post_signature(other))
+        wide.service.preload_post_task(other, _post_signature(other))
     kept = range(2, service_module.PRELOADED_POSTS + 2)  # the last PRELOADED_POSTS, in order
-    assert [k[0] for k in net.service._preloaded] == [f"ahead-{i}" for i in kept]
+    assert [k[0] for k in wide.service._preloaded] == [f"ahead-{i}" for i in kept]
