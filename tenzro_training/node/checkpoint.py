@@ -64,7 +64,12 @@ _SETTLED_NS = 2_000_000_000
 
 def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
     """The real (symlink-free) path a ``file://`` URI names, checked against ``allowed_dirs``."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        # "file://[x/..." (an unbalanced IPv6 bracket, which the spec's URI grammar admits):
+        # urlsplit's ValueError would reach the RPC as an internal error.
+        raise CheckpointError(uri, "not a valid URI (unbalanced brackets in the host part)") from None
     if parts.scheme.lower() != "file":
         raise CheckpointError(uri, f"unsupported URI scheme {parts.scheme!r}: only file:// is supported")
     if parts.netloc not in ("", "localhost"):

@@ -98,3 +98,17 @@ def test_the_dispatchers_preload_reaches_the_node(net: Net, checkpoint: tuple[st
     for junk in (b"{", b"[]", body.replace(b'"0x', b'"0xzz', 1), b'{"method":"tenzro_training_postTask"}'):
         rpc.preload(junk)  # never raises; the call itself answers what is wrong
     assert reads == ["run-1"]
+
+
+def test_a_malformed_checkpoint_uri_is_a_typed_error_not_internal(net: Net, checkpoint: tuple[str, str]) -> None:
+    """A signed post whose init_checkpoint URI has an unbalanced IPv6 bracket (the spec's URI
+    grammar admits it) was answered -32603 InternalError with a traceback in the node's log:
+    urlsplit's ValueError escaped. It is a CheckpointError (1101) and nothing is stored."""
+    rpc = Dispatcher(net.service)
+    spec = spec_dict("file://[x/init.safetensors", checkpoint[1])
+    task = TrainingTaskSpec.from_dict(spec)
+    sig = SPONSOR.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))
+    error = call(rpc, "postTask", spec=spec, signature="0x" + sig.hex())["error"]
+    assert error == {"code": 1101, "message": "init checkpoint cannot be loaded or does not match its hash",
+                     "data": {"type": "CheckpointError"}}
+    assert call(rpc, "listRuns")["result"]["total"] == 0
