@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import safetensors.torch
 import torch
 
@@ -70,6 +72,19 @@ def test_invalid_size_cap(tmp_path: Path) -> None:
 def test_invalid_uri_forms(uri: str) -> None:
     with pytest.raises(CheckpointError):
         resolve_checkpoint_path(uri, ())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["file://", "file:///", "FILE://", "file:", "file://localhost/", "http://"]),
+       st.text(alphabet="[]@:/%?#.0a-_", max_size=24))
+def test_any_spec_uri_resolves_or_is_a_checkpoint_error(prefix: str, rest: str) -> None:
+    """Every URI the spec's grammar admits (printable ASCII) either resolves or is refused with
+    a CheckpointError: nothing else may reach postTask's caller (an unbalanced IPv6 bracket
+    made urlsplit raise ValueError, answered -32603)."""
+    try:
+        resolve_checkpoint_path(prefix + rest, (Path("/nonexistent-allowed-dir"),))
+    except CheckpointError:
+        pass
 
 
 def test_invalid_outside_allowed_dirs_even_through_a_symlink(tmp_path: Path) -> None:
