@@ -870,7 +870,10 @@ def _checkpoint_path(uri: str) -> Path:
     from urllib.parse import unquote, urlparse
     from urllib.request import url2pathname
 
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError as exc:  # e.g. an unbalanced "[" in the host: "Invalid IPv6 URL" (fuzz probe)
+        raise CliError(f"init checkpoint {uri!r}: not a valid URI ({exc})") from None
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
         raise CliError(f"init checkpoint {uri!r}: only file:// URIs can be read locally")
     return Path(url2pathname(unquote(parsed.path)))

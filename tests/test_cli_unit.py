@@ -988,6 +988,13 @@ def test_invalid_make_gradient_inputs(capsys: pytest.CaptureFixture[str], tmp_pa
     (tmp_path / "init.safetensors").write_bytes(b"tampered")
     code, _, err = run(capsys, *base, "--fragment", "0")
     assert code == EXIT_USAGE and not os.path.exists(out)
+    # A URI the spec's grammar allows but urllib cannot split gave a traceback (fuzz probe).
+    doc = json.loads(spec.read_text())
+    doc["architecture"]["metadata"]["init_checkpoint"]["uri"] = "file://[x/init.safetensors"
+    spec.write_text(json.dumps(doc))
+    code, _, err = run(capsys, *base, "--fragment", "0")
+    assert code == EXIT_USAGE and err.startswith("tenzro: init checkpoint 'file://[x/init.safetensors': not a valid URI")
+    assert err.count("\n") == 1 and not os.path.exists(out)
 
 
 def test_export_model_from_model_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -169,7 +169,12 @@ def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:
             get_dtype_name(name, tensor.dtype)
         except FragmentError as exc:
             raise CheckpointError(uri, str(exc)) from None
-        state[name] = tensor.to(torch.float32).contiguous()
+        widened = tensor.to(torch.float32).contiguous()
+        if not bool(torch.isfinite(widened).all()):
+            # Every trainer's first loss would be NaN and the run would fail at its deadlines,
+            # its trainers' time spent (fuzz probe: such a checkpoint was accepted).
+            raise CheckpointError(uri, f"tensor {name!r} holds NaN or infinite values: no run can train from it")
+        state[name] = widened
     if not state:
         raise CheckpointError(uri, "the checkpoint holds no tensors")
     return state

@@ -40,6 +40,21 @@ def test_bf16_checkpoint_is_widened_exactly(tmp_path: Path) -> None:
     assert all(state[k].dtype == torch.float32 and torch.equal(state[k], bf[k].float()) for k in bf)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_invalid_non_finite_weights(tmp_path: Path, bad: float, dtype: torch.dtype) -> None:
+    """A NaN initial model was accepted: every trainer diverges at its first step and the run
+    fails only at its deadlines."""
+    state = {k: v.to(dtype) for k, v in initial_state().items()}
+    name = sorted(state)[-1]
+    state[name] = state[name].clone().flatten()
+    state[name][0] = bad
+    uri, sha = write_checkpoint(tmp_path, state)
+    with pytest.raises(CheckpointError) as info:
+        load_init_checkpoint(spec_for(uri, sha), max_bytes=1 << 20)
+    assert f"tensor {name!r} holds NaN or infinite values" in info.value.reason
+
+
 def test_invalid_hash_mismatch(tmp_path: Path) -> None:
     uri, _ = write_checkpoint(tmp_path)
     with pytest.raises(CheckpointError) as info:
