@@ -470,8 +470,11 @@ class GossipBridge:
         service = self._service
 
         def read() -> tuple[Any, ...]:
-            run = service.get_run_state(event.task_id)
+            # Weights first: on the service thread they read an ended run that has left the cache
+            # of ended runs back into it, where get_run_state (a plain dict read) then finds it;
+            # read the other way round, the sealing round's weights went unpublished (review).
             _, model_hash, weights = service.get_global_weights(event.task_id)
+            run = service.get_run_state(event.task_id)
             return run, model_hash, weights, service.get_finalize_signature(event.task_id, event.round)
 
         run, model_hash, weights, signature = await self._call(read)

@@ -1470,8 +1470,13 @@ class NodeService:
         """Status name -> number of runs. Safe from any thread (it is what ``GET /metrics`` reads
         from the event loop): one copy of each run table's values, which are immutable."""
         counts: dict[str, int] = {}
-        statuses = [run.status.value for run in list(self._runs.values())]
-        statuses += [entry["status"] for entry in list(self._ended.values())]
+        # Open runs first, ended ones second: _commit puts an ending run in _ended before it takes
+        # it out of _runs, so a run ending between the two copies is in the second, counted once
+        # (review: a scrape in that window counted it under both statuses).
+        open_runs = list(self._runs.items())
+        ended = dict(self._ended)
+        statuses = [run.status.value for task_id, run in open_runs if task_id not in ended]
+        statuses += [entry["status"] for entry in ended.values()]
         for status in statuses:
             counts[status] = counts.get(status, 0) + 1
         return counts

@@ -414,3 +414,31 @@ def test_a_runs_held_gossip_goes_when_its_round_moves_on_and_a_sealed_run_keeps_
     bridge.on_event(SubmissionAccepted(net.task_id, 0, 0, 0, TRAINERS[0].address, b"\x00" * 32))
     loop.run_until_complete(settle())
     assert walked == []
+
+
+def test_the_sealing_rounds_weights_are_published_after_the_run_left_the_cache(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bridge read the run state (a dict read: the cache of ended runs only) before the
+    weights (which read an ended run back): a run gone from that cache by the time the publish
+    job ran had its sealing round's weights dropped (review). ENDED_RUNS_CACHED = 1 stands for
+    64 ended runs used in between."""
+    import tenzro_training.node.service as service_module
+    from tests.node.conftest import spec_dict
+
+    monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 1)
+    net, host, bridge, loop = bridged
+    for round_ in range(2):
+        for i in range(3):
+            for f in range(2):
+                net.submit(i, round_, f)
+        net.finalize(round_)
+        if round_ == 0:
+            loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, 1))
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    net.cancel()  # run-1 leaves the cache before the publish job runs
+    assert net.service.get_run_state("run-1") is None
+    notices = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, 2))
+    assert [n.round for n in notices] == [0, 1] and bridge.counters["finalized_published"] == 2

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rpc.metrics import Registry
 from tenzro_training.node.metrics import NodeMetrics
+from tests.node.conftest import Net
 
 
 class FakeService:
@@ -71,3 +73,19 @@ def test_gossip_stream_fates_and_stalled_peers_are_exported() -> None:
     got = samples(registry)
     assert got["tenzro_gossip_assembly_buffer_bytes"] == 1 << 20
     assert got["tenzro_gossip_stalled_peers_total"] == 2
+
+
+def test_a_run_ending_during_a_scrape_is_counted_once(net: Net, checkpoint: tuple[str, str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ending run goes into the ended table before it leaves the open one; a scrape between
+    the two counted it under both statuses (review)."""
+    from tests.node.conftest import spec_dict
+
+    service = net.service
+    net.post(spec_dict(*checkpoint))
+    seen = []
+    real = service._cache_ended
+    monkeypatch.setattr(service, "_cache_ended",
+                        lambda t, r, s: (seen.append(service.count_runs_by_status()), real(t, r, s)))
+    net.cancel()
+    assert seen == [{"Cancelled": 1}] == [service.count_runs_by_status()]
