@@ -896,11 +896,11 @@ class NodeService:
         Only for a post the spec's sponsor signed, of a task the node does not hold, that passes
         the checks made before the read (node policy, the dry run: ``_check_admission``): as on
         the service thread, nobody else can make the node read a file, and no read is made for a
-        post that would be refused first. The model, or the error
-        reading it gave, waits for :meth:`post_task`, which takes it instead of reading the file
-        (same bits: the file is pinned by the spec's SHA-256) after its own checks; at most
-        :data:`PRELOADED_POSTS` wait. Never raises: whatever is wrong is the post's to answer.
-        Safe from any thread: it reads only the config and plain dict lookups."""
+        post that would be refused first. The model, or the error reading it gave, waits for
+        :meth:`post_task`, which takes it instead of reading the file (same bits: the file is
+        pinned by the spec's SHA-256) after its own checks; at most :data:`PRELOADED_POSTS` wait.
+        Never raises: whatever is wrong is the post's to answer. Safe from any thread: it reads
+        the config, immutable values and copies of the run tables."""
         try:
             if self._closed or not isinstance(spec, dict):
                 return
