@@ -620,3 +620,21 @@ def sealed_record_key(task_id: str) -> bytes:
     """Key in :data:`CF_META` of a sealed run's record (run root || receipt digest, 64 bytes):
     b"T" || lp(task_id) || b"v"."""
     return _task_record_prefix(task_id, _SEALED_RECORD_KIND)
+
+
+# --- ended-run summaries ------------------------------------------------------------------------
+#
+# An ended run's listRuns entry, written in the batch that ends it, so a node's start reads one
+# small value per ended run instead of decoding the run and all its round records (which made a
+# start's time and peak memory grow with every round the node ever held).
+
+__all__ += ["ended_summary_key"]
+
+_ENDED_SUMMARY_KIND: Final = b"e"
+
+
+def ended_summary_key(task_id: str) -> bytes:
+    """Key in :data:`CF_META` of an ended run's summary (its listRuns entry, JSON):
+    b"T" || lp(task_id) || b"e". Absent for an open run, and for a run that ended under a version
+    that did not write it (the next start writes it)."""
+    return _task_record_prefix(task_id, _ENDED_SUMMARY_KIND)

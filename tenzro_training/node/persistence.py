@@ -277,6 +277,36 @@ def decode_sealed_record(raw: bytes) -> tuple[bytes, bytes]:
     return raw[:32], raw[32:]
 
 
+_ENDED_SUMMARY_VERSION = 1
+_ENDED_SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
+    "task_id": (str,), "status": (str,), "round": (int,), "max_rounds": (int,), "spec_hash": (str,),
+    "sponsor": (str,), "syncer": (str, type(None)), "posted_at_ms": (int,), "updated_at_ms": (int,),
+    "next_deadline_ms": (int, type(None)),
+}
+_ENDED_STATUSES = frozenset({"Sealed", "Cancelled", "Failed"})
+
+
+def encode_ended_summary(entry: dict[str, Any]) -> bytes:
+    """The :func:`storage.schema.ended_summary_key` value: an ended run's listRuns entry."""
+    return encode_json({"version": _ENDED_SUMMARY_VERSION, "entry": entry})
+
+
+def decode_ended_summary(raw: bytes, task_id: str) -> dict[str, Any]:
+    """The listRuns entry an ended run's summary holds; StorageError unless it is one, of an
+    ended run named ``task_id`` (a damaged or foreign store)."""
+    doc = decode_json(raw, f"summary of {task_id}")
+    entry = doc.get("entry") if isinstance(doc, dict) and doc.get("version") == _ENDED_SUMMARY_VERSION else None
+    if (
+        not isinstance(entry, dict)
+        or entry.keys() != _ENDED_SUMMARY_FIELDS.keys()
+        or any(type(entry[k]) not in kinds for k, kinds in _ENDED_SUMMARY_FIELDS.items())
+        or entry["task_id"] != task_id
+        or entry["status"] not in _ENDED_STATUSES
+    ):
+        raise StorageError(f"the stored summary of the ended run {task_id} is damaged")
+    return entry
+
+
 def encode_submission_record(record: SubmissionRecord) -> bytes:
     if len(record.payload_hash) != 32 or len(record.signature) != 65:
         raise ValueError("submission record needs a 32-byte hash and a 65-byte signature")

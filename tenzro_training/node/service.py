@@ -336,8 +336,13 @@ class NodeService:
         self._write(legacy)
         self._restore_model_files()
         self._prune_ended_runs()
-        for task_id in [t for t, run in self._runs.items() if is_terminal(run)]:  # startup is over
+        retired = [t for t, run in self._runs.items() if is_terminal(run)]  # startup is over
+        for task_id in retired:
             self._retire(task_id, self._runs.pop(task_id), self._stored_runs.pop(task_id))
+        if self._bind_store:
+            # Ended under a version that wrote no summary: written now, so the next start reads
+            # the summary alone instead of decoding the run.
+            self._write([self._summary_op(t) for t in retired])
 
     def _mark_schema_upgraded(self) -> None:
         older = self._store.upgrade_schema_version()
@@ -442,6 +447,10 @@ class NodeService:
     def _load_runs(self) -> None:
         for key, raw in self._store.iterate(schema.CF_TRAINING_RUNS):
             task_id = schema.parse_run_key(key)
+            summary = self._store.get(schema.CF_META, schema.ended_summary_key(task_id))
+            if summary is not None:  # ended: decoded only when a call names it (_lookup)
+                self._ended[task_id] = persistence.decode_ended_summary(summary, task_id)
+                continue
             run = persistence.decode_run(raw, read_round_records(self._store, task_id))
             if run.task_id != task_id:
                 raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
@@ -498,9 +507,9 @@ class NodeService:
         Open runs are pruned at their next snapshot, as always. One batch per run."""
         if not self._config.prune_payloads:
             return
-        for task_id, run in sorted(self._runs.items()):
+        for task_id in sorted([t for t, run in self._runs.items() if is_terminal(run)] + list(self._ended)):
             raw = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
-            if not is_terminal(run) or (raw is not None and decode_round_count(raw) == schema.PAYLOADS_PRUNED_ALL):
+            if raw is not None and decode_round_count(raw) == schema.PAYLOADS_PRUNED_ALL:
                 continue
             ops = self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)
             self._write(ops)
@@ -517,8 +526,10 @@ class NodeService:
             return
         for path in remove_temporary_files(self._config.data_dir / "models"):
             log.warning("removed %s, left by a model file write that did not finish", path.name)
-        for task_id, run in sorted(self._runs.items()):
-            if run.status is RunStatus.SEALED and not self._model_file(task_id).exists():
+        sealed = [t for t, run in self._runs.items() if run.status is RunStatus.SEALED]
+        sealed += [t for t, entry in self._ended.items() if entry["status"] == RunStatus.SEALED.value]
+        for task_id in sorted(sealed):
+            if not self._model_file(task_id).exists():
                 self._try_write_model_file(task_id)
 
     def _try_write_model_file(self, task_id: str) -> None:
@@ -687,6 +698,12 @@ class NodeService:
         self._ticket_failures = {f for f in self._ticket_failures if f[0] != task_id}
         self._cache_ended(task_id, run, stored)
 
+    def _summary_op(self, task_id: str, run: RunState | None = None) -> Operation:
+        """The write of an ended run's summary (``schema.ended_summary_key``): its listRuns
+        entry, from ``run`` or, without it, the one held."""
+        entry = self._list_entry(run) if run is not None else self._ended[task_id]
+        return BatchOp.PUT, schema.CF_META, schema.ended_summary_key(task_id), persistence.encode_ended_summary(entry)
+
     def _cache_ended(self, task_id: str, run: RunState, stored: persistence.StoredRun) -> None:
         self._ended_cache[task_id] = (run, stored)
         self._ended_cache.move_to_end(task_id)
@@ -745,6 +762,8 @@ class NodeService:
         ends_now = is_terminal(t.run) and not (before is not None and is_terminal(before))
         if self._config.prune_payloads and ends_now:
             extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
+        if is_terminal(t.run) and self._ended.get(task_id) != self._list_entry(t.run):
+            extra = [*extra, self._summary_op(task_id, t.run)]  # what the next start reads of it
         if ends_now and not t.run.records:
             # Ended before any round was committed (cancelled, or failed in its election,
             # enrollment or first round): its round-0 snapshot (8 bytes per parameter) is the

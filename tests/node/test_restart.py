@@ -386,6 +386,7 @@ def test_a_damaged_older_store_refused_at_start_is_not_marked(tmp_path: Path, ch
     net.service.close()
     with store.atomic_batch() as batch:  # a version-3 store that lost a sealed run's receipt
         batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(3))
+        batch.delete(schema.CF_META, schema.ended_summary_key("run-1"))  # (no version-3 node wrote one)
         batch.delete(schema.CF_META, schema.sealed_record_key("run-1"))
         batch.delete(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("run-1"))
     store.close()

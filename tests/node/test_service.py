@@ -1217,8 +1217,9 @@ class TestModelReplay:
         assert decode_sealed_record(store.get(schema.CF_META, key)) == (expected.run_root, expected.receipt_digest)
         net.service.close()
         written = store.get(schema.CF_META, key)
-        with store.atomic_batch() as batch:
+        with store.atomic_batch() as batch:  # as an older version left it: no summary either
             batch.delete(schema.CF_META, key)
+            batch.delete(schema.CF_META, schema.ended_summary_key(net.task_id))
         self.open(store, clock).service.close()
         assert store.get(schema.CF_META, key) == written
 
@@ -1406,3 +1407,54 @@ class TestEndedRuns:
         finally:
             again.close()
             store.close()
+
+    def test_a_start_reads_ended_runs_summaries_not_the_runs(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A start decoded every run with all its round records before setting the ended ones
+        aside: its time and peak memory grew with every round the node ever held (review). An
+        ended run's listRuns entry is now written with it (schema.ended_summary_key) and a start
+        reads that alone; a run that ended under a version that wrote none is decoded once and
+        gets its summary then."""
+        from storage.memory import MemoryStore
+
+        store, clock = MemoryStore(), FakeClock()
+        net = Net(NodeService(make_config(None), store, clock=clock), clock)
+        start(net, checkpoint)
+        play_round(net, 0)
+        play_round(net, 1)
+        net.task_id = "run-2"
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        net.cancel()
+        net.task_id = "run-3"
+        net.post(spec_dict(*checkpoint, task_id="run-3"))
+        listed = net.service.list_runs(None, 0, 10)
+        sealed = self._answers(net.service, "run-1")
+        net.service.close()
+        decoded: list[str] = []
+        real = persistence.decode_run
+        monkeypatch.setattr(persistence, "decode_run", lambda raw, records: decoded.append(real(raw, records).task_id)
+                            or real(raw, records))
+
+        def restart() -> NodeService:
+            decoded.clear()
+            return NodeService(make_config(None), store, clock=clock)
+
+        again = restart()
+        assert decoded == ["run-3"] and set(again._runs) == {"run-3"} and again.list_runs(None, 0, 10) == listed
+        assert self._answers(again, "run-1") == sealed and decoded == ["run-3", "run-1"]  # read back when named
+        again.close()
+        before = snapshot(store)
+        with store.atomic_batch() as batch:  # as a version without summaries left them
+            for task_id in ("run-1", "run-2"):
+                batch.delete(schema.CF_META, schema.ended_summary_key(task_id))
+        upgraded = restart()
+        assert decoded == ["run-1", "run-2", "run-3"] and upgraded.list_runs(None, 0, 10) == listed
+        upgraded.close()
+        assert snapshot(store) == before  # the summaries are back, the same bytes
+        restart().close()
+        assert decoded == ["run-3"]
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_META, schema.ended_summary_key("run-2"), b'{"version":1,"entry":{}}')
+        with pytest.raises(StorageError, match="the stored summary of the ended run run-2 is damaged"):
+            restart()
