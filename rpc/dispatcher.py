@@ -323,7 +323,7 @@ class Dispatcher:
                 parts.append(part)
         return b"[" + b",".join(parts) + b"]" if parts else None
 
-    def preload(self, raw: bytes) -> None:
+    def preload(self, raw: bytes, tokens: list[object] | None = None) -> None:
         """Let the service prepare, off its thread, the postTask a single-request body holds:
         :meth:`rpc.service.Preloading.preload_post_task` (read the init checkpoint), when the
         service has it. The server calls this on a thread of its own before :meth:`handle`;
@@ -334,15 +334,27 @@ class Dispatcher:
             return
         try:
             request = parse_json(raw)
-            if type(request) is not dict or request.get("method") != POST_TASK or request.get("jsonrpc") != "2.0":
-                return
+            if (type(request) is not dict or request.get("method") != POST_TASK or request.get("jsonrpc") != "2.0"
+                    or not request.keys() <= _REQUEST_MEMBERS
+                    or ("id" in request and not _is_valid_id(request["id"]))):
+                return  # handle refuses it before the call: nothing to read
             params = request.get("params")
             if type(params) is not dict:
                 return
             parsed = PostTaskParams.parse(params)
         except TenzroError:
             return
-        preload(parsed.spec, parsed.signature)
+        token = preload(parsed.spec, parsed.signature)
+        if token is not None and tokens is not None:
+            tokens.append(token)
+
+    def discard_preloaded(self, tokens: list[object]) -> None:
+        """Drop, once the request has ended, what :meth:`preload` read for it and its post did not
+        take (rpc.service.Preloading.discard_preloaded)."""
+        discard = getattr(self._service, "discard_preloaded", None)
+        if discard is not None:
+            for token in tokens:
+                discard(token)
 
     def handle_obj(self, obj: object) -> dict[str, Any] | list[dict[str, Any]] | None:
         """Answer one parsed request or batch; ``None`` when nothing must be sent. In process,

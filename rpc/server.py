@@ -489,10 +489,16 @@ async def _answer(request: web.Request, encoding: str, body: bytes | None, hold:
     held = hold[0]
     assert held is not None
     answer_room = max(1, min(held - len(body), _answer_room(limits, budget, body)))
-    if len(body) <= SMALL_BODY_BYTES and _POST_TASK in body:
-        # A post's checkpoint is read and hashed on the preloading thread, not the service's.
-        await _run_to_end(app[_PRELOADER], app[_DISPATCHER].preload, body)
-    answer = await _run_to_end(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
+    preloaded: list[object] = []
+    try:
+        if len(body) <= SMALL_BODY_BYTES and body.lstrip()[:1] == b"{" and _POST_TASK in body:
+            # A post's checkpoint is read and hashed on the preloading thread, not the service's.
+            await _run_to_end(app[_PRELOADER], app[_DISPATCHER].preload, body, preloaded)
+        answer = await _run_to_end(app[_EXECUTOR], app[_DISPATCHER].handle, body, answer_room)
+    finally:
+        # What was read for this request and its post did not take (a hang-up, a refusal).
+        if preloaded:
+            app[_DISPATCHER].discard_preloaded(preloaded)
     del body
     if answer is None:
         return web.Response(status=204)

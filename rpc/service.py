@@ -102,4 +102,11 @@ class Preloading(Protocol):
     caller can observe except how soon the post answers (the post answers exactly as it would
     without it, and must not rely on it having run)."""
 
-    def preload_post_task(self, spec: dict[str, Any], signature: bytes) -> None: ...
+    def preload_post_task(self, spec: dict[str, Any], signature: bytes) -> object | None:
+        """A token for what was read (None: nothing kept), which the server hands to
+        ``discard_preloaded`` once the request has ended."""
+        ...
+
+    def discard_preloaded(self, token: object) -> None:
+        """Drop what was read for ``token`` if its post did not take it. Any thread; quick."""
+        ...

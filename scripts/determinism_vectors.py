@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {count:3d} torch thread(s): {len(results[count])} vectors computed")
     first = results[counts[0]]
     if args.write:
-        inputs = {"inputs/grad/4099/3": hashlib.sha256(make_vector("grad/4099/3", 4099).tobytes()).hexdigest()}
+        sample = make_vector("grad/4099/3", 4099).astype("<f4").tobytes()
+        inputs = {"inputs/grad/4099/3": hashlib.sha256(sample).hexdigest()}
         doc = {"written_on": machine, "vectors": dict(sorted({**first, **inputs}.items()))}
         VECTORS.parent.mkdir(parents=True, exist_ok=True)
         VECTORS.write_text(json.dumps(doc, indent=1) + "\n")

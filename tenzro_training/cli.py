@@ -867,16 +867,15 @@ def compute_layouts_from_view(view: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _checkpoint_path(uri: str) -> Path:
-    from urllib.parse import unquote, urlparse
-    from urllib.request import url2pathname
+    # The node's own parse (one unquote; query, fragment and host refused): the CLI had unquoted
+    # twice (url2pathname unquotes again), so a name holding "%" named another file than the node's.
+    from tenzro_training.errors import CheckpointError
+    from tenzro_training.node.checkpoint import resolve_checkpoint_path
 
     try:
-        parsed = urlparse(uri)
-    except ValueError as exc:  # e.g. an unbalanced "[" in the host: "Invalid IPv6 URL" (fuzz probe)
-        raise CliError(f"init checkpoint {uri!r}: not a valid URI ({exc})") from None
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise CliError(f"init checkpoint {uri!r}: only file:// URIs can be read locally")
-    return Path(url2pathname(unquote(parsed.path)))
+        return resolve_checkpoint_path(uri, ())
+    except CheckpointError as exc:
+        raise CliError(f"init checkpoint {uri!r}: {exc.reason}") from None
 
 
 def compute_task_layouts(spec: Any, checkpoint: str | None = None) -> tuple[Any, ...]:

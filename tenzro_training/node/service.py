@@ -288,7 +288,9 @@ class NodeService:
         self._ticket_failures: set[tuple[str, bytes]] = set()
         # (task id, spec hash) -> the post's initial model, or the error reading it gave, read
         # by preload_post_task on another thread; taken (and so dropped) by post_task.
-        self._preloaded: OrderedDict[tuple[str, bytes], InitialModel | TenzroError] = OrderedDict()
+        # Each entry carries a mark of its own read, which the request that made it drops when it
+        # ends (discard_preloaded): nothing outlives the request it was read for.
+        self._preloaded: OrderedDict[tuple[str, bytes], tuple[object, InitialModel | TenzroError]] = OrderedDict()
         self._preload_lock = threading.Lock()
         # The syncer's FinalizeRound signature per task and round: written with the round's batch
         # (schema.finalize_signature_key, for getReceipt's attestations) and kept here for the
@@ -849,7 +851,9 @@ class NodeService:
             raise NotSponsor(task.task_id, format_address(signer), task.sponsor_address)
         # Taken whatever the outcome: a refused post must not leave a model waiting in memory.
         with self._preload_lock:
-            preloaded = self._preloaded.pop((task.task_id, task.spec_hash()), None)
+            entry = self._preloaded.pop((task.task_id, task.spec_hash()), None)
+        preloaded = None if entry is None else entry[1]
+        del entry
         now = self._now()
         timings = self._config.timings
         existing = self._lookup(task.task_id)
@@ -907,7 +911,7 @@ class NodeService:
             # elements): a public SpecError naming the field, not a private CheckpointError.
             raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
 
-    def preload_post_task(self, spec: object, signature: bytes) -> None:
+    def preload_post_task(self, spec: object, signature: bytes) -> object | None:
         """Read a postTask's init checkpoint ahead of the call, on the caller's thread (the RPC
         server's preloading thread), so that reading and hashing up to ``max_checkpoint_bytes``
         does not hold the one service thread, and every other call and deadline with it.
@@ -922,25 +926,39 @@ class NodeService:
         the config, immutable values and copies of the run tables."""
         try:
             if self._closed or not isinstance(spec, dict):
-                return
+                return None
             task = TrainingTaskSpec.from_dict(spec)
             signer = self._recover(PostTask(task_id=task.task_id, spec_hash=task.spec_hash()), signature)
             if signer != task.sponsor_address_bytes or task.task_id in self._runs or task.task_id in self._ended:
-                return
+                return None
             self._check_admission(task, signer, self._now())
         except TenzroError:
-            return
+            return None
         try:
             initial: InitialModel | TenzroError = self._load_initial_model(task)
         except TenzroError as exc:
-            initial = exc
+            # Without its traceback or the exception it replaced (``from None`` keeps it as the
+            # context): their frames hold the file's bytes and every tensor parsed so far.
+            initial = exc.with_traceback(None)
+            initial.__cause__ = initial.__context__ = None
         except Exception:  # a bug: the post reads the file itself and reports it
             log.exception("reading the init checkpoint of %s ahead of its post failed", task.task_id)
-            return
+            return None
+        key, mark = (task.task_id, task.spec_hash()), object()
         with self._preload_lock:
-            self._preloaded[(task.task_id, task.spec_hash())] = initial
+            self._preloaded[key] = (mark, initial)
             while len(self._preloaded) > PRELOADED_POSTS:
                 self._preloaded.popitem(last=False)
+        return key, mark
+
+    def discard_preloaded(self, token: object) -> None:
+        """Drop what ``preload_post_task`` read for a request that has ended, if its post did not
+        take it (the client hung up, the request was refused, the post never ran). Any thread."""
+        key, mark = token  # type: ignore[misc]
+        with self._preload_lock:
+            entry = self._preloaded.get(key)
+            if entry is not None and entry[0] is mark:
+                del self._preloaded[key]
 
     def _post_result(self, run: RunState) -> dict[str, Any]:
         return {

@@ -260,3 +260,31 @@ def test_a_refused_post_drops_its_preloaded_model_and_few_wait(tmp_path: Path, l
         wide.service.preload_post_task(other, _post_signature(other))
     kept = range(2, service_module.PRELOADED_POSTS + 2)  # the last PRELOADED_POSTS, in order
     assert [k[0] for k in wide.service._preloaded] == [f"ahead-{i}" for i in kept]
+
+
+def test_a_preloaded_error_holds_no_frames(tmp_path: Path, loads: list[str]) -> None:
+    """The error waits without its traceback: its frames held the file's bytes and every tensor
+    parsed before the failing one (2-4 times the file) for as long as it waited."""
+    state = {"a": torch.zeros(1000), "z": torch.tensor([float("nan")])}
+    uri, sha = write_checkpoint(tmp_path, state)
+    spec = spec_dict(uri, sha)
+    net = _net(tmp_path)
+    _preload_on_a_thread(net, spec, _post_signature(spec))
+    ((_mark, error),) = net.service._preloaded.values()
+    assert isinstance(error, CheckpointError) and error.__traceback__ is None
+    with pytest.raises(CheckpointError, match="NaN"):
+        net.post(spec)
+
+
+def test_a_preloaded_split_error_holds_no_frames(tmp_path: Path, loads: list[str]) -> None:
+    """fragment_count past the model's elements: a SpecError raised ``from None`` over a
+    FragmentError whose frames held the whole fp32 state."""
+    uri, sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, sha)
+    spec["architecture"]["fragment_count"] = 64
+    net = _net(tmp_path)
+    _preload_on_a_thread(net, spec, _post_signature(spec))
+    ((_mark, error),) = net.service._preloaded.values()
+    assert isinstance(error, SpecError) and error.__traceback__ is None and error.__context__ is None
+    with pytest.raises(SpecError, match="cannot split"):
+        net.post(spec)

@@ -13,6 +13,7 @@ import json
 import random
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -478,3 +479,41 @@ def test_a_posts_checkpoint_read_does_not_hold_the_service_thread() -> None:
                       {**post, "jsonrpc": "1.0"}):
             assert server.post(json.dumps(other).encode())[0] == 200
         assert len(service.preloads) == 1
+
+
+class TokenService(PreloadingService):
+    def __init__(self) -> None:
+        super().__init__()
+        self.discarded: list[object] = []
+
+    def preload_post_task(self, spec: dict[str, Any], signature: bytes) -> object:
+        super().preload_post_task(spec, signature)
+        return ("token", len(self.preloads))
+
+    def discard_preloaded(self, token: object) -> None:
+        self.discarded.append(token)
+
+
+def test_what_was_read_ahead_is_dropped_when_its_request_ends() -> None:
+    """A post whose client hung up during the read, or that the dispatcher refused, left its model
+    (or its error) waiting for a post that never came."""
+    import socket
+
+    service = TokenService()
+    post = req("tenzro_training_postTask", {"spec": {"task_id": "t"}, "signature": "0x" + "11" * 65})
+    with LiveServer(service) as server:
+        body = json.dumps(post).encode()
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
+        assert service.preload_entered.wait(10)
+        s.close()  # the client gives up while its checkpoint is read
+        time.sleep(0.3)
+        service.preload_gate.set()
+        deadline = time.monotonic() + 10
+        while not service.discarded and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert service.discarded == [("token", 1)] and service.calls == []  # dropped; the post never ran
+        assert server.post(body)[0] == 200 and service.discarded[-1] == ("token", 2)
+        assert server.post(json.dumps({**post, "id": 1.5}).encode())[0] == 200  # -32600: not read at all
+        assert len(service.preloads) == 2
