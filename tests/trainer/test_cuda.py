@@ -18,7 +18,7 @@ import torch
 from tenzro_training.fragments import compute_fragment_layouts
 from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
 from tenzro_training.trainer import TrainerError
-from tenzro_training.trainer.data import Shard, load_corpus, shard_windows, validation_batch
+from tenzro_training.trainer.data import Shard, load_corpus, validation_batch
 from tenzro_training.trainer.inner import (
     InnerConfig,
     InnerLoopDiverged,
@@ -28,27 +28,16 @@ from tenzro_training.trainer.inner import (
     resolve_device,
     run_inner_loop,
 )
-from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint
+from tests.trainer.conftest import TINY_MODEL
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (docs/trainer.md, GPU check)"),
 ]
 
-MODEL = PatchTransformerConfig(context_len=32, horizon=8, patch_len=8, d_model=32, n_layers=2, n_heads=4, d_ff=64)
+MODEL = TINY_MODEL
 CFG = InnerConfig(inner_steps=8, lr=1e-3, batch_size=16, seed=5)
 F = 3
-
-
-@pytest.fixture(scope="module")
-def shards() -> list[Shard]:
-    corpus = load_corpus()
-    return [shard_windows(corpus, i, 3, MODEL.context_len, MODEL.horizon) for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def init() -> dict[str, torch.Tensor]:
-    return create_init_checkpoint(MODEL, 0)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -15,7 +15,7 @@ from tenzro_training.fragments import compute_fragment_layouts, compute_model_ha
 from tenzro_training.payload import PayloadHeader, PayloadLayoutMismatch, decode_payload
 from tenzro_training.spec import TrainingTaskSpec
 from tenzro_training.trainer import TrainerError
-from tenzro_training.trainer.data import Shard, load_corpus, shard_windows, validation_batch
+from tenzro_training.trainer.data import Shard, load_corpus, validation_batch
 from tenzro_training.trainer.inner import (
     PAYLOAD_DTYPES,
     InnerConfig,
@@ -29,21 +29,11 @@ from tenzro_training.trainer.inner import (
     run_inner_loop,
 )
 from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint
+from tests.trainer.conftest import TINY_MODEL
 
-MODEL = PatchTransformerConfig(context_len=32, horizon=8, patch_len=8, d_model=32, n_layers=2, n_heads=4, d_ff=64)
+MODEL = TINY_MODEL
 FAST = InnerConfig(inner_steps=5, lr=1e-3, batch_size=16, seed=3)
 F = 4
-
-
-@pytest.fixture(scope="module")
-def shards() -> list[Shard]:
-    corpus = load_corpus()
-    return [shard_windows(corpus, i, 3, MODEL.context_len, MODEL.horizon) for i in range(3)]
-
-
-@pytest.fixture(scope="module")
-def init() -> dict[str, torch.Tensor]:
-    return create_init_checkpoint(MODEL, 0)
 
 
 def bits(t: torch.Tensor) -> np.ndarray:
