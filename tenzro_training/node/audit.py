@@ -6,7 +6,8 @@ checkpoint the spec names (its SHA-256 and the committed initial model hash chec
 every committed round from the stored payloads with the same pure round update a finalize runs
 (:mod:`.replay`), and checks, round by round: the fragment outcomes and model hash of the round
 record, the stored aggregation reports, the stored model snapshot when the replay reaches its
-round; for a sealed run, the stored final weights, the run root and the stored receipt. A node
+round; for a sealed run, the stored final weights, the run root and the stored receipt; for an
+ended run, its stored summary (what a node's start reads of it instead of the run). A node
 with ``prune_payloads`` deleted the payloads before its last snapshot (the replay starts from the
 snapshot, hash-checked) or, once the run ended, all of them (nothing is replayed; a sealed run's
 final weights are checked against its final model hash).
@@ -47,7 +48,7 @@ from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from tenzro_training.node.model_state import decode_model_layout, decode_round_count, load_model_fragments
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
-from tenzro_training.node.run_store import load_run
+from tenzro_training.node.run_store import check_ended_summary, load_run
 from tenzro_training.receipt import compute_receipt
 from tenzro_training.run_state import RunState, RunStatus
 
@@ -127,6 +128,8 @@ def audit_run(
     progress = _Progress()
     try:
         _audit(store, run, progress, allowed_dirs, max_checkpoint_bytes, max_payload_bytes, worker)
+        if check_ended_summary(store, run):
+            progress.checks.append("ended summary")
         problem = None
     except TenzroError as exc:
         problem = str(exc)

@@ -92,7 +92,7 @@ from tenzro_training.node.model_state import (
     load_model_fragments,
 )
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
-from tenzro_training.node.run_store import compute_final_model_file, read_round_records
+from tenzro_training.node.run_store import compute_list_entry, compute_final_model_file, read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -266,8 +266,9 @@ class NodeService:
         """False for offline tools opening a stopped node's store (``tenzro train
         export-model``): they must neither check nor record the chain id, which their default
         config does not know."""
-        # Every run that has not ended (and, until startup is over, every run), with what the
-        # store holds of it (compute_transition_ops writes only what changed).
+        # Every run that has not ended (and, until startup is over, every run without a stored
+        # summary, schema.ended_summary_key), with what the store holds of it
+        # (compute_transition_ops writes only what changed).
         self._runs: dict[str, RunState] = {}
         self._stored_runs: dict[str, persistence.StoredRun] = {}
         # Ended runs: each one's listRuns entry (its status among them), and the decoded state of
@@ -1549,21 +1550,7 @@ class NodeService:
         ]
         return {"runs": runs, "total": len(ids), "offset": offset, "limit": limit}
 
-    @staticmethod
-    def _list_entry(run: RunState) -> dict[str, Any]:
-        syncer = get_current_syncer(run)
-        return {
-            "task_id": run.task_id,
-            "status": run.status.value,
-            "round": run.round,
-            "max_rounds": run.spec.max_rounds,
-            "spec_hash": _hex(run.spec_hash),
-            "sponsor": run.spec.sponsor_address,
-            "syncer": None if syncer is None else format_address(syncer),
-            "posted_at_ms": run.posted_at_ms,
-            "updated_at_ms": run.updated_at_ms,
-            "next_deadline_ms": get_next_deadline_ms(run),
-        }
+    _list_entry = staticmethod(compute_list_entry)
 
     def get_receipt(self, task_id: str) -> dict[str, Any]:
         self._check_open()

@@ -84,7 +84,8 @@ def test_a_sealed_and_a_training_run_reproduce_bit_for_bit(node: Node) -> None:
         sealed, training = (a.to_dict() for a in audit_store(store))
     assert sealed == {
         "task_id": "run-1", "status": "Sealed", "ok": True, "rounds_committed": 5, "rounds_replayed": 5,
-        "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt", "sealed record"], "problem": None,
+        "checks": ["initial model", "snapshot of round 4", "final weights", "run root and receipt", "sealed record",
+                   "ended summary"], "problem": None,
     }
     assert training["ok"] and training["status"] == "Training" and training["rounds_replayed"] == 2
     assert training["checks"] == ["initial model", "snapshot of round 2", "open round 2: 2 accepted submission(s) stored"]
@@ -101,7 +102,7 @@ def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint:
         node.stop()
     assert sealed["ok"] and sealed["rounds_replayed"] == 0
     assert sealed["checks"] == ["initial model", "payloads pruned: no round replayed", "final weights hash",
-                                "run root and receipt", "sealed record"]
+                                "run root and receipt", "sealed record", "ended summary"]
     assert training["ok"] and training["rounds_committed"] == 3 and training["rounds_replayed"] == 1
     assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)",
                                   "open round 3: 2 accepted submission(s) stored"]
@@ -174,6 +175,19 @@ class TestFindsDamage:
 
         node.tamper(schema.CF_TRAINING_RECEIPTS, schema.receipt_key("run-1"), edit)
         assert "stored receipt of run-1 differs" in str(node.audit("run-1")["problem"])
+
+    def test_the_ended_summary(self, node: Node) -> None:
+        """A node's start reads an ended run's summary instead of the run (listRuns, metrics, model
+        file restore, pruning): one that disagrees with its run was served as it was and passed the
+        audit, and one on an open run set that run aside for good (review)."""
+        key = schema.ended_summary_key("run-1")
+        node.tamper(schema.CF_META, key, lambda raw: raw.replace(b'"Sealed"', b'"Failed"'))
+        assert "the stored summary of the ended run run-1 (what listRuns" in str(node.audit("run-1")["problem"])
+        with RocksStore(node.data / "db") as store:
+            raw = store.get(schema.CF_META, key)
+            with store.atomic_batch() as batch:
+                batch.put(schema.CF_META, schema.ended_summary_key("run-2"), raw.replace(b"run-1", b"run-2"))
+        assert "run-2 is Training, yet the store holds an ended-run summary" in str(node.audit("run-2")["problem"])
 
     def test_a_missing_checkpoint(self, node: Node, checkpoint: tuple[str, str]) -> None:
         Path(checkpoint[0].removeprefix("file://")).unlink()
