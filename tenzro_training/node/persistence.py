@@ -198,6 +198,13 @@ def encode_round_record(record: RoundRecord) -> bytes:
     return encode_json(round_record_to_dict(record))
 
 
+def read_run_status(raw: bytes) -> object:
+    """The ``status`` a stored run value names, read without building the run (a node's start
+    compares it with an ended run's summary); None when it names none."""
+    d = decode_json(raw, "run state")
+    return d.get("status") if isinstance(d, dict) else None
+
+
 def decode_run(raw: bytes, records: Sequence[tuple[int, bytes]] = ()) -> RunState:
     """The run from its value and its stored round records ``(round, value)`` in key order. A
     version-4 value names its ``record_count``, and exactly rounds 0..count-1 must be given; a

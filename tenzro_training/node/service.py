@@ -452,7 +452,11 @@ class NodeService:
             task_id = schema.parse_run_key(key)
             summary = self._store.get(schema.CF_META, schema.ended_summary_key(task_id))
             if summary is not None:  # ended: decoded only when a call names it (_lookup)
-                self._ended[task_id] = persistence.decode_ended_summary(summary, task_id)
+                entry = persistence.decode_ended_summary(summary, task_id)
+                if persistence.read_run_status(raw) != entry["status"]:  # a summary on an open run
+                    raise StorageError(f"the store is damaged: the summary of {task_id} says {entry['status']}, "
+                                       f"its run does not; `tenzro audit` lists what it finds")
+                self._ended[task_id] = entry
                 continue
             run = persistence.decode_run(raw, read_round_records(self._store, task_id))
             if run.task_id != task_id:

@@ -1458,3 +1458,10 @@ class TestEndedRuns:
             batch.put(schema.CF_META, schema.ended_summary_key("run-2"), b'{"version":1,"entry":{}}')
         with pytest.raises(StorageError, match="the stored summary of the ended run run-2 is damaged"):
             restart()
+        # A summary on an open run would set it aside as ended, its deadlines never ticked (review).
+        entry = dict(listed["runs"][1], task_id="run-3")
+        with store.atomic_batch() as batch:
+            batch.put(schema.CF_META, schema.ended_summary_key("run-2"), persistence.encode_ended_summary(listed["runs"][1]))
+            batch.put(schema.CF_META, schema.ended_summary_key("run-3"), persistence.encode_ended_summary(entry))
+        with pytest.raises(StorageError, match="the summary of run-3 says Cancelled, its run does not"):
+            restart()
