@@ -333,7 +333,7 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     assert r.code == 0, r.out + r.err
     [audited] = r.json()["runs"]
     assert audited["ok"] and audited["status"] == "Sealed" and audited["rounds_replayed"] == audited["rounds_committed"]
-    assert audited["checks"][-2:] == ["run root and receipt", "sealed record"]
+    assert audited["checks"][-3:] == ["run root and receipt", "sealed record", "ended summary"]
     assert restarted.stop() == 0
     # With the node stopped and its model file gone, export-model reads the stored final weights.
     (restarted.data_dir / "models" / "e2e-kill.safetensors").unlink()
