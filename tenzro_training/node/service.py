@@ -453,7 +453,14 @@ class NodeService:
             summary = self._store.get(schema.CF_META, schema.ended_summary_key(task_id))
             if summary is not None:  # ended: decoded only when a call names it (_lookup)
                 entry = persistence.decode_ended_summary(summary, task_id)
-                if persistence.read_run_status(raw) != entry["status"]:  # a summary on an open run
+                try:
+                    status = persistence.read_run_status(raw)
+                except StorageError as exc:
+                    # Unreadable, it may be an open run's: refused, but named (soak probe: "stored
+                    # run state is not valid JSON" left the operator to search every run).
+                    raise StorageError(f"the store is damaged: the run {task_id}: {exc}; `tenzro audit` lists "
+                                       f"what it finds") from None
+                if status != entry["status"]:  # a summary on an open run
                     raise StorageError(f"the store is damaged: the summary of {task_id} says {entry['status']}, "
                                        f"its run does not; `tenzro audit` lists what it finds")
                 self._ended[task_id] = entry
@@ -537,7 +544,14 @@ class NodeService:
         sealed += [t for t, entry in self._ended.items() if entry["status"] == RunStatus.SEALED.value]
         for task_id in sorted(sealed):
             if not self._model_file(task_id).exists():
-                self._try_write_model_file(task_id)
+                try:
+                    self._try_write_model_file(task_id)
+                except StorageError as exc:
+                    # An ended run is read back here, not at the summaries' read: a damaged one
+                    # must not refuse the start ("Runs in memory"; soak probe: with its file gone
+                    # it did), its calls answer StorageError and the audit lists it.
+                    log.error("cannot rewrite the final model file of %s: %s; `tenzro audit` lists what it "
+                              "finds", task_id, exc)
 
     def _try_write_model_file(self, task_id: str) -> None:
         """Write a sealed run's model file; when that fails (a full disk), say so once and leave

@@ -1465,3 +1465,38 @@ class TestEndedRuns:
             batch.put(schema.CF_META, schema.ended_summary_key("run-3"), persistence.encode_ended_summary(entry))
         with pytest.raises(StorageError, match="the summary of run-3 says Cancelled, its run does not"):
             restart()
+
+    def test_a_damaged_ended_run_refuses_no_start_and_an_unreadable_one_is_named(
+        self, checkpoint: tuple[str, str], tmp_path: Path
+    ) -> None:
+        """docs/node.md "Runs in memory": a damaged ended run no longer refuses a start, a call
+        naming it answers StorageError. Soak probe on a real node: with its model file also
+        missing, the start rewrote the file from the run, which it read back then, and refused
+        to start on the run's StorageError; and an ended run whose value is not JSON refused
+        the start with "stored run state is not valid JSON", naming no run."""
+        from storage.rocks import RocksStore
+
+        db, data = tmp_path / "db", tmp_path / "data"
+        store, clock = RocksStore(db), FakeClock()
+        net = Net(NodeService(make_config(data), store, clock=clock), clock)
+        start(net, checkpoint)
+        play_round(net, 0)
+        play_round(net, 1)
+        listed = net.service.list_runs(None, 0, 10)
+        model_file = net.service.final_model_path("run-1")
+        net.service.close()
+        with store.atomic_batch() as batch:  # a lost round record
+            batch.delete(schema.CF_META, schema.round_record_key("run-1", 1))
+        model_file.unlink()
+        again = NodeService(make_config(data), store, clock=clock)
+        try:
+            assert again.list_runs(None, 0, 10) == listed and not model_file.exists()
+            with pytest.raises(StorageError, match="names 2 round record"):
+                again.get_run("run-1")
+        finally:
+            again.close()
+        with store.atomic_batch() as batch:  # an undecodable value
+            batch.put(schema.CF_TRAINING_RUNS, schema.run_key("run-1"), b"{garbage")
+        with pytest.raises(StorageError, match="run-1"):
+            NodeService(make_config(data), store, clock=clock)
+        store.close()
