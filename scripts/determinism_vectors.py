@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tests.test_determinism_vectors import VECTORS, compute_vectors, make_vector  # noqa: E402
+from tests.test_determinism_vectors import VECTORS, compute_vectors  # noqa: E402
+from tests.vectors.inputs import make_vector  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,9 +28,9 @@ from tenzro_training.global_model import compute_initial_model, compute_round_up
 from tenzro_training.outer import OuterConfig, apply_outer_step
 from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
 from tenzro_training.spec import TrainingTaskSpec
+from tests.vectors.inputs import make_vector, round_to_bfloat16
 
 VECTORS = Path(__file__).parent / "vectors" / "determinism.json"
-DOMAIN = b"tenzro/train/test-vectors/v1"
 K = 8
 SIZES = (1, 4099, (1 << 20) + 3)
 RULES = {
@@ -39,22 +39,6 @@ RULES = {
     "CoordinateMedian": AggregationRule.coordinate_median(),
     "Krum-2": AggregationRule.krum(2),
 }
-
-
-def make_vector(label: str, n: int) -> np.ndarray:
-    """n float32 values from SHAKE-256(DOMAIN || label): a 24-bit mantissa scaled by 2^e, e in
-    [-30, 9], computed exactly in float64 and rounded once to float32 (IEEE, the same
-    everywhere). Planted: zeros of both signs, float32 subnormals, and values repeated across
-    inputs (ties for the median, the trim and Krum's distances)."""
-    words = np.frombuffer(hashlib.shake_256(DOMAIN + label.encode()).digest(8 * n), dtype="<u4").reshape(n, 2)
-    mantissa = (words[:, 0] & 0xFFFFFF).astype(np.float64) / float(1 << 24) - 0.5
-    exponent = (words[:, 1] % 40).astype(np.float64) - 30.0
-    out = np.ldexp(mantissa, exponent.astype(np.int64)).astype(np.float32)
-    if n >= 16:
-        out[0], out[1] = np.float32(0.0), np.float32(-0.0)
-        out[2], out[3] = np.float32(1e-40), np.float32(-3e-42)  # float32 subnormals
-        out[4::97] = np.float32(0.25)  # the same value in every input at these places
-    return out
 
 
 def _inputs(n: int) -> list[torch.Tensor]:
@@ -134,10 +118,13 @@ def _expected() -> dict[str, str]:
 
 
 def test_the_inputs_are_made_without_torchs_generators() -> None:
-    """The input maker itself is pinned: its first values, bit for bit."""
+    """The input maker itself is pinned: its first values, bit for bit. Its numpy bf16 rounding
+    is torch's."""
     v = make_vector("grad/4099/3", 4099)
     assert v.dtype == np.float32 and v[1:2].astype("<f4").tobytes() == b"\x00\x00\x00\x80" and v[2] == np.float32(1e-40)
     assert hashlib.sha256(v.astype("<f4").tobytes()).hexdigest() == _expected()["inputs/grad/4099/3"]
+    assert np.array_equal(round_to_bfloat16(v).view(np.uint32),
+                          torch.from_numpy(v).to(torch.bfloat16).float().numpy().view(np.uint32))
 
 
 @pytest.mark.parametrize("threads", ["current", 1])
