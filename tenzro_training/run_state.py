@@ -39,6 +39,7 @@ from tenzro_training.spec import TrainingTaskSpec
 
 __all__ = [
     "RUN_STATE_VERSION",
+    "TERMINAL_STATUSES",
     "DID_PATTERN",
     "RunStatus",
     "RunTimings",
@@ -55,6 +56,7 @@ __all__ = [
     "round_record_from_dict",
     "final_record_to_dict",
     "final_record_from_dict",
+    "compute_run_list_entry",
     "compute_run_view",
     "compute_run_view_clock",
     "compute_run_view_static",
@@ -90,6 +92,8 @@ class RunStatus(enum.StrEnum):
 
 
 _TERMINAL = frozenset({RunStatus.SEALED, RunStatus.CANCELLED, RunStatus.FAILED})
+TERMINAL_STATUSES: frozenset[RunStatus] = _TERMINAL
+"""The statuses a run ends in; nothing changes it once it is in one."""
 
 
 # --- field checks ---------------------------------------------------------------------------
@@ -898,6 +902,24 @@ def compute_run_view_clock(run: RunState, now_ms: int) -> dict[str, Any]:
     return {
         "now_ms": now_ms,
         "tick_due": next_deadline is not None and (now_ms > next_deadline or run.status is RunStatus.POSTED),
+    }
+
+
+def compute_run_list_entry(run: RunState) -> dict[str, Any]:
+    """The run's listRuns entry. A node also stores an ended run's (its summary), which is all a
+    node's start reads of that run, so the entry holds nothing the clock changes once it ended."""
+    syncer = get_current_syncer(run)
+    return {
+        "task_id": run.task_id,
+        "status": run.status.value,
+        "round": run.round,
+        "max_rounds": run.spec.max_rounds,
+        "spec_hash": _hex(run.spec_hash),
+        "sponsor": run.spec.sponsor_address,
+        "syncer": None if syncer is None else format_address(syncer),
+        "posted_at_ms": run.posted_at_ms,
+        "updated_at_ms": run.updated_at_ms,
+        "next_deadline_ms": get_next_deadline_ms(run),
     }
 
 

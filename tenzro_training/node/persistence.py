@@ -49,7 +49,7 @@ from tenzro_training.receipt_abi import compute_receipt_digest
 from tenzro_training.receipt_abi import encode_receipt as encode_receipt_abi
 from tenzro_training.receipt_check import SlashingAttestation
 from tenzro_training.records import RoundRecord
-from tenzro_training.run_state import RunState, round_record_to_dict
+from tenzro_training.run_state import TERMINAL_STATUSES, RunState, round_record_to_dict
 
 __all__ = [
     "EVIDENCE_VERSION",
@@ -290,7 +290,7 @@ _ENDED_SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
     "sponsor": (str,), "syncer": (str, type(None)), "posted_at_ms": (int,), "updated_at_ms": (int,),
     "next_deadline_ms": (int, type(None)),
 }
-_ENDED_STATUSES = frozenset({"Sealed", "Cancelled", "Failed"})
+_ENDED_STATUSES = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
 def encode_ended_summary(entry: dict[str, Any]) -> bytes:

@@ -4,9 +4,10 @@
 What this module is: the reads every opener of a store shares (the node service at start,
 ``tenzro audit``, ``tenzro train export-model``, tests): :func:`read_round_records`,
 :func:`load_run`, :func:`read_model_layout` and :func:`read_final_model_file`, which work on a
-store opened read-only; :func:`compute_list_entry`, a run's listRuns entry, which an ended run's
-stored summary holds, and :func:`check_ended_summary`, the audit's check of that summary. The encodings are :mod:`.persistence`'s and :mod:`.model_state`'s; the
-writes are :func:`.persistence.compute_transition_ops`'.
+store opened read-only; and :func:`check_ended_summary`, the audit's check of an ended run's
+stored summary against the run (``run_state.compute_run_list_entry``). The encodings are
+:mod:`.persistence`'s and :mod:`.model_state`'s; the writes are
+:func:`.persistence.compute_transition_ops`'.
 
 What it is NOT: a cache or a writer.
 """
@@ -14,23 +15,20 @@ What it is NOT: a cache or a writer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from storage import schema
 from storage.interface import KVStore, StorageError
-from tenzro_training.addresses import format_address
 from tenzro_training.errors import InvalidState, UnknownTask
 from tenzro_training.global_model import ModelLayout, compute_model_file_bytes, compute_state_model_hash
 from tenzro_training.node import persistence
 from tenzro_training.node.model_state import decode_model_layout, load_model_fragments
-from tenzro_training.run_state import RunState, RunStatus, get_current_syncer, get_next_deadline_ms, is_terminal
+from tenzro_training.run_state import RunState, RunStatus, compute_run_list_entry, is_terminal
 
 __all__ = [
     "check_ended_summary",
     "compute_final_model_file",
-    "compute_list_entry",
     "load_run",
     "read_final_model_file",
     "read_model_layout",
@@ -58,24 +56,6 @@ def load_run(store: KVStore, task_id: str) -> RunState | None:
     return persistence.decode_run(raw, read_round_records(store, task_id))
 
 
-def compute_list_entry(run: RunState) -> dict[str, Any]:
-    """The run's listRuns entry; an ended run's is also stored (``schema.ended_summary_key``) and
-    is all a node's start reads of it."""
-    syncer = get_current_syncer(run)
-    return {
-        "task_id": run.task_id,
-        "status": run.status.value,
-        "round": run.round,
-        "max_rounds": run.spec.max_rounds,
-        "spec_hash": "0x" + run.spec_hash.hex(),
-        "sponsor": run.spec.sponsor_address,
-        "syncer": None if syncer is None else format_address(syncer),
-        "posted_at_ms": run.posted_at_ms,
-        "updated_at_ms": run.updated_at_ms,
-        "next_deadline_ms": get_next_deadline_ms(run),
-    }
-
-
 def check_ended_summary(store: KVStore, run: RunState) -> bool:
     """StorageError unless the stored summary of ``run``, if any, is its listRuns entry: a node's
     start trusts it instead of decoding the run (listRuns, metrics, model file restore, pruning),
@@ -88,7 +68,7 @@ def check_ended_summary(store: KVStore, run: RunState) -> bool:
     if not is_terminal(run):
         raise StorageError(f"{run.task_id} is {run.status.value}, yet the store holds an ended-run summary of it "
                            f"(a node's start would set it aside as ended)")
-    if persistence.decode_ended_summary(raw, run.task_id) != compute_list_entry(run):
+    if persistence.decode_ended_summary(raw, run.task_id) != compute_run_list_entry(run):
         raise StorageError(f"the stored summary of the ended run {run.task_id} (what listRuns and a node's start "
                            f"read) differs from the run")
     return True

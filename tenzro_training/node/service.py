@@ -92,7 +92,7 @@ from tenzro_training.node.model_state import (
     load_model_fragments,
 )
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
-from tenzro_training.node.run_store import compute_list_entry, compute_final_model_file, read_round_records
+from tenzro_training.node.run_store import compute_final_model_file, read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
     PayloadHeader,
@@ -125,6 +125,7 @@ from tenzro_training.run_events import EquivocationDetected
 from tenzro_training.run_state import (
     RunState,
     RunStatus,
+    compute_run_list_entry,
     compute_run_view_clock,
     compute_run_view_static,
     get_accepted_submissions,
@@ -714,7 +715,7 @@ class NodeService:
     def _retire(self, task_id: str, run: RunState, stored: persistence.StoredRun) -> None:
         """An ended run (already out of ``_runs``) leaves the per-run state an open run needs,
         keeps its listRuns entry and goes to the cache of ended runs."""
-        self._ended[task_id] = self._list_entry(run)
+        self._ended[task_id] = compute_run_list_entry(run)
         self._finalize_signatures.pop(task_id, None)  # in the store (get_finalize_signature)
         self._ticket_failures = {f for f in self._ticket_failures if f[0] != task_id}
         self._cache_ended(task_id, run, stored)
@@ -722,7 +723,7 @@ class NodeService:
     def _summary_op(self, task_id: str, run: RunState | None = None) -> Operation:
         """The write of an ended run's summary (``schema.ended_summary_key``): its listRuns
         entry, from ``run`` or, without it, the one held."""
-        entry = self._list_entry(run) if run is not None else self._ended[task_id]
+        entry = compute_run_list_entry(run) if run is not None else self._ended[task_id]
         return BatchOp.PUT, schema.CF_META, schema.ended_summary_key(task_id), persistence.encode_ended_summary(entry)
 
     def _cache_ended(self, task_id: str, run: RunState, stored: persistence.StoredRun) -> None:
@@ -783,7 +784,7 @@ class NodeService:
         ends_now = is_terminal(t.run) and not (before is not None and is_terminal(before))
         if self._config.prune_payloads and ends_now:
             extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
-        if is_terminal(t.run) and self._ended.get(task_id) != self._list_entry(t.run):
+        if is_terminal(t.run) and self._ended.get(task_id) != compute_run_list_entry(t.run):
             extra = [*extra, self._summary_op(task_id, t.run)]  # what the next start reads of it
         if ends_now and not t.run.records:
             # Ended before any round was committed (cancelled, or failed in its election,
@@ -1564,11 +1565,9 @@ class NodeService:
             + [t for t, entry in ended.items() if status is None or entry["status"] == status]
         )
         runs = [
-            self._list_entry(open_runs[t]) if t in open_runs else dict(ended[t]) for t in ids[offset : offset + limit]
+            compute_run_list_entry(open_runs[t]) if t in open_runs else dict(ended[t]) for t in ids[offset : offset + limit]
         ]
         return {"runs": runs, "total": len(ids), "offset": offset, "limit": limit}
-
-    _list_entry = staticmethod(compute_list_entry)
 
     def get_receipt(self, task_id: str) -> dict[str, Any]:
         self._check_open()
