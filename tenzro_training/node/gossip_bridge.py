@@ -47,6 +47,7 @@ import torch
 from tenzro_training import gossip as g
 from tenzro_training.errors import Equivocation, GossipIgnore, GossipReject, TenzroError
 from tenzro_training.fragments import compute_raw_le_bytes
+from tenzro_training.run_state import TERMINAL_STATUSES, RunStatus, is_terminal
 from tenzro_training.run_events import (
     RoundFinalized,
     RunCancelled,
@@ -235,10 +236,10 @@ class GossipBridge:
         for task_id in list(self._budgeted):
             sizes, count = self._sizes[task_id]
             run = self._service.get_run_state(task_id)
-            if run is None or run.status.value in ("Sealed", "Cancelled", "Failed"):
+            if run is None or is_terminal(run):
                 self._budgeted.discard(task_id)  # for good: an ended run never starts again
                 continue
-            if run.status.value not in ("Enrolling", "Training"):
+            if run.status not in (RunStatus.ENROLLING, RunStatus.TRAINING):
                 continue
             needed += count * max(sizes.payload_bytes, default=0)
             trainers += count
@@ -270,7 +271,7 @@ class GossipBridge:
         def read_all() -> dict[str, tuple[g.StreamSizes, int]]:
             ids = self._service.list_runs(None, 0, 1 << 30)["runs"]
             return {r["task_id"]: got for r in ids
-                    if r["status"] in ("Posted", "Electing", "Enrolling", "Training")
+                    if RunStatus(r["status"]) not in TERMINAL_STATUSES
                     and (got := self._read_sizes(r["task_id"])) is not None}
 
         for task_id, got in (await self._call(read_all)).items():

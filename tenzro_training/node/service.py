@@ -231,16 +231,16 @@ class NodeService:
 
     ``store`` is opened and closed by the caller; ``clock`` returns unix milliseconds (tests pass
     a fake). ``elapsed_clock`` (ms) measures pauses; by default :func:`elapsed_clock_ms` with
-    the wall clock, and ``clock`` itself with a fake one. ``bind_store=False`` is for offline
-    tools (see ``_bind_store``). ``on_event`` (an attribute) is called with each event after its
-    batch committed.
+    the wall clock, and ``clock`` itself with a fake one. ``on_event`` (an attribute) is called
+    with each event after its batch committed. Offline tools do not open a store through it: they
+    read it read-only with ``node.run_store`` (``tenzro audit``, ``tenzro train export-model``).
     """
 
     on_event: Callable[[RunEvent], None] | None
 
     def __init__(self, config: NodeConfig, store: KVStore, *, clock: Callable[[], int] | None = None,
                  cpu_clock: Callable[[], float] = time.process_time,
-                 elapsed_clock: Callable[[], int] | None = None, bind_store: bool = True) -> None:
+                 elapsed_clock: Callable[[], int] | None = None) -> None:
         if not isinstance(config, NodeConfig):
             raise TypeError(f"config must be a NodeConfig, got {type(config).__name__}")
         self._config = config
@@ -263,10 +263,6 @@ class NodeService:
         """The highest wall-minus-elapsed offset seen since ``start_clock``: the offset while the
         wall clock was right, as far as the node can tell. A later offset below it is a clock
         set back; a rise back towards it is that clock's correction, not a pause."""
-        self._bind_store = bind_store
-        """False for offline tools opening a stopped node's store (``tenzro train
-        export-model``): they must neither check nor record the chain id, which their default
-        config does not know."""
         # Every run that has not ended (and, until startup is over, every run without a stored
         # summary, schema.ended_summary_key), with what the store holds of it
         # (compute_transition_ops writes only what changed).
@@ -330,23 +326,21 @@ class NodeService:
         self._load_runs()
         self._load_finalize_signatures()
         legacy = [*self._legacy_snapshot_ops(), *self._legacy_sealed_record_ops()]  # read and checked
-        if self._bind_store:
-            # Accepted (genesis, chain id, every run and record read and checked): an older store
-            # is marked for this version now, before the writes that only this version reads. At
-            # its open it had been marked before the checks (upgrade probe); marked after those
-            # writes, the old version could take a store half written in the new form, and marked
-            # before the reads above, a damaged store they refuse stayed marked (reviews).
-            self._mark_schema_upgraded()
+        # Accepted (genesis, chain id, every run and record read and checked): an older store is
+        # marked for this version now, before the writes that only this version reads. At its
+        # open it had been marked before the checks (upgrade probe); marked after those writes,
+        # the old version could take a store half written in the new form, and marked before the
+        # reads above, a damaged store they refuse stayed marked (reviews).
+        self._mark_schema_upgraded()
         self._write(legacy)
         self._restore_model_files()
         self._prune_ended_runs()
         retired = [t for t, run in self._runs.items() if is_terminal(run)]  # startup is over
         for task_id in retired:
             self._retire(task_id, self._runs.pop(task_id), self._stored_runs.pop(task_id))
-        if self._bind_store:
-            # Ended under a version that wrote no summary: written now, so the next start reads
-            # the summary alone instead of decoding the run.
-            self._write([self._summary_op(t) for t in retired])
+        # Ended under a version that wrote no summary: written now, so the next start reads the
+        # summary alone instead of decoding the run.
+        self._write([self._summary_op(t) for t in retired])
 
     def _mark_schema_upgraded(self) -> None:
         older = self._store.upgrade_schema_version()
@@ -365,13 +359,10 @@ class NodeService:
         if flag is not None:
             if ledger is None:
                 raise StorageError("the genesis record exists but the ledger's supply counters do not")
-            if self._bind_store:
-                self._check_bound_to(flag)
+            self._check_bound_to(flag)
             return ledger
         if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
             raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
-        if not self._bind_store:  # an offline tool must not create a genesis (review)
-            raise StorageError("the store has no genesis record: no node finished starting on it")
         ledger = Ledger()
         for address, amount in self._config.genesis:
             ledger = credit(ledger, address, amount)

@@ -218,23 +218,11 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     # A store from before the chain id was recorded gets it at its first start.
     with store.atomic_batch() as batch:
         batch.delete(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
-    # An offline tool (tenzro train export-model builds a default config, chain id 1337) neither
-    # checks nor records the chain id: it had recorded 1337 into this older store, after which
-    # the node, on chain 5 below, could never start again (review).
-    tool = NodeService(make_config(None, genesis=()), store, clock=FakeClock(), bind_store=False)
-    tool.close()
-    assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) is None
     chain5 = replace(config, chain_id=5)
     NodeService(chain5, store, clock=FakeClock()).close()
     assert store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY) == (5).to_bytes(32, "big")
-    NodeService(make_config(None, genesis=()), store, clock=FakeClock(), bind_store=False).close()
     with pytest.raises(StorageError, match="set `chain_id` to 5"):
         NodeService(config, store, clock=FakeClock())
-    # ...nor creates a genesis in a store that has none (a node killed before its first batch).
-    empty = MemoryStore()
-    with pytest.raises(StorageError, match="no genesis record"):
-        NodeService(make_config(None), empty, clock=FakeClock(), bind_store=False)
-    assert snapshot(empty) == snapshot(MemoryStore())
     # Any chain id a config accepts (below 2**256) is recorded; it had overflowed a u64 (review).
     if kind == "rocks":
         store.close()
@@ -350,8 +338,12 @@ def test_a_refused_start_leaves_an_older_store_at_its_version(tmp_path: Path, ch
         with pytest.raises(StorageError, match="signatures this store holds"):
             NodeService(replace(config, chain_id=5), store, clock=FakeClock())
         assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(2)
-        # An offline tool (bind_store=False) never marks it either.
-        NodeService(replace(config, genesis=()), store, clock=FakeClock(), bind_store=False).close()
+    # Offline tools read it read-only (node.run_store): they never mark it either.
+    from tenzro_training.node.run_store import load_run
+
+    with RocksStore(tmp_path / "db", read_only=True) as store:
+        assert load_run(store, "run-1") is not None
+    with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
         assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(2)
     with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
         logger = logging.getLogger("tenzro.node")
