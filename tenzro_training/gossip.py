@@ -1030,13 +1030,29 @@ def _check_weights_size(total_size: int, ctx: GossipContext, task_id: str) -> No
         raise GossipReject(f"weights of {total_size} bytes, the model has {sizes.model_bytes}")
 
 
+def _seen_digest(key: object) -> bytes:
+    """The 16-byte BLAKE2b of ``repr(key)``: what :class:`SeenCache` stores for a key or stream.
+
+    Why a digest: a chunk key holds its publisher, the stream's whole signed header and a data
+    hash (~610 B as a tuple), so a full cache of 65,536 keys held ~38 MiB for good; digests hold
+    it to a fraction of that (``tests/test_gossip.py::test_seen_cache_memory_is_digests``). The
+    keys are tuples of str, bytes, int, None, nested tuples and frozen dataclasses of those,
+    whose ``repr`` is one-to-one. A key enters the cache only once its message passed every
+    check, so shadowing a genuine message means a valid message whose digest equals the genuine
+    one's: a second preimage, 2^128 work at 128 bits (a collision between two of an attacker's
+    own messages only makes the second one a duplicate).
+    """
+    return hashlib.blake2b(repr(key).encode(), digest_size=16).digest()
+
+
 class SeenCache:
     """Bounded set of message keys already accepted (oldest forgotten first), plus verified signatures.
 
     The dedup cache of the validators: a key is recorded only after a message passed every check,
     so a rejected copy never shadows a valid one. Chunk keys are indexed by their stream
     (``add(key, stream=...)``) so a stream that failed reassembly or was evicted can be forgotten
-    with :meth:`forget_stream`, and its genuine republish is accepted again.
+    with :meth:`forget_stream`, and its genuine republish is accepted again. Keys and streams are
+    held as digests (:func:`_seen_digest`), never as the tuples themselves.
 
     One thread (the validator's) owns it; :meth:`forget_stream` alone may be called from any
     thread: it only appends to a deque (atomic), and the owner applies the request on its next
@@ -1047,8 +1063,9 @@ class SeenCache:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self.max_entries = max_entries
-        self._keys: OrderedDict[tuple[object, ...], object] = OrderedDict()
-        self._streams: dict[object, set[tuple[object, ...]]] = {}
+        self._keys: OrderedDict[bytes, bytes | None] = OrderedDict()
+        self._streams: dict[bytes, tuple[bytes, set[bytes]]] = {}
+        """stream digest -> (that digest, shared as every key's value; the stream's key digests)"""
         self._forget: deque[object] = deque()
         self._marks: OrderedDict[tuple[object, ...], int] = OrderedDict()
 
@@ -1058,14 +1075,20 @@ class SeenCache:
 
     def __contains__(self, key: tuple[object, ...]) -> bool:
         self._apply_forgets()
-        return key in self._keys
+        return _seen_digest(key) in self._keys
 
     def add(self, key: tuple[object, ...], stream: object = None) -> None:
         self._apply_forgets()
-        if key not in self._keys and stream is not None:
-            self._streams.setdefault(stream, set()).add(key)
-        self._keys[key] = stream if key not in self._keys else self._keys[key]
-        self._keys.move_to_end(key)
+        digest = _seen_digest(key)
+        if digest in self._keys:
+            self._keys.move_to_end(digest)
+        else:
+            stream_digest = None
+            if stream is not None:
+                stream_digest = _seen_digest(stream)
+                stream_digest, keys = self._streams.setdefault(stream_digest, (stream_digest, set()))
+                keys.add(digest)
+            self._keys[digest] = stream_digest
         while len(self._keys) > self.max_entries:
             old, old_stream = self._keys.popitem(last=False)
             self._unindex(old, old_stream)
@@ -1088,20 +1111,20 @@ class SeenCache:
         """Forget every key added with ``stream`` (thread-safe: applied by the owner's next call)."""
         self._forget.append(stream)
 
-    def _unindex(self, key: tuple[object, ...], stream: object) -> None:
-        if stream is None:
+    def _unindex(self, digest: bytes, stream_digest: bytes | None) -> None:
+        if stream_digest is None:
             return
-        keys = self._streams.get(stream)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._streams[stream]
+        entry = self._streams.get(stream_digest)
+        if entry is not None:
+            entry[1].discard(digest)
+            if not entry[1]:
+                del self._streams[stream_digest]
 
     def _apply_forgets(self) -> None:
         while self._forget:
             stream = self._forget.popleft()
-            for key in self._streams.pop(stream, ()):
-                self._keys.pop(key, None)
+            for digest in self._streams.pop(_seen_digest(stream), (b"", ()))[1]:
+                self._keys.pop(digest, None)
 
 
 def _get_run(ctx: GossipContext, task_id: str) -> RunState:

@@ -919,6 +919,31 @@ def test_seen_cache_forgets_a_stream_from_another_thread() -> None:
     assert len(seen) == 0
 
 
+def test_seen_cache_memory_is_digests() -> None:
+    """The cache keeps digests, not the keys it is given: a full cache of chunk keys (each a
+    ~610-byte tuple of the stream's signed header) held ~38 MiB for good before; a key's parts
+    are freed once the caller drops them, and equal keys (however built) still match."""
+    import gc
+    import weakref
+
+    class Part:
+        def __repr__(self) -> str:
+            return "Part()"
+
+    part = Part()
+    freed = weakref.ref(part)
+    seen = SeenCache()
+    seen.add(("payload", ("peer", part), 0, b"h"), stream=("peer", part))
+    del part
+    gc.collect()
+    assert freed() is None  # neither the key nor its stream is held
+    assert ("payload", ("peer", Part()), 0, b"h") in seen
+    assert ("payload", ("peer", Part()), 1, b"h") not in seen
+    assert ("payload", ("peer", Part()), 0, b"h" + b"\0") not in seen
+    seen.forget_stream(("peer", Part()))
+    assert len(seen) == 0
+
+
 def test_chunks_of_a_dropped_stream_are_accepted_again_for_every_chunked_kind(training: World) -> None:
     """What the assembler reports to ``on_drop`` ((source,) + stream key) is what the dedup cache
     indexes each kind's chunks under, so a republish of a dropped stream is not a duplicate."""
