@@ -108,7 +108,7 @@ ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
 
 # --- schema version -----------------------------------------------------------------------
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """Version of the layout in this module. Bump it on any incompatible change of a family, a key
 format or a value encoding stored here; a store with a newer version refuses to open.
 
@@ -123,16 +123,18 @@ its own :func:`round_record_key` and the run's value without them (``record_coun
 place): up to 3 the value held every record and every transition rewrote it whole, so a run's
 writes grew with the square of its rounds (soak probe: 1.19 GB of log for 600 rounds of a
 tiny model, submissions 10x slower by the end). A version-3 value (``records`` inline) is read as
-it is and written in the new form by the run's next transition. Older stores are marked 4 when
-opened, see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
+it is and written in the new form by the run's next transition. 5 stores no momentum in a
+round-0 snapshot (the one a post writes): it is zero before any round, and a post wrote those
+4 bytes per parameter through the WAL on the service thread; a version-4 store's stored zeros
+are not read. Older stores are marked 5 when opened, see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
 SEALED_RECORDS_SINCE: Final = 3
 """The first schema version whose stores hold a sealed record for every sealed run."""
-UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
+UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
 """Older versions whose data this code reads as it is: opening such a store rewrites its version
 key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:
 version 1 code would take snapshot weights for current ones, version 2 code would seal runs
 without the record the precompile looks up, version 3 code would read a run without its
-records)."""
+records, version 4 code would find no momentum for a run posted and not yet past round 0)."""
 SCHEMA_VERSION_KEY: Final = b"schema_version"
 """Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
 

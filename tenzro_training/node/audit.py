@@ -46,7 +46,12 @@ from tenzro_training.global_model import (
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
-from tenzro_training.node.model_state import decode_model_layout, decode_round_count, load_model_fragments
+from tenzro_training.node.model_state import (
+    decode_model_layout,
+    decode_round_count,
+    load_model_fragments,
+    load_snapshot_momentum,
+)
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
 from tenzro_training.node.run_store import check_ended_summary, load_run
 from tenzro_training.receipt import compute_receipt
@@ -180,7 +185,7 @@ def _audit(
         if start > len(run.records):
             raise StorageError(f"the model snapshot of {task_id} is of round {start}, after its last committed round")
         weights = load_model_fragments(store, task_id, schema.MODEL_WEIGHTS, model)
-        momentum = load_model_fragments(store, task_id, schema.MODEL_MOMENTUM, model)
+        momentum = load_snapshot_momentum(store, task_id, model, start)
         if compute_state_model_hash(model, weights) != run.records[start - 1].model_hash:
             raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
         progress.checks.append(f"snapshot of round {start} (payloads before it pruned)")
@@ -246,7 +251,7 @@ def _check_snapshot(
     momentum: list[torch.Tensor], progress: _Progress,
 ) -> None:
     stored_w = load_model_fragments(store, task_id, schema.MODEL_WEIGHTS, model)
-    stored_m = load_model_fragments(store, task_id, schema.MODEL_MOMENTUM, model)
+    stored_m = load_snapshot_momentum(store, task_id, model, rounds)
     same = all(torch.equal(a, b) for a, b in zip(stored_w, weights)) and all(
         torch.equal(a, b) for a, b in zip(stored_m, momentum)
     )

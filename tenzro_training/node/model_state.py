@@ -31,6 +31,7 @@ __all__ = [
     "encode_model_layout",
     "encode_round_count",
     "load_model_fragments",
+    "load_snapshot_momentum",
 ]
 
 _SPECS_VERSION = 1
@@ -89,6 +90,18 @@ def decode_round_count(raw: bytes) -> int:
     if not isinstance(raw, bytes) or len(raw) != _ROUND_COUNT.size:
         raise StorageError(f"stored round count is malformed: {raw!r} (expected 8 bytes)")
     return int(_ROUND_COUNT.unpack(raw)[0])
+
+
+def load_snapshot_momentum(store: KVStore, task_id: str, model: ModelLayout, rounds: int) -> list[torch.Tensor]:
+    """The outer momentum of ``task_id``'s model snapshot after ``rounds`` committed rounds.
+
+    Zero before any round, and not stored then (schema 5): a post wrote 4 bytes of zeros per
+    parameter through the WAL on the service thread. A version-4 store's stored round-0 zeros
+    are not read. StorageError if a later snapshot's momentum is missing or damaged in size.
+    """
+    if rounds == 0:
+        return [torch.zeros(layout.numel, dtype=torch.float32) for layout in model.layouts]
+    return load_model_fragments(store, task_id, schema.MODEL_MOMENTUM, model)
 
 
 def load_model_fragments(store: KVStore, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:

@@ -90,6 +90,7 @@ from tenzro_training.node.model_state import (
     encode_model_layout,
     encode_round_count,
     load_model_fragments,
+    load_snapshot_momentum,
 )
 from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
 from tenzro_training.node.run_store import compute_final_model_file, read_round_records
@@ -779,9 +780,10 @@ class NodeService:
             extra = [*extra, self._summary_op(task_id, t.run)]  # what the next start reads of it
         if ends_now and not t.run.records:
             # Ended before any round was committed (cancelled, or failed in its election,
-            # enrollment or first round): its round-0 snapshot (8 bytes per parameter) is the
+            # enrollment or first round): its round-0 snapshot (4 bytes per parameter) is the
             # checkpoint's, which the committed initial model hash pins (tenzro audit recomputes
             # it). Kept, it let a funded sponsor fill the disk by posting and cancelling (review).
+            # (Its momentum keys are deleted too: a version-4 store wrote round 0's zeros.)
             extra = [*extra, *self._drop_snapshot_ops(task_id, t.run.spec.architecture.fragment_count)]
         ops, encoded = persistence.compute_transition_ops(
             self._stored(task_id), t.run, self._ledger, t.ledger, extra
@@ -1380,7 +1382,8 @@ class NodeService:
         self, task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
     ) -> list[Operation]:
         ops = _fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
-        ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
+        if rounds > 0:  # zero before any round: not stored (model_state.load_snapshot_momentum)
+            ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
         ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_round_count(rounds)))
         return ops
 
@@ -1422,7 +1425,7 @@ class NodeService:
                 f"the payloads of {task_id} were pruned (prune_payloads): its model after round {start} cannot be rebuilt"
             )
         weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
-        momentum = self._load_fragments(task_id, schema.MODEL_MOMENTUM, model)
+        momentum = load_snapshot_momentum(self._store, task_id, model, start)
         expected = run.records[start - 1].model_hash if start > 0 else run.initial_model_hash
         if compute_state_model_hash(model, weights) != expected:
             raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")

@@ -812,8 +812,10 @@ def check_rounds(run: Run) -> None:
     snap = run.store.get("meta", meta_key(run.task_id, b"n"))
     snapshot_rounds = int.from_bytes(snap, "big") if snap else None
     if snapshot_rounds == 0:
-        run.check("node.md 'Model state': stored round-0 snapshot = widened checkpoint, zero momentum",
-                  stored_weights_match(run, weights, momentum, b"w"))
+        run.check("node.md 'Model state': stored round-0 snapshot = widened checkpoint, no momentum (zero)",
+                  stored_weights_match(run, weights, None, b"w")
+                  and all(run.store.get("model_state", model_key(run.task_id, b"m", i)) is None
+                          for i in range(len(run.layouts))))
     records = run.state["records"]
     run.check("lifecycle.md 'Stored form and view': one record per round, max_rounds of them",
               len(records) == spec["max_rounds"])

@@ -386,3 +386,55 @@ def test_a_damaged_older_store_refused_at_start_is_not_marked(tmp_path: Path, ch
         with pytest.raises(StorageError, match="the sealed run run-1 has no stored receipt"):
             NodeService(config, store, clock=FakeClock())
         assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(3)
+
+
+def _post_round_0(store: Any, checkpoint: tuple[str, str]) -> tuple[Net, Any]:
+    from tests.node.test_service import start
+
+    config = make_config(None)
+    clock = FakeClock()
+    net = Net(NodeService(config, store, clock=clock), clock)
+    start(net, checkpoint)
+    return net, config
+
+
+def test_a_round_0_snapshot_holds_no_momentum_and_a_version_4_stores_is_not_read(
+    tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Schema 5: a post's snapshot holds the weights alone (the momentum is zero before any round;
+    a post wrote 4 bytes of zeros per parameter through the WAL on the service thread). A node
+    restarted before round 0's finalize rebuilds the model with zero momentum, and a version-4
+    store, which held those zeros, is upgraded without its stored round-0 momentum being read
+    (garbage of the right size stands in for it here): round 0 commits the same model as a node
+    that never stopped."""
+    import torch
+
+    from storage import schema
+    from tenzro_training.node.model_state import encode_fragment
+    from tests.node.test_service import play_round
+
+    reference, _ = _post_round_0(MemoryStore(), checkpoint)
+    expected = play_round(reference, 0)
+    store = RocksStore(tmp_path / "db")
+    net, config = _post_round_0(store, checkpoint)
+    weights = [store.get(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_WEIGHTS, f)) for f in range(2)]
+    momentum_keys = [schema.model_key("run-1", schema.MODEL_MOMENTUM, f) for f in range(2)]
+    assert all(w is not None for w in weights)
+    assert [store.get(schema.CF_MODEL_STATE, k) for k in momentum_keys] == [None, None]
+    for i in range(3):
+        for f in range(2):
+            net.submit(i, 0, f)
+    net.service.close()
+    with store.atomic_batch() as batch:
+        batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(4))
+        for key, w in zip(momentum_keys, weights):
+            batch.put(schema.CF_MODEL_STATE, key, encode_fragment(torch.full((len(w) // 4,), 7.0)))
+    store.close()
+    with RocksStore(tmp_path / "db", upgrade_schema=False) as store:
+        again = Net(NodeService(config, store, clock=net.clock), net.clock)
+        result = again.finalize(0)
+        assert again.service.cache_stats()["model_rebuilds"] == 1  # from the stored round-0 snapshot
+        assert result["model_hash"] == expected["model_hash"]
+        assert again.service.get_run("run-1")["model_hash"] == reference.service.get_run("run-1")["model_hash"]
+        assert store.get(schema.CF_META, schema.SCHEMA_VERSION_KEY) == schema.encode_schema_version(schema.SCHEMA_VERSION)
+        again.service.close()

@@ -208,12 +208,13 @@ def test_invalid_older_schema_version_refuses_to_open(tmp_path: Path) -> None:
 
 
 def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -> None:
-    """A version-1, -2 or -3 store is read as it is and rewritten as the current version, so code
+    """A version-1 to -4 store is read as it is and rewritten as the current version, so code
     that only knows the old version refuses it afterwards instead of misreading its model state
-    (1), sealing runs without their sealed record (2) or reading runs without their round
-    records (3). With upgrade_schema=False (the node) it is rewritten only when the opener says."""
-    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2, 3} and SCHEMA_VERSION == 4
-    for old in (1, 2, 3):
+    (1), sealing runs without their sealed record (2), reading runs without their round
+    records (3) or finding no momentum for a run at round 0 (4). With upgrade_schema=False (the
+    node) it is rewritten only when the opener says."""
+    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2, 3, 4} and SCHEMA_VERSION == 5
+    for old in (1, 2, 3, 4):
         path = tmp_path / f"db{old}"
         write_version(path, encode_schema_version(old))
         with RocksStore(path, upgrade_schema=False) as store:
@@ -436,7 +437,7 @@ def test_the_write_ahead_log_is_bounded_by_flushing_what_pins_it(tmp_path: Path,
             with store.atomic_batch() as batch:
                 batch.put(CF_TRAINING_RUNS, b"run", value)
                 batch.put(CF_META, b"alive", i.to_bytes(8, "big"))
-        deadline = time.monotonic() + 10  # the flush, and the deletion of old logs, run in the background
+        deadline = time.monotonic() + 30  # the flush, and the deletion of old logs, run in the background
         while True:
             logs = sum(f.stat().st_size for f in (tmp_path / "db").glob("*.log"))
             if cap == 0 or logs < 3 * cap or time.monotonic() > deadline:
