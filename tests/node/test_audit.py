@@ -14,6 +14,7 @@ from storage import schema
 from storage.interface import StorageError
 from storage.rocks import RocksStore
 from tenzro_training import cli
+from tenzro_training.node import persistence
 from tenzro_training.node.audit import audit_run, audit_store
 from tenzro_training.node.run_store import load_run
 from tenzro_training.node.service import NodeService
@@ -188,6 +189,29 @@ class TestFindsDamage:
             with store.atomic_batch() as batch:
                 batch.put(schema.CF_META, schema.ended_summary_key("run-2"), raw.replace(b"run-1", b"run-2"))
         assert "run-2 is Training, yet the store holds an ended-run summary" in str(node.audit("run-2")["problem"])
+
+    def test_the_sealed_record(self, node: Node) -> None:
+        """TRAINING_VERIFY pays against the sealed record: one that no longer matches the receipt
+        (here: another run's) is found even though the receipt itself is intact."""
+        with RocksStore(node.data / "db", read_only=True) as store:
+            assert store.get(schema.CF_META, schema.sealed_record_key("run-1")) is not None
+        node.tamper(schema.CF_META, schema.sealed_record_key("run-1"), flip_last_byte)
+        result = node.audit("run-1")
+        assert not result["ok"] and "run root and receipt" in result["checks"]  # type: ignore[operator]
+        assert "the sealed record of run-1 (TRAINING_VERIFY's lookup) differs" in str(result["problem"])
+
+    def test_a_committed_rounds_missing_payload(self, node: Node) -> None:
+        """A payload a committed round aggregated is gone: the replay stops at that round and
+        names the missing payload (not a decode error or a crash)."""
+        node.stop()
+        with RocksStore(node.data / "db") as store:
+            _, raw = next(iter(store.iterate(schema.CF_SUBMISSIONS, schema.submission_prefix("run-1", 3))))
+            sub = persistence.decode_submission_record(raw)
+            with store.atomic_batch() as batch:
+                batch.delete(schema.CF_SUBMISSIONS, schema.payload_key("run-1", sub.payload_hash))
+        result = node.audit("run-1")
+        assert not result["ok"] and result["rounds_replayed"] == 3
+        assert f"accepted payload 0x{sub.payload_hash.hex()} of run-1 is missing" in str(result["problem"])
 
     def test_a_missing_checkpoint(self, node: Node, checkpoint: tuple[str, str]) -> None:
         Path(checkpoint[0].removeprefix("file://")).unlink()

@@ -66,7 +66,9 @@ from tests.node.conftest import (
     STRANGER,
     SYNCERS,
     TIMINGS,
+    T0,
     TRAINERS,
+    VRF_SECRETS,
     FakeClock,
     Net,
     gradient,
@@ -1060,6 +1062,52 @@ def test_gossip_ticket_from_an_unregistered_candidate(net: Net, checkpoint: tupl
     with pytest.raises(TicketRejected):
         net.service.submit_ticket(net.task_id, make_ticket(b"\x05" * 32, STRANGER.address, seed))
     assert snapshot(net.store) == before
+
+
+def test_a_remote_candidates_gossiped_ticket_is_stored_ranked_and_survives_a_restart(
+    tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """A registered candidate whose VRF secret this node does not hold tickets over gossip
+    (submit_ticket): its ticket is stored with the run, the same ticket again changes nothing, it
+    is ranked at the election's close like the node's own, and one after the close is refused."""
+    from storage.rocks import RocksStore
+    from tenzro_training.election import make_ticket
+    from tenzro_training.errors import InvalidState
+    from tenzro_training.node.config import SyncerIdentity
+
+    remote = 2  # registered (make_config's candidates) but not one of this node's identities
+    local = tuple(SyncerIdentity(address=s.address, vrf_secret=v) for s, v in zip(SYNCERS[:remote], VRF_SECRETS[:remote]))
+    clock = FakeClock()
+    store = RocksStore(tmp_path / "db")
+    service = NodeService(make_config(tmp_path / "data", syncer_identities=local), store, clock=clock)
+    net = Net(service, clock)
+    net.post(spec_dict(*checkpoint))
+    own = {t["address"] for t in service.get_run(net.task_id)["election"]["tickets"]}
+    assert own == {s.text for s in SYNCERS[:remote]}  # the node tickets its own identities only
+    seed = service._runs[net.task_id].election.seed
+    ticket = make_ticket(VRF_SECRETS[remote], SYNCERS[remote].address, seed)
+    clock.advance(10)
+    service.submit_ticket(net.task_id, ticket)
+    tickets = {t["address"]: t for t in service.get_run(net.task_id)["election"]["tickets"]}
+    assert set(tickets) == {s.text for s in SYNCERS}
+    assert tickets[SYNCERS[remote].text]["stake"] == str(100 + remote)
+    assert tickets[SYNCERS[remote].text]["received_at_ms"] == T0 + 10
+    before = snapshot(store)
+    service.submit_ticket(net.task_id, ticket)  # a gossip relay delivers it again
+    assert snapshot(store) == before
+    service.close()
+    store.close()
+
+    store = RocksStore(tmp_path / "db")  # the ticket was committed, not just held in memory
+    service = NodeService(make_config(tmp_path / "data", syncer_identities=local), store, clock=clock)
+    net = Net(service, clock)
+    net.elect()
+    ranking = service.get_run(net.task_id)["election"]["ranking"]
+    assert sorted(r["address"] for r in ranking) == sorted(s.text for s in SYNCERS)
+    with pytest.raises(InvalidState):
+        service.submit_ticket(net.task_id, ticket)
+    service.close()
+    store.close()
 
 
 def test_submit_with_payload_from_another_task(net: Net, checkpoint: tuple[str, str]) -> None:
