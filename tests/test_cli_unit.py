@@ -1286,6 +1286,77 @@ def test_syncer_poll_failures_are_logged_once_until_they_change() -> None:
                          "polls succeed again"]
 
 
+def test_syncer_says_once_that_the_node_is_unreachable_and_once_that_it_is_back() -> None:
+    """A node that is down for several polls is one line, not one per poll, and the first poll
+    that reaches it again says so; the pass after it finalizes as usual."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    down = CliError("cannot reach node at fake://node: connection refused", EXIT_UNREACHABLE)
+    answers: list[Any] = [down, down, down]
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        if answers:
+            raise answers.pop(0)
+        return {"runs": [{"task_id": "t"}]}
+
+    client = ScriptedClient(list_runs, lambda params: _view(round=1, now_ms=5000))
+    finalized: list[dict[str, Any]] = []
+    real_call = client.call
+
+    def call(method: str, params: dict[str, Any]) -> Any:
+        if method == "tenzro_training_finalizeRound":
+            finalized.append(params)
+            return {"status": "Training", "model_hash": "0x00"}
+        return real_call(method, params)
+
+    client.call = call  # type: ignore[method-assign]
+    lines: list[str] = []
+    stop = threading.Event()
+    daemon = SyncerDaemon(client, KEY, emit=lambda line: (lines.append(line), line.startswith("finalized") and stop.set()))
+    daemon.run(0.001, False, stop)
+    assert lines[1:] == [
+        "cannot reach node at fake://node: connection refused; retrying every 0.001s",
+        "node fake://node reachable again",
+        "finalized t round 1 status Training model 0x00",
+    ]
+    assert [p["round"] for p in finalized] == [1]
+
+
+def test_syncer_skips_a_run_whose_getrun_is_refused_but_stops_the_pass_when_the_node_goes_away() -> None:
+    """A run that vanished between listRuns and getRun (or that the node refuses) is skipped with
+    one line and the other runs are still served; a node that stops answering in the middle of
+    a pass ends the pass (the loop retries), it is not taken for a refusal."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    runs = {"runs": [{"task_id": "gone"}, {"task_id": "mine"}]}
+    refused = CliError("error 1302 RunNotFound: no run gone", EXIT_RPC_ERROR)
+
+    def get_run(params: dict[str, Any]) -> Any:
+        if params["task_id"] == "gone":
+            raise refused
+        return _view(round=0, now_ms=5000)
+
+    client = FakeClient({})
+    scripted = ScriptedClient(lambda params: runs, get_run)
+
+    def call(method: str, params: dict[str, Any]) -> Any:
+        if method == "tenzro_training_finalizeRound":
+            return client.call(method, params)
+        return scripted.call(method, params)
+
+    scripted_call = type("C", (), {"url": "fake://node", "call": staticmethod(call)})()
+    lines: list[str] = []
+    daemon = SyncerDaemon(scripted_call, KEY, emit=lines.append)
+    assert daemon.poll_once() == 1 and daemon.poll_once() == 1
+    assert [(t, r) for t, r, _ in client.finalized] == [("mine", 0), ("mine", 0)]
+    assert lines.count("getRun gone refused: error 1302 RunNotFound: no run gone; skipped") == 1
+
+    refused.exit_code = EXIT_UNREACHABLE
+    with pytest.raises(CliError) as info:
+        daemon.poll_once()
+    assert info.value.exit_code == EXIT_UNREACHABLE and len(client.finalized) == 2
+
+
 def test_syncer_once_exits_1_when_a_finalize_was_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """--once is for cron jobs: a refused finalize exited 0, so nobody noticed."""
     from tenzro_training.node.syncer import SyncerDaemon
