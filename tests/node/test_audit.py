@@ -304,6 +304,48 @@ def test_export_model_reads_the_store_read_only_beside_the_node_and_writes_nothi
     assert "cannot export run-2: run-2: cannot export the final model while the run is Training" in capsys.readouterr().err
 
 
+def test_export_model_check_receipt_refuses_a_receipt_or_a_model_that_does_not_hold(
+    node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--check-receipt: the node's receipt of the run must pass the offline verification and name
+    the exported model's hash; otherwise exit 1 and nothing is written."""
+    import safetensors.torch
+    import torch
+
+    from tests.test_cli_unit import FakeNode
+
+    receipt = json.loads(json.dumps(node.service.get_receipt("run-1")))
+    fake = FakeNode()
+    try:
+        out = tmp_path / "final.safetensors"
+        argv = ["train", "export-model", "--task-id", "run-1", "--data-dir", str(node.data), "--out", str(out),
+                "--check-receipt", "--rpc", fake.url, "--json"]
+        fake.replies["tenzro_training_getReceipt"] = receipt
+        assert cli.main(argv) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["receipt_checked"] is True and result["model_hash"] == receipt["receipt"]["final_model_hash"]
+        assert fake.calls == [("tenzro_training_getReceipt", {"task_id": "run-1"})]
+        out.unlink()
+
+        forged = json.loads(json.dumps(receipt))
+        forged["receipt"]["final_model_hash"] = "0x" + "11" * 32  # no longer the run root's
+        fake.replies["tenzro_training_getReceipt"] = forged
+        assert cli.main(argv) == cli.EXIT_RPC_ERROR
+        assert "the node's receipt of run-1 fails verification" in capsys.readouterr().err
+        assert not out.exists()
+
+        fake.replies["tenzro_training_getReceipt"] = receipt
+        model_file = node.data / "models" / "run-1.safetensors"
+        model = safetensors.torch.load(model_file.read_bytes())
+        model = {name: t + 1 for name, t in model.items()} if model else {"x": torch.ones(1)}
+        model_file.write_bytes(safetensors.torch.save(model))
+        assert cli.main(argv) == cli.EXIT_RPC_ERROR
+        assert f"differs from the receipt's {receipt['receipt']['final_model_hash']}" in capsys.readouterr().err
+        assert not out.exists()
+    finally:
+        fake.close()
+
+
 def test_get_receipt_is_rendered_once_per_sealed_run(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each getReceipt had rebuilt the ABI and every attestation: ~1 s and 3.1 MB for a 600-round
     run, on the service thread, for anyone who asks (soak probe). A sealed receipt never changes,
