@@ -146,6 +146,32 @@ def test_invalid_duplicate_candidates() -> None:
         NodeConfig.from_dict(obj, data_dir=None)
 
 
+def test_invalid_two_candidates_with_one_vrf_key_or_one_identity_listed_twice() -> None:
+    """Two registered addresses sharing a VRF key would hold the same ticket (the election refuses
+    them), and an identity listed twice would ticket twice: both are config errors at start."""
+    obj = _base()
+    obj["candidates"][1]["vrf_public_key"] = obj["candidates"][0]["vrf_public_key"]
+    obj["syncer_identities"] = obj["syncer_identities"][:1]
+    with pytest.raises(ConfigError, match="two candidates share a VRF public key") as info:
+        NodeConfig.from_dict(obj, data_dir=None)
+    assert info.value.path == "candidates"
+    obj = _base()
+    obj["syncer_identities"].append(dict(obj["syncer_identities"][0]))
+    with pytest.raises(ConfigError, match="an address is listed twice") as info:
+        NodeConfig.from_dict(obj, data_dir=None)
+    assert info.value.path == "syncer_identities"
+
+
+def test_a_localhost_rpc_host_is_not_warned_about_as_public() -> None:
+    """rpc_host "localhost" is a loopback bind like 127.0.0.1 and ::1; a name or another address
+    may be reachable from other hosts and gets the allowed_checkpoint_dirs warning."""
+    public = "may be reachable from other hosts"
+    for host in ("localhost", "127.0.0.1", "::1"):
+        assert not any(public in w for w in NodeConfig(rpc_host=host).advice()), host
+    for host in ("0.0.0.0", "node.example", "10.0.0.5"):
+        assert any(public in w for w in NodeConfig(rpc_host=host).advice()), host
+
+
 def test_invalid_not_an_object() -> None:
     with pytest.raises(ConfigError):
         NodeConfig.from_dict([], data_dir=None)

@@ -11,7 +11,7 @@ import pytest
 from libp2p.crypto.keys import KeyType
 from libp2p.peer.id import ID
 
-from tenzro_training.p2p.keys import KEY_FILE_PREFIX, PeerKeyError, load_or_create_peer_key
+from tenzro_training.p2p.keys import KEY_FILE_PREFIX, PeerKeyError, load_or_create_peer_key, lock_peer_key
 
 _N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
@@ -69,3 +69,20 @@ def test_invalid_key_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     path.chmod(0o640)
     with pytest.raises(PeerKeyError, match="group/other"):
         load_or_create_peer_key(path)
+
+
+def test_a_key_in_use_by_another_host_is_refused_until_it_is_released(tmp_path: Path) -> None:
+    """Two hosts with one peer key cannot be told apart by their peers: the second lock on the
+    file is refused (PeerKeyError naming it), and it is free again once the first closes."""
+    path = tmp_path / "peer.key"
+    load_or_create_peer_key(path)
+    first = lock_peer_key(path)
+    try:
+        with pytest.raises(PeerKeyError, match="in use by another running host") as info:
+            lock_peer_key(path)
+        assert str(path) in str(info.value)
+    finally:
+        os.close(first)
+    os.close(lock_peer_key(path))
+    with pytest.raises(PeerKeyError, match="cannot open it"):
+        lock_peer_key(tmp_path / "missing.key")
