@@ -349,6 +349,22 @@ def test_invalid_rpc_url_exits_3_with_one_line(capsys: pytest.CaptureFixture[str
     assert "secret" not in err
 
 
+def test_list_runs_sends_the_status_filter_and_prints_one_line_per_run(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode
+) -> None:
+    fake_node.replies["tenzro_training_listRuns"] = {
+        "runs": [{"task_id": "a", "status": "Training", "round": 3}, {"task_id": "b", "status": "Training", "round": 0}],
+        "total": 2, "offset": 0, "limit": 50,
+    }
+    code, out, err = run(capsys, "train", "list-runs", "--status", "Training", "--rpc", fake_node.url)
+    assert code == EXIT_OK, err
+    assert fake_node.calls[-1] == ("tenzro_training_listRuns", {"offset": 0, "limit": 50, "status": "Training"})
+    assert out.splitlines() == ["a  Training  round 3", "b  Training  round 0"]
+    fake_node.replies["tenzro_training_listRuns"] = {"runs": [], "total": 0, "offset": 0, "limit": 50}
+    code, out, _ = run(capsys, "train", "list-runs", "--rpc", fake_node.url)
+    assert (code, out) == (EXIT_OK, "no runs\n") and "status" not in fake_node.calls[-1][1]
+
+
 def test_credentials_in_the_rpc_url_are_sent_as_basic_auth_and_never_shown(
     capsys: pytest.CaptureFixture[str], fake_node: FakeNode, closed_url: str
 ) -> None:
