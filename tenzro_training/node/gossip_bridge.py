@@ -135,7 +135,8 @@ class GossipBridge:
         # lookup) by the validators on the libp2p thread.
         self._sizes: dict[str, tuple[g.StreamSizes, int]] = {}
         # The runs of _sizes that have not ended: what a resize walks. An ended run keeps its sizes
-        # (a sealed run's RoundFinalized and ModelChunk messages are checked against them).
+        # (a sealed run's RoundFinalized and ModelChunk messages are checked against them) while
+        # the service holds it (get_run_state; see _forget_ended_sizes).
         self._budgeted: set[str] = set()
         self._loading: set[str] = set()
         self._events: asyncio.Queue[RunEvent] | None = None
@@ -245,6 +246,17 @@ class GossipBridge:
             trainers += count
         budget = min(self._max_assembly_bytes, max(needed, 4 * self._max_payload_bytes))
         self._payloads.resize(budget, max(64, 2 * trainers))
+        self._forget_ended_sizes()
+
+    def _forget_ended_sizes(self) -> None:
+        """Drop the sizes of ended runs the service no longer holds (out of its cache of ended
+        runs). Every rule reads the run state before the sizes, so gossip about such a run is
+        ignored before they would be read; kept, they grew the table with every run the node
+        ever served (coverage probe). A getRun that brings the run back into the service's cache
+        makes them load again on first use, as for a run never seen."""
+        for task_id in [t for t in self._sizes if t not in self._budgeted]:
+            if self._service.get_run_state(task_id) is None:
+                del self._sizes[task_id]  # the libp2p thread's lookups are single dict reads
 
     # --- validation (called by the host on its libp2p thread, before relay) ---
 

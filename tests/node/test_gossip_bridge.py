@@ -442,3 +442,35 @@ def test_the_sealing_rounds_weights_are_published_after_the_run_left_the_cache(
     assert net.service.get_run_state("run-1") is None
     notices = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, 2))
     assert [n.round for n in notices] == [0, 1] and bridge.counters["finalized_published"] == 2
+
+
+def test_the_sizes_of_ended_runs_the_service_let_go_are_forgotten(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bridge's table of stream sizes kept every run the node ever served (coverage probe).
+    An ended run's sizes now go once the service's cache of ended runs lets the run go (gossip
+    about it is ignored before sizes are read), and load again if a getRun brings it back.
+    ENDED_RUNS_CACHED = 1 stands for 64 ended runs used in between."""
+    import tenzro_training.node.service as service_module
+    from tests.node.conftest import spec_dict
+
+    from tests.node.test_service import play_round
+
+    monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 1)
+    net, host, bridge, loop = bridged
+    for r in range(net.service.get_run(net.task_id)["spec"]["max_rounds"]):
+        play_round(net, r)
+    loop.run_until_complete(settle())
+    assert net.service.get_run_state("run-1").status.value == "Sealed"
+    assert "run-1" in bridge._sizes  # ended, still held by the service
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    net.cancel()  # run-1 leaves the service's cache of ended runs
+    loop.run_until_complete(settle())
+    assert net.service.get_run_state("run-1") is None
+    assert "run-1" not in bridge._sizes and "run-2" in bridge._sizes
+    net.service.get_run("run-1")  # read back into the cache: its sizes load on first use
+    assert bridge._get_sizes("run-1") is None
+    loop.run_until_complete(settle())
+    assert "run-1" in bridge._sizes and not bridge._loaders
