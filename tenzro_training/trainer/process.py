@@ -873,9 +873,20 @@ class _Trainer:
         poll_every = 5 * self.cfg.poll_interval_s
         view: dict[str, Any] | None = None
         self.inbox.expect_finalized(round_)
+        # Held notices are checked against the node's record when new ones arrive (at most every
+        # min_gap) and otherwise with the polls. Notices for a round the node has no record of
+        # yet (a ranked candidate can sign one early) were rechecked on every wake-up: each
+        # trainer called getRun 5 times a second until the round closed (coverage probe).
+        checked: frozenset[bytes] = frozenset()
+        last_check = -1e18
+        min_gap = min(0.2, poll_every)
         while not stop.is_set():
-            if self.inbox.finalized:
-                view = await self.get_run()
+            now = time.monotonic()
+            held = frozenset(self.inbox.finalized)
+            fetched: dict[str, Any] | None = None
+            if held and ((held != checked and now - last_check >= min_gap) or now - last_poll >= poll_every):
+                checked, last_check, last_poll = held, now, now
+                view = fetched = await self.get_run()
                 records = view["round_records"]
                 # Until the node has a record of the round the notice cannot be checked: it is held
                 # (a ranked candidate could sign one early) and the deadline below still runs.
@@ -901,10 +912,10 @@ class _Trainer:
                     # skipped while these were held).
                     self.inbox.expect_finalized(None)
                     return await self.request_model(view, stop)
-            now = time.monotonic()
-            if now - last_poll >= poll_every:
-                last_poll = now
-                view = await self.get_run()
+            if fetched is not None or now - last_poll >= poll_every:
+                if fetched is None:
+                    last_poll = now
+                    view = await self.get_run()
                 moved = len(view["round_records"]) > round_ or view["status"] != "Training"
                 if moved and view["status"] not in ("Training", "Sealed"):
                     self.inbox.expect_finalized(None)

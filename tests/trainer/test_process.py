@@ -340,6 +340,35 @@ def test_a_forged_round_finalized_is_dropped_and_the_genuine_one_accepted(tmp_pa
     assert tr.inbox.finalized == {} and tr.inbox.await_round is None
 
 
+def test_a_notice_held_before_the_nodes_record_is_rechecked_at_the_poll_cadence(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A RoundFinalized for a round the node has no record of yet is held (a ranked candidate can
+    sign one early). It was rechecked on every 0.2 s wake-up, each time with a getRun: every
+    trainer called the node 5 times a second until the round closed (coverage probe). It is now
+    rechecked with the polls (here every 1 s); once the record is there the notice is used."""
+    import asyncio
+    import dataclasses
+    import time
+
+    tr, committed, real, _, _ = _trainer_with_model(tmp_path)
+    tr.cfg = dataclasses.replace(tr.cfg, poll_interval_s=0.2)
+    record = {"model_hash": "0x" + committed.hex(), "syncer": "0x" + SYNCERS[0].hex()}
+    calls: list[float] = []
+    started = time.monotonic()
+
+    async def get_run() -> dict[str, object]:
+        calls.append(time.monotonic() - started)
+        if calls[-1] < 2.0:  # the round still open, its deadline far away
+            return {"round": 0, "status": "Training", "model_hash": "0x" + committed.hex(), "round_records": []}
+        return {"round": 1, "status": "Training", "model_hash": "0x" + committed.hex(), "round_records": [record]}
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.inbox.expect_finalized(0)
+    feed(tr.inbox, notice(0, model=committed, weights=real))
+    asyncio.run(tr.wait_finalized(0, asyncio.Event()))
+    assert tr.held_hash == committed and tr.inbox.finalized == {}
+    assert len(calls) <= 4, calls  # ~3 at a 1 s cadence over 2 s; it was ~11
+
+
 def test_trainer_validator_uses_the_latest_view() -> None:
     from tests.test_gossip_trainer import make_view
     from tests.test_gossip import World
