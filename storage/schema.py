@@ -134,7 +134,9 @@ UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
 key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:
 version 1 code would take snapshot weights for current ones, version 2 code would seal runs
 without the record the precompile looks up, version 3 code would read a run without its
-records, version 4 code would find no momentum for a run posted and not yet past round 0)."""
+records, version 4 code would find no momentum for a run whose latest snapshot is its
+round-0 one: up to ``model_snapshot_rounds`` - 1 committed rounds, or ended before its first
+snapshot after round 0)."""
 SCHEMA_VERSION_KEY: Final = b"schema_version"
 """Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
 

@@ -1031,18 +1031,19 @@ def _check_weights_size(total_size: int, ctx: GossipContext, task_id: str) -> No
 
 
 def _seen_digest(key: object) -> bytes:
-    """The 16-byte BLAKE2b of ``repr(key)``: what :class:`SeenCache` stores for a key or stream.
+    """The 32-byte BLAKE2b of ``repr(key)``: what :class:`SeenCache` stores for a key or stream.
 
     Why a digest: a chunk key holds its publisher, the stream's whole signed header and a data
     hash (~610 B as a tuple), so a full cache of 65,536 keys held ~38 MiB for good; digests hold
     it to a fraction of that (``tests/test_gossip.py::test_seen_cache_memory_is_digests``). The
-    keys are tuples of str, bytes, int, None, nested tuples and frozen dataclasses of those,
-    whose ``repr`` is one-to-one. A key enters the cache only once its message passed every
-    check, so shadowing a genuine message means a valid message whose digest equals the genuine
-    one's: a second preimage, 2^128 work at 128 bits (a collision between two of an attacker's
-    own messages only makes the second one a duplicate).
+    keys are tuples of str, bytes, int, None, IntEnum members, nested tuples and frozen
+    dataclasses of those, whose ``repr`` is one-to-one (a key with a float, a set or an object
+    of default ``repr`` would break dedup: keep them out). 256 bits because a hit is not only
+    "duplicate": for a ``("sig", ...)`` key it means "signature already verified", so a
+    collision between an attacker's own valid key and one naming a victim with a junk signature
+    would pass that check; at 128 bits that is a 2^64 birthday search, at 256 bits 2^128.
     """
-    return hashlib.blake2b(repr(key).encode(), digest_size=16).digest()
+    return hashlib.blake2b(repr(key).encode(), digest_size=32).digest()
 
 
 class SeenCache:

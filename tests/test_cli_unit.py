@@ -1310,7 +1310,13 @@ def test_syncer_says_once_that_the_node_is_unreachable_and_once_that_it_is_back(
     down = CliError("cannot reach node at fake://node: connection refused", EXIT_UNREACHABLE)
     answers: list[Any] = [down, down, down]
 
+    polls: list[int] = []
+    stop = threading.Event()
+
     def list_runs(params: dict[str, Any]) -> Any:
+        polls.append(1)
+        if len(polls) > 500:
+            stop.set()  # bounded: a regression fails the assertions below instead of hanging
         if answers:
             raise answers.pop(0)
         return {"runs": [{"task_id": "t"}]}
@@ -1327,10 +1333,9 @@ def test_syncer_says_once_that_the_node_is_unreachable_and_once_that_it_is_back(
 
     client.call = call  # type: ignore[method-assign]
     lines: list[str] = []
-    stop = threading.Event()
     daemon = SyncerDaemon(client, KEY, emit=lambda line: (lines.append(line), line.startswith("finalized") and stop.set()))
     daemon.run(0.001, False, stop)
-    assert lines[1:] == [
+    assert lines[0].startswith("syncer ") and lines[1:] == [
         "cannot reach node at fake://node: connection refused; retrying every 0.001s",
         "node fake://node reachable again",
         "finalized t round 1 status Training model 0x00",

@@ -398,7 +398,7 @@ def _post_round_0(store: Any, checkpoint: tuple[str, str]) -> tuple[Net, Any]:
     return net, config
 
 
-def test_a_round_0_snapshot_holds_no_momentum_and_a_version_4_stores_is_not_read(
+def test_a_round_0_snapshot_holds_no_momentum_and_a_version_4_stores_momentum_is_not_read(
     tmp_path: Path, checkpoint: tuple[str, str]
 ) -> None:
     """Schema 5: a post's snapshot holds the weights alone (the momentum is zero before any round;

@@ -84,5 +84,6 @@ def test_a_key_in_use_by_another_host_is_refused_until_it_is_released(tmp_path: 
     finally:
         os.close(first)
     os.close(lock_peer_key(path))
-    with pytest.raises(PeerKeyError, match="cannot open it"):
+    with pytest.raises(PeerKeyError, match="cannot open it") as info:
         lock_peer_key(tmp_path / "missing.key")
+    assert str(tmp_path / "missing.key") in str(info.value)
