@@ -1004,7 +1004,7 @@ class _Trainer:
                                                                   model_sources=get_peer_ids(cfg.bootstrap)))
                 drains.append(asyncio.create_task(self.inbox.drain(await self.host.subscribe(topic))))
             for topic in (g.TOPIC_TRAINING, g.TOPIC_SYNCER):
-                # Publishing before the mesh has a peer would send into the void.
+                # Publishing before a peer's subscription is known would send into the void.
                 await self.host.wait_for_peers(topic, 1, timeout=cfg.model_timeout_s)
             try:
                 return await self._rounds(stop, corpus)

@@ -395,3 +395,41 @@ def test_a_peer_stalled_on_relayed_traffic_is_counted(tmp_path: Path) -> None:
 
     stats = asyncio.run(main())
     assert stats["stalled_peers"] == 1 and stats["published"] == 0, stats
+
+
+MESH_DEGREE_HIGH = 12 + 4
+"""The most peers a host's gossipsub mesh keeps before its heartbeat prunes it to D = 6: D_high
+(12, p2p/host.py) plus the 4 py-libp2p's adaptive gossip adds when it judges the network's health
+critical."""
+
+
+def test_a_hub_with_more_peers_than_the_mesh_degree_reaches_every_one(spawn: Callable[..., Peer]) -> None:
+    """A node is the hub of a star: its trainers dial only it. Past D_high subscribed peers its
+    heartbeat pruned its mesh to D, and a pruned trainer (whose only peer is the node, now in
+    backoff) had an empty mesh: its publishes went to nobody and the node's reached it only if
+    it was still in the node's mesh (multi-run probe: 15 trainers of 5 runs on one node; payloads
+    fell back to JSON-RPC after 60 s, RoundFinalized was missed and rounds stalled ~80 s). Own
+    messages now go to every peer subscribed to the topic (gossipsub v1.1 flood publishing), so
+    each side reaches the other whatever the mesh."""
+    hub = spawn("hub", "sub")
+    leaves = [spawn(f"leaf{i}", "sub", (hub.addr,)) for i in range(MESH_DEGREE_HIGH + 1)]
+    for leaf in leaves:
+        leaf.send(cmd="wait_peers", topic=RAW, count=1)  # the hub is in its mesh
+        leaf.expect("peers")
+
+    def mesh(peer: Peer) -> int:
+        peer.send(cmd="mesh", topic=RAW)
+        return int(peer.expect("mesh")["mesh"])
+
+    # A leaf whose mesh held the hub and now holds nothing was pruned by the hub's heartbeat.
+    poll_until(lambda: any(mesh(leaf) == 0 for leaf in leaves), "the hub prunes its mesh below its peers")
+    for leaf in leaves:
+        leaf.send(cmd="publish_raw", count=1, size=64)
+        leaf.expect("published")
+    for _ in leaves:
+        hub.expect("raw", lambda e: e["size"] == 64)
+    hub.send(cmd="publish_raw", count=1, size=100)
+    hub.expect("published")
+    for leaf in leaves:
+        leaf.expect("raw", lambda e: e["size"] == 100)
+    assert hub.stats()["dropped"] == 0
