@@ -78,7 +78,7 @@ _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
 _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes", "wal_recovery",
     "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
-    "rpc_port", "max_body_bytes", "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes",
+    "rpc_port", "max_body_bytes", "model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
     "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
     "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
@@ -290,10 +290,17 @@ class NodeConfig:
     Finite but huge values (float32 max) would overflow a Mean or the outer step, and a round
     that no syncer can finalize fails the run with the attacker's stake refunded; within this
     bound no round can overflow: the weights move by at most 7x the bound per round."""
-    model_cache_runs: int = 2
+    model_cache_runs: int = 16
     """Runs whose committed fp32 weights and momentum stay in memory between finalizes (8 bytes
     per parameter each), so a finalize steps them in place instead of rebuilding them from the
-    store; 0 turns the cache off (every finalize rebuilds them: slower, no memory held)."""
+    store; 0 turns the cache off (every finalize rebuilds them: slower, no memory held). Within
+    :attr:`model_cache_bytes`."""
+    model_cache_bytes: int = 1 << 30
+    """Bytes the runs in the model cache may hold together; the run finalized last is kept even
+    alone above it (while ``model_cache_runs`` >= 1: evicted, each of its finalizes would replay
+    up to ``model_snapshot_rounds`` - 1 rounds). Until 2026-11-26 the cache held 2 runs
+    whatever their size: with 5 small runs on one node, nearly every finalize rebuilt its model
+    from the store (multi-run probe: 19-26 rebuilds for 15 finalizes)."""
     model_snapshot_rounds: int = 8
     """Write a run's weights and momentum to the store every this many rounds (1 = every
     round). Between snapshots the committed state is the snapshot plus the rounds after it,
@@ -377,6 +384,7 @@ class NodeConfig:
         _int("rpc_max_batch_ms", self.rpc_max_batch_ms, 1, 86_400_000)
         object.__setattr__(self, "max_gradient_abs", _positive_float("max_gradient_abs", self.max_gradient_abs))
         _int("model_cache_runs", self.model_cache_runs, 0, 1024)
+        _int("model_cache_bytes", self.model_cache_bytes, 0, 2**50)
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
         _bool("prune_payloads", self.prune_payloads)
@@ -462,7 +470,7 @@ class NodeConfig:
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
         plain = ("sync_writes", "wal_recovery", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
-                 "model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
+                 "model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
                  "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
@@ -505,6 +513,7 @@ class NodeConfig:
             "rpc_port": self.rpc_port,
             "max_body_bytes": self.max_body_bytes,
             "model_cache_runs": self.model_cache_runs,
+            "model_cache_bytes": self.model_cache_bytes,
             "model_snapshot_rounds": self.model_snapshot_rounds,
             "payload_cache_bytes": self.payload_cache_bytes,
             "prune_payloads": self.prune_payloads,

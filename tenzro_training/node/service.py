@@ -1370,13 +1370,19 @@ class NodeService:
         return self._rebuild_model_state(task_id, model)
 
     def _remember_model_state(self, task_id: str, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        """Cache a run's committed state (most recent last; at most config.model_cache_runs)."""
+        """Cache a run's committed state (most recent last): at most config.model_cache_runs
+        runs and config.model_cache_bytes, the most recent kept even alone above the bytes."""
         if self._config.model_cache_runs == 0 or is_terminal(self._run(task_id)):
             return
         self._model_cache[task_id] = state
         self._model_cache.move_to_end(task_id)
-        while len(self._model_cache) > self._config.model_cache_runs:
+        while len(self._model_cache) > self._config.model_cache_runs or (
+            len(self._model_cache) > 1 and self._model_cache_bytes() > self._config.model_cache_bytes
+        ):
             self._model_cache.popitem(last=False)
+
+    def _model_cache_bytes(self) -> int:
+        return sum(t.nbytes for weights, momentum in self._model_cache.values() for t in (*weights, *momentum))
 
     def _snapshot_ops(
         self, task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
@@ -1538,6 +1544,7 @@ class NodeService:
         buffers' size. Safe from any thread: int reads."""
         return {
             "model_cache_runs": len(self._model_cache),
+            "model_cache_bytes": self._model_cache_bytes(),
             "payload_cache_bytes": self._payload_cache_bytes,
             "model_rebuilds": self._model_rebuilds,
             "replayed_rounds": self._replayed_rounds,

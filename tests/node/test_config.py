@@ -253,7 +253,7 @@ def test_the_documented_example_config_is_valid() -> None:
         example[key] = []
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
-    for key in ("model_cache_runs", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
+    for key in ("model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                 "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                 "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms"):
@@ -294,6 +294,7 @@ _MAX_JSON_INT = 2**53 - 1
         ("rpc_max_batch_answer_bytes", 1, 2**40),
         ("rpc_max_batch_ms", 1, 86_400_000),
         ("model_cache_runs", 0, 1024),
+        ("model_cache_bytes", 0, 2**50),
         ("model_snapshot_rounds", 1, 2**32),
         ("payload_cache_bytes", 0, 2**50),
         ("max_grace_window_ms", 0, _MAX_JSON_INT),

@@ -15,7 +15,7 @@ class FakeService:
         return {"Training": 2}
 
     def cache_stats(self) -> dict[str, int]:
-        return {"model_cache_runs": 1, "payload_cache_bytes": 2048, "model_rebuilds": 3, "replayed_rounds": 7,
+        return {"model_cache_runs": 1, "model_cache_bytes": 4096, "payload_cache_bytes": 2048, "model_rebuilds": 3, "replayed_rounds": 7,
                 "payloads_pruned": 12, "round_buffer_bytes": 4096}
 
 

@@ -1176,7 +1176,8 @@ class TestModelReplay:
         # The replay computed a round: its scratch (every aggregate plus the step's) is kept.
         sizes = [lay.numel for lay in net.service._model(net.task_id).layouts]
         assert net.service.cache_stats() == {
-            "model_cache_runs": 1, "payload_cache_bytes": 0, "model_rebuilds": 1, "replayed_rounds": 1,
+            "model_cache_runs": 1, "model_cache_bytes": 8 * sum(sizes), "payload_cache_bytes": 0,
+            "model_rebuilds": 1, "replayed_rounds": 1,
             "payloads_pruned": 0, "round_buffer_bytes": 4 * (sum(sizes) + max(sizes)),
         }
         for r in range(3, self.ROUNDS):
@@ -1185,6 +1186,33 @@ class TestModelReplay:
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
         net.service.close()
         store.close()
+
+    @pytest.mark.parametrize("budget_runs", [0, 1, 2])
+    def test_the_cache_holds_the_runs_its_byte_budget_allows_and_always_the_last(
+        self, checkpoint: tuple[str, str], budget_runs: int
+    ) -> None:
+        """model_cache_bytes bounds what the runs finalized before the last one hold; the last is
+        kept whatever its size (evicted, each of its finalizes would replay from the store). The
+        cache had held 2 runs whatever their size: with 5 runs on a node nearly every finalize
+        rebuilt its model (multi-run probe)."""
+        from storage.memory import MemoryStore
+
+        one_run = 8 * sum(lay.numel for lay in layouts_for())
+        net = self.open(MemoryStore(), FakeClock(), model_cache_bytes=budget_runs * one_run)
+        for task_id in ("run-1", "run-2"):
+            net.task_id = task_id
+            start(net, checkpoint, task_id=task_id, max_rounds=self.ROUNDS)
+        for task_id in ("run-1", "run-2"):
+            net.task_id = task_id
+            play_round(net, 0)
+        held = {0: ["run-2"], 1: ["run-2"], 2: ["run-1", "run-2"]}[budget_runs]
+        assert list(net.service._model_cache) == held
+        assert net.service.cache_stats()["model_cache_bytes"] == len(held) * one_run
+        rebuilds = net.service.cache_stats()["model_rebuilds"]
+        net.task_id = "run-1"
+        play_round(net, 1)  # rebuilt only when it was evicted
+        assert net.service.cache_stats()["model_rebuilds"] == rebuilds + (budget_runs < 2)
+        net.service.close()
 
     def test_a_tampered_payload_is_found_not_trusted(self, checkpoint: tuple[str, str]) -> None:
         """A stored payload that no longer reproduces its round's committed record stops the
