@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -63,6 +64,13 @@ __all__ = ["GossipBridge", "compute_weights_bytes"]
 _STATUS_EVENTS = (SyncerElected, TrainingStarted, RunSealed, RunCancelled, RunFailed)
 """The events that move a run into or out of Enrolling/Training: the only ones that change the
 reassembly budget (a resize on every event had walked every run ever seen: soak probe)."""
+
+PEERS_RUNS_KEPT: Final = 4096
+"""Peers whose runs the bridge remembers (the one learned about longest ago forgotten first):
+see GossipBridge._skip_flood."""
+
+RUNS_PER_PEER_KEPT: Final = 64
+"""A peer that originated messages for more open runs than this is taken to serve every run."""
 
 HELD_WEIGHTS = 64
 """Models whose published weights' digests the bridge keeps (gossip.WeightsDigests)."""
@@ -125,6 +133,12 @@ class GossipBridge:
         self._max_payload_bytes = max_payload_bytes
         self._clock = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._seen = g.SeenCache()
+        # Base58 peer id -> the open runs it originated a valid PayloadChunk or ModelRequest for
+        # (libp2p-signed originator: no peer can speak for another). One run's weights are not
+        # flooded to peers known to serve only other runs (_skip_flood). Written on the libp2p
+        # thread, a run dropped on the service thread, read on the asyncio thread: a lock.
+        self._peer_runs: dict[str, frozenset[str]] = {}
+        self._peer_runs_lock = threading.Lock()
         self._max_assembly_bytes = max_assembly_bytes
         # Until runs are known: room for 4 of the largest payloads (resized by _resize_payloads).
         self._payloads = g.ChunkAssembler(max_total_bytes=min(max_assembly_bytes, 4 * max_payload_bytes),
@@ -269,9 +283,47 @@ class GossipBridge:
                 now_ms=self._clock(), max_payload_bytes=self._max_payload_bytes, get_sizes=self._get_sizes,
                 source=from_peer, get_weights=self._get_held_weights,
             )
-            g.validate_gossip(topic, data, ctx, self._seen)
+            msg = g.validate_gossip(topic, data, ctx, self._seen)
+            if isinstance(msg, (g.PayloadChunk, g.ModelRequest)):
+                self._note_peer_run(from_peer, msg.task_id)
 
         return validate
+
+    # --- which peers serve which runs (flood publishing) ---
+
+    def _note_peer_run(self, peer: str, task_id: str) -> None:
+        with self._peer_runs_lock:
+            runs = self._peer_runs.get(peer, frozenset())
+            if task_id in runs:
+                return
+            self._peer_runs.pop(peer, None)
+            if len(runs) >= RUNS_PER_PEER_KEPT:
+                return  # unknown again: it gets every run's weights, as before
+            self._peer_runs[peer] = runs | {task_id}
+            while len(self._peer_runs) > PEERS_RUNS_KEPT:
+                del self._peer_runs[next(iter(self._peer_runs))]
+
+    def _forget_run_peers(self, task_id: str) -> None:
+        """A run that ended serves no peer: one whose runs are all over is unknown again (so a
+        trainer that reuses its key for another run gets that run's weights flooded from the
+        start)."""
+        with self._peer_runs_lock:
+            for peer, runs in list(self._peer_runs.items()):
+                if task_id in runs:
+                    rest = runs - {task_id}
+                    if rest:
+                        self._peer_runs[peer] = rest
+                    else:
+                        del self._peer_runs[peer]
+
+    def _skip_flood(self, task_id: str) -> frozenset[str]:
+        """Peers known to serve other runs only: they get no flood copy of ``task_id``'s weights
+        (gossipsub's mesh still carries them to its members, relays included). Every trainer of
+        every run had been flooded with every run's weights: one run of a 4.7M-parameter model
+        delayed the other runs' RoundFinalized by 12-14 s and overflowed 8 trainers' queues
+        (multi-run probe). Peers not known yet get everything, as before."""
+        with self._peer_runs_lock:
+            return frozenset(peer for peer, runs in self._peer_runs.items() if task_id not in runs)
 
     # --- lifecycle ---
 
@@ -324,6 +376,8 @@ class GossipBridge:
                     self._loop.call_soon_threadsafe(self._set_sizes, task_id, got)
             elif isinstance(event, _STATUS_EVENTS):  # a status change may start or end a run's share
                 self._loop.call_soon_threadsafe(self._resize_payloads)
+        if isinstance(event, (RunSealed, RunCancelled, RunFailed)):
+            self._forget_run_peers(event.task_id)
         if isinstance(event, (RoundFinalized, RunSealed)):
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
@@ -456,8 +510,9 @@ class GossipBridge:
         data = compute_weights_bytes(weights)
         chunks = g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data)
         await self._hold_weights(msg.task_id, model_hash, data, chunks[0].data_hash)
+        skip = self._skip_flood(msg.task_id)
         for chunk in chunks:
-            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))
+            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_flood=skip)
         self.counters["model_answers"] += 1
         log.info("ModelRequest for %s round %d answered (%d bytes)", msg.task_id, round_, len(data))
 
@@ -505,7 +560,8 @@ class GossipBridge:
             aggregate_hashes=tuple(o.aggregate_hash for o in record.fragments), model_hash=model_hash, weights=data,
         )
         await self._hold_weights(event.task_id, model_hash, data, chunks[0].data_hash)
+        skip = self._skip_flood(event.task_id)
         for chunk in chunks:
-            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk))
+            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_flood=skip)
         self.counters["finalized_published"] += 1
         log.info("RoundFinalized %s round %d published (%d bytes of weights)", event.task_id, event.round, len(data))

@@ -35,6 +35,7 @@ class FakeHost:
         self.validators: dict[str, Callable[[bytes, str], None]] = {}
         self.queues: dict[str, asyncio.Queue[Item]] = {}
         self.published: list[tuple[str, g.GossipMessage]] = []
+        self.skipped: list[frozenset[str]] = []  # each publish's skip_flood
         self.changed = asyncio.Event()
 
     def set_validator(self, topic: str, fn: Callable[[bytes, str], None]) -> None:
@@ -44,16 +45,17 @@ class FakeHost:
         self.queues[topic] = asyncio.Queue()
         return self.queues[topic]
 
-    async def publish(self, topic: str, data: bytes) -> None:
+    async def publish(self, topic: str, data: bytes, *, skip_flood: frozenset[str] = frozenset()) -> None:
         self.published.append((topic, g.decode_message(data)))
+        self.skipped.append(skip_flood)
         self.changed.set()
 
-    def deliver(self, msg: g.GossipMessage) -> None:
+    def deliver(self, msg: g.GossipMessage, peer: str = "peer") -> None:
         """What the real host does with an inbound message: validate, then queue it."""
         data = g.encode_message(msg)
         topic = g.get_topic(msg)
-        self.validators[topic](data, "peer")
-        self.queues[topic].put_nowait(Item(data))
+        self.validators[topic](data, peer)
+        self.queues[topic].put_nowait(Item(data, peer))
 
     async def wait_for(self, kind: type, count: int = 1) -> list[Any]:
         async def until() -> list[Any]:
@@ -303,10 +305,10 @@ def test_model_requests_are_signed_rate_limited_and_answered_off_the_drain(bridg
     release = asyncio.Event()
     real_publish = host.publish
 
-    async def slow_publish(topic: str, data: bytes) -> None:  # a model answer that takes a while
+    async def slow_publish(topic: str, data: bytes, **kwargs: Any) -> None:  # a model answer that takes a while
         if isinstance(g.decode_message(data), g.ModelChunk):
             await release.wait()
-        await real_publish(topic, data)
+        await real_publish(topic, data, **kwargs)
 
     host.publish = slow_publish  # type: ignore[method-assign]
     host.deliver(model_request(net, 0, nonce=1))
@@ -474,3 +476,48 @@ def test_the_sizes_of_ended_runs_the_service_let_go_are_forgotten(
     assert bridge._get_sizes("run-1") is None
     loop.run_until_complete(settle())
     assert "run-1" in bridge._sizes and not bridge._loaders
+
+
+def test_one_runs_weights_are_not_flooded_to_peers_known_to_serve_only_other_runs(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+) -> None:
+    """Every trainer of every run had been flooded with every run's weights: one run of a large
+    model delayed the other runs' RoundFinalized by 12-14 s (multi-run probe). A peer that
+    originated a valid PayloadChunk or ModelRequest of a run serves that run; the node's
+    weights of another run skip its flood copy. Peers it knows nothing of, and peers whose runs
+    all ended, still get everything."""
+    from tests.node.test_service import play_round
+
+    net, host, bridge, loop = bridged
+    net.task_id = "run-2"
+    start(net, checkpoint, task_id="run-2")
+    loop.run_until_complete(settle())
+    host.deliver(chunks_of(net, 0, 0, 0)[1][0], peer="trainer-of-run-2")
+    net.task_id = "run-1"
+    host.deliver(chunks_of(net, 1, 0, 0)[1][0], peer="trainer-of-run-1")
+    host.deliver(model_request(net, 2, nonce=1), peer="both")
+    net.task_id = "run-2"
+    host.deliver(model_request(net, 2, nonce=2), peer="both")
+    net.task_id = "run-1"
+    play_round(net, 0)
+    loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, 1))
+    chunk_skips = {s for (_, m), s in zip(host.published, host.skipped) if isinstance(m, g.RoundFinalizedMsg)}
+    assert chunk_skips == {frozenset({"trainer-of-run-2"})}
+    net.task_id = "run-2"
+    for r in range(net.service.get_run("run-2")["spec"]["max_rounds"]):
+        play_round(net, r)
+    assert net.service.get_run("run-2")["status"] == "Sealed"
+    net.task_id = "run-1"
+    play_round(net, 1)  # run-2 is over: its trainer's peer is unknown again
+
+    def run_1_round_1() -> list[frozenset[str]]:
+        return [s for (_, m), s in zip(host.published, host.skipped)
+                if isinstance(m, g.RoundFinalizedMsg) and m.task_id == "run-1" and m.round == 1]
+
+    async def published() -> None:
+        while not run_1_round_1():
+            host.changed.clear()
+            await asyncio.wait_for(host.changed.wait(), 10)
+
+    loop.run_until_complete(published())
+    assert set(run_1_round_1()) == {frozenset()}

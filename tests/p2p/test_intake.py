@@ -194,3 +194,34 @@ def test_pyp2p_pending_queue_warnings_are_rate_limited(monkeypatch: pytest.Monke
     assert f.filter(later) and "50 such lines held back" in later.getMessage()
     assert any(isinstance(x, host_module._FewPendingQueueWarnings)
                for x in logging.getLogger("libp2p.pubsub.gossipsub").filters)
+
+
+def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> None:
+    """Flood publishing (p2p/host.py ``_TunedGossipSub._get_peers_to_send``): a host's own message
+    goes to every identified peer subscribed to the topic, not only its mesh (a node's trainers
+    dial only it; past D_high its mesh drops some of them); ``flood_skip`` (one run's weights,
+    not for the trainers of the node's other runs) removes flood copies, never mesh members;
+    relayed messages go to the mesh alone."""
+    from types import SimpleNamespace
+
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    from tenzro_training.p2p.host import _TunedGossipSub
+
+    topic = "t"
+    mesh, other, skipped, unidentified = (ID(b"\x00\x01" + bytes([i])) for i in range(4))
+    router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                             heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+    router.pubsub = SimpleNamespace(  # type: ignore[assignment]
+        my_id=ME, peer_topics={topic: {mesh, other, skipped, unidentified, ME}}, peers={}, topic_ids={topic},
+    )
+    router.peer_protocol = {p: PROTOCOL_ID_V11 for p in (mesh, other, skipped)}
+    router.mesh = {topic: {mesh}}
+
+    def send(origin: ID) -> set[ID]:
+        return set(router._get_peers_to_send([topic], msg_forwarder=ME, origin=origin, msg_id=b"m"))
+
+    assert send(ME) == {mesh, other, skipped}  # the unidentified one is py-libp2p's pending queue's
+    router.flood_skip = frozenset({skipped.to_base58(), mesh.to_base58()})
+    assert send(ME) == {mesh, other}  # a mesh member still gets it
+    assert send(PEER) == {mesh}  # a relay: the mesh alone
