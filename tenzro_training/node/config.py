@@ -296,9 +296,10 @@ class NodeConfig:
     store; 0 turns the cache off (every finalize rebuilds them: slower, no memory held). Within
     :attr:`model_cache_bytes`."""
     model_cache_bytes: int = 1 << 30
-    """Bytes the runs in the model cache may hold together; the run finalized last is kept even
-    alone above it (while ``model_cache_runs`` >= 1: evicted, each of its finalizes would replay
-    up to ``model_snapshot_rounds`` - 1 rounds). Until 2026-11-26 the cache held 2 runs
+    """Bytes the runs in the model cache may hold together, but never fewer than 2 runs (or
+    ``model_cache_runs`` if lower) are kept for it: two large runs evicting each other would
+    each replay up to ``model_snapshot_rounds`` - 1 rounds at every finalize; 0 means 2 runs
+    whatever their size, as before this setting existed. Until 2026-11-26 the cache held 2 runs
     whatever their size: with 5 small runs on one node, nearly every finalize rebuilt its model
     from the store (multi-run probe: 19-26 rebuilds for 15 finalizes)."""
     model_snapshot_rounds: int = 8

@@ -25,7 +25,10 @@ node service. It
   (``SeenCache.forget_stream``, applied on the libp2p thread), so a trainer's republish is
   accepted; counts and logs (warning) evictions and hash mismatches;
 - after the service's events, publishes ``RoundFinalizedMsg`` (the new fragment weights, chunked,
-  with the syncer's FinalizeRound signature) and ``RunSealedMsg``.
+  with the syncer's FinalizeRound signature) and ``RunSealedMsg``;
+- learns which open runs each peer serves (from the valid ``PayloadChunk`` and ``ModelRequest``
+  it originated) and sends one run's weights (``RoundFinalizedMsg``, ``ModelChunk``) to no peer
+  known to serve only other open runs (``P2PHost.publish(skip_peers=...)``).
 
 Every service call runs through ``call_service`` (the node's single executor thread: the service
 is not thread-safe). Events arrive on that thread and are handed to the asyncio loop.
@@ -66,8 +69,8 @@ _STATUS_EVENTS = (SyncerElected, TrainingStarted, RunSealed, RunCancelled, RunFa
 reassembly budget (a resize on every event had walked every run ever seen: soak probe)."""
 
 PEERS_RUNS_KEPT: Final = 4096
-"""Peers whose runs the bridge remembers (the one learned about longest ago forgotten first):
-see GossipBridge._skip_flood."""
+"""Peers whose runs the bridge remembers (the one heard from longest ago forgotten first): see
+GossipBridge._skip_peers."""
 
 RUNS_PER_PEER_KEPT: Final = 64
 """A peer that originated messages for more open runs than this is taken to serve every run."""
@@ -134,10 +137,11 @@ class GossipBridge:
         self._clock = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._seen = g.SeenCache()
         # Base58 peer id -> the open runs it originated a valid PayloadChunk or ModelRequest for
-        # (libp2p-signed originator: no peer can speak for another). One run's weights are not
-        # flooded to peers known to serve only other runs (_skip_flood). Written on the libp2p
-        # thread, a run dropped on the service thread, read on the asyncio thread: a lock.
-        self._peer_runs: dict[str, frozenset[str]] = {}
+        # (libp2p-signed originator: no peer can speak for another), None: too many to keep, it
+        # serves every run. One run's weights are not sent to peers known to serve only other
+        # open runs (_skip_peers). Written on the libp2p thread, an ended run dropped and the
+        # map read on the asyncio thread: a lock.
+        self._peer_runs: dict[str, frozenset[str] | None] = {}
         self._peer_runs_lock = threading.Lock()
         self._max_assembly_bytes = max_assembly_bytes
         # Until runs are known: room for 4 of the largest payloads (resized by _resize_payloads).
@@ -292,38 +296,47 @@ class GossipBridge:
     # --- which peers serve which runs (flood publishing) ---
 
     def _note_peer_run(self, peer: str, task_id: str) -> None:
+        """Runs on the libp2p thread, for a valid message ``peer`` originated about ``task_id``.
+        Only open runs are noted: a ModelRequest for a sealed run (a trainer fetching its final
+        model) would otherwise leave the peer known for a run that serves nobody."""
+        run = self._service.get_run_state(task_id)
+        if run is None or is_terminal(run):
+            return
         with self._peer_runs_lock:
-            runs = self._peer_runs.get(peer, frozenset())
-            if task_id in runs:
-                return
-            self._peer_runs.pop(peer, None)
-            if len(runs) >= RUNS_PER_PEER_KEPT:
-                return  # unknown again: it gets every run's weights, as before
-            self._peer_runs[peer] = runs | {task_id}
+            runs = self._peer_runs.pop(peer, frozenset())  # re-inserted last: least recently heard goes first
+            if runs is not None and task_id not in runs:
+                runs = None if len(runs) >= RUNS_PER_PEER_KEPT else runs | {task_id}
+            self._peer_runs[peer] = runs
             while len(self._peer_runs) > PEERS_RUNS_KEPT:
                 del self._peer_runs[next(iter(self._peer_runs))]
 
     def _forget_run_peers(self, task_id: str) -> None:
         """A run that ended serves no peer: one whose runs are all over is unknown again (so a
-        trainer that reuses its key for another run gets that run's weights flooded from the
-        start)."""
+        trainer that reuses its key for another run gets that run's weights from the start).
+        Called on the asyncio thread: for a sealed run after its RunSealed was published, so its
+        sealing RoundFinalized (queued before it) still reaches every trainer of the run."""
         with self._peer_runs_lock:
             for peer, runs in list(self._peer_runs.items()):
-                if task_id in runs:
+                if runs is not None and task_id in runs:
                     rest = runs - {task_id}
                     if rest:
                         self._peer_runs[peer] = rest
                     else:
                         del self._peer_runs[peer]
 
-    def _skip_flood(self, task_id: str) -> frozenset[str]:
-        """Peers known to serve other runs only: they get no flood copy of ``task_id``'s weights
-        (gossipsub's mesh still carries them to its members, relays included). Every trainer of
-        every run had been flooded with every run's weights: one run of a 4.7M-parameter model
-        delayed the other runs' RoundFinalized by 12-14 s and overflowed 8 trainers' queues
-        (multi-run probe). Peers not known yet get everything, as before."""
+    def _skip_peers(self, task_id: str) -> frozenset[str]:
+        """Peers known to serve open runs, none of them ``task_id``: they get no copy of its
+        weights (RoundFinalized, ModelChunk), mesh members included. They could neither use nor
+        pass them on (a trainer takes weights only from the nodes it dialled). Every trainer of
+        every run had been sent every run's weights: with one run of a 4.7M-parameter model beside
+        four small ones, the small runs' RoundFinalized arrived 12-14 s late and 21-2,577
+        outbound messages were dropped (multi-run probe). Peers not known (relays, other nodes,
+        trainers that have not published yet) still get everything."""
         with self._peer_runs_lock:
-            return frozenset(peer for peer, runs in self._peer_runs.items() if task_id not in runs)
+            known = [(peer, runs) for peer, runs in self._peer_runs.items() if runs is not None and task_id not in runs]
+        return frozenset(peer for peer, runs in known
+                         if any((run := self._service.get_run_state(r)) is not None and not is_terminal(run)
+                                for r in runs))
 
     # --- lifecycle ---
 
@@ -376,8 +389,8 @@ class GossipBridge:
                     self._loop.call_soon_threadsafe(self._set_sizes, task_id, got)
             elif isinstance(event, _STATUS_EVENTS):  # a status change may start or end a run's share
                 self._loop.call_soon_threadsafe(self._resize_payloads)
-        if isinstance(event, (RunSealed, RunCancelled, RunFailed)):
-            self._forget_run_peers(event.task_id)
+        if isinstance(event, (RunCancelled, RunFailed)):
+            self._loop.call_soon_threadsafe(self._forget_run_peers, event.task_id)
         if isinstance(event, (RoundFinalized, RunSealed)):
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
@@ -510,9 +523,9 @@ class GossipBridge:
         data = compute_weights_bytes(weights)
         chunks = g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data)
         await self._hold_weights(msg.task_id, model_hash, data, chunks[0].data_hash)
-        skip = self._skip_flood(msg.task_id)
+        skip = self._skip_peers(msg.task_id)
         for chunk in chunks:
-            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_flood=skip)
+            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_peers=skip)
         self.counters["model_answers"] += 1
         log.info("ModelRequest for %s round %d answered (%d bytes)", msg.task_id, round_, len(data))
 
@@ -528,7 +541,10 @@ class GossipBridge:
                 elif isinstance(event, RunSealed):
                     msg = g.RunSealedMsg(task_id=event.task_id, run_root=event.run_root,
                                          final_model_hash=event.final_model_hash)
-                    await self._host.publish(g.get_topic(msg), g.encode_message(msg))
+                    try:
+                        await self._host.publish(g.get_topic(msg), g.encode_message(msg))
+                    finally:
+                        self._forget_run_peers(event.task_id)  # after its sealing RoundFinalized
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -560,8 +576,8 @@ class GossipBridge:
             aggregate_hashes=tuple(o.aggregate_hash for o in record.fragments), model_hash=model_hash, weights=data,
         )
         await self._hold_weights(event.task_id, model_hash, data, chunks[0].data_hash)
-        skip = self._skip_flood(event.task_id)
+        skip = self._skip_peers(event.task_id)
         for chunk in chunks:
-            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_flood=skip)
+            await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_peers=skip)
         self.counters["finalized_published"] += 1
         log.info("RoundFinalized %s round %d published (%d bytes of weights)", event.task_id, event.round, len(data))

@@ -27,7 +27,7 @@ _CACHE_METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("gauge", "tenzro_node_model_cache_runs",
      "Runs whose committed fp32 weights and momentum are held in memory.", "model_cache_runs"),
     ("gauge", "tenzro_node_model_cache_bytes",
-     "Bytes of those weights and momentum (model_cache_bytes at most, unless the run finalized last alone is above it).",
+     "Bytes of those weights and momentum (model_cache_bytes at most, unless 2 runs alone are above it).",
      "model_cache_bytes"),
     ("gauge", "tenzro_node_payload_cache_bytes",
      "Bytes of accepted payloads of open rounds held for their finalize.", "payload_cache_bytes"),

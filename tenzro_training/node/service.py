@@ -227,6 +227,11 @@ def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) 
     ]
 
 
+def _state_nbytes(state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> int:
+    """Bytes of a cached (weights, momentum) pair."""
+    return sum(t.nbytes for t in (*state[0], *state[1]))
+
+
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -309,8 +314,12 @@ class NodeService:
         self._round_buffers = RoundBuffers()
         # The fp32 weights and momentum each run's last finalize committed, so the next one
         # steps them in place instead of rebuilding them from the store (see
-        # _take_model_state). At most config.model_cache_runs runs, least recently finalized out.
+        # _take_model_state). At most config.model_cache_runs runs and model_cache_bytes (never
+        # fewer than 2 runs for the bytes), least recently finalized or served out; only
+        # _cache_model_state and _uncache_model_state change it (they keep the byte count that
+        # cache_stats reads from other threads).
         self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
+        self._model_cache_nbytes = 0
         # Payloads of open rounds that are already in the store, by task then payload hash, so a
         # finalize does not read back (copying ~4 bytes per parameter each) what it was just sent.
         # At most config.payload_cache_bytes; a run's entries go when its round moves on.
@@ -802,7 +811,7 @@ class NodeService:
             self._runs[task_id] = t.run
             self._stored_runs[task_id] = encoded
         if is_terminal(t.run):  # no finalize will step it again
-            self._model_cache.pop(task_id, None)
+            self._uncache_model_state(task_id)
             if not t.run.records:
                 self._models.pop(task_id, None)  # read back from the store if ever asked for
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
@@ -1364,25 +1373,34 @@ class NodeService:
         steps in place: the cached ones (taken OUT of the cache, so a finalize that fails after
         stepping them leaves no half-stepped state behind; the next one rebuilds them), or ones
         rebuilt from the store."""
-        cached = self._model_cache.pop(task_id, None)
+        cached = self._uncache_model_state(task_id)
         if cached is not None:
             return cached
         return self._rebuild_model_state(task_id, model)
 
     def _remember_model_state(self, task_id: str, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
         """Cache a run's committed state (most recent last): at most config.model_cache_runs
-        runs and config.model_cache_bytes, the most recent kept even alone above the bytes."""
+        runs, and config.model_cache_bytes unless that would leave fewer than 2 runs cached.
+
+        Why the floor: until the byte budget existed the cache held 2 runs whatever their size;
+        with the budget alone two runs each above half of it evicted each other, and every
+        finalize of either replayed its rounds since the last snapshot (review)."""
         if self._config.model_cache_runs == 0 or is_terminal(self._run(task_id)):
             return
+        self._uncache_model_state(task_id)
         self._model_cache[task_id] = state
-        self._model_cache.move_to_end(task_id)
+        self._model_cache_nbytes += _state_nbytes(state)
+        floor = min(2, self._config.model_cache_runs)
         while len(self._model_cache) > self._config.model_cache_runs or (
-            len(self._model_cache) > 1 and self._model_cache_bytes() > self._config.model_cache_bytes
+            len(self._model_cache) > floor and self._model_cache_nbytes > self._config.model_cache_bytes
         ):
-            self._model_cache.popitem(last=False)
+            self._uncache_model_state(next(iter(self._model_cache)))
 
-    def _model_cache_bytes(self) -> int:
-        return sum(t.nbytes for weights, momentum in self._model_cache.values() for t in (*weights, *momentum))
+    def _uncache_model_state(self, task_id: str) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        state = self._model_cache.pop(task_id, None)
+        if state is not None:
+            self._model_cache_nbytes -= _state_nbytes(state)
+        return state
 
     def _snapshot_ops(
         self, task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
@@ -1544,7 +1562,7 @@ class NodeService:
         buffers' size. Safe from any thread: int reads."""
         return {
             "model_cache_runs": len(self._model_cache),
-            "model_cache_bytes": self._model_cache_bytes(),
+            "model_cache_bytes": self._model_cache_nbytes,
             "payload_cache_bytes": self._payload_cache_bytes,
             "model_rebuilds": self._model_rebuilds,
             "replayed_rounds": self._replayed_rounds,

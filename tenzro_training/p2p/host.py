@@ -419,9 +419,9 @@ class _TunedGossipSub(GossipSub):
     def __init__(self, *args: Any, on_drop: Callable[[int], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_drop = on_drop
-        self.flood_skip: frozenset[str] = frozenset()
-        """Base58 ids of peers the own publish in progress floods no copy to (they still get it
-        if they are in the mesh): set by P2PHost._publish for the length of one publish."""
+        self.publish_skip: frozenset[str] = frozenset()
+        """Base58 ids of peers that get no copy of the own publish in progress, mesh members
+        included: set by P2PHost._publish for the length of one publish."""
 
     def _handle_dropped_rpc(self, peer_id: ID, rpc: Any, reason: str) -> None:
         if len(rpc.publish):
@@ -443,17 +443,19 @@ class _TunedGossipSub(GossipSub):
         payloads reached the node only over the JSON-RPC fallback after 60 s, RoundFinalized
         was missed, and three runs stalled ~80 s in one round. Peers not identified yet are
         left to py-libp2p's pending queue (``publish`` queues for them), so none gets a copy
-        twice. ``flood_skip`` names peers that get no flood copy of the publish in progress
-        (``P2PHost.publish(skip_flood=...)``: the node's bulk weights of one run are not flooded
-        to the trainers of its other runs)."""
+        twice. ``publish_skip`` names peers that get no copy of the own publish in progress, mesh
+        members included (``P2PHost.publish(skip_peers=...)``: the node's weights of one run are
+        not sent to the trainers of its other runs, which could not use or pass them on: a
+        trainer takes weights only from the nodes it dialled)."""
         peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
         pubsub = self.pubsub
         if pubsub is not None and origin == pubsub.my_id:
-            skip = self.flood_skip
             for topic in topic_ids:
-                peers.update(p for p in pubsub.peer_topics.get(topic, ())
-                             if p in self.peer_protocol and (not skip or p.to_base58() not in skip))
+                peers.update(p for p in pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
             peers.discard(origin)
+            skip = self.publish_skip
+            if skip:
+                peers = {p for p in peers if p.to_base58() not in skip}
         yield from peers
 
     def _check_equivocation(self, msg: Any) -> bool:
@@ -761,36 +763,37 @@ class P2PHost:
 
     # --- publish / connect -----------------------------------------------------------------------
 
-    async def publish(self, topic: str, data: bytes, *, skip_flood: frozenset[str] = frozenset()) -> None:
+    async def publish(self, topic: str, data: bytes, *, skip_peers: frozenset[str] = frozenset()) -> None:
         """Publish ``data`` on ``topic``. Waits while a peer's outbound queue is near full.
 
-        ``skip_flood``: base58 ids of subscribed peers that get no flood copy (gossipsub still
-        sends to its mesh, whoever is in it): the node names the trainers of its other runs when
-        it publishes one run's weights (docs/gossip.md "Flood publishing")."""
+        ``skip_peers``: base58 ids of peers that get no copy, mesh members included, and whose
+        full queues are not waited for: the node names the trainers of its other runs when it
+        publishes one run's weights (docs/gossip.md "Flood publishing")."""
         if not isinstance(data, (bytes, bytearray)):
             raise TypeError("data must be bytes")
         if len(data) + 4096 > self.config.max_rpc_bytes:
             raise P2PError(f"message of {len(data)} bytes does not fit max_rpc_bytes {self.config.max_rpc_bytes}")
-        await self._call(self._publish, topic, bytes(data), frozenset(skip_flood))
+        await self._call(self._publish, topic, bytes(data), frozenset(skip_peers))
         self._counters.published += 1
 
-    async def _publish(self, topic: str, data: bytes, skip_flood: frozenset[str] = frozenset()) -> None:
+    async def _publish(self, topic: str, data: bytes, skip_peers: frozenset[str] = frozenset()) -> None:
         pubsub, router = self._pubsub, self._router
         assert pubsub is not None and router is not None and self._publish_lock is not None
-        # One publish at a time keeps publish order and makes the backpressure check meaningful
-        # (and router.flood_skip belongs to that one: relays, which may run meanwhile, are not
-        # flooded, and _get_peers_to_send reads it before its first await).
+        # One publish at a time keeps publish order and makes the backpressure check meaningful.
+        # router.publish_skip belongs to that one publish: it stays set until pubsub.publish
+        # returns (py-libp2p runs _get_peers_to_send after awaits of its own), and relays, which
+        # may run meanwhile on this thread, do not read it (their origin is another peer).
         async with self._publish_lock:
             deadline = trio.current_time() + self.config.publish_timeout_s
-            while self._full_peers(pubsub) and trio.current_time() < deadline:
+            while self._full_peers(pubsub, skip_peers) and trio.current_time() < deadline:
                 await trio.sleep(_POLL_S)
-            router.flood_skip = skip_flood
+            router.publish_skip = skip_peers
             try:
                 await pubsub.publish(topic, data)
             finally:
-                router.flood_skip = frozenset()
+                router.publish_skip = frozenset()
 
-    def _full_peers(self, pubsub: Any) -> list[Any]:
+    def _full_peers(self, pubsub: Any, skip: frozenset[str] = frozenset()) -> list[Any]:
         """Peers whose outbound queue is at the high-water mark and that are still waited for.
 
         A peer that stays full for ``publish_timeout_s`` (it stopped reading: SIGSTOP, a dead link
@@ -809,8 +812,8 @@ class P2PHost:
                     log.info("peer %s reads again; publishes wait for it again", peer)
         full = []
         for peer, q in queues.items():
-            if _queue_level(q) < 1.0 or peer in self._stalled:
-                continue
+            if _queue_level(q) < 1.0 or peer in self._stalled or (skip and peer.to_base58() in skip):
+                continue  # (a peer this publish skips: its queue is not this publish's to wait for)
             since = self._full_since.setdefault(peer, now)
             if now - since >= self.config.publish_timeout_s:
                 self._stalled.add(peer)

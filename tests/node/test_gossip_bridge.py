@@ -35,7 +35,7 @@ class FakeHost:
         self.validators: dict[str, Callable[[bytes, str], None]] = {}
         self.queues: dict[str, asyncio.Queue[Item]] = {}
         self.published: list[tuple[str, g.GossipMessage]] = []
-        self.skipped: list[frozenset[str]] = []  # each publish's skip_flood
+        self.skipped: list[frozenset[str]] = []  # each publish's skip_peers
         self.changed = asyncio.Event()
 
     def set_validator(self, topic: str, fn: Callable[[bytes, str], None]) -> None:
@@ -45,9 +45,9 @@ class FakeHost:
         self.queues[topic] = asyncio.Queue()
         return self.queues[topic]
 
-    async def publish(self, topic: str, data: bytes, *, skip_flood: frozenset[str] = frozenset()) -> None:
+    async def publish(self, topic: str, data: bytes, *, skip_peers: frozenset[str] = frozenset()) -> None:
         self.published.append((topic, g.decode_message(data)))
-        self.skipped.append(skip_flood)
+        self.skipped.append(skip_peers)
         self.changed.set()
 
     def deliver(self, msg: g.GossipMessage, peer: str = "peer") -> None:
@@ -478,14 +478,16 @@ def test_the_sizes_of_ended_runs_the_service_let_go_are_forgotten(
     assert "run-1" in bridge._sizes and not bridge._loaders
 
 
-def test_one_runs_weights_are_not_flooded_to_peers_known_to_serve_only_other_runs(
+def test_one_runs_weights_skip_peers_known_to_serve_only_other_open_runs(
     bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
 ) -> None:
-    """Every trainer of every run had been flooded with every run's weights: one run of a large
-    model delayed the other runs' RoundFinalized by 12-14 s (multi-run probe). A peer that
-    originated a valid PayloadChunk or ModelRequest of a run serves that run; the node's
-    weights of another run skip its flood copy. Peers it knows nothing of, and peers whose runs
-    all ended, still get everything."""
+    """Every trainer of every run had been sent every run's weights: one run of a large model
+    delayed the other runs' RoundFinalized by 12-14 s (multi-run probe). A peer that originated
+    a valid PayloadChunk or ModelRequest of an open run serves that run; the node's weights of
+    another run skip it. Peers it knows nothing of, peers that also serve the run, and peers
+    whose runs all ended get everything; a run's sealing RoundFinalized still reaches all its
+    trainers (the run is forgotten after its RunSealed), and a request about a sealed run is not
+    noted (review)."""
     from tests.node.test_service import play_round
 
     net, host, bridge, loop = bridged
@@ -498,26 +500,48 @@ def test_one_runs_weights_are_not_flooded_to_peers_known_to_serve_only_other_run
     host.deliver(model_request(net, 2, nonce=1), peer="both")
     net.task_id = "run-2"
     host.deliver(model_request(net, 2, nonce=2), peer="both")
+
+    def skips(task_id: str, round_: int) -> set[frozenset[str]]:
+        return {s for (_, m), s in zip(host.published, host.skipped)
+                if isinstance(m, g.RoundFinalizedMsg) and m.task_id == task_id and m.round == round_}
+
+    def published(task_id: str, round_: int) -> set[frozenset[str]]:
+        async def wait() -> None:
+            while not skips(task_id, round_):
+                host.changed.clear()
+                await asyncio.wait_for(host.changed.wait(), 10)
+
+        loop.run_until_complete(wait())
+        return skips(task_id, round_)
+
     net.task_id = "run-1"
     play_round(net, 0)
-    loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg, 1))
-    chunk_skips = {s for (_, m), s in zip(host.published, host.skipped) if isinstance(m, g.RoundFinalizedMsg)}
-    assert chunk_skips == {frozenset({"trainer-of-run-2"})}
+    assert published("run-1", 0) == {frozenset({"trainer-of-run-2"})}
     net.task_id = "run-2"
-    for r in range(net.service.get_run("run-2")["spec"]["max_rounds"]):
+    last = net.service.get_run("run-2")["spec"]["max_rounds"] - 1
+    for r in range(last + 1):
         play_round(net, r)
     assert net.service.get_run("run-2")["status"] == "Sealed"
+    assert published("run-2", last) == {frozenset({"trainer-of-run-1"})}  # "both" gets it
+    loop.run_until_complete(host.wait_for(g.RunSealedMsg))
+    loop.run_until_complete(settle())
+    host.deliver(model_request(net, 0, nonce=3, round_=last + 1), peer="late")  # fetching the final model
+    assert bridge._peer_runs == {"trainer-of-run-1": {"run-1"}, "both": {"run-1"}}  # "late": not noted
     net.task_id = "run-1"
     play_round(net, 1)  # run-2 is over: its trainer's peer is unknown again
+    assert published("run-1", 1) == {frozenset()}
 
-    def run_1_round_1() -> list[frozenset[str]]:
-        return [s for (_, m), s in zip(host.published, host.skipped)
-                if isinstance(m, g.RoundFinalizedMsg) and m.task_id == "run-1" and m.round == 1]
 
-    async def published() -> None:
-        while not run_1_round_1():
-            host.changed.clear()
-            await asyncio.wait_for(host.changed.wait(), 10)
+def test_a_peer_serving_more_runs_than_are_kept_is_never_skipped(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
+) -> None:
+    from tenzro_training.node.gossip_bridge import RUNS_PER_PEER_KEPT
 
-    loop.run_until_complete(published())
-    assert set(run_1_round_1()) == {frozenset()}
+    net, host, bridge, loop = bridged
+    open_run = net.service.get_run_state(net.task_id)
+    net.service.get_run_state = lambda task_id: open_run  # type: ignore[method-assign]
+    for i in range(RUNS_PER_PEER_KEPT + 1):
+        bridge._note_peer_run("busy", f"r{i}")
+    bridge._note_peer_run("one", "r0")
+    assert bridge._skip_peers("r5") == frozenset({"one"})
+    assert bridge._skip_peers("elsewhere") == frozenset({"one"})  # "busy" serves every run

@@ -199,9 +199,9 @@ def test_pyp2p_pending_queue_warnings_are_rate_limited(monkeypatch: pytest.Monke
 def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> None:
     """Flood publishing (p2p/host.py ``_TunedGossipSub._get_peers_to_send``): a host's own message
     goes to every identified peer subscribed to the topic, not only its mesh (a node's trainers
-    dial only it; past D_high its mesh drops some of them); ``flood_skip`` (one run's weights,
-    not for the trainers of the node's other runs) removes flood copies, never mesh members;
-    relayed messages go to the mesh alone."""
+    dial only it; past D_high its mesh drops some of them); ``publish_skip`` (one run's weights,
+    not for the trainers of the node's other runs) removes those peers, mesh members included;
+    relayed messages go to the mesh alone, whatever the skip."""
     from types import SimpleNamespace
 
     from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
@@ -222,6 +222,8 @@ def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> Non
         return set(router._get_peers_to_send([topic], msg_forwarder=ME, origin=origin, msg_id=b"m"))
 
     assert send(ME) == {mesh, other, skipped}  # the unidentified one is py-libp2p's pending queue's
-    router.flood_skip = frozenset({skipped.to_base58(), mesh.to_base58()})
-    assert send(ME) == {mesh, other}  # a mesh member still gets it
-    assert send(PEER) == {mesh}  # a relay: the mesh alone
+    router.publish_skip = frozenset({skipped.to_base58()})
+    assert send(ME) == {mesh, other}
+    router.publish_skip = frozenset({skipped.to_base58(), mesh.to_base58()})
+    assert send(ME) == {other}  # a mesh member too
+    assert send(PEER) == {mesh}  # a relay: the mesh alone, the skip is the own publish's
