@@ -329,9 +329,10 @@ class GossipBridge:
         weights (RoundFinalized, ModelChunk), mesh members included. They could neither use nor
         pass them on (a trainer takes weights only from the nodes it dialled). Every trainer of
         every run had been sent every run's weights: with one run of a 4.7M-parameter model beside
-        four small ones, the small runs' RoundFinalized arrived 12-14 s late and 21-2,577
-        outbound messages were dropped (multi-run probe). Peers not known (relays, other nodes,
-        trainers that have not published yet) still get everything."""
+        four small ones, the small runs' RoundFinalized arrived 12-14 s late and 2,577 outbound
+        messages were dropped (multi-run probe; docs/gossip.md "Flood publishing" has the
+        figures). Peers not known (relays, other nodes, trainers that have not published yet)
+        still get everything."""
         with self._peer_runs_lock:
             known = [(peer, runs) for peer, runs in self._peer_runs.items() if runs is not None and task_id not in runs]
         return frozenset(peer for peer, runs in known

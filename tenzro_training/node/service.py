@@ -316,7 +316,7 @@ class NodeService:
         # steps them in place instead of rebuilding them from the store (see
         # _take_model_state). At most config.model_cache_runs runs and model_cache_bytes (never
         # fewer than 2 runs for the bytes), least recently finalized or served out; only
-        # _cache_model_state and _uncache_model_state change it (they keep the byte count that
+        # _remember_model_state and _uncache_model_state change it (they keep the byte count that
         # cache_stats reads from other threads).
         self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
         self._model_cache_nbytes = 0
