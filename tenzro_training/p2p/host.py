@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import multiaddr
 import trio
@@ -54,6 +54,8 @@ from libp2p.exceptions import ValidationError
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.utils import safe_bytes_from_hex
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import PriorityQueue
 from libp2p.tools.anyio_service import background_trio_service
@@ -412,6 +414,11 @@ class _TunedPubsub(Pubsub):
             self.writes_in_flight -= 1
 
 
+SKIPPED_KEPT: Final = 4096
+"""Own publishes whose skipped peers _TunedGossipSub remembers for IWANT (py-libp2p's message
+cache holds the last 5 heartbeats' messages: at 1 MiB chunks, far fewer)."""
+
+
 class _TunedGossipSub(GossipSub):
     """GossipSub that counts dropped outbound publishes and keeps a digest, not the whole message,
     in its equivocation table (which otherwise pins up to 1000 full messages: ~1 GiB of chunks)."""
@@ -422,6 +429,9 @@ class _TunedGossipSub(GossipSub):
         self.publish_skip: frozenset[str] = frozenset()
         """Base58 ids of peers that get no copy of the own publish in progress, mesh members
         included: set by P2PHost._publish for the length of one publish."""
+        self._skipped: dict[bytes, frozenset[str]] = {}
+        """Message id -> the peers an own publish skipped, so that they cannot pull it with
+        IWANT either (the newest SKIPPED_KEPT publishes: more than the message cache holds)."""
 
     def _handle_dropped_rpc(self, peer_id: ID, rpc: Any, reason: str) -> None:
         if len(rpc.publish):
@@ -456,7 +466,23 @@ class _TunedGossipSub(GossipSub):
             skip = self.publish_skip
             if skip:
                 peers = {p for p in peers if p.to_base58() not in skip}
+                if msg_id is not None:
+                    self._skipped[msg_id] = skip
+                    while len(self._skipped) > SKIPPED_KEPT:
+                        del self._skipped[next(iter(self._skipped))]
         yield from peers
+
+    async def handle_iwant(self, iwant_msg: Any, sender_peer_id: ID) -> None:
+        """py-libp2p's, minus the ids of own publishes that skipped the asking peer: IHAVE gossip
+        goes to random peers outside the mesh each heartbeat, and a skipped trainer would pull
+        another run's weights that way (review)."""
+        if self._skipped:
+            sender = sender_peer_id.to_base58()
+            wanted = [mid for mid in iwant_msg.messageIDs
+                      if sender not in self._skipped.get(safe_bytes_from_hex(mid) or b"", frozenset())]
+            if len(wanted) != len(iwant_msg.messageIDs):
+                iwant_msg = rpc_pb2.ControlIWant(messageIDs=wanted)
+        await super().handle_iwant(iwant_msg, sender_peer_id)
 
     def _check_equivocation(self, msg: Any) -> bool:
         key = msg.from_id + msg.seqno

@@ -227,3 +227,37 @@ def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> Non
     router.publish_skip = frozenset({skipped.to_base58(), mesh.to_base58()})
     assert send(ME) == {other}  # a mesh member too
     assert send(PEER) == {mesh}  # a relay: the mesh alone, the skip is the own publish's
+
+
+def test_a_peer_an_own_publish_skipped_cannot_pull_it_with_iwant() -> None:
+    """IHAVE gossip goes to random peers outside the mesh each heartbeat: a trainer the node's
+    publish of another run's weights skipped would IWANT them (review). Only the ids of own
+    publishes that skipped the asking peer are left out of its answer."""
+    from types import SimpleNamespace
+
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from tenzro_training.p2p.host import _TunedGossipSub
+
+    skipped, other = ID(b"\x00\x01s"), ID(b"\x00\x01o")
+    router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                             heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+    router.pubsub = SimpleNamespace(my_id=ME, peer_topics={"t": {skipped, other}})  # type: ignore[assignment]
+    router.peer_protocol = {skipped: PROTOCOL_ID_V11, other: PROTOCOL_ID_V11}
+    router.mesh = {"t": set()}
+    router.publish_skip = frozenset({skipped.to_base58()})
+    assert set(router._get_peers_to_send(["t"], msg_forwarder=ME, origin=ME, msg_id=b"weights")) == {other}
+    router.publish_skip = frozenset()
+    assert set(router._get_peers_to_send(["t"], msg_forwarder=ME, origin=ME, msg_id=b"notice")) == {skipped, other}
+    sent: list[tuple[ID, list[bytes]]] = []
+    router.mcache.get = lambda mid: rpc_pb2.Message(data=mid)  # type: ignore[method-assign]
+    router.send_rpc = lambda peer, rpc: sent.append((peer, [m.data for m in rpc.publish]))  # type: ignore[method-assign]
+    # (router.pubsub is not a Pubsub: no sender record is attached to the answer)
+
+    async def ask(peer: ID) -> None:
+        await router.handle_iwant(rpc_pb2.ControlIWant(messageIDs=[b"weights".hex().encode(), b"notice"]), peer)
+
+    trio.run(ask, skipped)
+    trio.run(ask, other)
+    assert sent == [(skipped, [b"notice"]), (other, [b"weights", b"notice"])]
