@@ -10,8 +10,6 @@ Prints one JSON object per line on stdout (``{"event": ...}``) and reads JSON co
   {"cmd": "publish_payload", "size": S, "kind": K}     one outer-gradient payload as signed PayloadChunks;
         K = good | unsigned | wrong_signer | malformed  (the last three must be rejected by validators)
   {"cmd": "stats"}                                     -> {"event": "stats", ...}
-  {"cmd": "mesh", "topic": T}                          -> {"event": "mesh", "mesh": N, "topic_peers": M}
-        (gossipsub's mesh for T and the peers known to subscribe to T: read from the router, a test probe)
   {"cmd": "quit"}                                      clean stop (SIGINT / SIGTERM do the same)
 
 Modes: ``sub`` and ``relay`` subscribe to both topics and install the real gossip validator on
@@ -124,10 +122,6 @@ async def handle(host: P2PHost, cmd: dict, args: argparse.Namespace) -> bool:
         return False
     if name == "stats":
         emit("stats", **host.stats(), peers=len(host.connected_peers()))
-    elif name == "mesh":
-        router, pubsub = host._router, host._pubsub  # len() of the trio thread's sets: a snapshot read
-        emit("mesh", topic=cmd["topic"], mesh=len(router.mesh.get(cmd["topic"], ())),
-             topic_peers=len(pubsub.peer_topics.get(cmd["topic"], ())))
     elif name == "wait_peers":
         await host.wait_for_peers(cmd["topic"], cmd.get("count", 1), cmd.get("timeout", 20.0))
         emit("peers", topic=cmd["topic"])

@@ -410,19 +410,19 @@ def test_a_hub_with_more_peers_than_the_mesh_degree_reaches_every_one(spawn: Cal
     it was still in the node's mesh (multi-run probe: 15 trainers of 5 runs on one node; payloads
     fell back to JSON-RPC after 60 s, RoundFinalized was missed and rounds stalled ~80 s). Own
     messages now go to every peer subscribed to the topic (gossipsub v1.1 flood publishing), so
-    each side reaches the other whatever the mesh."""
+    each side reaches the other whatever the mesh holds."""
     hub = spawn("hub", "sub")
     leaves = [spawn(f"leaf{i}", "sub", (hub.addr,)) for i in range(MESH_DEGREE_HIGH + 1)]
     for leaf in leaves:
-        leaf.send(cmd="wait_peers", topic=RAW, count=1)  # the hub is in its mesh
+        leaf.send(cmd="wait_peers", topic=RAW, count=1)  # the hub's subscription is known
         leaf.expect("peers")
 
-    def mesh(peer: Peer) -> int:
-        peer.send(cmd="mesh", topic=RAW)
-        return int(peer.expect("mesh")["mesh"])
-
-    # A leaf whose mesh held the hub and now holds nothing was pruned by the hub's heartbeat.
-    poll_until(lambda: any(mesh(leaf) == 0 for leaf in leaves), "the hub prunes its mesh below its peers")
+    # No wait for a pruned leaf: on 127.0.0.1 py-libp2p's mesh-diversity grafting puts the
+    # peers its heartbeat pruned straight back (the hub's mesh was seen at 17 of 17 for 45 s), so
+    # which leaves are outside the mesh at any instant is chance; a leaf's mesh polled for 0
+    # missed it for 45 s in a clean-clone CI (2026-11-26). The routing rule itself is checked
+    # deterministically in test_intake.py::test_own_publishes_flood_every_subscribed_peer_except_those_skipped;
+    # this checks delivery both ways with more subscribed peers than D_high.
     for leaf in leaves:
         leaf.send(cmd="publish_raw", count=1, size=64)
         leaf.expect("published")
