@@ -75,6 +75,9 @@ GossipBridge._skip_peers."""
 RUNS_PER_PEER_KEPT: Final = 64
 """A peer that originated messages for more open runs than this is taken to serve every run."""
 
+MODEL_ASKER_KEPT_S: Final = 120.0
+"""How long a peer that asked for a run's model is never skipped by that run's weights."""
+
 HELD_WEIGHTS = 64
 """Models whose published weights' digests the bridge keeps (gossip.WeightsDigests)."""
 
@@ -143,6 +146,10 @@ class GossipBridge:
         # map read on the asyncio thread: a lock.
         self._peer_runs: dict[str, frozenset[str] | None] = {}
         self._peer_runs_lock = threading.Lock()
+        # (task, peer) -> when the peer last sent a ModelRequest for it (asyncio thread): never
+        # skipped by the task's answers, whatever else it serves (a key still noted for another
+        # open run, asking for a sealed run's final model, which is never noted).
+        self._asking: dict[tuple[str, str], float] = {}
         self._max_assembly_bytes = max_assembly_bytes
         # Until runs are known: room for 4 of the largest payloads (resized by _resize_payloads).
         self._payloads = g.ChunkAssembler(max_total_bytes=min(max_assembly_bytes, 4 * max_payload_bytes),
@@ -415,7 +422,7 @@ class GossipBridge:
         elif isinstance(msg, g.ElectionTicketMsg):
             await self._on_ticket(msg)
         elif isinstance(msg, g.ModelRequest):
-            await self._on_model_request(msg)
+            await self._on_model_request(msg, source)
 
     async def _on_payload_chunk(self, chunk: Any, source: str) -> None:
         a = self._payloads
@@ -466,12 +473,16 @@ class GossipBridge:
             return
         self.counters["tickets"] += 1
 
-    async def _on_model_request(self, msg: Any) -> None:
+    async def _on_model_request(self, msg: Any, source: str = "") -> None:
         """Queue a (signed, validated) request for the answering task; never answer inline: the
         drain must keep reading the training topic while a model is being sent."""
         assert self._requests is not None
         key = (msg.task_id, msg.requester)
         now = time.monotonic()
+        if source:  # whatever else it serves, the answer must not skip the peer that asked
+            self._asking[(msg.task_id, source)] = now
+            if len(self._asking) > 4096:
+                self._asking = {k: t for k, t in self._asking.items() if now - t <= MODEL_ASKER_KEPT_S}
         if now - self._asked.get(key, -1e9) < MODEL_REQUEST_INTERVAL_S:
             self.counters["model_requests_limited"] += 1
             return
@@ -524,7 +535,10 @@ class GossipBridge:
         data = compute_weights_bytes(weights)
         chunks = g.compute_model_chunks(task_id=msg.task_id, round=round_, model_hash=model_hash, weights=data)
         await self._hold_weights(msg.task_id, model_hash, data, chunks[0].data_hash)
-        skip = self._skip_peers(msg.task_id)
+        now = time.monotonic()
+        asked = {peer for (task, peer), at in self._asking.items()
+                 if task == msg.task_id and now - at <= MODEL_ASKER_KEPT_S}
+        skip = self._skip_peers(msg.task_id) - asked
         for chunk in chunks:
             await self._host.publish(g.get_topic(chunk), g.encode_message(chunk), skip_peers=skip)
         self.counters["model_answers"] += 1

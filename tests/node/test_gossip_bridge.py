@@ -525,8 +525,25 @@ def test_one_runs_weights_skip_peers_known_to_serve_only_other_open_runs(
     assert published("run-2", last) == {frozenset({"trainer-of-run-1"})}  # "both" gets it
     loop.run_until_complete(host.wait_for(g.RunSealedMsg))
     loop.run_until_complete(settle())
+
+    def run_2_answers() -> list[frozenset[str]]:
+        return [s for (_, m), s in zip(host.published, host.skipped) if isinstance(m, g.ModelChunk) and m.task_id == "run-2"]
+
+    async def answered(count: int) -> None:
+        while len(run_2_answers()) < count:
+            host.changed.clear()
+            await asyncio.wait_for(host.changed.wait(), 10)
+
+    before = len(run_2_answers())  # ("both" asked for run-2's model while it was open)
     host.deliver(model_request(net, 0, nonce=3, round_=last + 1), peer="late")  # fetching the final model
     assert bridge._peer_runs == {"trainer-of-run-1": {"run-1"}, "both": {"run-1"}}  # "late": not noted
+    # A key that serves run-1 asks for sealed run-2's final model: its answer does not skip it
+    # (the answer to "late" did: it serves only run-1, which is open).
+    loop.run_until_complete(answered(before + 1))
+    assert run_2_answers()[-1] == frozenset({"trainer-of-run-1"})
+    host.deliver(model_request(net, 1, nonce=4, round_=last + 1), peer="trainer-of-run-1")
+    loop.run_until_complete(answered(before + 2))
+    assert run_2_answers()[-1] == frozenset()
     net.task_id = "run-1"
     play_round(net, 1)  # run-2 is over: its trainer's peer is unknown again
     assert published("run-1", 1) == {frozenset()}
