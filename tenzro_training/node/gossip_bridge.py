@@ -473,16 +473,16 @@ class GossipBridge:
             return
         self.counters["tickets"] += 1
 
-    async def _on_model_request(self, msg: Any, source: str = "") -> None:
+    async def _on_model_request(self, msg: Any, source: str) -> None:
         """Queue a (signed, validated) request for the answering task; never answer inline: the
         drain must keep reading the training topic while a model is being sent."""
         assert self._requests is not None
         key = (msg.task_id, msg.requester)
         now = time.monotonic()
-        if source:  # whatever else it serves, the answer must not skip the peer that asked
-            self._asking[(msg.task_id, source)] = now
-            if len(self._asking) > 4096:
-                self._asking = {k: t for k, t in self._asking.items() if now - t <= MODEL_ASKER_KEPT_S}
+        # Whatever else it serves, the answer must not skip the peer that asked.
+        self._asking[(msg.task_id, source)] = now
+        if len(self._asking) > 4096:
+            self._asking = {k: t for k, t in self._asking.items() if now - t <= MODEL_ASKER_KEPT_S}
         if now - self._asked.get(key, -1e9) < MODEL_REQUEST_INTERVAL_S:
             self.counters["model_requests_limited"] += 1
             return

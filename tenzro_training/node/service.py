@@ -807,13 +807,12 @@ class NodeService:
             self._retire(task_id, t.run, encoded)  # cached first: get_run_state (other threads) never misses it
             self._runs.pop(task_id, None)
             self._stored_runs.pop(task_id, None)
+            self._uncache_model_state(task_id)  # no finalize will step it again
+            if not t.run.records:
+                self._models.pop(task_id, None)  # read back from the store if ever asked for
         else:
             self._runs[task_id] = t.run
             self._stored_runs[task_id] = encoded
-        if is_terminal(t.run):  # no finalize will step it again
-            self._uncache_model_state(task_id)
-            if not t.run.records:
-                self._models.pop(task_id, None)  # read back from the store if ever asked for
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
             self._drop_cached_payloads(task_id)  # no finalize will read them again
             self._gossip_held.pop(task_id, None)  # signed for a round that is over
