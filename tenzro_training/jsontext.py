@@ -28,7 +28,6 @@ MAX_JSON_NESTING: Final = 128
 # receipt took TRAINING_VERIFY ~240 s for ~250k gas.
 _JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
-_NOT_OPENERS: Final = bytes(b for b in range(256) if b not in b"[{")
 
 
 def compute_json_depth_bound(raw: bytes | str) -> int:
@@ -39,14 +38,12 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     failing, so a check against it never lets a too-deep document through.
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    # Fast path: a document cannot nest deeper than its number of opening brackets. Counted by
-    # deleting every other byte in one C pass (no temporary the size of the input): ~0.45-0.63 ms
-    # for the 1.4 MB body of a 1 MiB base64 payload in the node. Measured against it on the
-    # 2-core CI machine: ~1.2 ms for a vectorised numpy compare (two temporaries), ~0.75 ms for
-    # two bytes.count passes, and 0.77-1.9 ms in the node for one numpy pass over
-    # ``(b | 0x20) == 0x7B`` ("[" and "{" differ only in bit 0x20), which is faster alone
-    # (~0.24 ms) but allocates a body-sized temporary on every call.
-    openers = len(data.translate(None, _NOT_OPENERS))
+    # Fast path: a document cannot nest deeper than its number of opening brackets, found one
+    # at a time with ``bytes.find`` (memchr: ~0.03 ms for the 1.4 MB body of a 1 MiB base64
+    # payload, whose one long string holds none) and given up past MAX_JSON_NESTING. Measured
+    # against it on this 2-core machine, per such body: 0.41-0.63 ms deleting every other byte
+    # (``translate``), ~0.7 ms for two ``bytes.count`` passes, ~1.2 ms for a numpy compare.
+    openers = _count_openers(data, MAX_JSON_NESTING + 1)
     if openers <= MAX_JSON_NESTING:
         return openers
     brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
@@ -55,6 +52,19 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     codes = np.frombuffer(brackets, dtype=np.uint8)
     steps = np.where((codes == 0x5B) | (codes == 0x7B), 1, -1)
     return max(0, int(np.cumsum(steps).max()))
+
+
+def _count_openers(data: bytes, stop: int) -> int:
+    """How many ``[`` and ``{`` bytes ``data`` holds, counting no further than ``stop``."""
+    count = 0
+    for opener in (b"[", b"{"):
+        at = data.find(opener)
+        while at != -1:
+            count += 1
+            if count >= stop:
+                return count
+            at = data.find(opener, at + 1)
+    return count
 
 
 def compute_json_values_bound(raw: bytes | str) -> int:

@@ -45,6 +45,29 @@ def test_invalid_deep_nesting_is_refused() -> None:
     assert is_json_depth_ok("[" * MAX_JSON_NESTING + "]" * MAX_JSON_NESTING)
 
 
+def test_the_fast_path_counts_both_openers_together() -> None:
+    """Objects and arrays nest into each other: 129 openers split 65/64 between ``[`` and
+    ``{`` are one level too deep, though neither kind alone reaches the limit."""
+    half = MAX_JSON_NESTING // 2
+    deep = '[{"a":' * half + "["
+    assert compute_json_depth_bound(deep) == MAX_JSON_NESTING + 1
+    assert not is_json_depth_ok(deep)
+    assert not is_json_depth_ok(deep.encode())
+    at_limit = '[{"a":' * half + "1" + "}]" * half
+    assert compute_json_depth_bound(at_limit) == MAX_JSON_NESTING
+    assert is_json_depth_ok(at_limit)
+
+
+def test_a_long_string_between_the_openers_does_not_hide_them() -> None:
+    """The shape of a submission body: a few openers around a megabyte-long base64 string."""
+    filler = '"' + "A" * (1 << 20) + '"'
+    deep = ("[" + filler + ",") * (MAX_JSON_NESTING + 1)
+    assert not is_json_depth_ok(deep)
+    shallow = '{"params":{"payload":' + filler + "}}"
+    assert compute_json_depth_bound(shallow) == 2
+    assert is_json_depth_ok(shallow)
+
+
 def test_invalid_spec_deep_nesting_raises_spec_error_not_crash() -> None:
     with pytest.raises(SpecError):
         TrainingTaskSpec.from_json("[" * 200_000)
