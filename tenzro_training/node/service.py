@@ -1063,8 +1063,11 @@ class NodeService:
         ):
             key = schema.payload_key(task_id, payload_hash)
             held = self._cached_payload(task_id, payload_hash)
-            if held is None:
+            if held is None and payload is None:
                 held = self._store.get(schema.CF_SUBMISSIONS, key)
+            # An inline payload out of the cache is written again even if the same bytes are
+            # stored (the key is their hash): reading to find out was a RocksDB miss for almost
+            # every submission, ~0.5-0.9 ms with ~1 MiB values (a data block each).
             data = payload if payload is not None else held
             if data is None:
                 raise PayloadUnavailable(task_id, _hex(payload_hash))

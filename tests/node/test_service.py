@@ -1340,6 +1340,41 @@ class TestModelReplay:
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
 
 
+    @pytest.mark.parametrize("budget", [0, 10**9])
+    def test_an_inline_submission_never_reads_the_store_for_its_payload(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch, store_kind: str, tmp_path: Path, budget: int
+    ) -> None:
+        """The payload is in the call: a store read to learn whether the same bytes are stored
+        already cost a RocksDB miss per submission (~0.5-0.9 ms with ~1 MiB values, a data block
+        each). The bytes are written again instead; the key is their hash, so a copy submitted
+        by a second trainer is stored once and the round still finalizes from it."""
+        store = open_test_store(store_kind, tmp_path / "db")
+        data_dir = tmp_path / "data" if store_kind == "rocks" else None
+        clock = FakeClock()
+        net = Net(NodeService(make_config(data_dir, payload_cache_bytes=budget), store, clock=clock), clock)
+        start(net, checkpoint)
+        reads: list[bytes] = []
+        real_get = store.get
+
+        def counting_get(cf: str, key: bytes) -> bytes | None:
+            if cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK:
+                reads.append(key)
+            return real_get(cf, key)
+
+        monkeypatch.setattr(store, "get", counting_get)
+        for f in range(2):
+            net.submit(0, 0, f)
+            net.submit(1, 0, f, payload=net.payload(0, 0, f))  # a copy of trainer 0's payload
+            net.submit(2, 0, f)
+        assert reads == []
+        monkeypatch.undo()
+        assert len(list(store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(net.task_id)))) == 4
+        net.finalize(0)
+        assert net.service.get_run(net.task_id)["round"] == 1
+        net.service.close()
+        store.close()
+
+
 class TestPayloadPruning:
     """prune_payloads: the store keeps only the payloads a rebuild from the latest snapshot needs."""
 
