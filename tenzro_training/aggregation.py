@@ -251,6 +251,7 @@ def aggregate(
     *,
     multi_krum_m: int | None = None,
     out: torch.Tensor | None = None,
+    inputs_checked: bool = False,
 ) -> AggregationResult:
     """Aggregate K same-shaped tensors (canonical order) with ``rule``; see docs/aggregation.md.
 
@@ -264,6 +265,13 @@ def aggregate(
     For a caller that aggregates round after round: on a small VM a fresh 4 MB output costs
     ~1000 page faults, measured at ~6 ms, more than the Mean itself. Its contents are garbage
     if this raises.
+
+    ``inputs_checked``: the caller has already checked every input holds no NaN or Inf (the
+    node checks each payload's values when it accepts it), so the scan of every input is
+    skipped: one full read of K inputs, ~48 ms of a ~0.17 s finalize of a 12.6M-parameter
+    model with K = 8 (docs/node.md "Finalize cost"). With an unchecked non-finite input the
+    result is undefined (a TrimmedMean can trim an Inf away); anything else must leave it off.
+    The sum rules' overflow check on the result runs either way.
     """
     if not isinstance(rule, AggregationRule):
         raise AggregationError(f"rule must be an AggregationRule, got {type(rule).__name__}")
@@ -271,7 +279,8 @@ def aggregate(
     k = len(rows)
     rule.validate_for_quorum(k)
     _validate_multi_krum(rule, k, multi_krum_m)
-    _validate_finite(rows)
+    if not inputs_checked:
+        _validate_finite(rows)
     n = rows[0].numel()
     if out is not None:
         _validate_out(out, n, rows)

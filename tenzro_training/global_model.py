@@ -285,6 +285,7 @@ def compute_round_update(
     worker: Worker = INLINE,
     in_place: bool = False,
     buffers: RoundBuffers | None = None,
+    inputs_checked: bool = False,
 ) -> RoundUpdate:
     """Aggregate and step every fragment of ``round``.
 
@@ -307,6 +308,11 @@ def compute_round_update(
 
     ``buffers``: where the aggregates and the step's scratch go (:class:`RoundBuffers`, reused
     across calls); without it this call allocates its own. Same bits either way.
+
+    ``inputs_checked``: every payload's values were checked finite (and bounded) when it was
+    accepted, as the node's finalize knows of its own submissions; the aggregation then skips
+    its NaN/Inf scan of the inputs (``aggregate(..., inputs_checked=True)``). A replay of
+    stored payloads, an audit or a third party leaves it off. Same bits for finite inputs.
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)
@@ -321,13 +327,14 @@ def compute_round_update(
     for lay, subs, w, m, out in zip(model.layouts, inputs, weights, momentum, outs):
         header = PayloadHeader(spec.task_id, round, lay.index, ENCODING_RAW, lay.layout_hash())
         grads = [
-            # No second NaN/Inf scan here: aggregate() scans its inputs and raises on any.
+            # No NaN/Inf scan here: aggregate() scans its inputs and raises on any, unless the
+            # caller checked them when it accepted them.
             decode_payload(
                 data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True, check_finite=False
             ).flat_fp32()
             for _, data in subs
         ]
-        result = aggregate(rule, grads, out=out)
+        result = aggregate(rule, grads, out=out, inputs_checked=inputs_checked)
         reports.append(result.report)
         aggregates.append(result.tensor)
         if in_place:

@@ -197,6 +197,8 @@ def check_against(rule: AggregationRule, x: torch.Tensor, want: np.ndarray) -> a
     if not np.all(np.isfinite(want)):
         with pytest.raises(AggregationOverflowError):
             aggregate(rule, x)
+        with pytest.raises(AggregationOverflowError):  # the result's check is never skipped
+            aggregate(rule, x, inputs_checked=True)
         return None
     result = aggregate(rule, x)
     assert result.tensor.dtype == torch.float32
@@ -209,12 +211,16 @@ def check_against(rule: AggregationRule, x: torch.Tensor, want: np.ndarray) -> a
 def assert_same_into_out(rule: AggregationRule, x: torch.Tensor, result: aggregation.AggregationResult,
                          multi_krum_m: int | None = None) -> None:
     """``out=`` (a buffer full of garbage from an earlier use) gives the same bits and report,
-    as a view of that buffer."""
+    as a view of that buffer; so does ``inputs_checked=True`` (finite inputs: only the scan of
+    the inputs is skipped)."""
     out = torch.full((x[0].numel(),), float("nan"))
     into = aggregate(rule, x, multi_krum_m=multi_krum_m, out=out)
     assert into.tensor.data_ptr() == out.data_ptr() and into.tensor.shape == result.tensor.shape
     assert np.array_equal(bits(into.tensor), bits(result.tensor))
     assert into.report == result.report
+    checked = aggregate(rule, x, multi_krum_m=multi_krum_m, inputs_checked=True)
+    assert np.array_equal(bits(checked.tensor), bits(result.tensor))
+    assert checked.report == result.report
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1287,6 +1287,9 @@ class NodeService:
                 worker=self._finalize_worker,
                 in_place=True,  # weights/momentum are this call's own decoded copies
                 buffers=self._round_buffers,
+                # Every accepted payload passed _validate_payload (finite, within
+                # max_gradient_abs) before its submission was committed, inline or gossiped.
+                inputs_checked=True,
             )
         except PayloadError as exc:  # every stored payload was decoded when it was accepted
             raise StorageError(f"a stored payload of {task_id} round {round} no longer decodes: {exc}") from None
