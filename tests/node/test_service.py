@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from storage import schema
-from storage.interface import StorageError
+from storage.interface import KVStore, StorageError
 from tenzro_training import auth
 from tenzro_training.aggregation import aggregate
 from tenzro_training.auth import WrongSigner
@@ -103,6 +103,20 @@ def start(net: Net, checkpoint: tuple[str, str], n_trainers: int = 3, **spec: An
     for i in range(n_trainers):
         net.enroll(i)
     return result
+
+
+def count_payload_reads(monkeypatch: pytest.MonkeyPatch, store: KVStore) -> list[bytes]:
+    """The payload keys ``store.get`` is asked for from now on (until ``monkeypatch.undo()``)."""
+    reads: list[bytes] = []
+    real_get = store.get
+
+    def counting_get(cf: str, key: bytes) -> bytes | None:
+        if cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK:
+            reads.append(key)
+        return real_get(cf, key)
+
+    monkeypatch.setattr(store, "get", counting_get)
+    return reads
 
 
 def play_round(net: Net, round_: int, trainers: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
@@ -1322,15 +1336,7 @@ class TestModelReplay:
                     net.submit(i, 0, f)
         held = net.service._payload_cache_bytes
         assert held == (sum(len(net.payload(i, 0, f)) for i in (0, 1, 2) for f in range(2)) if budget else 0)
-        reads: list[bytes] = []
-        real_get = store.get
-
-        def counting_get(cf: str, key: bytes) -> bytes | None:
-            if cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK:
-                reads.append(key)
-            return real_get(cf, key)
-
-        monkeypatch.setattr(store, "get", counting_get)
+        reads = count_payload_reads(monkeypatch, store)
         net.finalize(0)
         assert len(reads) == (0 if budget else 6)
         assert net.service._payload_cache_bytes == 0 and not net.service._payload_cache
@@ -1338,7 +1344,6 @@ class TestModelReplay:
         play_round(net, 1)
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, 2))
-
 
     @pytest.mark.parametrize("budget", [0, 10**9])
     def test_an_inline_submission_never_reads_the_store_for_its_payload(
@@ -1353,15 +1358,7 @@ class TestModelReplay:
         clock = FakeClock()
         net = Net(NodeService(make_config(data_dir, payload_cache_bytes=budget), store, clock=clock), clock)
         start(net, checkpoint)
-        reads: list[bytes] = []
-        real_get = store.get
-
-        def counting_get(cf: str, key: bytes) -> bytes | None:
-            if cf == schema.CF_SUBMISSIONS and key[:1] == schema.PAYLOAD_KEY_MARK:
-                reads.append(key)
-            return real_get(cf, key)
-
-        monkeypatch.setattr(store, "get", counting_get)
+        reads = count_payload_reads(monkeypatch, store)
         for f in range(2):
             net.submit(0, 0, f)
             net.submit(1, 0, f, payload=net.payload(0, 0, f))  # a copy of trainer 0's payload
