@@ -37,7 +37,7 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     numpy. On malformed input this can only over-estimate the depth the parser would reach before
     failing, so a check against it never lets a too-deep document through.
     """
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    data = _utf8_as_parsed(raw)
     # Fast path: a document cannot nest deeper than its number of opening brackets, found one
     # at a time with ``bytes.find`` (memchr: ~0.03 ms for the 1.4 MB body of a 1 MiB base64
     # payload, whose one long string holds none) and given up past MAX_JSON_NESTING. Measured
@@ -52,6 +52,29 @@ def compute_json_depth_bound(raw: bytes | str) -> int:
     codes = np.frombuffer(brackets, dtype=np.uint8)
     steps = np.where((codes == 0x5B) | (codes == 0x7B), 1, -1)
     return max(0, int(np.cumsum(steps).max()))
+
+
+def _utf8_as_parsed(raw: bytes | str) -> bytes:
+    """``raw`` as UTF-8 bytes of the text ``json.loads(raw)`` would parse.
+
+    ``json.loads`` of bytes also reads UTF-16 and UTF-32, which it recognises by their zero
+    bytes (``json.detect_encoding``). The bound scans UTF-8 bytes for quotes and brackets, so
+    such bytes are first decoded as ``json.loads`` decodes them: bounded as they were, a
+    character like U+2241 (bytes ``41 22`` in UTF-16-LE) read as a quote, hid the brackets
+    after it, and a 200,000-deep UTF-16 reply from a node got past the bound and crashed the
+    CLI (SIGSEGV: eth-account's py_ecc raises the recursion limit; review, 2026-11-26).
+    UTF-8 input, what every caller is sent, is scanned as it is.
+    """
+    if isinstance(raw, str):
+        return raw.encode("utf-8", "surrogatepass")
+    data = bytes(raw)
+    encoding = json.detect_encoding(data)
+    if encoding in ("utf-8", "utf-8-sig"):  # the BOM holds no quote or bracket
+        return data
+    try:
+        return data.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return data  # json.loads cannot decode it either: it parses nothing
 
 
 def _count_openers(data: bytes, stop: int) -> int:

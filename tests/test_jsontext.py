@@ -136,3 +136,39 @@ def test_invalid_loads_bounded_nesting_deeper_than_the_limit() -> None:
     too_deep = "[" * (MAX_JSON_NESTING + 1) + "]" * (MAX_JSON_NESTING + 1)  # json.loads alone would parse it
     with pytest.raises(ValueError, match="nested deeper"):
         loads_bounded(too_deep)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-16", "utf-32-le", "utf-32-be", "utf-32"])
+def test_bytes_json_loads_reads_as_utf16_or_utf32_are_bounded_as_it_reads_them(encoding: str) -> None:
+    """``json.loads`` of bytes also reads UTF-16 and UTF-32. U+2241 is the bytes ``41 22`` in
+    UTF-16-LE: scanned as UTF-8 it opened a "string" that hid the brackets after it (bound 1
+    for a depth of 5001)."""
+    import json
+
+    deep = '["\u2241",' + "[" * 5000 + "]" * 5000 + "]"
+    data = deep.encode(encoding)
+    assert json.detect_encoding(data).replace("-sig", "").startswith(encoding[:6])
+    assert compute_json_depth_bound(data) == 5001
+    assert not is_json_depth_ok(data)
+    shallow = '["\u2241", [1, {"a": "[[[["}]]'
+    assert compute_json_depth_bound(shallow.encode(encoding)) == compute_json_depth_bound(shallow)
+
+
+def test_a_node_reply_nested_deep_in_utf16_is_refused_not_a_crash() -> None:
+    """The CLI reads a node's reply, untrusted, with json.loads of the bytes; run in a child,
+    since before the fix this reply killed the process with SIGSEGV (eth-account imported)."""
+    import subprocess
+    import sys
+
+    child = (
+        "import eth_account, sys\n"
+        "from tenzro_training.cli import CliError, RpcClient\n"
+        "raw = ('[\"\\u2241\",' + '[' * 200000 + ']' * 200000 + ']').encode('utf-16-le')\n"
+        "try:\n"
+        "    RpcClient('http://127.0.0.1:1')._read_reply(raw, 1)\n"
+        "except CliError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "answered JSON nested deeper than 128" in done.stdout
