@@ -53,17 +53,6 @@ second, ``accounts``) held every log file: a running node kept 1.19 GB of WAL fo
 and a restart after a crash replayed all of it (soak probe). It bounds that replay too."""
 
 
-BLOB_MIN_BYTES = 64 << 10
-"""Values at least this large (submitted payloads, ~1-4 MB each; model snapshots) are kept in
-RocksDB's blob files, out of the LSM tree: written once at flush, never rewritten by
-compaction (only moved by blob garbage collection once a quarter of the oldest files' values
-are deleted, as pruned payloads are), and stored uncompressed (float32 gradients and weights
-do not compress). Measured on this 2-core machine, 300 writes of a 1 MiB value with a small
-record beside it, flushed and compacted: 4.4-4.7 ms of CPU per write with blob files against
-7.2-9.1 ms inline (snappy-compressed SSTs, compacted again and again), 2.7 ms against 3.1-4.4
-ms in the writer. Small values (runs, accounts, records) stay inline, as before."""
-
-
 def _raw_options(
     *, create: bool = False, wal_recovery: str = "strict", max_total_wal_bytes: int = MAX_TOTAL_WAL_BYTES
 ) -> rocksdict.Options:
@@ -80,9 +69,6 @@ def _raw_options(
         options.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
     options.set_keep_log_file_num(4)
     options.set_max_total_wal_size(max_total_wal_bytes)
-    options.set_enable_blob_files(True)
-    options.set_min_blob_size(BLOB_MIN_BYTES)
-    options.set_enable_blob_gc(True)
     return options
 
 
@@ -277,9 +263,9 @@ class RocksStore(KVStore):
                 f"process or another opener in this process); only one read-write opener "
                 f"at a time: {message}"
             )
-        # The WAL reader says only "Corruption: checksum mismatch"; table, blob and MANIFEST damage
+        # The WAL reader says only "Corruption: checksum mismatch"; table and MANIFEST damage
         # name their file.
-        wal = "Corruption" in message and not any(name in message for name in (".sst", ".blob", "MANIFEST"))
+        wal = "Corruption" in message and ".sst" not in message and "MANIFEST" not in message
         if wal and self._wal_recovery == "strict":
             return StorageError(
                 f"cannot open store at {self._path!r}: its write-ahead log is damaged before its end, and "

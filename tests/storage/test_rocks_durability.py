@@ -447,30 +447,3 @@ def test_the_write_ahead_log_is_bounded_by_flushing_what_pins_it(tmp_path: Path,
         assert logs > 35 << 20
     else:
         assert logs < 3 * cap
-
-
-def test_large_values_live_in_blob_files_and_damage_to_one_is_a_storage_error(tmp_path: Path) -> None:
-    """Payload-sized values go to RocksDB blob files (storage.rocks.BLOB_MIN_BYTES), small ones
-    stay in the tables; both read back across a reopen, and a damaged blob is refused on read
-    with a StorageError, never returned as other bytes."""
-    from storage.rocks import BLOB_MIN_BYTES
-
-    path = tmp_path / "db"
-    big = bytes(range(256)) * (BLOB_MIN_BYTES // 256 + 1)
-    with RocksStore(path) as store:
-        with store.atomic_batch() as batch:
-            batch.put(CF_SUBMISSIONS, b"big", big)
-            batch.put(CF_SUBMISSIONS, b"small", b"s" * 100)
-    (blob,) = path.glob("*.blob")  # the reopen's WAL recovery flushed the memtable
-    assert blob.stat().st_size > len(big)
-    with RocksStore(path) as store:
-        assert store.get(CF_SUBMISSIONS, b"big") == big
-        assert store.get(CF_SUBMISSIONS, b"small") == b"s" * 100
-    data = bytearray(blob.read_bytes())
-    at = data.index(big[:4096]) + 1000
-    data[at] ^= 0xFF
-    blob.write_bytes(bytes(data))
-    with RocksStore(path) as store:
-        assert store.get(CF_SUBMISSIONS, b"small") == b"s" * 100
-        with pytest.raises(StorageError, match="Corruption"):
-            store.get(CF_SUBMISSIONS, b"big")
