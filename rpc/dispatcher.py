@@ -61,11 +61,11 @@ from rpc.params import (
 )
 from rpc.metrics import RpcMetrics
 from rpc.service import TrainingService
-from tenzro_training.jsontext import MAX_JSON_NESTING, is_json_depth_ok, serialize_json
+from tenzro_training.jsontext import MAX_JSON_NESTING, compute_json_values_bound, is_json_depth_ok, serialize_json
 from tenzro_training.errors import TenzroError
 
 __all__ = [
-    "DEFAULT_MAX_ANSWER_BYTES", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BATCH_SECONDS", "MAX_INT_DIGITS", "MAX_NESTING", "METHODS", "Dispatcher", "JsonText",
+    "DEFAULT_MAX_ANSWER_BYTES", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BATCH_SECONDS", "MAX_INT_DIGITS", "MAX_NESTING", "MAX_VALUES", "METHODS", "Dispatcher", "JsonText",
     "Method", "parse_json", "serialize_json",
 ]
 
@@ -81,7 +81,14 @@ eth_account) raises the interpreter's recursion limit to 100000 process-wide, an
 scanner then overflows the C stack (segfault) on ~60000 nested brackets instead of raising
 RecursionError. A spec needs < 30 levels including the envelope."""
 
-# A JSON string (bytes): used to blank strings out before counting structural brackets.
+MAX_VALUES: Final = 2_000_000
+"""Most JSON values (object keys included) one body may hold, bounded before parsing by
+counting separators and openers (``jsontext.compute_json_values_bound``) in any body of at
+least this many bytes (a shorter one cannot hold more). Why: parsed objects cost ~80 bytes per
+value; a 64 MiB body of ``{"":0},`` (~100 KB gzipped) took 2.2 GiB and 9 s of the service
+thread to parse before its batch of 9.6M requests was refused (fuzzing probe, 2026-11-26).
+2M values are ~160 MB at worst; a full batch of 1000 submissions holds ~16k, the largest spec
+(256 KiB of JSON) ~130k."""
 
 _REQUEST_MEMBERS: Final = frozenset({"jsonrpc", "method", "params", "id"})
 _ABSENT: Final = object()
@@ -136,8 +143,8 @@ def parse_json(raw: bytes | str) -> Any:
     """Parse one strict JSON value; raise :class:`ParseError` for anything else.
 
     Bytes must be UTF-8 (no BOM). Duplicate object keys, ``NaN``/``Infinity``, numbers that
-    overflow a double, integer literals over :data:`MAX_INT_DIGITS` characters and nesting deeper
-    than :data:`MAX_NESTING` are all parse errors.
+    overflow a double, integer literals over :data:`MAX_INT_DIGITS` characters, more than
+    :data:`MAX_VALUES` values and nesting deeper than :data:`MAX_NESTING` are all parse errors.
     """
     if isinstance(raw, (bytes, bytearray, memoryview)):
         data = bytes(raw)
@@ -151,6 +158,8 @@ def parse_json(raw: bytes | str) -> Any:
             data = raw.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ParseError("text holds a lone surrogate", exc.start) from None
+    if len(data) >= MAX_VALUES and compute_json_values_bound(data) > MAX_VALUES:
+        raise ParseError(f"more than {MAX_VALUES} JSON values")
     _check_nesting(data)
     try:
         return _DECODER.decode(text)

@@ -333,10 +333,10 @@ class RpcClient:
 
         if len(raw) > MAX_REPLY_BYTES:
             raise CliError(f"node at {self.url} answered more than {MAX_REPLY_BYTES} bytes", EXIT_RPC_ERROR)
+        if compute_json_values_bound(raw) > MAX_REPLY_VALUES:  # first: counting is the cheaper scan
+            raise CliError(f"node at {self.url} answered more than {MAX_REPLY_VALUES} JSON values", EXIT_RPC_ERROR)
         if not is_json_depth_ok(raw):
             raise CliError(f"node at {self.url} answered JSON nested deeper than {MAX_JSON_NESTING}", EXIT_RPC_ERROR)
-        if compute_json_values_bound(raw) > MAX_REPLY_VALUES:
-            raise CliError(f"node at {self.url} answered more than {MAX_REPLY_VALUES} JSON values", EXIT_RPC_ERROR)
         try:
             reply = json.loads(raw, parse_constant=refuse_json_constant, parse_float=_finite_float)
         except (ValueError, RecursionError):

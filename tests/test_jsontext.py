@@ -3,7 +3,11 @@ tenzro_training/jsontext.py), everywhere untrusted JSON is parsed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tenzro_training.errors import PayloadError, SpecError
 from tenzro_training.jsontext import MAX_JSON_NESTING, compute_json_depth_bound, is_json_depth_ok
@@ -26,18 +30,68 @@ def test_depth_bound_ignores_brackets_inside_strings_on_the_slow_path() -> None:
 
 
 def test_an_unterminated_string_runs_to_the_end_of_the_text() -> None:
-    """Past an unterminated string a parser reads nothing, so its brackets do not count; the
-    old pattern, which needed a closing quote, re-scanned to the end from every escaped quote
-    of such a run (quadratic: a 256 KiB receipt spec cost TRAINING_VERIFY minutes)."""
-    from tenzro_training.jsontext import _JSON_STRING
-
+    """Past an unterminated string a parser reads nothing, so its brackets do not count; and
+    the scan stays linear on runs of escaped quotes (a quadratic regex once cost
+    TRAINING_VERIFY minutes on a 256 KiB receipt spec)."""
     prefix = b"[" * (MAX_JSON_NESTING + 2)
-    assert _JSON_STRING.sub(b"", prefix + b'"' + b'\\"' * 100_000 + b"[[") == prefix
-    assert _JSON_STRING.sub(b"", b'["a\\\\"]["\\') == b"[]["  # escaped backslash, lone one at the end
+    assert compute_json_depth_bound(prefix + b'"' + b'\\"' * 100_000 + b"[[") == len(prefix)
     assert compute_json_depth_bound(prefix + b'"' + b'\\"' * 100_000 + b"]" * 5) == len(prefix)
     assert not is_json_depth_ok(prefix + b'"' + b'\\"' * 100_000)
     ok = b"[" * 100 + b'"' + b'\\"' * 100_000 + b"[" * 100  # 200 openers: the slow path
     assert compute_json_depth_bound(ok) == 100
+
+
+@pytest.mark.parametrize(
+    ("inner", "depth"),
+    [
+        (b'"a\\\\"', 1),  # an escaped backslash, then the closing quote
+        (b'"a\\\\\\"[["', 1),  # three backslashes: the quote is escaped, the string goes on
+        (b'"\\\\\\\\"[[1]]', 3),  # four: the quote closes the string
+        (b'"\\n\\u005b\\\\"[1]', 2),  # other escapes hide nothing
+        ('"[{\u00e9}]"'.encode(), 1),  # brackets beside multi-byte UTF-8 inside a string
+    ],
+)
+def test_the_slow_path_reads_escapes_as_a_parser_does(inner: bytes, depth: int) -> None:
+    pad = b'"' + b"[" * (MAX_JSON_NESTING + 1) + b'"'  # past the fast path, inside a string
+    text = b"[" + pad + b"," + inner + b"]"
+    assert compute_json_depth_bound(text) == depth
+
+
+def test_the_slow_path_carries_strings_and_depth_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tenzro_training import jsontext
+
+    monkeypatch.setattr(jsontext, "_SCAN_CHUNK", 7)
+    doc = json.dumps([{"k[": ["[[[", {"\\\"[": [[["]]"]]]}]}] * 3 + ["[" * 200])
+    want = compute_exact_depth(json.loads(doc))
+    assert compute_json_depth_bound(doc) == want == 7
+
+
+def compute_exact_depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max((compute_exact_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((compute_exact_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ a\u00e9\n', max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(alphabet='[]{}"\\ b', max_size=4), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.integers(min_value=0, max_value=3))
+def test_on_valid_json_the_slow_path_is_the_exact_depth(value: object, wrap: int) -> None:
+    """Any valid document, its strings full of brackets, quotes and backslashes, wrapped so
+    that it takes the slow path: the bound is its depth exactly."""
+    padding = "[" * (MAX_JSON_NESTING + 1)
+    doc = [padding] * wrap + [value] if wrap else [padding, value]
+    text = json.dumps(doc, ensure_ascii=False)
+    assert compute_json_depth_bound(text) == compute_exact_depth(doc)
+    assert compute_json_depth_bound(text.encode("utf-8")) == compute_exact_depth(doc)
 
 
 def test_invalid_deep_nesting_is_refused() -> None:
@@ -172,3 +226,12 @@ def test_a_node_reply_nested_deep_in_utf16_is_refused_not_a_crash() -> None:
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "answered JSON nested deeper than 128" in done.stdout
+
+
+def test_the_cli_counts_a_replys_values_before_it_scans_its_depth() -> None:
+    """Counting is the cheaper scan: a reply over both limits is refused on its values."""
+    from tenzro_training.cli import MAX_REPLY_VALUES, CliError, RpcClient
+
+    raw = b"[" * (MAX_JSON_NESTING + 1) + b"0," * MAX_REPLY_VALUES
+    with pytest.raises(CliError, match=f"more than {MAX_REPLY_VALUES} JSON values"):
+        RpcClient("http://127.0.0.1:1")._read_reply(raw, 1)
