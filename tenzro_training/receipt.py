@@ -135,8 +135,10 @@ class ReceiptTrainer:
     def from_dict(cls, obj: object, path: str = "trainer") -> ReceiptTrainer:
         d = _obj(path, obj, ("did", "address", "stake", "accepted_submissions", "slashed"))
         stake = d["stake"]
-        if not isinstance(stake, str) or not stake.isascii() or not stake.isdigit() or (len(stake) > 1 and stake[0] == "0"):
-            raise _fail(f"{path}.stake", f"expected a decimal string, got {stake!r}")
+        if (not isinstance(stake, str) or not stake.isascii() or not stake.isdigit() or (len(stake) > 1 and stake[0] == "0")
+                or len(stake) > 78):  # uint256 has 78 digits; int() refuses over 4300 with a bare ValueError
+            shown = stake[:80] if isinstance(stake, str) else stake
+            raise _fail(f"{path}.stake", f"expected a decimal string of a uint256, got {shown!r}")
         return cls(d["did"], _unaddress(f"{path}.address", d["address"]), int(stake), d["accepted_submissions"], d["slashed"])
 
 

@@ -258,6 +258,8 @@ def test_verify_never_raises_on_garbage() -> None:
         lambda d: d.update(extra=True),
         lambda d: d["trainers"][0].update(stake=50),
         lambda d: d["trainers"][0].update(stake="050"),
+        lambda d: d["trainers"][0].update(stake="1" * 79),  # over uint256's 78 digits
+        lambda d: d["trainers"][0].update(stake="1" * 4301),  # int() refused it with a bare ValueError
         lambda d: d["trainers"][0].update(did="did:web:x"),
         lambda d: d["transcript"][0].update(round=-1),
         lambda d: d["syncers"].append("0x1234"),

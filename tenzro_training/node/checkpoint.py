@@ -48,6 +48,11 @@ MAX_CHECKPOINT_TENSORS = 65_536
 per-tensor work of a post (~35 us each) ran on the node's one service thread: a 48 MB file of
 800,000 zero-element tensors held it for 29 s (malicious-participant probe, 2026-11-26)."""
 
+MAX_TENSOR_DIMS = 64
+"""Most dimensions of one checkpoint tensor: torch's kernels (``isfinite`` among them) refuse
+more, and safetensors accepts them (fuzzing probe: a [1] * 65 tensor escaped as a bare
+RuntimeError, an internal error to postTask)."""
+
 _MAX_HEADER_BYTES = 16 << 20
 """Largest safetensors header read (JSON: ~40 bytes per tensor at least)."""
 
@@ -169,6 +174,8 @@ def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:
             get_dtype_name(name, tensor.dtype)
         except FragmentError as exc:
             raise CheckpointError(uri, str(exc)) from None
+        if tensor.dim() > MAX_TENSOR_DIMS:  # torch.isfinite refuses them with a bare RuntimeError
+            raise CheckpointError(uri, f"tensor {name!r} has {tensor.dim()} dimensions, at most {MAX_TENSOR_DIMS} are supported")
         widened = tensor.to(torch.float32).contiguous()
         if not bool(torch.isfinite(widened).all()):
             # Every trainer's first loss would be NaN and the run would fail at its deadlines,

@@ -256,6 +256,16 @@ def test_invalid_round_records_for_a_run_value_are_storage_errors(records: list[
         persistence.decode_run(value, swapped)
     with pytest.raises(StorageError, match="record_count -1"):
         persistence.decode_run(value.replace(b'"record_count":2', b'"record_count":-1'))
+    for damaged in (10**12, 2**64):  # built a list of that many rounds: out of memory, or OverflowError
+        with pytest.raises(StorageError, match=f"names {damaged} round record"):
+            persistence.decode_run(value.replace(b'"record_count":2', b'"record_count":%d' % damaged), [(0, body)])
+
+
+@pytest.mark.parametrize("balance", ["1e400", "Infinity", '"x"', "null"])
+def test_invalid_stored_genesis_balance_is_a_storage_error(balance: str) -> None:
+    raw = b'{"genesis":[{"address":"0x' + b"11" * 20 + b'","balance":' + balance.encode() + b"}]}"
+    with pytest.raises(StorageError, match="genesis record"):
+        persistence.decode_genesis_record(raw)
 
 
 @pytest.mark.parametrize("value", [-1, 2**256, True, 1.0, "1"])
