@@ -320,6 +320,46 @@ class _QueueSizer(dict):  # type: ignore[type-arg]
         super().__setitem__(peer_id, queue)
 
 
+MAX_PUBLISH_PER_RPC: Final = 1024
+"""Messages taken from one inbound RPC; the rest are dropped (counted as rejected). Why 1024:
+py-libp2p sends one message per RPC when it publishes, relays, flushes the queue of a peer it
+had not identified, or replays its cache to a peer that subscribes, so the only RPC of an honest peer with several is an
+IWANT answer, which holds every message the asker lacked among those the answerer cached for
+the topic in its last gossip window (3 heartbeats, 3 s here): 1024 is over 3 s of the ~250
+messages/s that one py-libp2p connection carries at all (dependencies.md), and an 8 MiB RPC
+holds at most 7 of our 1 MiB chunks. A hostile RPC of 8 MiB holds ~335,000 25-byte entries."""
+FLOODED_RPC_LOG_INTERVAL_S: Final = 10.0
+"""At most one warning per peer per this many seconds about messages dropped past the cap."""
+
+
+class _Intake:
+    """One inbound pubsub stream's reader (see _TunedPubsub._is_subscribed_to_msg)."""
+
+    __slots__ = ("peer_id", "nursery", "left")
+
+    def __init__(self, peer_id: ID, nursery: trio.Nursery) -> None:
+        self.peer_id = peer_id
+        self.nursery = nursery
+        self.left = MAX_PUBLISH_PER_RPC
+
+
+class _IntakeStream:
+    """The stream py-libp2p's reader loop reads from: each read starts the next RPC's budget (no
+    read happens between parsing an RPC and handling its messages). Everything else is the
+    stream's own."""
+
+    def __init__(self, stream: Any, intake: _Intake) -> None:
+        self._stream = stream
+        self._intake = intake
+
+    async def read(self, n: int | None = None) -> bytes:
+        self._intake.left = MAX_PUBLISH_PER_RPC
+        return await self._stream.read(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class _TunedPubsub(Pubsub):
     """Pubsub with sized outbound queues, a count of writes in flight (for a clean stop), and
     three fixes to py-libp2p 0.8.1's message intake (found by the gossip probe):
@@ -345,6 +385,8 @@ class _TunedPubsub(Pubsub):
     stream took a node off the network (found by a CI run, then reproduced on purpose). Now
     any error reading or handling a peer's RPCs, and any error handling one of its messages,
     drops that stream or message (counted as rejected, logged) and nothing else.
+
+    And one RPC cannot hold the trio thread (fuzzing probe): see ``_is_subscribed_to_msg``.
     """
 
     def __init__(self, *args: Any, max_rpc_bytes: int, on_reject: Callable[[], None], **kwargs: Any) -> None:
@@ -355,6 +397,49 @@ class _TunedPubsub(Pubsub):
         self._on_reject = on_reject
         self._my_id = self.host.get_id()
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        self._intakes: dict[Any, _Intake] = {}
+        """The trio task reading each inbound pubsub stream -> that stream's _Intake."""
+        self._flood_logged: dict[ID, tuple[float, int]] = {}
+        """Peer -> (when its last over-the-cap warning was logged, drops held back since)."""
+
+    def _is_subscribed_to_msg(self, msg: Any) -> bool:
+        """py-libp2p's reader loop asks this of every message of an RPC it parsed, and starts
+        ``push_msg`` as a pubsub task for each one it answers yes, all without yielding. Its
+        task manager walks every task it holds on each start, so an RPC of N messages cost
+        O(N^2): a 250 KB RPC of 10,000 unsigned 25-byte messages held the trio thread 27 s (no
+        gossip, no publish, no stop), and one of 100,000 over 60 s, estimated hours for the
+        ~335,000 an 8 MiB RPC holds, while 7 MiB as 7 signed 1 MiB messages cost 0.15 s of CPU
+        (fuzzing probe, 2026-11-27, real processes). Any peer may connect and send it.
+
+        Called from a stream this host reads, it answers no and does the work itself: it takes
+        the first MAX_PUBLISH_PER_RPC messages of the RPC, starting ``push_msg`` for each in a
+        nursery of that stream's reader (O(1) a start, the same concurrency), and drops the rest,
+        each counted as rejected, with one warning per peer per FLOODED_RPC_LOG_INTERVAL_S.
+        Elsewhere it is py-libp2p's. Then: 300,000 entries (7.5 MB) cost ~1.2 s of CPU, the
+        thread never held over 0.9 s; 20 such RPCs back to back 0.11 s per MB (1 MiB messages:
+        0.01 s per MB)."""
+        if not super()._is_subscribed_to_msg(msg):
+            return False
+        intake = self._intakes.get(trio.lowlevel.current_task())
+        if intake is None:
+            return True
+        if intake.left > 0:
+            intake.left -= 1
+            intake.nursery.start_soon(self.push_msg, intake.peer_id, msg)
+            return False
+        self._on_reject()
+        now = time.monotonic()
+        last, held = self._flood_logged.get(intake.peer_id, (-1e9, 0))
+        if now - last < FLOODED_RPC_LOG_INTERVAL_S:
+            self._flood_logged[intake.peer_id] = (last, held + 1)
+            return False
+        if len(self._flood_logged) >= 4096:  # forget the peers not logged about lately
+            self._flood_logged = {p: v for p, v in self._flood_logged.items()
+                                  if now - v[0] < FLOODED_RPC_LOG_INTERVAL_S}
+        self._flood_logged[intake.peer_id] = (now, 0)
+        log.warning("dropping the messages of an RPC from %s past the first %d%s", intake.peer_id,
+                    MAX_PUBLISH_PER_RPC, f" ({held} more dropped since the last such line)" if held else "")
+        return False
 
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
         topics = msg.topicIDs
@@ -374,17 +459,25 @@ class _TunedPubsub(Pubsub):
             log.warning("dropped a message from %s that could not be handled: %s", msg_forwarder, type(exc).__name__)
 
     async def stream_handler(self, stream: Any) -> None:
-        try:
-            await super().stream_handler(stream)
-        except Exception as exc:  # noqa: BLE001 - see the class docstring: one peer, not the host
-            peer_id = stream.muxed_conn.peer_id
-            self._on_reject()
-            log.warning("closed the pubsub stream of %s: its RPCs could not be handled (%s)", peer_id, type(exc).__name__)
+        task = trio.lowlevel.current_task()
+        peer_id = stream.muxed_conn.peer_id
+        # The nursery holds the push_msg tasks of this stream's messages (_is_subscribed_to_msg),
+        # which never raise (push_msg drops what it cannot handle).
+        async with trio.open_nursery() as nursery:
+            self._intakes[task] = _Intake(peer_id, nursery)
             try:
-                await stream.reset()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            self._handle_dead_peer(peer_id)
+                await super().stream_handler(_IntakeStream(stream, self._intakes[task]))
+            except Exception as exc:  # noqa: BLE001 - see the class docstring: one peer, not the host
+                self._on_reject()
+                log.warning("closed the pubsub stream of %s: its RPCs could not be handled (%s)", peer_id,
+                            type(exc).__name__)
+                try:
+                    await stream.reset()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+                self._handle_dead_peer(peer_id)
+            finally:
+                del self._intakes[task]
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
         for topic_validator in self.get_msg_validators(msg):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from libp2p.exceptions import ValidationError
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
@@ -261,3 +262,81 @@ def test_a_peer_an_own_publish_skipped_cannot_pull_it_with_iwant() -> None:
     trio.run(ask, skipped)
     trio.run(ask, other)
     assert sent == [(skipped, [b"notice"]), (other, [b"weights", b"notice"])]
+
+
+class FrameStream:
+    """An inbound pubsub stream that holds some varint-framed RPCs and then waits for ever."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        from libp2p.utils import encode_varint_prefixed
+
+        self.data = b"".join(encode_varint_prefixed(f) for f in frames)
+        self.pos = 0
+        self.muxed_conn = type("Conn", (), {"peer_id": PEER})()
+        self.metric_send_channel = None
+
+    async def read(self, n: int | None = None) -> bytes:
+        await trio.sleep(0)
+        if self.pos >= len(self.data):
+            await trio.sleep_forever()
+        out = self.data[self.pos : self.pos + (n or len(self.data))]
+        self.pos += len(out)
+        return out
+
+    async def reset(self) -> None:
+        pass
+
+
+def test_one_rpc_of_many_messages_is_cut_at_the_cap_and_costs_no_quadratic_starts() -> None:
+    """py-libp2p's reader started a pubsub task per message of an RPC, and its task manager walks
+    every task it holds on each start: O(N^2), so 10,000 unsigned 25-byte messages in one RPC
+    held a node's trio thread 27 s (fuzzing probe). The host takes the first
+    MAX_PUBLISH_PER_RPC of each RPC without the manager, counts the rest as rejected, and the
+    next RPC of the stream gets the whole allowance again."""
+    from libp2p import new_host
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from tenzro_training.p2p.host import MAX_PUBLISH_PER_RPC, _TunedGossipSub
+
+    extra = 100
+    rejects: list[None] = []
+    pushed: list[bytes] = []
+    manager_starts: list[Any] = []
+
+    async def scenario() -> None:
+        router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                                 heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+        pubsub = _TunedPubsub(new_host(), router, strict_signing=True, max_rpc_bytes=8 << 20,
+                              on_reject=lambda: rejects.append(None))
+
+        async def push_msg(forwarder: ID, msg: rpc_pb2.Message) -> None:
+            assert forwarder == PEER
+            pushed.append(msg.data)
+
+        pubsub.push_msg = push_msg  # type: ignore[method-assign]
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            await pubsub.subscribe("t")
+            run_task = pubsub.manager.run_task
+            pubsub.manager.run_task = lambda fn, *a, **k: (manager_starts.append(fn), run_task(fn, *a, **k))[1]  # type: ignore[method-assign]
+            flood = rpc_pb2.RPC(publish=[rpc_pb2.Message(topicIDs=["t"], data=b"a%d" % i)
+                                         for i in range(MAX_PUBLISH_PER_RPC + extra)])
+            honest = rpc_pb2.RPC(publish=[rpc_pb2.Message(topicIDs=["t"], data=b"b%d" % i)
+                                          for i in range(MAX_PUBLISH_PER_RPC)])
+            other_topic = rpc_pb2.RPC(publish=[rpc_pb2.Message(topicIDs=["u"], data=b"c")] * 5)
+            stream = FrameStream([flood.SerializeToString(), honest.SerializeToString(),
+                                  other_topic.SerializeToString()])
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pubsub.stream_handler, stream)
+                while stream.pos < len(stream.data):
+                    await trio.sleep(0)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    # (trio runs the tasks of one batch in either order)
+    assert len(pushed) == 2 * MAX_PUBLISH_PER_RPC
+    assert set(pushed) == {b"a%d" % i for i in range(MAX_PUBLISH_PER_RPC)} | {b"b%d" % i for i in range(MAX_PUBLISH_PER_RPC)}
+    assert len(rejects) == extra  # the flood's rest; a topic we do not take is skipped, as before
+    assert [fn for fn in manager_starts if getattr(fn, "__name__", "") == "push_msg"] == []  # no O(N) walk each
