@@ -409,7 +409,7 @@ class _TunedPubsub(Pubsub):
         O(N^2): a 250 KB RPC of 10,000 unsigned 25-byte messages held the trio thread 27 s (no
         gossip, no publish, no stop), and one of 100,000 over 60 s, estimated hours for the
         ~335,000 an 8 MiB RPC holds, while 7 MiB as 7 signed 1 MiB messages cost 0.15 s of CPU
-        (fuzzing probe, 2026-11-27, real processes). Any peer may connect and send it.
+        (fuzzing probe, 2026-11-26, real processes). Any peer may connect and send it.
 
         Called from a stream this host reads, it answers no and does the work itself: it takes
         the first MAX_PUBLISH_PER_RPC messages of the RPC, starting ``push_msg`` for each in a
