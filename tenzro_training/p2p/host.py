@@ -328,8 +328,11 @@ IWANT answer, which holds every message the asker lacked among those the answere
 the topic in its last gossip window (3 heartbeats, 3 s here): 1024 is over 3 s of the ~250
 messages/s that one py-libp2p connection carries at all (dependencies.md), and an 8 MiB RPC
 holds at most 7 of our 1 MiB chunks. A hostile RPC of 8 MiB holds ~335,000 25-byte entries."""
-FLOODED_RPC_LOG_INTERVAL_S: Final = 10.0
-"""At most one warning per peer per this many seconds about messages dropped past the cap."""
+PEER_WARNING_INTERVAL_S: Final = 10.0
+"""At most one warning per peer and kind per this many seconds about the messages it had
+dropped (past the cap of an RPC, or not handleable), with the count held back since: a peer
+sending 2,000 signed messages whose key did not decode, in one 68 KB RPC, wrote 1,025 lines
+to the node's log (p2p flood probe, 2026-11-26)."""
 
 
 class _Intake:
@@ -399,8 +402,8 @@ class _TunedPubsub(Pubsub):
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
         self._intakes: dict[Any, _Intake] = {}
         """The trio task reading each inbound pubsub stream -> that stream's _Intake."""
-        self._flood_logged: dict[ID, tuple[float, int]] = {}
-        """Peer -> (when its last over-the-cap warning was logged, drops held back since)."""
+        self._warned: dict[tuple[ID, str], tuple[float, int]] = {}
+        """(peer, kind) -> (when its last warning was logged, warnings held back since)."""
 
     def _is_subscribed_to_msg(self, msg: Any) -> bool:
         """py-libp2p's reader loop asks this of every message of an RPC it parsed, and starts
@@ -414,7 +417,7 @@ class _TunedPubsub(Pubsub):
         Called from a stream this host reads, it answers no and does the work itself: it takes
         the first MAX_PUBLISH_PER_RPC messages of the RPC, starting ``push_msg`` for each in a
         nursery of that stream's reader (O(1) a start, the same concurrency), and drops the rest,
-        each counted as rejected, with one warning per peer per FLOODED_RPC_LOG_INTERVAL_S.
+        each counted as rejected, with one warning per peer per PEER_WARNING_INTERVAL_S.
         Elsewhere it is py-libp2p's. Then: 300,000 entries (7.5 MB) cost ~1.2 s of CPU, the
         thread never held over 0.9 s; 20 such RPCs back to back 0.11 s per MB (1 MiB messages:
         0.01 s per MB)."""
@@ -428,18 +431,23 @@ class _TunedPubsub(Pubsub):
             intake.nursery.start_soon(self.push_msg, intake.peer_id, msg)
             return False
         self._on_reject()
-        now = time.monotonic()
-        last, held = self._flood_logged.get(intake.peer_id, (-1e9, 0))
-        if now - last < FLOODED_RPC_LOG_INTERVAL_S:
-            self._flood_logged[intake.peer_id] = (last, held + 1)
-            return False
-        if len(self._flood_logged) >= 4096:  # forget the peers not logged about lately
-            self._flood_logged = {p: v for p, v in self._flood_logged.items()
-                                  if now - v[0] < FLOODED_RPC_LOG_INTERVAL_S}
-        self._flood_logged[intake.peer_id] = (now, 0)
-        log.warning("dropping the messages of an RPC from %s past the first %d%s", intake.peer_id,
-                    MAX_PUBLISH_PER_RPC, f" ({held} more dropped since the last such line)" if held else "")
+        self._warn_limited(intake.peer_id, f"dropping the messages of an RPC from {intake.peer_id} past the first "
+                                           f"{MAX_PUBLISH_PER_RPC}")
         return False
+
+    def _warn_limited(self, peer_id: ID, line: str) -> None:
+        """``log.warning(line)``, unless a line of the same text about ``peer_id`` was logged in
+        the last PEER_WARNING_INTERVAL_S; the next one logged says how many were held back."""
+        now = time.monotonic()
+        key = (peer_id, line)
+        last, held = self._warned.get(key, (-1e9, 0))
+        if now - last < PEER_WARNING_INTERVAL_S:
+            self._warned[key] = (last, held + 1)
+            return
+        if len(self._warned) >= 4096:  # forget the lines not logged lately
+            self._warned = {k: v for k, v in self._warned.items() if now - v[0] < PEER_WARNING_INTERVAL_S}
+        self._warned[key] = (now, 0)
+        log.warning("%s%s", line, f" ({held} more since the last such line)" if held else "")
 
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
         topics = msg.topicIDs
@@ -456,7 +464,8 @@ class _TunedPubsub(Pubsub):
             await super().push_msg(msg_forwarder, msg)
         except Exception as exc:  # noqa: BLE001 - it runs as a pubsub task: an error would stop the host
             self._on_reject()
-            log.warning("dropped a message from %s that could not be handled: %s", msg_forwarder, type(exc).__name__)
+            self._warn_limited(msg_forwarder, f"dropped a message from {msg_forwarder} that could not be handled: "
+                                              f"{type(exc).__name__}")
 
     async def stream_handler(self, stream: Any) -> None:
         task = trio.lowlevel.current_task()

@@ -5,6 +5,7 @@ peer's sequence numbers) is in test_transport.py."""
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
@@ -30,6 +31,7 @@ def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) ->
     pubsub._my_id = ME
     pubsub._on_reject = lambda: events.append("rejected")
     pubsub._write_locks = weakref.WeakKeyDictionary()
+    pubsub._warned = {}
     pubsub.writes_in_flight = 0
     return pubsub, events
 
@@ -90,6 +92,35 @@ def test_a_message_that_cannot_be_handled_is_dropped_not_raised(monkeypatch: pyt
     assert events == ["rejected"]
     with pytest.raises(ValueError):
         trio.run(pubsub.push_msg, ME, message("t"))
+
+
+def test_a_peer_whose_messages_cannot_be_handled_gets_one_warning_per_interval(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2,000 signed messages with an undecodable key in one 68 KB RPC wrote 1,025 warnings (p2p
+    flood probe); each is still counted as rejected, and the next line says how many were held."""
+    from tenzro_training.p2p import host
+
+    async def base_push(self: Pubsub, forwarder: ID, msg: rpc_pb2.Message) -> None:
+        raise ValueError("the key does not decode")
+
+    now = [1000.0]
+    monkeypatch.setattr(Pubsub, "push_msg", base_push)
+    monkeypatch.setattr(host.time, "monotonic", lambda: now[0])
+    pubsub, events = bare_pubsub({"t": lambda f, m: True})
+
+    async def flood(n: int) -> None:
+        for _ in range(n):
+            await pubsub.push_msg(PEER, message("t"))
+
+    with caplog.at_level(logging.WARNING, logger=host.log.name):
+        trio.run(flood, 2000)
+        now[0] += host.PEER_WARNING_INTERVAL_S
+        trio.run(flood, 1)
+    assert events == ["rejected"] * 2001
+    lines = [r.getMessage() for r in caplog.records if "could not be handled" in r.getMessage()]
+    assert len(lines) == 2 and "ValueError" in lines[0]
+    assert lines[1].endswith("(1999 more since the last such line)")
 
 
 class SplitStream:
