@@ -323,11 +323,12 @@ class _QueueSizer(dict):  # type: ignore[type-arg]
 MAX_PUBLISH_PER_RPC: Final = 1024
 """Messages taken from one inbound RPC; the rest are dropped (counted as rejected). Why 1024:
 py-libp2p sends one message per RPC when it publishes, relays, flushes the queue of a peer it
-had not identified, or replays its cache to a peer that subscribes, so the only RPC of an honest peer with several is an
-IWANT answer, which holds every message the asker lacked among those the answerer cached for
-the topic in its last gossip window (3 heartbeats, 3 s here): 1024 is over 3 s of the ~250
-messages/s that one py-libp2p connection carries at all (dependencies.md), and an 8 MiB RPC
-holds at most 7 of our 1 MiB chunks. A hostile RPC of 8 MiB holds ~335,000 25-byte entries."""
+had not identified, or replays its cache to a peer that subscribes, so the only RPC of an
+honest peer with several is an IWANT answer, which holds every message the asker lacked among
+those the answerer cached for the topic in its last gossip window (3 heartbeats, 3 s here):
+1024 is over 3 s of the ~250 messages/s that one py-libp2p connection carries at all
+(dependencies.md), and an 8 MiB RPC holds at most 7 of our 1 MiB chunks. A hostile RPC of
+8 MiB holds ~335,000 25-byte entries."""
 PEER_WARNING_INTERVAL_S: Final = 10.0
 """At most one warning per peer and kind per this many seconds about the messages it had
 dropped (past the cap of an RPC, or not handleable), with the count held back since: a peer
