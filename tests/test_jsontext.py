@@ -235,3 +235,20 @@ def test_the_cli_counts_a_replys_values_before_it_scans_its_depth() -> None:
     raw = b"[" * (MAX_JSON_NESTING + 1) + b"0," * MAX_REPLY_VALUES
     with pytest.raises(CliError, match=f"more than {MAX_REPLY_VALUES} JSON values"):
         RpcClient("http://127.0.0.1:1")._read_reply(raw, 1)
+
+
+def test_the_slow_path_needs_memory_for_one_chunk_not_for_every_string() -> None:
+    """A 64 MiB body of ``""`` pairs (~100 KB gzipped) cost a node 3.7 GiB in the slow path: one
+    object per deleted string, int64 per bracket. Now the scan holds one chunk's scratch (and
+    the text less its escapes). Measured here on 8 MiB with tracemalloc, which sees numpy's
+    buffers too: a memory bound, deterministic, not a timing."""
+    import tracemalloc
+
+    data = b"[" * (MAX_JSON_NESTING + 2) + b'""ab' * (2 << 20)
+    tracemalloc.start()
+    try:
+        assert compute_json_depth_bound(data) == MAX_JSON_NESTING + 2
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
