@@ -51,8 +51,11 @@ def decode_address(path: str, value: object) -> Address:
 
 def decode_amount(path: str, value: object) -> int:
     """A uint256 written as a canonical decimal string (no sign, no leading zeros)."""
-    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or (len(value) > 1 and value[0] == "0"):
-        raise EncodingError(f"{path}: expected a decimal string, got {value!r:.80}")
+    # uint256 has at most 78 digits: checked before int(), which refuses over 4300 digits with
+    # a bare ValueError (fuzzing probe, 2026-11-26).
+    if (not isinstance(value, str) or not value.isascii() or not value.isdigit() or (len(value) > 1 and value[0] == "0")
+            or len(value) > 78):
+        raise EncodingError(f"{path}: expected a decimal string of a uint256, got {value!r:.80}")
     amount = int(value)
     if amount >= _U256:
         raise EncodingError(f"{path}: exceeds uint256")

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.jsonfields import decode_address, decode_array, decode_hex, decode_int, decode_object
+from tenzro_training.jsonfields import decode_address, decode_amount, decode_array, decode_hex, decode_int, decode_object
 from tenzro_training.addresses import Address, format_address
 from tenzro_training.errors import EncodingError, InvalidState, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
@@ -134,12 +134,8 @@ class ReceiptTrainer:
     @classmethod
     def from_dict(cls, obj: object, path: str = "trainer") -> ReceiptTrainer:
         d = _obj(path, obj, ("did", "address", "stake", "accepted_submissions", "slashed"))
-        stake = d["stake"]
-        if (not isinstance(stake, str) or not stake.isascii() or not stake.isdigit() or (len(stake) > 1 and stake[0] == "0")
-                or len(stake) > 78):  # uint256 has 78 digits; int() refuses over 4300 with a bare ValueError
-            shown = stake[:80] if isinstance(stake, str) else stake
-            raise _fail(f"{path}.stake", f"expected a decimal string of a uint256, got {shown!r}")
-        return cls(d["did"], _unaddress(f"{path}.address", d["address"]), int(stake), d["accepted_submissions"], d["slashed"])
+        stake = decode_amount(f"{path}.stake", d["stake"])
+        return cls(d["did"], _unaddress(f"{path}.address", d["address"]), stake, d["accepted_submissions"], d["slashed"])
 
 
 @dataclass(frozen=True, slots=True)

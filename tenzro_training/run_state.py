@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tenzro_training.jsonfields import decode_address, decode_hex
+from tenzro_training.jsonfields import decode_address, decode_amount, decode_hex
 from tenzro_training.addresses import Address, format_address
 from tenzro_training.election import RankedCandidate
 from tenzro_training.errors import EncodingError, TenzroError
@@ -166,12 +166,7 @@ def _amount_str(value: int) -> str:
 
 
 def _unamount(path: str, value: object) -> int:
-    if not isinstance(value, str) or not re.fullmatch(r"0|[1-9][0-9]{0,77}", value):
-        raise _fail(path, f"expected a decimal uint256 string, got {value!r}")
-    amount = int(value)
-    if amount >= _U256:
-        raise _fail(path, "exceeds uint256")
-    return amount
+    return decode_amount(f"run state {path}", value)
 
 
 def _obj(path: str, value: object, keys: Sequence[str]) -> Mapping[str, Any]:

@@ -32,6 +32,8 @@ def test_round_trips() -> None:
         (lambda: decode_hex("x.h", "0xab", 2), "x.h: expected 0x \\+ 4"),
         (lambda: decode_amount("x.a", "01"), "x.a: expected a decimal string"),
         (lambda: decode_amount("x.a", str(2**256)), "x.a: exceeds uint256"),
+        (lambda: decode_amount("x.a", "9" * 79), "x.a: expected a decimal string of a uint256"),
+        (lambda: decode_amount("x.a", "1" * 4301), "x.a: expected a decimal string"),  # int() raised a bare ValueError
         (lambda: decode_object("x.o", {"a": 1}, ("a", "b")), r"x.o: expected an object with exactly the fields \['a', 'b'\]"),
         (lambda: decode_object("x.o", {"a": 1, "b": 2, "c": 3}, ("a", "b")), "x.o: expected an object"),
         (lambda: decode_object("x.o", [("a", 1)], ("a",)), "x.o: expected an object"),
