@@ -1771,6 +1771,27 @@ def test_trainer_run_batch_size(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert not (tmp_path / "p2p.key").exists()
 
 
+@pytest.mark.parametrize(("flags", "carry"), [([], True), (["--fresh-optimizer-state"], False)])
+def test_trainer_run_carries_the_inner_optimizer_state_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], carry: bool
+) -> None:
+    from tenzro_training.trainer import process
+
+    seen = []
+
+    async def run_trainer(cfg: process.TrainerProcessConfig, announce: object) -> int:
+        seen.append(cfg)
+        return 0
+
+    monkeypatch.setattr(process, "run_trainer", run_trainer)
+    key = tmp_path / "k.json"
+    assert cli.main(["keys", "new-account", "--out", str(key)]) == 0
+    assert cli.main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "p2p.key"), "--key-file", str(key),
+                     "--rpc", "http://127.0.0.1:9", "--bootstrap",
+                     "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", *flags]) == 0
+    assert [cfg.carry_optimizer_state for cfg in seen] == [carry]
+
+
 @pytest.mark.parametrize(("listen", "bootstrap", "message"), [
     ("garbage", None, "tenzro: listen address 'garbage' is not a multiaddr"),
     ("/ip4/127.0.0.1/tcp/0", "garbage", "tenzro: bootstrap address 'garbage' is not a multiaddr"),

@@ -211,12 +211,17 @@ def run_inner_loop(
     shard_index: int,
     *,
     optimizer_state: Mapping[str, Any] | None = None,
+    take_optimizer_state: bool = False,
     device: str | torch.device = "cpu",
     should_stop: Callable[[], bool] | None = None,
 ) -> InnerResult:
     """Load the round's global weights into a fresh model and run ``cfg.inner_steps`` AdamW steps.
 
-    ``model_state`` (any float dtype) and ``optimizer_state`` are not modified. ``model_cfg`` is
+    ``model_state`` (any float dtype) and ``optimizer_state`` are not modified, unless
+    ``take_optimizer_state``: then the state's tensors become the optimizer's own, without a
+    copy, and are updated in place (the caller must not use them again). That is for a caller
+    that hands each round's state to the next, like the trainer process: the copy would hold a
+    second set of moments, twice the model's size, on the device for the whole round. ``model_cfg`` is
     the family config (its ``family`` selects the adapter). ``device``: where the model, the
     batches and the optimizer live (see :func:`resolve_device`); the result's ``state`` is on the
     CPU, its ``optimizer_state`` on ``device``. Raises :class:`InnerLoopDiverged` on a non-finite
@@ -234,7 +239,7 @@ def run_inner_loop(
     if optimizer_state is not None:
         # AdamW.load_state_dict keeps the given tensors and then updates them in place: copy, so
         # the caller's state (e.g. a previous InnerResult) stays valid and reusable.
-        opt.load_state_dict(copy.deepcopy(dict(optimizer_state)))
+        opt.load_state_dict(dict(optimizer_state) if take_optimizer_state else copy.deepcopy(dict(optimizer_state)))
     seed = compute_inner_seed(cfg.seed, round, shard_index)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     windows = shard.windows.to(dev)  # once per round, not once per step

@@ -139,6 +139,10 @@ class TrainerProcessConfig:
     did: str | None = None
     stake: int = 10**18
     batch_size: int = 16
+    carry_optimizer_state: bool = True
+    """Keep AdamW's moments from each trained round into the next, as DiLoCo's workers do; False:
+    a fresh AdamW state every round. Held in memory only: after a restart the first round trained
+    starts fresh."""
     device: str = "auto"
     """Where the inner loop runs: auto (CUDA if present, else MPS, else CPU), cpu, cuda, cuda:N, mps."""
     submit_timeout_s: float = 60.0
@@ -165,6 +169,8 @@ class TrainerProcessConfig:
             raise TrainerProcessError(f"rounds must be >= 1, got {self.rounds!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise TrainerProcessError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not isinstance(self.carry_optimizer_state, bool):
+            raise TrainerProcessError(f"carry_optimizer_state must be a bool, got {self.carry_optimizer_state!r}")
         if not self.bootstrap:
             raise TrainerProcessError("at least one --bootstrap multiaddr (the node's p2p address) is needed")
         from tenzro_training.p2p.host import check_multiaddrs  # libp2p loads only for a trainer that runs
@@ -503,6 +509,8 @@ class _Trainer:
         self.addr_bytes = _unhex(self.address)
         self.weights: list[torch.Tensor] | None = None
         self.held_hash: bytes | None = None
+        self.optimizer_state: dict[str, Any] | None = None
+        """AdamW's state after the last round trained (``carry_optimizer_state``), on the device."""
         self.gossip_limits: tuple[int, int] | None = None
         self.gossip_view: TrainerGossipView | None = None
         self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
@@ -745,11 +753,18 @@ class _Trainer:
 
         assert self.weights is not None
         state = compute_full_state(self.model, self.weights)
-        # optimizer_state=None: a fresh AdamW state every round (a restart resubmits saved payloads, PayloadStore).
+        # The carried moments are handed over, not copied (a second copy would sit on the device
+        # all round), so they are dropped here first: a round that raises leaves a fresh state,
+        # never one half updated.
+        carried, self.optimizer_state = self.optimizer_state, None
         res = run_inner_loop(
-            state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index, device=self.device,
-            should_stop=self.stopping.is_set,
+            state, self.inner_cfg, self.model_cfg, self.shard, round_, self.shard_index,
+            optimizer_state=carried if self.cfg.carry_optimizer_state else None, take_optimizer_state=True,
+            device=self.device, should_stop=self.stopping.is_set,
         )
+        del carried
+        if self.cfg.carry_optimizer_state:
+            self.optimizer_state = res.optimizer_state
         grads = compute_outer_gradients(state, res.state, self.layouts)
         self.last_loss = res.train_loss
         return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype)
@@ -1266,6 +1281,7 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
         did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device, batch_size=args.batch_size,
+        carry_optimizer_state=not args.fresh_optimizer_state,
         max_round_wait_s=args.max_round_wait, state_dir=None if args.state_dir is None else Path(args.state_dir),
     )
     try:

@@ -203,6 +203,22 @@ def test_optimizer_state_carries_over(init: dict, shards: list[Shard]) -> None:
     assert compute_model_hash(again.state) == compute_model_hash(carried.state)
 
 
+def test_a_taken_optimizer_state_is_used_without_a_copy_and_gives_the_same_bits(init: dict, shards: list[Shard]) -> None:
+    """``take_optimizer_state``: the trainer process hands each round's moments to the next
+    without a second copy on the device; the result must be the copying call's, bit for bit."""
+    first = run_inner_loop(init, FAST, MODEL, shards[0], 0, 0)
+    copied = run_inner_loop(first.state, FAST, MODEL, shards[0], 1, 0, optimizer_state=first.optimizer_state)
+    given = first.optimizer_state["state"]
+    moments = {i: s["exp_avg"] for i, s in given.items()}
+    before = {i: m.clone() for i, m in moments.items()}
+    taken = run_inner_loop(first.state, FAST, MODEL, shards[0], 1, 0, optimizer_state=first.optimizer_state,
+                           take_optimizer_state=True)
+    assert compute_model_hash(taken.state) == compute_model_hash(copied.state)
+    # The very tensors given are the result's, updated in place (no copy was made).
+    assert all(taken.optimizer_state["state"][i]["exp_avg"] is m for i, m in moments.items())
+    assert any(not torch.equal(m, before[i]) for i, m in moments.items())
+
+
 def test_invalid_inner_loop_inputs(init: dict, shards: list[Shard]) -> None:
     with pytest.raises(TrainerError):
         run_inner_loop(init, FAST, MODEL, shards[0], 0, 1)  # index differs from the shard's

@@ -780,6 +780,50 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
     assert other.payloads.dir != restarted.payloads.dir
 
 
+@pytest.mark.parametrize("carry", [True, False])
+def test_the_inner_optimizer_state_carries_from_round_to_round_unless_fresh_is_asked(  # type: ignore[no-untyped-def]
+    tmp_path, carry: bool
+) -> None:
+    """DiLoCo keeps each worker's inner AdamW moments across rounds; the trainer started every
+    round fresh until 2026-11-26. Round 1's payloads must be exactly what the inner loop gives
+    with round 0's moments (carried) or without them (``--fresh-optimizer-state``)."""
+    import torch
+
+    from tenzro_training.global_model import compute_full_state, compute_initial_model
+    from tenzro_training.trainer.data import load_corpus, shard_windows
+    from tenzro_training.trainer.inner import InnerConfig, compute_outer_gradients, make_payloads, run_inner_loop
+    from tenzro_training.trainer.model import create_init_checkpoint
+    from tests.trainer.conftest import TINY_MODEL
+
+    initial = compute_initial_model(create_init_checkpoint(TINY_MODEL, 0), 2)
+    tr, _ = _bare_trainer(tmp_path, carry_optimizer_state=carry)
+    tr.model, tr.layouts, tr.weights = initial.model, initial.model.layouts, list(initial.weights)
+    tr.model_cfg, tr.inner_cfg = TINY_MODEL, InnerConfig(inner_steps=3, lr=1e-3, batch_size=8, seed=1)
+    tr.shard_index, tr.shard = 0, shard_windows(load_corpus(), 0, 3, TINY_MODEL.context_len, TINY_MODEL.horizon)
+    tr.device, tr.payload_dtype = torch.device("cpu"), "float32"
+
+    state = compute_full_state(initial.model, initial.weights)
+    first = run_inner_loop(state, tr.inner_cfg, TINY_MODEL, tr.shard, 0, 0)
+    expected = {}
+    for moments in (first.optimizer_state, None):
+        second = run_inner_loop(state, tr.inner_cfg, TINY_MODEL, tr.shard, 1, 0, optimizer_state=moments)
+        grads = compute_outer_gradients(state, second.state, tr.layouts)
+        expected[moments is not None] = make_payloads(TASK, 1, tr.layouts, grads)
+    assert expected[True] != expected[False]
+
+    assert tr.train(0) == make_payloads(TASK, 0, tr.layouts, compute_outer_gradients(state, first.state, tr.layouts))
+    assert tr.train(1) == expected[carry]  # the weights were not changed: the same global model
+    steps = [float(s["step"]) for s in tr.optimizer_state["state"].values()] if tr.optimizer_state else []
+    assert steps == ([6.0] * len(steps) if carry else []) and (steps or not carry)
+
+
+def test_invalid_carry_optimizer_state_setting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    with pytest.raises(TrainerProcessError, match="carry_optimizer_state must be a bool"):
+        _bare_trainer(tmp_path, carry_optimizer_state="no")
+
+
 def test_a_partially_saved_round_keeps_the_saved_fragment(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
