@@ -13,8 +13,11 @@ aggregated outer gradient (start-of-round weights minus trainer weights, SPEC.md
     5. s  = lr * d        (rounded to fp32)
     6. w' = w - s         (rounded to fp32)   -> the new weights
 
-``lr`` and ``mu`` are first rounded to float32 (so 0.7 is 0.699999988079071044921875). Every
-step is one IEEE-754 binary32 operation with round-to-nearest-even and no fused multiply-add,
+``lr`` and ``mu`` are the spec's ``architecture.metadata.outer_lr`` and ``outer_momentum`` when
+it sets them, else 0.7 and 0.9 (:meth:`OuterConfig.from_spec`): a verifier recomputing the step
+must read them from the spec. They are first rounded to float32 (so 0.7 is
+0.699999988079071044921875). Every step is one IEEE-754 binary32 operation with
+round-to-nearest-even and no fused multiply-add,
 so any implementation (numpy, Rust, another torch build) reproduces the result bit for bit,
 independent of thread count. This is PyTorch's ``SGD(momentum=mu, nesterov=True, dampening=0,
 weight_decay=0)`` update, except that PyTorch may fuse steps 3-4 and 5-6 into FMAs on CPUs that
