@@ -62,6 +62,7 @@ from tenzro_training.election import ExclusionReason, TicketRejected, make_ticke
 from tenzro_training.errors import (
     FragmentError,
     InvalidState,
+    LateSubmission,
     NotEnrolled,
     PayloadError,
     PayloadUnavailable,
@@ -659,6 +660,18 @@ class NodeService:
             self._alive_written_ms = now
         return events
 
+    def _write_alive(self, now: int) -> None:
+        """Record ``now`` as an instant the node served (``NODE_ALIVE_KEY``) at once, when the
+        clock is started and it is later than the last write; a write failure is left to the
+        health check, as for the periodic write."""
+        if self._alive_ms is None or (self._alive_written_ms is not None and now <= self._alive_written_ms):
+            return
+        try:
+            self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])
+        except StorageError:
+            return
+        self._alive_written_ms = now
+
     def _apply_pause(self, paused_at: int, now: int) -> tuple[RunEvent, ...]:
         events: list[RunEvent] = []
         for task_id in sorted(self._runs):
@@ -1051,7 +1064,16 @@ class NodeService:
             late_first = self._stored_submission(task_id, round, fragment, trainer) if in_range else None
             if late_first is not None and late_first[0].payload_hash != payload_hash:
                 self._apply_equivocation(run, trainer, late_first, (msg, signature))
-        t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, self._now())
+        now = self._now()
+        try:
+            t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, now)
+        except LateSubmission:
+            # The refusal says a deadline (the straggler window) has passed: record that the node
+            # served at ``now``, or a restart within ALIVE_WRITE_MS would take the time since the
+            # last alive write for a pause, move that passed deadline later and accept this very
+            # call (election probe, 2026-11-26).
+            self._write_alive(now)
+            raise
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
             self._commit(t, self._evidence_ops(t, trainer, msg, signature))

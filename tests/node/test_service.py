@@ -1060,6 +1060,49 @@ def test_a_restart_counts_the_time_down_as_a_pause(store_kind: str, tmp_path: Pa
     store.close()
 
 
+def test_a_restart_does_not_reopen_a_straggler_window_the_node_closed(
+    store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Election probe (2026-11-26): a straggler submission refused (LateSubmission) just after
+    the straggler deadline was ACCEPTED after a restart (SIGTERM or SIGKILL) within a second:
+    the pause was measured from the last ``node.alive_ms`` write (about once a second), before
+    the deadline, so the closed window moved later and reopened; the same signed call then
+    changed the round's accepted set and payouts, and the syncer's finalize was refused."""
+    from tests.node.conftest import FakeClock, make_config, open_test_store
+
+    clock = FakeClock()
+    store = open_test_store(store_kind, tmp_path / "db")
+    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    start(net, checkpoint)
+    service.start_clock()
+    for i in (0, 1):
+        for f in (0, 1):
+            net.submit(i, 0, f)  # quorum: the straggler window runs
+    first = net.syncer()
+    straggler = service._runs[net.task_id].current_round.straggler_deadline_ms
+    clock.now = straggler + 50  # well within a second of the last alive write
+    with pytest.raises(LateSubmission):
+        net.submit(2, 0, 0)
+    assert service.get_run(net.task_id)["accepted_set_closed"] is True
+    service.close()
+    if store_kind == "rocks":
+        store.close()
+        store = open_test_store(store_kind, tmp_path / "db")
+    clock.now = straggler + 60_000  # down for a minute, then back
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    service.start_clock()
+    assert service._runs[net.task_id].current_round.straggler_deadline_ms == straggler  # it had passed
+    with pytest.raises(LateSubmission):
+        net.submit(2, 0, 0)  # refused before the restart: refused after it
+    assert service.get_run(net.task_id)["submission_counts"] == [2, 2]
+    assert net.finalize(0, signer=first)["syncer_rank"] == 1
+    service.close()
+    store.close()
+
+
 def test_service_requires_a_node_config(tmp_path: Path) -> None:
     from storage.memory import MemoryStore
 
