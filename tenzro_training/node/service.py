@@ -1290,6 +1290,11 @@ class NodeService:
             and is_accepted_set_closed(ticked, max(now, run.updated_at_ms))
         )
         if not ready:
+            if ticked.syncer_rank != run.syncer_rank or ticked.status is not run.status:
+                # Refused on a deadline that passed before any tick committed it (a failover,
+                # an end): as for LateSubmission, record the instant served so that a restart
+                # cannot move that deadline later and accept this call (election probe).
+                self._write_alive(now)
             # The core names the refusal (state, syncer, round, quorum, straggler window): every
             # one of those checks comes before it looks at the (here empty) outcomes.
             process_finalize(run, ledger, signer, round, (), _NO_HASH, now)

@@ -1103,6 +1103,47 @@ def test_a_restart_does_not_reopen_a_straggler_window_the_node_closed(
     store.close()
 
 
+def test_a_restart_does_not_give_a_failed_over_syncer_its_round_back(
+    store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Election probe (2026-11-26): the elected syncer's finalize just after its finalize
+    deadline, before a tick committed the failover, is refused (NotSyncer: the call applies the
+    due failover); a restart within a second then moved that passed deadline later (the pause
+    counted from the last alive write) and the same signed call was accepted at rank 1."""
+    from tests.node.conftest import FakeClock, make_config, open_test_store
+
+    clock = FakeClock()
+    store = open_test_store(store_kind, tmp_path / "db")
+    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    start(net, checkpoint)
+    for i in (0, 1, 2):
+        for f in (0, 1):
+            net.submit(i, 0, f)  # the accepted set is closed: the finalize window runs
+    first = net.syncer()
+    deadline = service._runs[net.task_id].current_round.finalize_deadline_ms
+    clock.now = deadline - 300
+    service.start_clock()  # the last alive write: 300 ms before the deadline
+    clock.now = deadline + 1
+    with pytest.raises(NotSyncer):
+        net.finalize(0, signer=first)
+    service.close()
+    if store_kind == "rocks":
+        store.close()
+        store = open_test_store(store_kind, tmp_path / "db")
+    clock.now = deadline + 60_000
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    service.start_clock()
+    with pytest.raises(NotSyncer):
+        net.finalize(0, signer=first)  # refused before the restart: refused after it
+    assert any(isinstance(e, SyncerFailover) for e in service.tick())  # the deadline had passed
+    assert net.syncer() != first
+    service.close()
+    store.close()
+
+
 def test_service_requires_a_node_config(tmp_path: Path) -> None:
     from storage.memory import MemoryStore
 
