@@ -397,6 +397,14 @@ def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_m
     window failed over a healthy syncer, and a longer one failed the run (syncer probe). Order
     is kept (a deadline moves only if every later one does), so every invariant holds. No
     deadline pending, or no pause: the run unchanged, no event.
+
+    A deadline that passed before ``paused_at_ms`` does not move: it took effect at its own
+    instant, while the node served, and it is applied first, as a tick at ``paused_at_ms`` would
+    have. The node may have enforced it in a call (a late submission or enrollment refused, a
+    failover) without committing it; moving it later reopened what the node had closed, and
+    leaving it unapplied charged the pause to what follows it: round 0 begun at an enrollment
+    deadline just before the pause, or the next syncer's finalize window (election probe,
+    2026-11-26).
     """
     _check_run(run, ledger)
     for name, value in (("paused_at_ms", paused_at_ms), ("resumed_at_ms", resumed_at_ms)):
@@ -405,6 +413,9 @@ def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_m
     by = resumed_at_ms - paused_at_ms
     if by <= 0 or is_terminal(run):
         return Transition(run, ledger, ())
+    run, ledger, events = _advance(run, ledger, _effective_now(run, paused_at_ms))
+    if is_terminal(run):
+        return Transition(run, ledger, tuple(events))
 
     def later(deadline: int) -> int:
         return deadline + by if deadline >= paused_at_ms else deadline
@@ -427,9 +438,9 @@ def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_m
                 finalize_deadline_ms=None if r.finalize_deadline_ms is None else later(r.finalize_deadline_ms),
             ))
     if moved is run:
-        return Transition(run, ledger, ())
+        return Transition(run, ledger, tuple(events))
     moved = dataclasses.replace(moved, updated_at_ms=max(run.updated_at_ms, resumed_at_ms))
-    return Transition(moved, ledger, (DeadlinesExtended(run.task_id, resumed_at_ms, paused_at_ms, by),))
+    return Transition(moved, ledger, (*events, DeadlinesExtended(run.task_id, resumed_at_ms, paused_at_ms, by)))
 
 
 def validate_open_runs(

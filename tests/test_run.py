@@ -917,7 +917,6 @@ def test_a_pause_moves_only_deadlines_still_pending() -> None:
     for i in (0, 1):
         env.apply(process_ticket, candidate(i), ticket(i, env.run.election.seed), 10 + i)
     old = env.run.election.deadline_ms
-    assert env.apply(process_pause, old + 1, old + 5000).events == ()  # already due before the pause
     t = env.apply(process_pause, old, old + 5000)  # inclusive: still pending at the pause
     assert env.run.election.deadline_ms == old + 5000 and len(t.events) == 1
     env.apply(process_tick, old + 1)
@@ -927,6 +926,38 @@ def test_a_pause_moves_only_deadlines_still_pending() -> None:
     enrollment = env.run.enrollment_deadline_ms
     env.apply(process_pause, enrollment - 10, enrollment + 990)
     assert env.run.enrollment_deadline_ms == enrollment + 1000
+
+
+def test_a_deadline_passed_before_the_pause_takes_effect_at_its_instant_and_what_follows_moves() -> None:
+    """Election probe (2026-11-26): a deadline the node enforced in a call (a late submission,
+    enrollment or finalize refused) before any tick committed it used to move later at a
+    restart, reopening what was closed; left unapplied instead, the pause was charged to what
+    follows it. It takes effect at its own instant, as a tick at the pause would have, and the
+    deadlines it opens move by the pause."""
+    def elected(env: Env) -> int:
+        env.post()
+        for i in (0, 1):
+            env.apply(process_ticket, candidate(i), ticket(i, env.run.election.seed), 10 + i)
+        return env.run.election.deadline_ms
+
+    reference = Env()
+    old = elected(reference)
+    reference.apply(process_tick, old + 1)
+    opened = reference.run.enrollment_deadline_ms  # what a tick just after the election gives
+
+    env = Env()
+    assert elected(env) == old
+    t = env.apply(process_pause, old + 1, old + 5000)
+    assert env.run.status is RunStatus.ENROLLING  # the election closed at its deadline
+    assert env.run.enrollment_deadline_ms == opened + 4999  # the window it opened moved by the pause
+    assert isinstance(t.events[-1], DeadlinesExtended) and len(t.events) > 1
+
+    env = Env()
+    env.to_training()
+    deadline = env.run.current_round.round_deadline_ms  # no quorum
+    t = env.apply(process_pause, deadline + 1, deadline + 10_000)
+    assert env.run.status is RunStatus.FAILED and env.run.ended_at_ms == deadline  # at its instant
+    assert not any(isinstance(e, DeadlinesExtended) for e in t.events)  # nothing was pending
 
 
 def test_a_pause_starting_at_a_round_deadline_still_moves_it() -> None:
@@ -949,12 +980,11 @@ def test_a_pause_starting_at_a_round_deadline_still_moves_it() -> None:
     assert env.run.syncer_rank == 1  # no failover
 
 
-def test_a_pause_changes_nothing_without_pending_deadlines_or_time() -> None:
+def test_a_pause_of_no_time_changes_nothing() -> None:
     env = Env()
     env.to_training()
     before = env.run
     assert env.apply(process_pause, 5_000, 5_000).events == ()  # no time passed
-    assert env.apply(process_pause, 20_000, 30_000).events == ()  # every deadline was before the pause
     assert env.run is before
     with pytest.raises(InvalidRunArgument):
         env.apply(process_pause, -1, 5)

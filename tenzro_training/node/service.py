@@ -62,7 +62,6 @@ from tenzro_training.election import ExclusionReason, TicketRejected, make_ticke
 from tenzro_training.errors import (
     FragmentError,
     InvalidState,
-    LateSubmission,
     NotEnrolled,
     PayloadError,
     PayloadUnavailable,
@@ -663,7 +662,13 @@ class NodeService:
     def _write_alive(self, now: int) -> None:
         """Record ``now`` as an instant the node served (``NODE_ALIVE_KEY``) at once, when the
         clock is started and it is later than the last write; a write failure is left to the
-        health check, as for the periodic write."""
+        health check, as for the periodic write.
+
+        Called when the protocol refuses a state-changing call. A refusal may rest on a deadline
+        that passed within that call, before any tick committed it (a straggler window, a
+        failover, the end of enrollment); a restart within ``ALIVE_WRITE_MS`` took the time
+        since the last periodic write for a pause, moved that deadline later and accepted the
+        very call it had refused (election probe, 2026-11-26). At most one write per ms."""
         if self._alive_ms is None or (self._alive_written_ms is not None and now <= self._alive_written_ms):
             return
         try:
@@ -1015,7 +1020,12 @@ class NodeService:
         trainer = parse_address(address)
         msg = EnrollTrainer(task_id=task_id, did=did, trainer=trainer, stake=stake)
         validate_signer(msg, signature, trainer, self._config.chain_id)
-        t = process_enroll(run, self._ledger, trainer, did, stake, self._now())
+        now = self._now()
+        try:
+            t = process_enroll(run, self._ledger, trainer, did, stake, now)
+        except TenzroError:
+            self._write_alive(now)  # an enrollment window this call found over must stay over
+            raise
         self._commit(t)
         enrolled = get_trainer(t.run, trainer)
         return {
@@ -1067,12 +1077,8 @@ class NodeService:
         now = self._now()
         try:
             t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, now)
-        except LateSubmission:
-            # The refusal says a deadline (the straggler window) has passed: record that the node
-            # served at ``now``, or a restart within ALIVE_WRITE_MS would take the time since the
-            # last alive write for a pause, move that passed deadline later and accept this very
-            # call (election probe, 2026-11-26).
-            self._write_alive(now)
+        except TenzroError:
+            self._write_alive(now)  # LateSubmission: the straggler window must stay closed
             raise
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
@@ -1290,11 +1296,7 @@ class NodeService:
             and is_accepted_set_closed(ticked, max(now, run.updated_at_ms))
         )
         if not ready:
-            if ticked.syncer_rank != run.syncer_rank or ticked.status is not run.status:
-                # Refused on a deadline that passed before any tick committed it (a failover,
-                # an end): as for LateSubmission, record the instant served so that a restart
-                # cannot move that deadline later and accept this call (election probe).
-                self._write_alive(now)
+            self._write_alive(now)  # a failover or end this call applied must hold after a restart
             # The core names the refusal (state, syncer, round, quorum, straggler window): every
             # one of those checks comes before it looks at the (here empty) outcomes.
             process_finalize(run, ledger, signer, round, (), _NO_HASH, now)
@@ -1506,7 +1508,12 @@ class NodeService:
         self._check_open()
         run = self._run(task_id)
         signer = self._recover(CancelTask(task_id=task_id), signature)
-        t = process_cancel(run, self._ledger, signer, self._now())
+        now = self._now()
+        try:
+            t = process_cancel(run, self._ledger, signer, now)
+        except TenzroError:
+            self._write_alive(now)  # a run this call found training must not be cancelled after a restart
+            raise
         self._commit(t)
         return {"task_id": task_id, "status": t.run.status.value, "ended_at_ms": t.run.ended_at_ms}
 
@@ -1746,7 +1753,13 @@ class NodeService:
         candidate = self._config.get_candidate(ticket.address)
         if candidate is None:
             raise TicketRejected(ticket.address, ExclusionReason.UNREGISTERED)
-        self._commit(process_ticket(run, self._ledger, candidate, ticket, self._now()))
+        now = self._now()
+        try:
+            t = process_ticket(run, self._ledger, candidate, ticket, now)
+        except TenzroError:
+            self._write_alive(now)  # an election this call found closed must stay closed
+            raise
+        self._commit(t)
 
     def get_run_state(self, task_id: str) -> RunState | None:
         """The run's current state (an immutable value), or None. Plain dict reads, no store

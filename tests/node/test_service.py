@@ -1135,11 +1135,59 @@ def test_a_restart_does_not_give_a_failed_over_syncer_its_round_back(
     clock.now = deadline + 60_000
     service = NodeService(config, store, clock=clock)
     net = Net(service, clock)
-    service.start_clock()
+    events = service.start_clock()
+    # The failover took effect at its deadline, before the pause, once; the next syncer's window
+    # then moved later by the pause: the downtime is not charged to it (it was, until process_pause
+    # applied the deadlines passed before the pause first: a minute down failed over again).
+    assert sum(isinstance(e, SyncerFailover) for e in events) == 1
     with pytest.raises(NotSyncer):
         net.finalize(0, signer=first)  # refused before the restart: refused after it
-    assert any(isinstance(e, SyncerFailover) for e in service.tick())  # the deadline had passed
-    assert net.syncer() != first
+    second = net.syncer()
+    assert second != first
+    assert not any(isinstance(e, SyncerFailover) for e in service.tick())
+    assert net.finalize(0, signer=second)["syncer_rank"] == 2
+    service.close()
+    store.close()
+
+
+@pytest.mark.parametrize("call", ["enroll", "cancel"])
+def test_a_restart_does_not_reopen_an_enrollment_the_node_found_over(
+    store_kind: str, tmp_path: Path, checkpoint: tuple[str, str], call: str
+) -> None:
+    """The election probe's class of bug, for the other refusals a passed deadline decides: an
+    enrollment or a cancellation refused because the enrollment deadline had passed (the call's
+    own tick started training) was accepted after a restart within a second, which moved that
+    deadline later: a trainer enrolled (stake locked) after being told no, a run the sponsor
+    was told had started cancelled and refunded."""
+    from tests.node.conftest import FakeClock, make_config, open_test_store
+
+    clock = FakeClock()
+    store = open_test_store(store_kind, tmp_path / "db")
+    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    start(net, checkpoint, n_trainers=2)  # quorum 2 of 3: training starts at the deadline
+    service.start_clock()
+    deadline = service._runs[net.task_id].enrollment_deadline_ms
+    assert deadline is not None
+    clock.now = deadline + 50  # well within a second of the last alive write
+    attempt = (lambda: net.enroll(2)) if call == "enroll" else (lambda: net.cancel())  # the net of the moment
+    with pytest.raises(InvalidState):
+        attempt()
+    service.close()
+    if store_kind == "rocks":
+        store.close()
+        store = open_test_store(store_kind, tmp_path / "db")
+    clock.now = deadline + 60_000  # down for a minute, then back
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    service.start_clock()
+    assert service._runs[net.task_id].enrollment_deadline_ms == deadline  # it had passed
+    with pytest.raises(InvalidState):
+        attempt()  # refused before the restart: refused after it
+    service.tick()
+    view = service.get_run(net.task_id)
+    assert view["status"] == "Training" and len(view["trainers"]) == 2
     service.close()
     store.close()
 
