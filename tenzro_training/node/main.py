@@ -442,7 +442,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
             service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
             # Before anything can call it: the time the node was down is a pause, not a deadline
             # missed (NodeService.start_clock).
-            for event in await loop.run_in_executor(executor, service.start_clock):
+            start_events = await loop.run_in_executor(executor, service.start_clock)
+            for event in start_events:
                 _log_event(event)
         except TenzroError as exc:
             raise NodeStartupError(f"cannot start the node service: {exc}") from None
@@ -454,6 +455,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         registry = Registry()
         metrics = NodeMetrics(registry, chain_id=config.chain_id)
         metrics.attach(service)
+        for event in start_events:  # committed before the registry existed: counted here (observability probe)
+            metrics.on_event(event)
         listeners = [_log_event, metrics.on_event]
         if p2p_config is not None:
             host, bridge = await _start_p2p(p2p_config, service, config, executor)

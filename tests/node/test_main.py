@@ -210,3 +210,36 @@ def test_a_taken_p2p_port_is_refused_before_the_store_is_created(tmp_path: Path)
         with pytest.raises(NodeStartupError, match=f"cannot start libp2p on {listen[0]}: Address already in use"):
             asyncio.run(run_node(config, tmp_path / "e", announce=lambda line: None, p2p={"listen": listen}))
     assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
+
+
+def test_run_events_of_the_start_are_counted_in_the_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events ``start_clock`` commits (DeadlinesExtended: the node was down, every open
+    run's deadlines moved) were logged but never reached ``tenzro_run_events_total``, which was
+    created after them: an alert on restarts that moved deadlines never fired (observability
+    probe)."""
+    import os
+    import signal
+    import urllib.request
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import run_node
+    from tenzro_training.node.service import NodeService
+    from tenzro_training.run_events import DeadlinesExtended
+
+    event = DeadlinesExtended("t", 2, 1, 1)
+    monkeypatch.setattr(NodeService, "start_clock", lambda self: (event,))
+    scraped: list[str] = []
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            url = line.split(" on ", 1)[1].split(" ", 1)[0]
+            loop = asyncio.get_running_loop()
+
+            def scrape() -> None:
+                scraped.append(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            loop.run_in_executor(None, scrape)
+
+    asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d", announce=announce))
+    assert 'tenzro_run_events_total{event="DeadlinesExtended"} 1' in scraped[0].splitlines()

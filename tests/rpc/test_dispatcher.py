@@ -409,3 +409,29 @@ def test_request_durations_recorded_are_the_time_spent_in_the_call() -> None:
                 if x.startswith('tenzro_rpc_request_duration_seconds_sum{method="tenzro_training_getRun"}'))
     assert 0 <= float(line.split()[-1]) < 10
     assert 'tenzro_rpc_request_duration_seconds_count{method="tenzro_training_getRun"} 2' in text
+
+
+def test_a_repeated_non_public_refusal_is_logged_at_a_bounded_rate(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk every write call failed with 1700 and each logged its WARNING line into that
+    disk (200 submissions: 201 lines; observability probe), as did 100 posts naming a missing
+    checkpoint. The same (method, code) is logged at most once per interval, with the count held
+    back; another code or method is logged at once."""
+    from storage.interface import StorageError
+
+    import rpc.dispatcher as dispatcher_module
+
+    now = [1000.0]
+    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
+    service = FakeService()
+    service.error = StorageError("write to '/d/db' failed: IO error: No space left on device")
+    dispatcher = Dispatcher(service)
+    with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
+        for _ in range(200):
+            dispatcher.handle(json.dumps(get_run()))
+        assert len(caplog.records) == 1 and "No space left" in caplog.records[0].getMessage()
+        now[0] += dispatcher_module.REFUSAL_LOG_INTERVAL_S
+        dispatcher.handle(json.dumps(get_run()))
+    assert len(caplog.records) == 2
+    assert "199 more like it" in caplog.records[1].getMessage()
