@@ -85,3 +85,22 @@ def test_configure_logging_formats_and_refusals(monkeypatch: pytest.MonkeyPatch)
         configure_logging("INFO", "logfmt")
     with pytest.raises(ValueError, match="log level must be one of"):
         configure_logging("VERBOSE")
+
+
+def test_run_events_an_operator_must_act_on_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    """A slash, an equivocation, a failover, a lost quorum and a failed run were INFO like every
+    enrollment: a node run at ``--log-level WARNING`` (or alerting on WARNING) never showed them
+    (observability probe). The routine events stay INFO."""
+    from tenzro_training.node.main import _log_event
+    from tenzro_training.run_events import QuorumLost, RunFailed, SyncerFailover, TrainerSlashed
+
+    events = [
+        TrainerSlashed("t", 1, b"\x11" * 20, 10**18), RunFailed("t", 2, "only 1 unslashed trainer(s) left"),
+        SyncerFailover("t", 3, 0, b"\x11" * 20, 1, b"\x22" * 20, 2, 9), QuorumLost("t", 4, 0),
+        TrainerEnrolled("t", 5, b"\x11" * 20, "did:tenzro:a", 10**18, 2),
+    ]
+    with caplog.at_level(logging.INFO, logger="tenzro.node"):
+        for event in events:
+            _log_event(event)
+    levels = [r.levelno for r in caplog.records if r.name == "tenzro.node"]
+    assert levels == [logging.WARNING] * 4 + [logging.INFO]

@@ -194,8 +194,14 @@ def format_event(event: Any) -> str:
     return f"{type(event).__name__} {fields}"
 
 
+_WARNING_EVENTS: Final = frozenset({"EquivocationDetected", "TrainerSlashed", "SyncerFailover", "QuorumLost", "RunFailed"})
+"""Run events an operator must look at (a stake burned, a syncer silent, a run lost): WARNING, so a
+node run or alerted at WARNING still shows them (observability probe); every other event is INFO."""
+
+
 def _log_event(event: Any) -> None:
-    log.info("%s", format_event(event), extra={RUN_EVENT_ATTR: event})
+    level = logging.WARNING if type(event).__name__ in _WARNING_EVENTS else logging.INFO
+    log.log(level, "%s", format_event(event), extra={RUN_EVENT_ATTR: event})
 
 
 def _p2p_config(p2p: dict[str, Any], data_dir: Path) -> Any:
