@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-from tenzro_training import __version__
+from tenzro_training import __version__, run_events
 from tenzro_training.errors import TenzroError
 from tenzro_training.logformat import RUN_EVENT_ATTR, configure_logging
 
@@ -194,13 +194,16 @@ def format_event(event: Any) -> str:
     return f"{type(event).__name__} {fields}"
 
 
-_WARNING_EVENTS: Final = frozenset({"EquivocationDetected", "TrainerSlashed", "SyncerFailover", "QuorumLost", "RunFailed"})
+_WARNING_EVENTS: Final = (
+    run_events.EquivocationDetected, run_events.TrainerSlashed, run_events.SyncerFailover,
+    run_events.QuorumLost, run_events.RunFailed,
+)
 """Run events an operator must look at (a stake burned, a syncer silent, a run lost): WARNING, so a
 node run or alerted at WARNING still shows them (observability probe); every other event is INFO."""
 
 
 def _log_event(event: Any) -> None:
-    level = logging.WARNING if type(event).__name__ in _WARNING_EVENTS else logging.INFO
+    level = logging.WARNING if isinstance(event, _WARNING_EVENTS) else logging.INFO
     log.log(level, "%s", format_event(event), extra={RUN_EVENT_ATTR: event})
 
 
