@@ -439,10 +439,10 @@ class Dispatcher:
                 # The client gets only the table's message (the reason may name node-local files):
                 # the operator is the one who can see why, so the node says it here.
                 self._log_refusal(name, error["code"], str(exc))
-        except Exception:
+        except Exception as exc:
             # Unexpected: a bug or an environment fault. The client learns only that it happened.
-            log.exception("internal error in JSON-RPC method %s", name[:128])
             error = compute_error_object(InternalError())
+            self._log_refusal(name, error["code"], "internal error", exc=exc)
         else:
             seconds = time.perf_counter() - started
             if request_id is _ABSENT:
@@ -453,12 +453,14 @@ class Dispatcher:
             return None, name, error["code"], seconds  # a notification's failure is not answered
         return {"jsonrpc": "2.0", "error": error, "id": request_id}, name, error["code"], seconds
 
-    def _log_refusal(self, name: str, code: int, reason: str) -> None:
+    def _log_refusal(self, name: str, code: int, reason: str, *, exc: BaseException | None = None) -> None:
         """Log a non-public refusal for the operator, the same (method, code) at most once per
         ``REFUSAL_LOG_INTERVAL_S`` with the count held back: on a full disk every write call
         logged its 1700 into that disk (200 submissions, 201 lines), and a funded sponsor could
-        log one line per post naming a missing checkpoint (observability probe). Keys are
-        bounded: the methods served times the error table's codes."""
+        log one line per post naming a missing checkpoint (observability probe). ``exc``: an
+        unexpected exception, logged with its traceback at ERROR, at the same bounded rate (a
+        client able to trigger a bug would get one traceback per request). Keys are bounded:
+        the methods served times the error table's codes."""
         key = (name if name in self._methods else "unknown", code)
         now = time.monotonic()
         last, held = self._refusals_logged.get(key, (-math.inf, 0))
@@ -467,7 +469,10 @@ class Dispatcher:
             return
         self._refusals_logged[key] = (now, 0)
         more = f" ({held} more like it in the last {now - last:.0f} s)" if held else ""
-        log.warning("JSON-RPC %s refused with %d: %s%s", name[:128], code, reason[:1000], more)
+        if exc is not None:
+            log.error("internal error in JSON-RPC method %s%s", name[:128], more, exc_info=exc)
+        else:
+            log.warning("JSON-RPC %s refused with %d: %s%s", name[:128], code, reason[:1000], more)
 
     def _call(self, name: str, params: object) -> Any:
         method = self._methods.get(name)

@@ -435,3 +435,26 @@ def test_a_repeated_non_public_refusal_is_logged_at_a_bounded_rate(
         dispatcher.handle(json.dumps(get_run()))
     assert len(caplog.records) == 2
     assert "199 more like it" in caplog.records[1].getMessage()
+
+
+def test_a_repeated_internal_error_is_logged_with_its_traceback_at_a_bounded_rate(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client able to trigger a bug got one ERROR traceback per request (observability probe):
+    the first is logged with its traceback, the next ones are counted into the next line."""
+    import rpc.dispatcher as dispatcher_module
+
+    now = [1000.0]
+    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
+    service = FakeService()
+    service.error = ZeroDivisionError("a bug")
+    dispatcher = Dispatcher(service)
+    with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
+        for _ in range(50):
+            reply = json.loads(dispatcher.handle(json.dumps(get_run())))
+            assert reply["error"]["code"] == -32603 and "a bug" not in json.dumps(reply)
+        (record,) = caplog.records
+        assert record.levelno == logging.ERROR and record.exc_info and record.exc_info[0] is ZeroDivisionError
+        now[0] += dispatcher_module.REFUSAL_LOG_INTERVAL_S
+        dispatcher.handle(json.dumps(get_run()))
+    assert len(caplog.records) == 2 and "49 more like it" in caplog.records[1].getMessage()
