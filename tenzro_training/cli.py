@@ -27,6 +27,7 @@ from tenzro_training import auth
 from tenzro_training.addresses import parse_address
 from tenzro_training.console import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from tenzro_training.errors import TenzroError
+from tenzro_training.logformat import format_stderr_line
 from tenzro_training.terminal import printable, printable_lines
 
 DEFAULT_RPC = "http://127.0.0.1:8545"
@@ -1406,17 +1407,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         args.func(args)
     except CliError as exc:
-        print(f"tenzro: {printable(str(exc))}", file=sys.stderr)
+        print(format_stderr_line(f"tenzro: {printable(str(exc))}"), file=sys.stderr)
         return exc.exit_code
     except TenzroError as exc:  # local validation (spec, address, signing inputs)
-        print(f"tenzro: {printable(str(exc))}", file=sys.stderr)
+        print(format_stderr_line(f"tenzro: {printable(str(exc))}"), file=sys.stderr)
         return EXIT_USAGE
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         if not RpcClient.answers:  # no node answer was read: a bug of this program, with its traceback
             raise
         # A well-formed JSON-RPC answer whose fields are not what this command reads.
-        print(f"tenzro: cannot read the node's answer ({type(exc).__name__}: {printable(str(exc), 300)})",
-              file=sys.stderr)
+        print(format_stderr_line(f"tenzro: cannot read the node's answer ({type(exc).__name__}: "
+                                 f"{printable(str(exc), 300)})"), file=sys.stderr)
         return EXIT_RPC_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

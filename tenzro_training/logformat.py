@@ -20,7 +20,7 @@ import sys
 import time
 from typing import IO, Any, Final
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "RUN_EVENT_ATTR", "JsonFormatter", "configure_logging"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "RUN_EVENT_ATTR", "JsonFormatter", "configure_logging", "format_stderr_line"]
 
 LOG_FORMATS: Final = ("text", "json")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -71,6 +71,25 @@ def configure_logging(level: str, fmt: str = "text", *, stream: IO[str] | None =
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     if level.upper() not in LOG_LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    global _configured_format
+    if logging.getLogger().handlers:
+        return  # as basicConfig: the embedding program's handlers (and format) stay
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    _configured_format = fmt
+
+
+_configured_format: str | None = None
+"""The format :func:`configure_logging` installed in this process (None: it installed none)."""
+
+
+def format_stderr_line(text: str, level: int = logging.ERROR) -> str:
+    """A line the process writes to stderr outside its log (the CLI's final ``tenzro: ...`` error,
+    the trainer's ``trainer stopped``), in the log's format: under ``json`` one JSON record like
+    every other line (logger ``tenzro``), so a collector splitting on newlines never gets a line
+    that is not JSON (observability probe: the exit line of a node stopped by a full disk was
+    plain text among JSON); else ``text`` unchanged. Written whatever the log level."""
+    if _configured_format != "json":
+        return text
+    return JsonFormatter().format(logging.LogRecord("tenzro", level, "", 0, text, None, None))

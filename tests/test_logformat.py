@@ -87,6 +87,27 @@ def test_configure_logging_formats_and_refusals(monkeypatch: pytest.MonkeyPatch)
         configure_logging("VERBOSE")
 
 
+def test_the_final_stderr_line_follows_the_log_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``--log-format json`` the CLI's exit line (``tenzro: the node stopped with a storage
+    error ...``) and the trainer's ``trainer stopped`` were plain text among JSON records: a
+    collector splitting on newlines got a record that is not JSON (observability probe)."""
+    from tenzro_training import cli, logformat
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(logformat, "_configured_format", None)
+    assert logformat.format_stderr_line("tenzro: x") == "tenzro: x"  # nothing configured: as is
+    configure_logging("CRITICAL", "json", stream=io.StringIO())
+    record = json.loads(logformat.format_stderr_line("tenzro: disk full \u2028"))
+    assert (record["level"], record["logger"], record["message"]) == ("ERROR", "tenzro", "tenzro: disk full \u2028")
+    err = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", err)
+    assert cli.main(["train", "get-run", "--task-id", "t", "--rpc", "http://127.0.0.1:1"]) != 0
+    [line] = err.getvalue().splitlines()
+    assert json.loads(line)["message"].startswith("tenzro: ")
+
+
 def test_run_events_an_operator_must_act_on_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
     """A slash, an equivocation, a failover, a lost quorum and a failed run were INFO like every
     enrollment: a node run at ``--log-level WARNING`` (or alerting on WARNING) never showed them

@@ -69,7 +69,7 @@ from tenzro_training.errors import (
 )
 from tenzro_training.fragments import FragmentLayout, TensorSpec
 from tenzro_training.global_model import ModelLayout, compute_full_state, compute_state_model_hash
-from tenzro_training.logformat import LOG_FORMATS, LOG_LEVELS, configure_logging
+from tenzro_training.logformat import LOG_FORMATS, LOG_LEVELS, configure_logging, format_stderr_line
 from tenzro_training.gossip import SeenCache
 from tenzro_training.gossip_trainer import (
     TrainerGossipView,
@@ -1288,4 +1288,4 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         asyncio.run(run_trainer(cfg, announce=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)))
     except TrainerError as exc:  # every trainer failure, setup ones included: exit 1 (docs/trainer-process.md)
         raise CliError(str(exc), EXIT_RPC_ERROR) from None
-    print("trainer stopped", file=sys.stderr, flush=True)
+    print(format_stderr_line("trainer stopped", logging.INFO), file=sys.stderr, flush=True)
