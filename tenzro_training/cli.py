@@ -1349,9 +1349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, metavar="N",
                    help="windows per inner step (default 16; the trainer's own choice, not the protocol's: a GPU "
                         "trains more windows per second at a larger batch)")
-    p.add_argument("--fresh-optimizer-state", action="store_true",
-                   help="start every round's inner loop with a fresh AdamW state (default: keep the moments "
-                        "from round to round, as DiLoCo does)")
+    p.add_argument("--carry-optimizer-state", action="store_true",
+                   help="keep the inner AdamW moments from round to round, as DiLoCo's workers do (default: a "
+                        "fresh AdamW state every round)")
     p.add_argument("--max-round-wait", type=float, default=6 * 3600.0, metavar="SECONDS",
                    help="safety net: give up on a round not finalized, or on a run not training after enrolling, "
                         "after this long (default 21600); the wait normally ends with the round or at the "

@@ -1771,8 +1771,8 @@ def test_trainer_run_batch_size(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert not (tmp_path / "p2p.key").exists()
 
 
-@pytest.mark.parametrize(("flags", "carry"), [([], True), (["--fresh-optimizer-state"], False)])
-def test_trainer_run_carries_the_inner_optimizer_state_unless_told_not_to(
+@pytest.mark.parametrize(("flags", "carry"), [([], False), (["--carry-optimizer-state"], True)])
+def test_trainer_run_carries_the_inner_optimizer_state_when_told_to(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], carry: bool
 ) -> None:
     from tenzro_training.trainer import process

@@ -139,10 +139,11 @@ class TrainerProcessConfig:
     did: str | None = None
     stake: int = 10**18
     batch_size: int = 16
-    carry_optimizer_state: bool = True
-    """Keep AdamW's moments from each trained round into the next, as DiLoCo's workers do; False:
-    a fresh AdamW state every round. Held in memory only: after a restart the first round trained
-    starts fresh."""
+    carry_optimizer_state: bool = False
+    """Keep AdamW's moments from each trained round into the next, as DiLoCo's workers do; False
+    (the default): a fresh AdamW state every round, which trained as well or better on the
+    shipped models (docs/trainer-process.md "One round"). Held in memory only: after a restart
+    the first round trained starts fresh."""
     device: str = "auto"
     """Where the inner loop runs: auto (CUDA if present, else MPS, else CPU), cpu, cuda, cuda:N, mps."""
     submit_timeout_s: float = 60.0
@@ -1281,7 +1282,7 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
         did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device, batch_size=args.batch_size,
-        carry_optimizer_state=not args.fresh_optimizer_state,
+        carry_optimizer_state=args.carry_optimizer_state,
         max_round_wait_s=args.max_round_wait, state_dir=None if args.state_dir is None else Path(args.state_dir),
     )
     try:

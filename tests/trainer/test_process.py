@@ -781,12 +781,12 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
 
 
 @pytest.mark.parametrize("carry", [True, False])
-def test_the_inner_optimizer_state_carries_from_round_to_round_unless_fresh_is_asked(  # type: ignore[no-untyped-def]
+def test_the_inner_optimizer_state_carries_from_round_to_round_when_asked(  # type: ignore[no-untyped-def]
     tmp_path, carry: bool
 ) -> None:
-    """DiLoCo keeps each worker's inner AdamW moments across rounds; the trainer started every
-    round fresh until 2026-11-26. Round 1's payloads must be exactly what the inner loop gives
-    with round 0's moments (carried) or without them (``--fresh-optimizer-state``)."""
+    """DiLoCo keeps each worker's inner AdamW moments across rounds; the trainer can too
+    (``--carry-optimizer-state``). Round 1's payloads must be exactly what the inner loop gives
+    with round 0's moments (carried) or without them (the default)."""
     import torch
 
     from tenzro_training.global_model import compute_full_state, compute_initial_model
