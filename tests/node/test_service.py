@@ -1025,39 +1025,62 @@ def test_without_the_clock_started_a_jump_is_time_passing(net: Net, checkpoint: 
     assert kinds[0] == "SyncerFailover" and kinds[-1] == "RunFailed" and "DeadlinesExtended" not in kinds
 
 
-def test_a_restart_counts_the_time_down_as_a_pause(store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
-    from tests.node.conftest import FakeClock, make_config, open_test_store
+class Restartable:
+    """A node service that a test stops and starts again on the same store, its clock set by the
+    test: a restart is the service closed (the RocksDB store closed and reopened) and a new one
+    started at ``now``, as ``tenzro node`` does (``start_clock`` first)."""
 
-    clock = FakeClock()
-    store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    start(net, checkpoint)
-    service.start_clock()
+    def __init__(self, store_kind: str, tmp_path: Path) -> None:
+        from tests.node.conftest import FakeClock, make_config, open_test_store
+
+        self._kind, self._path = store_kind, tmp_path / "db"
+        self.clock = FakeClock()
+        self.store = open_test_store(store_kind, self._path)
+        self.config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+        self.net = Net(NodeService(self.config, self.store, clock=self.clock), self.clock)
+
+    @property
+    def service(self) -> NodeService:
+        return self.net.service
+
+    def run(self) -> Any:
+        return self.service._runs[self.net.task_id]
+
+    def restart(self, now: int) -> tuple[Any, ...]:
+        """Stop, then start again at ``now``; returns ``start_clock``'s events."""
+        from tests.node.conftest import open_test_store
+
+        self.service.close()
+        if self._kind == "rocks":
+            self.store.close()
+            self.store = open_test_store(self._kind, self._path)
+        self.clock.now = now
+        self.net = Net(NodeService(self.config, self.store, clock=self.clock), self.clock)
+        return self.service.start_clock()
+
+    def close(self) -> None:
+        self.service.close()
+        self.store.close()
+
+
+def test_a_restart_counts_the_time_down_as_a_pause(store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    node = Restartable(store_kind, tmp_path)
+    start(node.net, checkpoint)
+    node.service.start_clock()
     for i in (0, 1):
         for f in (0, 1):
-            net.submit(i, 0, f)  # quorum: the finalize window runs
-    first = net.syncer()
-    down_at = clock.now
-    before = service._runs[net.task_id].current_round
-    service.close()
-    if store_kind == "rocks":
-        store.close()
-        store = open_test_store(store_kind, tmp_path / "db")
-    clock.now = before.finalize_deadline_ms + 60_000  # down across the whole window, then back
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    (event,) = service.start_clock()
+            node.net.submit(i, 0, f)  # quorum: the finalize window runs
+    first = node.net.syncer()
+    down_at = node.clock.now
+    before = node.run().current_round
+    (event,) = node.restart(before.finalize_deadline_ms + 60_000)  # down across the whole window, then back
     assert isinstance(event, DeadlinesExtended) and event.paused_at_ms == down_at
-    after = service._runs[net.task_id].current_round
-    assert after.finalize_deadline_ms == before.finalize_deadline_ms + event.by_ms
-    assert service.tick() == ()  # nothing is due: no failover
-    net.submit(2, 0, 0)
-    net.submit(2, 0, 1)  # the straggler got its window back too
-    assert net.finalize(0, signer=first)["syncer_rank"] == 1
-    service.close()
-    store.close()
+    assert node.run().current_round.finalize_deadline_ms == before.finalize_deadline_ms + event.by_ms
+    assert node.service.tick() == ()  # nothing is due: no failover
+    node.net.submit(2, 0, 0)
+    node.net.submit(2, 0, 1)  # the straggler got its window back too
+    assert node.net.finalize(0, signer=first)["syncer_rank"] == 1
+    node.close()
 
 
 def test_a_restart_does_not_reopen_a_straggler_window_the_node_closed(
@@ -1068,39 +1091,25 @@ def test_a_restart_does_not_reopen_a_straggler_window_the_node_closed(
     the pause was measured from the last ``node.alive_ms`` write (about once a second), before
     the deadline, so the closed window moved later and reopened; the same signed call then
     changed the round's accepted set and payouts, and the syncer's finalize was refused."""
-    from tests.node.conftest import FakeClock, make_config, open_test_store
-
-    clock = FakeClock()
-    store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    start(net, checkpoint)
-    service.start_clock()
+    node = Restartable(store_kind, tmp_path)
+    start(node.net, checkpoint)
+    node.service.start_clock()
     for i in (0, 1):
         for f in (0, 1):
-            net.submit(i, 0, f)  # quorum: the straggler window runs
-    first = net.syncer()
-    straggler = service._runs[net.task_id].current_round.straggler_deadline_ms
-    clock.now = straggler + 50  # well within a second of the last alive write
+            node.net.submit(i, 0, f)  # quorum: the straggler window runs
+    first = node.net.syncer()
+    straggler = node.run().current_round.straggler_deadline_ms
+    node.clock.now = straggler + 50  # well within a second of the last alive write
     with pytest.raises(LateSubmission):
-        net.submit(2, 0, 0)
-    assert service.get_run(net.task_id)["accepted_set_closed"] is True
-    service.close()
-    if store_kind == "rocks":
-        store.close()
-        store = open_test_store(store_kind, tmp_path / "db")
-    clock.now = straggler + 60_000  # down for a minute, then back
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    service.start_clock()
-    assert service._runs[net.task_id].current_round.straggler_deadline_ms == straggler  # it had passed
+        node.net.submit(2, 0, 0)
+    assert node.service.get_run(node.net.task_id)["accepted_set_closed"] is True
+    node.restart(straggler + 60_000)  # down for a minute, then back
+    assert node.run().current_round.straggler_deadline_ms == straggler  # it had passed
     with pytest.raises(LateSubmission):
-        net.submit(2, 0, 0)  # refused before the restart: refused after it
-    assert service.get_run(net.task_id)["submission_counts"] == [2, 2]
-    assert net.finalize(0, signer=first)["syncer_rank"] == 1
-    service.close()
-    store.close()
+        node.net.submit(2, 0, 0)  # refused before the restart: refused after it
+    assert node.service.get_run(node.net.task_id)["submission_counts"] == [2, 2]
+    assert node.net.finalize(0, signer=first)["syncer_rank"] == 1
+    node.close()
 
 
 def test_a_restart_does_not_give_a_failed_over_syncer_its_round_back(
@@ -1110,44 +1119,30 @@ def test_a_restart_does_not_give_a_failed_over_syncer_its_round_back(
     deadline, before a tick committed the failover, is refused (NotSyncer: the call applies the
     due failover); a restart within a second then moved that passed deadline later (the pause
     counted from the last alive write) and the same signed call was accepted at rank 1."""
-    from tests.node.conftest import FakeClock, make_config, open_test_store
-
-    clock = FakeClock()
-    store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    start(net, checkpoint)
+    node = Restartable(store_kind, tmp_path)
+    start(node.net, checkpoint)
     for i in (0, 1, 2):
         for f in (0, 1):
-            net.submit(i, 0, f)  # the accepted set is closed: the finalize window runs
-    first = net.syncer()
-    deadline = service._runs[net.task_id].current_round.finalize_deadline_ms
-    clock.now = deadline - 300
-    service.start_clock()  # the last alive write: 300 ms before the deadline
-    clock.now = deadline + 1
+            node.net.submit(i, 0, f)  # the accepted set is closed: the finalize window runs
+    first = node.net.syncer()
+    deadline = node.run().current_round.finalize_deadline_ms
+    node.clock.now = deadline - 300
+    node.service.start_clock()  # the last alive write: 300 ms before the deadline
+    node.clock.now = deadline + 1
     with pytest.raises(NotSyncer):
-        net.finalize(0, signer=first)
-    service.close()
-    if store_kind == "rocks":
-        store.close()
-        store = open_test_store(store_kind, tmp_path / "db")
-    clock.now = deadline + 60_000
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    events = service.start_clock()
+        node.net.finalize(0, signer=first)
+    events = node.restart(deadline + 60_000)
     # The failover took effect at its deadline, before the pause, once; the next syncer's window
     # then moved later by the pause: the downtime is not charged to it (it was, until process_pause
     # applied the deadlines passed before the pause first: a minute down failed over again).
     assert sum(isinstance(e, SyncerFailover) for e in events) == 1
     with pytest.raises(NotSyncer):
-        net.finalize(0, signer=first)  # refused before the restart: refused after it
-    second = net.syncer()
+        node.net.finalize(0, signer=first)  # refused before the restart: refused after it
+    second = node.net.syncer()
     assert second != first
-    assert not any(isinstance(e, SyncerFailover) for e in service.tick())
-    assert net.finalize(0, signer=second)["syncer_rank"] == 2
-    service.close()
-    store.close()
+    assert not any(isinstance(e, SyncerFailover) for e in node.service.tick())
+    assert node.net.finalize(0, signer=second)["syncer_rank"] == 2
+    node.close()
 
 
 @pytest.mark.parametrize("call", ["enroll", "cancel"])
@@ -1159,37 +1154,24 @@ def test_a_restart_does_not_reopen_an_enrollment_the_node_found_over(
     own tick started training) was accepted after a restart within a second, which moved that
     deadline later: a trainer enrolled (stake locked) after being told no, a run the sponsor
     was told had started cancelled and refunded."""
-    from tests.node.conftest import FakeClock, make_config, open_test_store
-
-    clock = FakeClock()
-    store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    start(net, checkpoint, n_trainers=2)  # quorum 2 of 3: training starts at the deadline
-    service.start_clock()
-    deadline = service._runs[net.task_id].enrollment_deadline_ms
+    node = Restartable(store_kind, tmp_path)
+    start(node.net, checkpoint, n_trainers=2)  # quorum 2 of 3: training starts at the deadline
+    deadline = node.run().enrollment_deadline_ms
     assert deadline is not None
-    clock.now = deadline + 50  # well within a second of the last alive write
-    attempt = (lambda: net.enroll(2)) if call == "enroll" else (lambda: net.cancel())  # the net of the moment
+    node.clock.now = deadline - 300
+    node.service.start_clock()  # the last alive write: 300 ms before the deadline
+    node.clock.now = deadline + 50
+    attempt = (lambda: node.net.enroll(2)) if call == "enroll" else (lambda: node.net.cancel())
     with pytest.raises(InvalidState):
         attempt()
-    service.close()
-    if store_kind == "rocks":
-        store.close()
-        store = open_test_store(store_kind, tmp_path / "db")
-    clock.now = deadline + 60_000  # down for a minute, then back
-    service = NodeService(config, store, clock=clock)
-    net = Net(service, clock)
-    service.start_clock()
-    assert service._runs[net.task_id].enrollment_deadline_ms == deadline  # it had passed
+    node.restart(deadline + 60_000)  # down for a minute, then back
+    assert node.run().status.value == "Training"  # begun at the deadline, before the pause
     with pytest.raises(InvalidState):
         attempt()  # refused before the restart: refused after it
-    service.tick()
-    view = service.get_run(net.task_id)
+    view = node.service.get_run(node.net.task_id)
     assert view["status"] == "Training" and len(view["trainers"]) == 2
-    service.close()
-    store.close()
+    assert node.service.tick() == ()  # round 0's deadline moved by the pause: nothing is due
+    node.close()
 
 
 def test_service_requires_a_node_config(tmp_path: Path) -> None:
