@@ -385,6 +385,24 @@ class RocksStore(KVStore):
                 batch.put(key, value, self._handles[cf])
         self._write(batch, self._write_options)
 
+    def create_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Write a consistent copy of the store as it is now to the directory ``path`` (which
+        must not exist; its parent must): RocksDB's checkpoint, its SST files hard-linked when
+        ``path`` is on the store's filesystem (so it costs little disk until compaction replaces
+        them) and copied otherwise. The copy opens as a store of its own, read-write or
+        read-only. Why: a plain copy of a store being written can catch a compaction's new files
+        without their MANIFEST (docs/node.md "Backups and restores"); a checkpoint is taken by
+        the opener itself, between its writes. StorageError on any failure; a partial ``path``
+        may be left, for the caller to remove."""
+        self._check_open()
+        target = os.fspath(path)
+        if os.path.lexists(target):
+            raise StorageError(f"checkpoint of {self._path!r}: {target!r} already exists")
+        try:
+            rocksdict.Checkpoint(self._db).create_checkpoint(target)
+        except Exception as error:
+            raise StorageError(f"checkpoint of {self._path!r} to {target!r} failed: {error}") from error
+
     def _write(self, batch: Any, options: Any) -> None:
         try:
             self._db.write(batch, options)

@@ -15,6 +15,8 @@ Process contract (tests and scripts rely on it):
   (data dir D)``;
 - SIGINT, SIGTERM or SIGHUP (unless started ignoring SIGHUP, as under ``nohup``): stop accepting,
   finish in-flight calls, close the service and the store, exit 0 (no traceback);
+- SIGUSR1: a hot backup of the store under ``data_dir/backups`` (``node/backup.py``), one log
+  line ``backup written to DIR in S s`` (or ``backup failed: ...``); the node goes on serving;
 - a startup failure (unreadable or invalid config, a data dir that cannot be created or written,
   store locked by another node, a store written by a newer version, port in use) is one line on
   stderr and exit status 2.
@@ -445,6 +447,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stop_signals: tuple[signal.Signals, ...] = ()
+    backups: set[asyncio.Task[None]] = set()  # SIGUSR1's, held until done (the loop keeps weak references)
     try:
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
@@ -495,6 +498,15 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         stop_signals = _stop_signals()
         for sig in stop_signals:
             loop.add_signal_handler(sig, stop.set)
+        if hasattr(signal, "SIGUSR1"):
+
+            def start_backup() -> None:
+                task = asyncio.create_task(_backup(service, executor, data_dir / "backups"), name="tenzro-backup")
+                backups.add(task)
+                task.add_done_callback(backups.discard)
+
+            loop.add_signal_handler(signal.SIGUSR1, start_backup)
+            stop_signals += (signal.SIGUSR1,)
         tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
         runs = service.count_runs_by_status()
         # One line an operator can check a deployment against (ops probe: nothing said which
@@ -516,6 +528,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
                 await tick_task
             except asyncio.CancelledError:
                 pass
+        if backups:  # a backup under way finishes (on the executor) before the store closes
+            await asyncio.gather(*backups, return_exceptions=True)
         if server is not None:
             await server.close()  # stops accepting, lets in-flight calls finish
         if bridge is not None:
@@ -527,6 +541,22 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         if service is not None:
             service.close()
         store.close()
+
+
+async def _backup(service: Any, executor: ThreadPoolExecutor, root: Path) -> None:
+    """SIGUSR1: a hot backup of the store under ``root`` (``node/backup.py``), run on the service
+    executor like every call, so it falls between two of them. One line says where, or why not;
+    a failed backup changes nothing else (the node goes on serving)."""
+    started = time.monotonic()
+    try:
+        path = await asyncio.get_running_loop().run_in_executor(executor, service.backup, root)
+    except TenzroError as exc:
+        log.error("backup failed: %s", exc)
+        return
+    except Exception:  # a bug: said, and the node goes on
+        log.exception("backup failed")
+        return
+    log.info("backup written to %s in %.2f s", path, time.monotonic() - started)
 
 
 def run_node_from_args(args: argparse.Namespace) -> None:

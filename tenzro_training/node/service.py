@@ -1808,6 +1808,15 @@ class NodeService:
         schema.run_key(task_id)  # a valid task_id is a safe file name
         return self._config.data_dir / "models" / f"{task_id}.safetensors"
 
+    def backup(self, root: Path) -> Path:
+        """A consistent copy of the store, taken now, between two service calls, in a new
+        directory under ``root`` (``node/backup.py``); returns that directory. StorageError when
+        it cannot be written (the in-memory store, a full disk); the node goes on either way."""
+        from tenzro_training.node.backup import write_backup
+
+        self._check_open()
+        return write_backup(self._store, root, self._now())
+
     def final_model_path(self, task_id: str) -> Path:
         """``data_dir/models/<task_id>.safetensors`` (written once the run is Sealed; rewritten
         here if it went missing, when it can be: it may still be missing on a full disk)."""

@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -334,6 +335,17 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     [audited] = r.json()["runs"]
     assert audited["ok"] and audited["status"] == "Sealed" and audited["rounds_replayed"] == audited["rounds_committed"]
     assert audited["checks"][-3:] == ["run root and receipt", "sealed record", "ended summary"]
+    # A hot backup (SIGUSR1) of the running node: a whole data dir that audits the same.
+    restarted.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while "backup written to" not in restarted.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [backup] = list((restarted.data_dir / "backups").iterdir())
+    assert f"backup written to {backup}" in restarted.stderr() and backup.name.startswith("backup-")
+    r = tenzro("audit", "--data-dir", str(backup), "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json()["runs"] == [audited]
+    assert task.get()["status"] == "Sealed"  # the node went on serving
     assert restarted.stop() == 0
     # With the node stopped and its model file gone, export-model reads the stored final weights.
     (restarted.data_dir / "models" / "e2e-kill.safetensors").unlink()
