@@ -448,6 +448,18 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     stop = asyncio.Event()
     stop_signals: tuple[signal.Signals, ...] = ()
     backups: set[asyncio.Task[None]] = set()  # SIGUSR1's, held until done (the loop keeps weak references)
+
+    def start_backup() -> None:
+        if service is None or server is None:
+            log.warning("backup refused: the node is still starting (send SIGUSR1 once it listens)")
+            return
+        task = asyncio.create_task(_backup(service, executor, data_dir / "backups"), name="tenzro-backup")
+        backups.add(task)
+        task.add_done_callback(backups.discard)
+
+    if hasattr(signal, "SIGUSR1"):  # from here on; its default action (before) ends the process
+        loop.add_signal_handler(signal.SIGUSR1, start_backup)
+        stop_signals = (signal.SIGUSR1,)
     try:
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
@@ -495,18 +507,9 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
             raise NodeStartupError(
                 f"cannot listen on {config.rpc_host}:{config.rpc_port}: {exc.strerror or exc}"
             ) from None
-        stop_signals = _stop_signals()
-        for sig in stop_signals:
+        for sig in _stop_signals():
             loop.add_signal_handler(sig, stop.set)
-        if hasattr(signal, "SIGUSR1"):
-
-            def start_backup() -> None:
-                task = asyncio.create_task(_backup(service, executor, data_dir / "backups"), name="tenzro-backup")
-                backups.add(task)
-                task.add_done_callback(backups.discard)
-
-            loop.add_signal_handler(signal.SIGUSR1, start_backup)
-            stop_signals += (signal.SIGUSR1,)
+            stop_signals += (sig,)
         tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
         runs = service.count_runs_by_status()
         # One line an operator can check a deployment against (ops probe: nothing said which
