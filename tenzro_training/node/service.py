@@ -659,17 +659,32 @@ class NodeService:
             self._alive_written_ms = now
         return events
 
-    def _write_alive(self, now: int) -> None:
+    def _write_alive(self, run: RunState, now: int) -> None:
         """Record ``now`` as an instant the node served (``NODE_ALIVE_KEY``) at once, when the
-        clock is started and it is later than the last write; a write failure is left to the
-        health check, as for the periodic write.
+        clock is started, it is later than the last write and the refusal of a call on ``run``
+        may rest on a deadline that passed since that write and that no tick committed; a
+        write failure is left to the health check, as for the periodic write.
 
         Called when the protocol refuses a state-changing call. A refusal may rest on a deadline
         that passed within that call, before any tick committed it (a straggler window, a
         failover, the end of enrollment); a restart within ``ALIVE_WRITE_MS`` took the time
         since the last periodic write for a pause, moved that deadline later and accepted the
-        very call it had refused (election probe, 2026-11-26). At most one write per ms."""
-        if self._alive_ms is None or (self._alive_written_ms is not None and now <= self._alive_written_ms):
+        very call it had refused (election probe, 2026-11-26). Such a deadline is either a
+        transition due (``get_next_deadline_ms`` passed: the call applied it, and whatever it
+        led to) or the straggler deadline, which closes the accepted set without a transition.
+        Any other refusal rests on committed state, which a restart keeps: writing at each of
+        them cost one store batch (an fsync with ``sync_writes``) per refused call and per ms,
+        and refusals are free to sign (a stranger's cancel, an unfunded key's enrollment;
+        review, 2026-11-26)."""
+        written = self._alive_written_ms
+        if self._alive_ms is None or (written is not None and now <= written):
+            return
+        at = max(now, run.updated_at_ms)  # the instant the core judged the call at
+        due = get_next_deadline_ms(run)
+        current = run.current_round
+        straggler = None if current is None or run.status is not RunStatus.TRAINING else current.straggler_deadline_ms
+        if not ((due is not None and at > due)
+                or (straggler is not None and at > straggler and (written is None or straggler >= written))):
             return
         try:
             self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])
@@ -1024,7 +1039,7 @@ class NodeService:
         try:
             t = process_enroll(run, self._ledger, trainer, did, stake, now)
         except TenzroError:
-            self._write_alive(now)  # an enrollment window this call found over must stay over
+            self._write_alive(run, now)  # an enrollment window this call found over must stay over
             raise
         self._commit(t)
         enrolled = get_trainer(t.run, trainer)
@@ -1078,7 +1093,7 @@ class NodeService:
         try:
             t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, now)
         except TenzroError:
-            self._write_alive(now)  # LateSubmission: the straggler window must stay closed
+            self._write_alive(run, now)  # LateSubmission: the straggler window must stay closed
             raise
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
@@ -1296,7 +1311,7 @@ class NodeService:
             and is_accepted_set_closed(ticked, max(now, run.updated_at_ms))
         )
         if not ready:
-            self._write_alive(now)  # a failover or end this call applied must hold after a restart
+            self._write_alive(run, now)  # a failover or end this call applied must hold after a restart
             # The core names the refusal (state, syncer, round, quorum, straggler window): every
             # one of those checks comes before it looks at the (here empty) outcomes.
             process_finalize(run, ledger, signer, round, (), _NO_HASH, now)
@@ -1512,7 +1527,7 @@ class NodeService:
         try:
             t = process_cancel(run, self._ledger, signer, now)
         except TenzroError:
-            self._write_alive(now)  # a run this call found training must not be cancelled after a restart
+            self._write_alive(run, now)  # a run this call found training must not be cancelled after a restart
             raise
         self._commit(t)
         return {"task_id": task_id, "status": t.run.status.value, "ended_at_ms": t.run.ended_at_ms}
@@ -1757,7 +1772,7 @@ class NodeService:
         try:
             t = process_ticket(run, self._ledger, candidate, ticket, now)
         except TenzroError:
-            self._write_alive(now)  # an election this call found closed must stay closed
+            self._write_alive(run, now)  # an election this call found closed must stay closed
             raise
         self._commit(t)
 

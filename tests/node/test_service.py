@@ -32,6 +32,7 @@ from tenzro_training.errors import (
     PayloadUnavailable,
     QuorumNotReached,
     RoundMismatch,
+    RunFull,
     SpecError,
     TaskExists,
     UnknownTask,
@@ -1172,6 +1173,47 @@ def test_a_restart_does_not_reopen_an_enrollment_the_node_found_over(
     assert view["status"] == "Training" and len(view["trainers"]) == 2
     assert node.service.tick() == ()  # round 0's deadline moved by the pause: nothing is due
     node.close()
+
+
+def test_a_refusal_resting_on_no_passed_deadline_writes_nothing(
+    store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Review (2026-11-26): the alive instant was written at EVERY refused state-changing call,
+    one store batch per call and per ms (an fsync each with ``sync_writes``), and a refusal
+    needs no funds: a stranger's cancel or an unfunded key's enrollment is signed for free. Only
+    a refusal that may rest on a deadline passed since the last write and not yet committed
+    needs the write; the others rest on committed state, which a restart keeps."""
+    from tests.node.conftest import FakeClock, make_config, open_test_store
+
+    clock = FakeClock()
+    store = open_test_store(store_kind, tmp_path / "db")
+    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    service = NodeService(config, store, clock=clock)
+    net = Net(service, clock)
+    start(net, checkpoint)  # the third enrollment started Training: committed; the round deadline is 10 s away
+    service.start_clock()
+    alive_writes = []
+    real_write = service._write
+
+    def counting_write(ops):  # type: ignore[no-untyped-def]
+        alive_writes.extend(op for op in ops if op[2] == schema.NODE_ALIVE_KEY)
+        return real_write(ops)
+
+    service._write = counting_write  # type: ignore[method-assign]
+    for _ in range(100):
+        clock.advance(1)
+        with pytest.raises(NotSponsor):
+            net.cancel(signer=STRANGER)
+        with pytest.raises(RunFull):
+            net.enroll(3)  # an unfunded key would do as well
+    assert alive_writes == []
+    # A refusal that rests on a deadline this call applied still writes (once per ms).
+    clock.now = service._runs[net.task_id].current_round.round_deadline_ms + 1
+    with pytest.raises(InvalidState):
+        net.cancel()
+    assert len(alive_writes) == 1
+    service.close()
+    store.close()
 
 
 def test_service_requires_a_node_config(tmp_path: Path) -> None:
