@@ -265,7 +265,7 @@ read it (RPC concurrency probe)."""
 
 
 REFUSAL_LOG_INTERVAL_S: Final = 10.0
-"""A non-public refusal of the same method and code is logged at most this often."""
+"""A non-public refusal of the same method and code (an unexpected exception: of the same class) is logged at most this often."""
 
 
 class Dispatcher:
@@ -293,7 +293,7 @@ class Dispatcher:
         self._metrics = metrics
         self._max_batch = max_batch
         self._max_answer_bytes = max_answer_bytes
-        self._refusals_logged: dict[tuple[str, int], tuple[float, int]] = {}  # see _log_refusal
+        self._refusals_logged: dict[tuple[str, int, str], tuple[float, int]] = {}  # see _log_refusal
         if type(max_batch_seconds) not in (int, float) or not 0 < max_batch_seconds < float("inf"):
             raise ValueError(f"max_batch_seconds must be a positive number, got {max_batch_seconds!r}")
         self._max_batch_seconds = max_batch_seconds
@@ -460,8 +460,11 @@ class Dispatcher:
         log one line per post naming a missing checkpoint (observability probe). ``exc``: an
         unexpected exception, logged with its traceback at ERROR, at the same bounded rate (a
         client able to trigger a bug would get one traceback per request). Keys are bounded:
-        the methods served times the error table's codes."""
-        key = (name if name in self._methods else "unknown", code)
+        the methods served times the error table's codes times the exception classes of the
+        program (the class is part of the key: every unexpected exception has code -32603, and
+        a client repeating one known bug kept any other bug of that method from being logged)."""
+        kind = type(exc).__qualname__ if exc is not None else ""
+        key = (name if name in self._methods else "unknown", code, kind)
         now = time.monotonic()
         last, held = self._refusals_logged.get(key, (-math.inf, 0))
         if now - last < REFUSAL_LOG_INTERVAL_S:

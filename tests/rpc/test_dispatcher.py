@@ -458,3 +458,25 @@ def test_a_repeated_internal_error_is_logged_with_its_traceback_at_a_bounded_rat
         now[0] += dispatcher_module.REFUSAL_LOG_INTERVAL_S
         dispatcher.handle(json.dumps(get_run()))
     assert len(caplog.records) == 2 and "49 more like it" in caplog.records[1].getMessage()
+
+
+def test_another_internal_error_is_logged_at_once_whatever_the_rate_of_the_first(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (2026-11-26): the bound was per (method, code), and every unexpected exception has
+    the same code (-32603): a client repeating one harmless bug at least every 10 s kept any
+    other bug of the same method from ever being logged (it was only counted as one "more like
+    it"). Each exception class is its own key (bounded: the program's classes)."""
+    import rpc.dispatcher as dispatcher_module
+
+    now = [1000.0]
+    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
+    service = FakeService()
+    dispatcher = Dispatcher(service)
+    with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
+        service.error = ZeroDivisionError("a known bug")
+        for _ in range(5):
+            dispatcher.handle(json.dumps(get_run()))
+        service.error = KeyError("another bug")
+        dispatcher.handle(json.dumps(get_run()))
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [ZeroDivisionError, KeyError]
