@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import sys
 import time
@@ -466,7 +467,8 @@ def load_private_key(key_file: str | None, account: str | None = None) -> bytes:
 
         problem = shared_mode_problem(mode)
         if problem is not None:  # warn, not refuse: the key works, but the operator should know
-            print(f"tenzro: warning: key file {key_file}: {problem}", file=sys.stderr)
+            print(format_stderr_line(f"tenzro: warning: key file {key_file}: {problem}", logging.WARNING),
+                  file=sys.stderr)
         if text.startswith("{"):
             from tenzro_training.jsontext import loads_bounded
 

@@ -125,3 +125,27 @@ def test_run_events_an_operator_must_act_on_are_warnings(caplog: pytest.LogCaptu
             _log_event(event)
     levels = [r.levelno for r in caplog.records if r.name == "tenzro.node"]
     assert levels == [logging.WARNING] * 4 + [logging.INFO]
+
+
+def test_the_key_file_warning_follows_the_log_format(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Review (2026-11-26): under ``TENZRO_LOG_FORMAT=json`` the trainer reads its key file after
+    configuring the log, and a group-readable key file's warning was a plain text line among the
+    JSON records, although docs/cli.md says every stderr line is JSON."""
+    import os
+
+    from tenzro_training import cli, logformat
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(logformat, "_configured_format", None)
+    configure_logging("INFO", "json", stream=io.StringIO())
+    key = tmp_path / "key"
+    key.write_text("11" * 32)
+    os.chmod(key, 0o644)
+    err = io.StringIO()
+    monkeypatch.setattr(cli.sys, "stderr", err)
+    cli.load_private_key(str(key))
+    [line] = err.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "WARNING" and "allows group/other access" in record["message"]
