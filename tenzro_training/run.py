@@ -390,13 +390,14 @@ def process_pause(run: RunState, ledger: Ledger, paused_at_ms: int, resumed_at_m
     """The node could not serve calls from ``paused_at_ms`` to ``resumed_at_ms`` (it was down,
     restarting or stalled): every deadline of ``run`` still pending at ``paused_at_ms`` (the
     election or enrollment window, the round, straggler and finalize deadlines) moves later by
-    the pause, and the run records nothing else (one DeadlinesExtended event).
+    the pause, and the move records nothing else (one DeadlinesExtended event).
 
     Why: a deadline punishes whoever missed it (a failover for the syncer, failure for a round
     without quorum), and during a pause nobody could call: a 15 s node restart inside a finalize
     window failed over a healthy syncer, and a longer one failed the run (syncer probe). Order
     is kept (a deadline moves only if every later one does), so every invariant holds. No
-    deadline pending, or no pause: the run unchanged, no event.
+    pause: the run unchanged, no event; no deadline pending after the ones passed were applied
+    (below): no DeadlinesExtended.
 
     A deadline that passed before ``paused_at_ms`` does not move: it took effect at its own
     instant, while the node served, and it is applied first, as a tick at ``paused_at_ms`` would
