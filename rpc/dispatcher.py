@@ -265,7 +265,8 @@ read it (RPC concurrency probe)."""
 
 
 REFUSAL_LOG_INTERVAL_S: Final = 10.0
-"""A non-public refusal of the same method and code (an unexpected exception: of the same class) is logged at most this often."""
+"""A non-public refusal of the same method and code (an unexpected exception: of the same class)
+is logged at most this often."""
 
 
 class Dispatcher:

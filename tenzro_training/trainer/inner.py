@@ -221,10 +221,11 @@ def run_inner_loop(
     ``take_optimizer_state``: then the state's tensors become the optimizer's own, without a
     copy, and are updated in place (the caller must not use them again). That is for a caller
     that hands each round's state to the next, like the trainer process: the copy would hold a
-    second set of moments, twice the model's size, on the device for the whole round. ``model_cfg`` is
-    the family config (its ``family`` selects the adapter). ``device``: where the model, the
-    batches and the optimizer live (see :func:`resolve_device`); the result's ``state`` is on the
-    CPU, its ``optimizer_state`` on ``device``. Raises :class:`InnerLoopDiverged` on a non-finite
+    second set of moments, twice the model's size, on the device for the whole round.
+
+    ``model_cfg`` is the family config (its ``family`` selects the adapter). ``device``: where the
+    model, the batches and the optimizer live (see :func:`resolve_device`); the result's ``state``
+    is on the CPU, its ``optimizer_state`` on ``device``. Raises :class:`InnerLoopDiverged` on a non-finite
     loss, and :class:`InnerLoopStopped` when ``should_stop()`` (asked before each step) is true:
     a trainer told to stop (SIGTERM) used to finish the whole loop first, minutes on a real
     model, and a supervisor would kill it (trainer restart probe).
