@@ -524,7 +524,9 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         log.info("shutting down")
     finally:
         for sig in stop_signals:
-            loop.remove_signal_handler(sig)
+            loop.remove_signal_handler(sig)  # puts back the default action: for SIGUSR1, the end of the process
+        if hasattr(signal, "SIGUSR1") and signal.SIGUSR1 in stop_signals:  # a backup asked for while the node stops: refused, not a kill
+            signal.signal(signal.SIGUSR1, _refuse_backup_while_stopping)
         if tick_task is not None:
             tick_task.cancel()
             try:
@@ -544,6 +546,12 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         if service is not None:
             service.close()
         store.close()
+
+
+def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
+    """SIGUSR1 once the node is stopping (set outside the loop, which is closing: the loop's
+    handler removed restores the default action, which ends the process with signal 10)."""
+    log.warning("backup refused: the node is shutting down")
 
 
 async def _backup(service: Any, executor: ThreadPoolExecutor, root: Path) -> None:
@@ -589,3 +597,8 @@ def run_node_from_args(args: argparse.Namespace) -> None:
         # error until reopened. Acknowledged batches are in its write-ahead log.
         raise CliError(f"the node stopped with a storage error: {exc}; acknowledged writes are in the "
                        f"write-ahead log and are recovered at the next start", EXIT_STORAGE) from None
+    finally:
+        # The process ends next, and Python's teardown puts SIGUSR1's default action (the end of
+        # the process) back in place of a handler: ignored instead, so a late one is no kill.
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is _refuse_backup_while_stopping:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)

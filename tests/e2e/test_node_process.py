@@ -418,3 +418,20 @@ def test_the_shipped_dev_example_posts_as_docs_cli_md_shows(node: NodeProcess, t
     assert r.code == 0, r.err
     assert r.json()["task_id"] == "dev-timesfm-1"
     assert rpc(node.url, "tenzro_training_getRun", {"task_id": "dev-timesfm-1"})["status"] in ("Electing", "Enrolling")
+
+
+def test_sigusr1_during_shutdown_does_not_kill_the_node(node_factory: Callable[..., NodeProcess]) -> None:
+    # Backup probe: the shutdown removed SIGUSR1's handler with the stop signals, which put back
+    # its default action (end the process): a backup request while the node stopped killed it
+    # with signal 10 instead of a clean exit 0.
+    proc = node_factory("usr1-shutdown")
+    proc.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while proc.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            proc.proc.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            break
+        time.sleep(0.002)
+    assert proc.proc.wait(timeout=30) == 0, proc.stderr()
+    assert "Traceback" not in proc.stderr()
