@@ -54,8 +54,8 @@ def write_backup(store: KVStore, root: Path, now_ms: int) -> Path:
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         partial.mkdir(mode=0o700)
-    except OSError as exc:
-        raise StorageError(f"cannot create backup directory {partial}: {exc.strerror or exc}") from None
+    except OSError as exc:  # named by the path that failed: the root may be a file (backup probe)
+        raise StorageError(f"cannot create backup directory {exc.filename or partial}: {exc.strerror or exc}") from None
     try:
         checkpoint(partial / "db")
         os.rename(partial, final)

@@ -525,7 +525,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     finally:
         for sig in stop_signals:
             loop.remove_signal_handler(sig)  # puts back the default action: for SIGUSR1, the end of the process
-        if hasattr(signal, "SIGUSR1") and signal.SIGUSR1 in stop_signals:  # a backup asked for while the node stops: refused, not a kill
+        if hasattr(signal, "SIGUSR1") and signal.SIGUSR1 in stop_signals:
+            # A backup asked for while the node stops: refused, not a kill.
             signal.signal(signal.SIGUSR1, _refuse_backup_while_stopping)
         if tick_task is not None:
             tick_task.cancel()

@@ -58,8 +58,8 @@ def test_invalid_backups_leave_nothing_behind(tmp_path: Path, monkeypatch: pytes
         with pytest.raises(StorageError, match="already exists"):
             write_backup(store, tmp_path / "backups", 1_000)  # the same instant
         (tmp_path / "file").write_bytes(b"")
-        with pytest.raises(StorageError, match="cannot create backup directory"):
-            write_backup(store, tmp_path / "file", 2_000)  # the root is a file
+        with pytest.raises(StorageError, match=f"cannot create backup directory {tmp_path / 'file'}: File exists"):
+            write_backup(store, tmp_path / "file", 2_000)  # the root is a file, named as such
 
         def fail(path: object) -> None:
             Path(str(path)).mkdir()
