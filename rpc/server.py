@@ -11,7 +11,7 @@ HTTP behaviour:
   when the request held only notifications.
 - ``GET /``: ``{"ok": true}`` (health), or 503 ``{"ok": false, "error": <reason>}`` while the
   ``health_check`` given to :func:`create_app` names one (the node: ``storage_write_failed``,
-  docs/node.md "Storage failures"). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
+  docs/node.md "Storage failures", or ``service_stalled``). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
   the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a
   JSON-RPC-shaped error body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type

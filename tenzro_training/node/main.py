@@ -49,6 +49,23 @@ EXIT_STORAGE: Final = 1
 """``tenzro node`` stopped (SIGINT/SIGTERM) but its store reported an error while closing."""
 TICK_FAILURE_LOG_S: Final = 60.0
 """A tick failing the same way again is logged at most this often (it is retried every tick)."""
+SERVICE_STALL_S: Final = 120.0
+"""No tick finished on the service thread for this long: the health check says
+``service_stalled``. A tick waits behind every call on that one thread; the slowest calls the
+node makes (a finalize or a checkpoint hash of a 200M-parameter model) take seconds, so this
+means a call is stuck, not slow (observability probe: ``GET /`` did not look at that thread)."""
+
+
+class ServiceLiveness:
+    """When the service thread last finished a tick (monotonic seconds), for the health check."""
+
+    __slots__ = ("done_at",)
+
+    def __init__(self) -> None:
+        self.done_at = time.monotonic()
+
+    def is_stalled(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) - self.done_at > SERVICE_STALL_S
 
 
 class NodeStartupError(TenzroError):
@@ -142,7 +159,9 @@ def _tick(service: Any) -> int | None:
     return service.next_deadline_ms()
 
 
-async def _tick_forever(service: Any, executor: ThreadPoolExecutor, metrics: Any) -> None:
+async def _tick_forever(
+    service: Any, executor: ThreadPoolExecutor, metrics: Any, liveness: ServiceLiveness | None = None
+) -> None:
     loop = asyncio.get_running_loop()
     last_failure, last_logged, repeats = "", 0.0, 0
     while True:
@@ -151,6 +170,8 @@ async def _tick_forever(service: Any, executor: ThreadPoolExecutor, metrics: Any
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failing tick must not kill the node; it is retried
+            if liveness is not None:
+                liveness.done_at = time.monotonic()  # failing, but the thread answers
             metrics.tick_failures.inc()
             deadline = None
             # Logged with its traceback when new, then at most every TICK_FAILURE_LOG_S: a store
@@ -166,6 +187,8 @@ async def _tick_forever(service: Any, executor: ThreadPoolExecutor, metrics: Any
             else:
                 repeats += 1
         else:
+            if liveness is not None:
+                liveness.done_at = time.monotonic()
             if last_failure:
                 log.info("tick works again")
                 last_failure = ""
@@ -448,6 +471,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     stop = asyncio.Event()
     stop_signals: tuple[signal.Signals, ...] = ()
     backups: set[asyncio.Task[None]] = set()  # SIGUSR1's, held until done (the loop keeps weak references)
+    liveness = ServiceLiveness()
 
     def start_backup() -> None:
         if service is None or server is None:
@@ -500,7 +524,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
             server = await start_server(
                 service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes,
                 max_batch=config.rpc_max_batch, executor=executor, metrics=registry,
-                health_check=lambda: None if service.storage_failure is None else "storage_write_failed",
+                health_check=lambda: _health(service, liveness),
                 limits=config.server_limits(),
             )
         except OSError as exc:
@@ -510,7 +534,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         for sig in _stop_signals():
             loop.add_signal_handler(sig, stop.set)
             stop_signals += (sig,)
-        tick_task = asyncio.create_task(_tick_forever(service, executor, metrics), name="tenzro-tick")
+        liveness.done_at = time.monotonic()  # the start, however long, is no stall
+        tick_task = asyncio.create_task(_tick_forever(service, executor, metrics, liveness), name="tenzro-tick")
         runs = service.count_runs_by_status()
         # One line an operator can check a deployment against (ops probe: nothing said which
         # chain, store or settings a node came up with).
@@ -553,6 +578,14 @@ def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
     """SIGUSR1 once the node is stopping (set outside the loop, which is closing: the loop's
     handler removed restores the default action, which ends the process with signal 10)."""
     log.warning("backup refused: the node is shutting down")
+
+
+def _health(service: Any, liveness: ServiceLiveness) -> str | None:
+    """``GET /``'s reason for a 503, or None: a store that refused a write (it refuses every write
+    until reopened), or a service thread that finished no tick for ``SERVICE_STALL_S``."""
+    if service.storage_failure is not None:
+        return "storage_write_failed"
+    return "service_stalled" if liveness.is_stalled() else None
 
 
 async def _backup(service: Any, executor: ThreadPoolExecutor, root: Path) -> None:

@@ -243,3 +243,56 @@ def test_run_events_of_the_start_are_counted_in_the_metrics(tmp_path: Path, monk
 
     asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d", announce=announce))
     assert 'tenzro_run_events_total{event="DeadlinesExtended"} 1' in scraped[0].splitlines()
+
+
+def test_the_health_check_names_a_stalled_service_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GET /`` answered 200 whatever the service thread did (observability probe): a call stuck
+    on it stopped every tick and every other call. A tick that finishes, even failing, is life."""
+    import threading
+
+    import tenzro_training.node.main as main_module
+    from tenzro_training.node.main import ServiceLiveness, _health
+
+    class Service:
+        storage_failure: str | None = None
+
+        def __init__(self) -> None:
+            self.release = threading.Event()
+            self.calls = 0
+
+        def tick(self) -> None:
+            self.calls += 1
+            if self.calls == 3:
+                self.release.wait(10)  # a call stuck on the thread
+            if self.calls == 5:
+                raise StorageError("a failing tick is still a thread that answers")
+
+        def next_deadline_ms(self) -> None:
+            return None
+
+    monkeypatch.setattr(main_module, "SERVICE_STALL_S", 0.3)
+    service, liveness = Service(), ServiceLiveness()
+    metrics = NodeMetrics(Registry(), chain_id=1337)
+    seen: list[str | None] = []
+
+    async def run() -> None:
+        executor = ThreadPoolExecutor(max_workers=1)
+        task = asyncio.create_task(_tick_forever(service, executor, metrics, liveness))
+        while service.calls < 3:
+            await asyncio.sleep(0.01)
+        seen.append(_health(service, liveness))  # just stuck: not yet a stall
+        await asyncio.sleep(0.5)
+        seen.append(_health(service, liveness))
+        service.release.set()
+        while service.calls < 6:
+            await asyncio.sleep(0.01)
+        seen.append(_health(service, liveness))
+        service.storage_failure = "write failed"
+        seen.append(_health(service, liveness))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        executor.shutdown(wait=True)
+
+    asyncio.run(run())
+    assert seen == [None, "service_stalled", None, "storage_write_failed"]
