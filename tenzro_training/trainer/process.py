@@ -1120,9 +1120,15 @@ class _Trainer:
         fresh = await asyncio.to_thread(self.train, round_)
         out = []
         for f, (old, new) in enumerate(zip(saved, fresh, strict=True)):
-            if old is None:  # a partial save: nothing of it was published yet, yet keep what is there
+            # A partial save (the trainer stopped while saving) was never signed, so never
+            # published (every fragment of a round is recorded in the guard before any is signed):
+            # it is replaced, and the round's fragments all come from one inner loop. Kept, they
+            # mixed two, and with carried moments the two differ by design (review, 2026-11-26).
+            # A payload the guard says may have been signed keeps its bytes.
+            keep = old is not None and guard.signed(round_, f)
+            if not keep:
                 self.payloads.save(round_, f, base, new)
-            out.append(new if old is None else old)
+            out.append(old if keep and old is not None else new)
         return out, False
 
     async def _rounds(self, stop: asyncio.Event, corpus: Any) -> int:

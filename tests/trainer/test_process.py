@@ -824,18 +824,30 @@ def test_invalid_carry_optimizer_state_setting(tmp_path) -> None:  # type: ignor
         _bare_trainer(tmp_path, carry_optimizer_state="no")
 
 
-def test_a_partially_saved_round_keeps_the_saved_fragment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_partially_saved_round_is_trained_again_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A partial save (stopped while saving) was never signed: its fragment is replaced, so the
+    round's fragments come from one inner loop (kept, it mixed two: review, 2026-11-26)."""
     import asyncio
 
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
 
+    layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
     tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
-    tr.layouts, tr.held_hash = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2), BASE
+    tr.layouts, tr.held_hash = layouts, BASE
+    tr.signing_guard()  # opened before enrolling, as `run` does: before any save
     tr.payloads.save(0, 0, BASE, b"saved-f0")
     tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
-    assert asyncio.run(tr.get_payloads(0)) == ([b"saved-f0", b"new-f1"], False)
-    assert tr.payloads.load(0, 2, BASE) == [b"saved-f0", b"new-f1"]
+    assert asyncio.run(tr.get_payloads(0)) == ([b"new-f0", b"new-f1"], False)
+    assert tr.payloads.load(0, 2, BASE) == [b"new-f0", b"new-f1"]
     assert tr.payloads.dir.is_relative_to(tmp_path / "state")
+
+    # A save older than the record of signatures may have been signed: its bytes are kept.
+    old, _ = _bare_trainer(tmp_path / "old", state_dir=tmp_path / "old-state")
+    old.layouts, old.held_hash = layouts, BASE
+    old.payloads.dir.mkdir(parents=True)
+    old.payloads.save(0, 0, BASE, b"saved-f0")
+    old.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
+    assert asyncio.run(old.get_payloads(0)) == ([b"saved-f0", b"new-f1"], False)
 
 
 def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_path) -> None:  # type: ignore[no-untyped-def]
