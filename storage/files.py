@@ -14,7 +14,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["NotReadable", "read_regular_file", "remove_temporary_files", "write_file_atomically"]
+__all__ = ["NotReadable", "fsync_directory", "read_regular_file", "remove_temporary_files", "write_file_atomically"]
 
 _TMP_PREFIX = "."
 _TMP_SUFFIX = ".tmp"
@@ -42,7 +42,13 @@ def write_file_atomically(path: str | os.PathLike[str], data: bytes, *, mode: in
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
+    fsync_directory(target.parent)
+
+
+def fsync_directory(path: str | os.PathLike[str]) -> None:
+    """fsync the directory ``path``, so that the entries created, renamed or removed in it survive
+    a power loss (an fsync of a file does not cover its name)."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

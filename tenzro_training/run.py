@@ -112,6 +112,7 @@ from tenzro_training.run_state import (
     compute_run_view,
     get_accepted_submissions,
     get_current_syncer,
+    get_next_deadline_ms,
     get_trainer,
     is_terminal,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "process_equivocation",
     "process_finalize",
     "process_cancel",
+    "has_passed_uncommitted_deadline",
     "is_accepted_set_closed",
     "validate_open_runs",
 ]
@@ -775,6 +777,29 @@ def is_accepted_set_closed(run: RunState, now_ms: int) -> bool:
         return True
     active = {t.address for t in run.trainers if not t.slashed}
     return all({s.trainer for s in subs} >= active for subs in current.submissions)
+
+
+def has_passed_uncommitted_deadline(run: RunState, now_ms: int, since_ms: int | None) -> bool:
+    """True when a call judged at ``now_ms`` may rest on a deadline of ``run`` that passed after
+    ``since_ms`` (None: ever) and that no committed transition records: a transition due
+    (``get_next_deadline_ms`` passed; the call applies it, and whatever it leads to, without
+    committing anything when it refuses) or the straggler deadline, which closes the accepted
+    set without a transition.
+
+    Why: a shell that restarts counts the time since it last recorded serving as a pause
+    (:func:`process_pause`), and a deadline still pending at that instant moves later. A refusal
+    that rests on such a deadline (a late submission or enrollment, a finalize after a failover)
+    must hold after a restart, so the shell records the instant of that refusal; any other
+    refusal rests on committed state, which a restart keeps (election probe, 2026-11-26)."""
+    at = _effective_now(run, now_ms)
+    due = get_next_deadline_ms(run)
+    if due is not None and at > due:
+        return True
+    current = run.current_round
+    if run.status is not RunStatus.TRAINING or current is None or current.straggler_deadline_ms is None:
+        return False
+    straggler = current.straggler_deadline_ms
+    return at > straggler and (since_ms is None or straggler >= since_ms)
 
 
 def _seal(run: RunState, ledger: Ledger, records: tuple[RoundRecord, ...], model_hash: bytes, now: int) -> _Step:

@@ -48,6 +48,7 @@ from tenzro_training.run import (
     SyncerFailover,
     TrainerSlashed,
     Transition,
+    has_passed_uncommitted_deadline,
     is_accepted_set_closed,
     process_cancel,
     process_enroll,
@@ -958,6 +959,26 @@ def test_a_deadline_passed_before_the_pause_takes_effect_at_its_instant_and_what
     t = env.apply(process_pause, deadline + 1, deadline + 10_000)
     assert env.run.status is RunStatus.FAILED and env.run.ended_at_ms == deadline  # at its instant
     assert not any(isinstance(e, DeadlinesExtended) for e in t.events)  # nothing was pending
+
+
+def test_a_refusal_rests_on_a_passed_uncommitted_deadline_only_when_one_is_due_or_the_straggler_window_closed() -> None:
+    """What the node records the instant of at a refusal (docs/lifecycle.md "Time"): a call that
+    may have been judged on a deadline a restart would otherwise move later."""
+    env = _round_0_at_quorum()
+    r = env.run.current_round
+    straggler, finalize = r.straggler_deadline_ms, r.finalize_deadline_ms
+    assert not has_passed_uncommitted_deadline(env.run, straggler, None)  # inclusive: still open
+    assert has_passed_uncommitted_deadline(env.run, straggler + 1, None)
+    assert has_passed_uncommitted_deadline(env.run, straggler + 1, straggler)  # passed after that write
+    assert not has_passed_uncommitted_deadline(env.run, straggler + 1, straggler + 1)  # before it: kept anyway
+    assert has_passed_uncommitted_deadline(env.run, finalize + 1, finalize + 1)  # a failover due, not committed
+    env = Env()
+    env.to_training()  # no submission: only the round deadline is pending
+    deadline = env.run.current_round.round_deadline_ms
+    assert not has_passed_uncommitted_deadline(env.run, deadline, None)
+    assert has_passed_uncommitted_deadline(env.run, deadline + 1, deadline + 1)
+    env.apply(process_tick, deadline + 1)  # committed: the run failed, nothing is pending
+    assert not has_passed_uncommitted_deadline(env.run, deadline + 5, None)
 
 
 def test_a_pause_starting_at_a_round_deadline_still_moves_it() -> None:

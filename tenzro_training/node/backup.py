@@ -21,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+from storage.files import fsync_directory
 from storage.interface import KVStore, StorageError
 
 __all__ = ["BACKUP_PREFIX", "PARTIAL_SUFFIX", "compute_backup_name", "write_backup"]
@@ -59,18 +60,10 @@ def write_backup(store: KVStore, root: Path, now_ms: int) -> Path:
     try:
         checkpoint(partial / "db")
         os.rename(partial, final)
-        _fsync_directory(root)
+        fsync_directory(root)
     except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(exc, OSError):
             raise StorageError(f"cannot write backup {final}: {exc.strerror or exc}") from None
         raise
     return final
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

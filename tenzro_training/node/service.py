@@ -110,6 +110,7 @@ from tenzro_training.run import (
     RunEvent,
     SubmissionAccepted,
     Transition,
+    has_passed_uncommitted_deadline,
     is_accepted_set_closed,
     process_cancel,
     process_enroll,
@@ -660,31 +661,17 @@ class NodeService:
         return events
 
     def _write_alive(self, run: RunState, now: int) -> None:
-        """Record ``now`` as an instant the node served (``NODE_ALIVE_KEY``) at once, when the
-        clock is started, it is later than the last write and the refusal of a call on ``run``
-        may rest on a deadline that passed since that write and that no tick committed; a
-        write failure is left to the health check, as for the periodic write.
-
-        Called when the protocol refuses a state-changing call. A refusal may rest on a deadline
-        that passed within that call, before any tick committed it (a straggler window, a
-        failover, the end of enrollment); a restart within ``ALIVE_WRITE_MS`` took the time
-        since the last periodic write for a pause, moved that deadline later and accepted the
-        very call it had refused (election probe, 2026-11-26). Such a deadline is either a
-        transition due (``get_next_deadline_ms`` passed: the call applied it, and whatever it
-        led to) or the straggler deadline, which closes the accepted set without a transition.
-        Any other refusal rests on committed state, which a restart keeps: writing at each of
-        them cost one store batch (an fsync with ``sync_writes``) per refused call and per ms,
-        and refusals are free to sign (a stranger's cancel, an unfunded key's enrollment;
-        review, 2026-11-26)."""
+        """At a refused call on ``run``: record ``now`` as an instant the node served
+        (``NODE_ALIVE_KEY``) at once when the refusal may rest on a deadline that passed since the
+        last write and that no tick committed (``run.has_passed_uncommitted_deadline``): that
+        refusal must hold after a restart (election probe, 2026-11-26). Every other refusal
+        writes nothing: refusals are free to sign, and each write is a store batch (an fsync with
+        ``sync_writes``; review, 2026-11-26). A write failure is left to the health check, as for
+        the periodic write."""
         written = self._alive_written_ms
         if self._alive_ms is None or (written is not None and now <= written):
             return
-        at = max(now, run.updated_at_ms)  # the instant the core judged the call at
-        due = get_next_deadline_ms(run)
-        current = run.current_round
-        straggler = None if current is None or run.status is not RunStatus.TRAINING else current.straggler_deadline_ms
-        if not ((due is not None and at > due)
-                or (straggler is not None and at > straggler and (written is None or straggler >= written))):
+        if not has_passed_uncommitted_deadline(run, now, written):
             return
         try:
             self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_ALIVE_KEY, now.to_bytes(8, "big"))])
