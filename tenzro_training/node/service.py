@@ -31,13 +31,14 @@ runs finalized last, and the accepted payloads of open rounds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 from hashlib import sha256
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -660,14 +661,23 @@ class NodeService:
             self._alive_written_ms = now
         return events
 
-    def _write_alive(self, run: RunState, now: int) -> None:
-        """At a refused call on ``run``: record ``now`` as an instant the node served
-        (``NODE_ALIVE_KEY``) at once when the refusal may rest on a deadline that passed since the
+    @contextlib.contextmanager
+    def _refusal_kept(self, run: RunState, now: int) -> Iterator[None]:
+        """Around the core's judgement of a state-changing call on ``run`` at ``now``: when it
+        refuses the call (a TenzroError), record ``now`` as an instant the node served
+        (``NODE_ALIVE_KEY``) at once if the refusal may rest on a deadline that passed since the
         last write and that no tick committed (``run.has_passed_uncommitted_deadline``): that
         refusal must hold after a restart (election probe, 2026-11-26). Every other refusal
         writes nothing: refusals are free to sign, and each write is a store batch (an fsync with
         ``sync_writes``; review, 2026-11-26). A write failure is left to the health check, as for
-        the periodic write."""
+        the periodic write; the refusal propagates either way."""
+        try:
+            yield
+        except TenzroError:
+            self._write_alive(run, now)
+            raise
+
+    def _write_alive(self, run: RunState, now: int) -> None:
         written = self._alive_written_ms
         if self._alive_ms is None or (written is not None and now <= written):
             return
@@ -1023,11 +1033,8 @@ class NodeService:
         msg = EnrollTrainer(task_id=task_id, did=did, trainer=trainer, stake=stake)
         validate_signer(msg, signature, trainer, self._config.chain_id)
         now = self._now()
-        try:
+        with self._refusal_kept(run, now):  # an enrollment window this call found over stays over
             t = process_enroll(run, self._ledger, trainer, did, stake, now)
-        except TenzroError:
-            self._write_alive(run, now)  # an enrollment window this call found over must stay over
-            raise
         self._commit(t)
         enrolled = get_trainer(t.run, trainer)
         return {
@@ -1077,11 +1084,8 @@ class NodeService:
             if late_first is not None and late_first[0].payload_hash != payload_hash:
                 self._apply_equivocation(run, trainer, late_first, (msg, signature))
         now = self._now()
-        try:
+        with self._refusal_kept(run, now):  # LateSubmission: the straggler window stays closed
             t = process_submission(run, self._ledger, trainer, round, fragment, payload_hash, now)
-        except TenzroError:
-            self._write_alive(run, now)  # LateSubmission: the straggler window must stay closed
-            raise
         if t.error is not None:
             # Equivocation: the protocol applies it (slash, evidence) AND refuses the submission.
             self._commit(t, self._evidence_ops(t, trainer, msg, signature))
@@ -1298,10 +1302,11 @@ class NodeService:
             and is_accepted_set_closed(ticked, max(now, run.updated_at_ms))
         )
         if not ready:
-            self._write_alive(run, now)  # a failover or end this call applied must hold after a restart
             # The core names the refusal (state, syncer, round, quorum, straggler window): every
-            # one of those checks comes before it looks at the (here empty) outcomes.
-            process_finalize(run, ledger, signer, round, (), _NO_HASH, now)
+            # one of those checks comes before it looks at the (here empty) outcomes. A failover
+            # or end this call applied holds after a restart.
+            with self._refusal_kept(run, now):
+                process_finalize(run, ledger, signer, round, (), _NO_HASH, now)
             raise RuntimeError("finalize preconditions disagree with the lifecycle")  # a bug
         assert current is not None
         model = self._model(task_id)
@@ -1511,11 +1516,8 @@ class NodeService:
         run = self._run(task_id)
         signer = self._recover(CancelTask(task_id=task_id), signature)
         now = self._now()
-        try:
+        with self._refusal_kept(run, now):  # a run this call found training is not cancelled after a restart
             t = process_cancel(run, self._ledger, signer, now)
-        except TenzroError:
-            self._write_alive(run, now)  # a run this call found training must not be cancelled after a restart
-            raise
         self._commit(t)
         return {"task_id": task_id, "status": t.run.status.value, "ended_at_ms": t.run.ended_at_ms}
 
@@ -1756,11 +1758,8 @@ class NodeService:
         if candidate is None:
             raise TicketRejected(ticket.address, ExclusionReason.UNREGISTERED)
         now = self._now()
-        try:
+        with self._refusal_kept(run, now):  # an election this call found closed stays closed
             t = process_ticket(run, self._ledger, candidate, ticket, now)
-        except TenzroError:
-            self._write_alive(run, now)  # an election this call found closed must stay closed
-            raise
         self._commit(t)
 
     def get_run_state(self, task_id: str) -> RunState | None:
