@@ -72,6 +72,7 @@ from tests.node.conftest import (
     VRF_SECRETS,
     FakeClock,
     Net,
+    Party,
     gradient,
     initial_state,
     layouts_for,
@@ -1032,8 +1033,6 @@ class Restartable:
     started at ``now``, as ``tenzro node`` does (``start_clock`` first)."""
 
     def __init__(self, store_kind: str, tmp_path: Path) -> None:
-        from tests.node.conftest import FakeClock, make_config, open_test_store
-
         self._kind, self._path = store_kind, tmp_path / "db"
         self.clock = FakeClock()
         self.store = open_test_store(store_kind, self._path)
@@ -1049,8 +1048,6 @@ class Restartable:
 
     def restart(self, now: int) -> tuple[Any, ...]:
         """Stop, then start again at ``now``; returns ``start_clock``'s events."""
-        from tests.node.conftest import open_test_store
-
         self.service.close()
         if self._kind == "rocks":
             self.store.close()
@@ -1059,6 +1056,16 @@ class Restartable:
         self.net = Net(NodeService(self.config, self.store, clock=self.clock), self.clock)
         return self.service.start_clock()
 
+    def at_quorum(self, checkpoint: tuple[str, str]) -> Party:
+        """A run started, the clock turned on, trainers 0 and 1 in for round 0 (quorum: the
+        straggler and finalize windows run); returns the elected syncer."""
+        start(self.net, checkpoint)
+        self.service.start_clock()
+        for i in (0, 1):
+            for f in (0, 1):
+                self.net.submit(i, 0, f)
+        return self.net.syncer()
+
     def close(self) -> None:
         self.service.close()
         self.store.close()
@@ -1066,12 +1073,7 @@ class Restartable:
 
 def test_a_restart_counts_the_time_down_as_a_pause(store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
     node = Restartable(store_kind, tmp_path)
-    start(node.net, checkpoint)
-    node.service.start_clock()
-    for i in (0, 1):
-        for f in (0, 1):
-            node.net.submit(i, 0, f)  # quorum: the finalize window runs
-    first = node.net.syncer()
+    first = node.at_quorum(checkpoint)
     down_at = node.clock.now
     before = node.run().current_round
     (event,) = node.restart(before.finalize_deadline_ms + 60_000)  # down across the whole window, then back
@@ -1093,12 +1095,7 @@ def test_a_restart_does_not_reopen_a_straggler_window_the_node_closed(
     the deadline, so the closed window moved later and reopened; the same signed call then
     changed the round's accepted set and payouts, and the syncer's finalize was refused."""
     node = Restartable(store_kind, tmp_path)
-    start(node.net, checkpoint)
-    node.service.start_clock()
-    for i in (0, 1):
-        for f in (0, 1):
-            node.net.submit(i, 0, f)  # quorum: the straggler window runs
-    first = node.net.syncer()
+    first = node.at_quorum(checkpoint)
     straggler = node.run().current_round.straggler_deadline_ms
     node.clock.now = straggler + 50  # well within a second of the last alive write
     with pytest.raises(LateSubmission):

@@ -411,6 +411,17 @@ def test_request_durations_recorded_are_the_time_spent_in_the_call() -> None:
     assert 'tenzro_rpc_request_duration_seconds_count{method="tenzro_training_getRun"} 2' in text
 
 
+def _dispatcher_on_a_held_clock(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeService, Dispatcher, list[float]]:
+    """A dispatcher over a FakeService whose ``time.monotonic`` reads ``now[0]`` (the log bound's
+    clock), set by the test."""
+    import rpc.dispatcher as dispatcher_module
+
+    now = [1000.0]
+    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
+    service = FakeService()
+    return service, Dispatcher(service), now
+
+
 def test_a_repeated_non_public_refusal_is_logged_at_a_bounded_rate(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -422,11 +433,8 @@ def test_a_repeated_non_public_refusal_is_logged_at_a_bounded_rate(
 
     import rpc.dispatcher as dispatcher_module
 
-    now = [1000.0]
-    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
-    service = FakeService()
+    service, dispatcher, now = _dispatcher_on_a_held_clock(monkeypatch)
     service.error = StorageError("write to '/d/db' failed: IO error: No space left on device")
-    dispatcher = Dispatcher(service)
     with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
         for _ in range(200):
             dispatcher.handle(json.dumps(get_run()))
@@ -444,11 +452,8 @@ def test_a_repeated_internal_error_is_logged_with_its_traceback_at_a_bounded_rat
     the first is logged with its traceback, the next ones are counted into the next line."""
     import rpc.dispatcher as dispatcher_module
 
-    now = [1000.0]
-    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
-    service = FakeService()
+    service, dispatcher, now = _dispatcher_on_a_held_clock(monkeypatch)
     service.error = ZeroDivisionError("a bug")
-    dispatcher = Dispatcher(service)
     with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
         for _ in range(50):
             reply = json.loads(dispatcher.handle(json.dumps(get_run())))
@@ -467,12 +472,7 @@ def test_another_internal_error_is_logged_at_once_whatever_the_rate_of_the_first
     the same code (-32603): a client repeating one harmless bug at least every 10 s kept any
     other bug of the same method from ever being logged (it was only counted as one "more like
     it"). Each exception class is its own key (bounded: the program's classes)."""
-    import rpc.dispatcher as dispatcher_module
-
-    now = [1000.0]
-    monkeypatch.setattr(dispatcher_module.time, "monotonic", lambda: now[0])
-    service = FakeService()
-    dispatcher = Dispatcher(service)
+    service, dispatcher, _ = _dispatcher_on_a_held_clock(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
         service.error = ZeroDivisionError("a known bug")
         for _ in range(5):
