@@ -1010,7 +1010,8 @@ class _Trainer:
             await self.wait_for_bootstrap(stop)
             view = await self.enroll(await self.get_run(), stop)
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
-            self.say(f"inner loop on {_describe_device(self.device)}")
+            moments = "carried from round to round" if cfg.carry_optimizer_state else "fresh each round"
+            self.say(f"inner loop on {_describe_device(self.device)}, AdamW state {moments}")
             seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
             self.inbox = _Inbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts),
                                 verify=self.verify_weights, seen=seen)

@@ -121,7 +121,8 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
             i: Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path if i != 1 else None, f"trainer:{i}",
                                                  p2p_addr, keys[i],
                                                  *(["--rounds", "1"] if i == 2 else []),
-                                                 *(["--device", "cpu"] if i == 0 else [])), tmp_path)
+                                                 *(["--device", "cpu"] if i == 0 else []),
+                                                 *(["--carry-optimizer-state"] if i == 1 else [])), tmp_path)
             for i in range(3)
         }
         children.extend(trainers.values())
@@ -156,7 +157,8 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
             assert f"round 1 finalized model {final} verified" in child.out()
         for i in (0, 1):
             assert f"round 0 finalized model {round1} verified" in trainers[i].out()
-        assert "inner loop on cpu" in trainers[0].out()
+        assert "inner loop on cpu, AdamW state fresh each round" in trainers[0].out()
+        assert "AdamW state carried from round to round" in trainers[1].out()
         # Trainer 1 runs the default --device auto: the GPU where there is one (a GPU machine runs
         # this test with trainers on both devices, docs/trainer.md "GPU check").
         assert f"inner loop on {'cuda' if torch.cuda.is_available() else 'cpu'}" in trainers[1].out()

@@ -5,8 +5,8 @@ These run only where torch sees a CUDA device (CI's machines have none; `docs/tr
 and the backward pass's atomics order float sums differently, which the protocol allows (the node
 aggregates what it is given). What must hold is that a GPU trainer trains the same problem as a
 CPU one (same batches, close losses and outer gradients), hands back CPU fp32 state, leaves the
-caller's RNG and weights alone, keeps its AdamW moments on the device across rounds, and produces
-payloads the node decodes to the same bits.
+caller's RNG and weights alone, keeps its AdamW moments on the device across rounds (handed over
+without a second copy when asked), and produces payloads the node decodes to the same bits.
 """
 
 from __future__ import annotations
@@ -98,6 +98,33 @@ def test_cuda_moments_carry_into_the_next_round_and_stay_the_callers(init: dict,
     on_cpu = run_inner_loop(first.state, CFG, MODEL, shards[0], 1, 0, device="cpu",
                             optimizer_state={**first.optimizer_state, "state": cpu_state})
     np.testing.assert_allclose(carried.losses, on_cpu.losses, rtol=1e-3)
+
+
+def test_taken_cuda_moments_are_updated_in_place_and_hold_one_copy_on_the_device(init: dict,
+                                                                                  shards: list[Shard]) -> None:
+    """``take_optimizer_state`` (the trainer's ``--carry-optimizer-state``) hands the moments
+    over: the next round updates those very tensors on the device and never holds a second set,
+    while training exactly what the copying call trains."""
+    first = run_inner_loop(init, CFG, MODEL, shards[0], 0, 0, device="cuda")
+    moments = [v for s in first.optimizer_state["state"].values() for k, v in s.items() if k != "step"]
+    moment_bytes = sum(t.untyped_storage().nbytes() for t in moments)
+    ptrs = sorted(t.data_ptr() for t in moments)
+
+    def peak_of(**kwargs: object) -> tuple[int, object]:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        res = run_inner_loop(first.state, CFG, MODEL, shards[0], 1, 0, device="cuda", **kwargs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, res
+
+    copied_peak, copied = peak_of(optimizer_state=first.optimizer_state)
+    taken_peak, taken = peak_of(optimizer_state=first.optimizer_state, take_optimizer_state=True)
+    after = [v for s in taken.optimizer_state["state"].values() for k, v in s.items() if k != "step"]
+    assert sorted(t.data_ptr() for t in after) == ptrs  # the same storage, updated in place
+    assert all(float(s["step"]) == 2 * CFG.inner_steps for s in taken.optimizer_state["state"].values())
+    assert copied_peak - taken_peak >= 0.9 * moment_bytes, (copied_peak, taken_peak, moment_bytes)
+    np.testing.assert_allclose(taken.losses, copied.losses, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
