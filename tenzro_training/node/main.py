@@ -455,13 +455,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
 
     _raise_open_file_limit(config.rpc_max_connections)
     asyncio.get_running_loop().set_exception_handler(_LoopErrorLog().handle)
-    try:
-        # An older store is marked for this version by the service, once it accepted the store.
-        store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery,
-                           upgrade_schema=False)
-    except StorageError as exc:
-        raise NodeStartupError(str(exc)) from None
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-node")
+    store: Any = None
     service: Any = None
     server: Any = None
     tick_task: asyncio.Task[None] | None = None
@@ -475,16 +470,22 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
 
     def start_backup() -> None:
         if service is None or server is None:
-            log.warning("backup refused: the node is still starting (send SIGUSR1 once it listens)")
+            log.warning(_BACKUP_WHILE_STARTING)
             return
         task = asyncio.create_task(_backup(service, executor, data_dir / "backups"), name="tenzro-backup")
         backups.add(task)
         task.add_done_callback(backups.discard)
 
-    if hasattr(signal, "SIGUSR1"):  # from here on; its default action (before) ends the process
+    if hasattr(signal, "SIGUSR1"):  # before the store opens: no signal of ours ends the process with it open
         loop.add_signal_handler(signal.SIGUSR1, start_backup)
         stop_signals = (signal.SIGUSR1,)
     try:
+        try:
+            # An older store is marked for this version by the service, once it accepted the store.
+            store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery,
+                               upgrade_schema=False)
+        except StorageError as exc:
+            raise NodeStartupError(str(exc)) from None
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
             service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
@@ -571,7 +572,18 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         await asyncio.to_thread(executor.shutdown, True)
         if service is not None:
             service.close()
-        store.close()
+        if store is not None:
+            store.close()
+
+
+_BACKUP_WHILE_STARTING: Final = "backup refused: the node is still starting (send SIGUSR1 once it listens)"
+
+
+def _refuse_backup_while_starting(signum: int, frame: Any) -> None:
+    """SIGUSR1 from the node's first step until its event loop takes the signal over, just
+    before the store opens: its default action ended the process (backup probe), harmless before
+    the store opens but a surprise to a backup job that fires while a node restarts."""
+    log.warning(_BACKUP_WHILE_STARTING)
 
 
 def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
@@ -610,6 +622,8 @@ def run_node_from_args(args: argparse.Namespace) -> None:
     from tenzro_training.cli import CliError
 
     configure_logging(getattr(args, "log_level", None) or "INFO", getattr(args, "log_format", None) or "text")
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, _refuse_backup_while_starting)
     data_dir = Path(args.data_dir).resolve()
     try:
         config = load_node_config(
@@ -634,5 +648,6 @@ def run_node_from_args(args: argparse.Namespace) -> None:
     finally:
         # The process ends next, and Python's teardown puts SIGUSR1's default action (the end of
         # the process) back in place of a handler: ignored instead, so a late one is no kill.
-        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is _refuse_backup_while_stopping:
+        if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) in (_refuse_backup_while_starting,
+                                                                               _refuse_backup_while_stopping):
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -296,3 +297,73 @@ def test_the_health_check_names_a_stalled_service_thread(monkeypatch: pytest.Mon
 
     asyncio.run(run())
     assert seen == [None, "service_stalled", None, "storage_write_failed"]
+
+
+def test_sigusr1_is_refused_not_fatal_from_the_node_commands_first_step(monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """SIGUSR1's default action ends the process, and the node took the signal over only once
+    its store was open (backup probe): a backup job firing while a node restarted killed it. The
+    command handles it before it reads its config, and ignores it once it returns."""
+    import argparse
+    import os
+    import signal
+
+    from tenzro_training.cli import CliError
+    from tenzro_training.node import main as node_main
+
+    seen: list[object] = []
+
+    def loader(*args: object, **kwargs: object) -> None:
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        if seen[0] is node_main._refuse_backup_while_starting:  # else the signal would end pytest
+            os.kill(os.getpid(), signal.SIGUSR1)
+        raise node_main.NodeStartupError("stop here")
+
+    monkeypatch.setattr(node_main, "load_node_config", loader)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        args = argparse.Namespace(data_dir="d", config=None, dev=False, rpc_host=None, rpc_port=None)
+        with caplog.at_level(logging.WARNING, logger="tenzro.node"), pytest.raises(CliError, match="stop here"):
+            node_main.run_node_from_args(args)
+        assert seen == [node_main._refuse_backup_while_starting]
+        assert "backup refused: the node is still starting" in caplog.text
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN  # a late one at exit is no kill
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_the_store_opens_with_sigusr1_held_by_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The loop's handler (a backup once the node listens) is in place before the store opens,
+    so no SIGUSR1 ends the process with the store open; one sent then is refused."""
+    import os
+    import signal
+
+    import storage
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import run_node
+
+    seen: list[object] = []
+    open_store = storage.open_store
+
+    def opener(*args: Any, **kwargs: Any) -> Any:
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        if callable(seen[0]):  # the loop's (SIG_DFL would end pytest)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return open_store(*args, **kwargs)
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(storage, "open_store", opener)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+            asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d", announce=announce))
+        assert len(seen) == 1 and callable(seen[0])
+        assert "backup refused: the node is still starting" in caplog.text
+        assert not list((tmp_path / "d").glob("backups/*"))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
