@@ -17,6 +17,8 @@ Process contract (tests and scripts rely on it):
   finish in-flight calls, close the service and the store, exit 0 (no traceback);
 - SIGUSR1: a hot backup of the store under ``data_dir/backups`` (``node/backup.py``), one log
   line ``backup written to DIR in S s`` (or ``backup failed: ...``); the node goes on serving;
+- under systemd (``$NOTIFY_SOCKET``): ``READY=1`` once the server listens, ``WATCHDOG=1`` while
+  healthy when ``$WATCHDOG_USEC`` asks for it, ``STOPPING=1`` when it stops (``node/sdnotify.py``);
 - a startup failure (unreadable or invalid config, a data dir that cannot be created or written,
   store locked by another node, a store written by a newer version, port in use) is one line on
   stderr and exit status 2.
@@ -30,6 +32,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -451,6 +454,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     from storage import open_store
     from storage.interface import StorageError
     from tenzro_training.node.metrics import NodeMetrics, register_gossip_metrics
+    from tenzro_training.node.sdnotify import SystemdNotifier
     from tenzro_training.node.service import NodeService
 
     _raise_open_file_limit(config.rpc_max_connections)
@@ -460,6 +464,8 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     service: Any = None
     server: Any = None
     tick_task: asyncio.Task[None] | None = None
+    watchdog_task: asyncio.Task[None] | None = None
+    systemd = SystemdNotifier()
     host: Any = None
     bridge: Any = None
     loop = asyncio.get_running_loop()
@@ -480,12 +486,14 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         loop.add_signal_handler(signal.SIGUSR1, start_backup)
         stop_signals = (signal.SIGUSR1,)
     try:
+        systemd.status("opening the store")
         try:
             # An older store is marked for this version by the service, once it accepted the store.
             store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery,
                                upgrade_schema=False)
         except StorageError as exc:
             raise NodeStartupError(str(exc)) from None
+        systemd.status("reading the store's runs")
         try:
             # Built on the executor thread: the service may bind state to the thread that made it.
             service = await loop.run_in_executor(executor, lambda: NodeService(config, store))
@@ -546,20 +554,26 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
                  config.prune_payloads, len(config.allowed_checkpoint_dirs), "on" if p2p_config is not None else "off")
         host_text = f"[{server.host}]" if ":" in server.host else server.host  # IPv6: RFC 3986 brackets
         announce(f"tenzro node listening on http://{host_text}:{server.port} (data dir {data_dir})")
+        systemd.ready(f"listening on http://{host_text}:{server.port}, {sum(runs.values())} runs")
+        if systemd.watchdog_s is not None:
+            watchdog_task = asyncio.create_task(
+                _watchdog_forever(systemd, lambda: _health(service, liveness) is None), name="tenzro-watchdog")
         await stop.wait()
         log.info("shutting down")
     finally:
+        systemd.stopping()
         for sig in stop_signals:
             loop.remove_signal_handler(sig)  # puts back the default action: for SIGUSR1, the end of the process
         if hasattr(signal, "SIGUSR1") and signal.SIGUSR1 in stop_signals:
             # A backup asked for while the node stops: refused, not a kill.
             signal.signal(signal.SIGUSR1, _refuse_backup_while_stopping)
-        if tick_task is not None:
-            tick_task.cancel()
-            try:
-                await tick_task
-            except asyncio.CancelledError:
-                pass
+        for task in (tick_task, watchdog_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if backups:  # a backup under way finishes (on the executor) before the store closes
             await asyncio.gather(*backups, return_exceptions=True)
         if server is not None:
@@ -574,6 +588,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
             service.close()
         if store is not None:
             store.close()
+        systemd.close()
 
 
 _BACKUP_WHILE_STARTING: Final = "backup refused: the node is still starting (send SIGUSR1 once it listens)"
@@ -584,6 +599,16 @@ def _refuse_backup_while_starting(signum: int, frame: Any) -> None:
     before the store opens: its default action ended the process (backup probe), harmless before
     the store opens but a surprise to a backup job that fires while a node restarts."""
     log.warning(_BACKUP_WHILE_STARTING)
+
+
+async def _watchdog_forever(systemd: Any, healthy: Callable[[], bool]) -> None:
+    """WATCHDOG=1 twice per ``WatchdogSec=`` while the health check would answer 200: a node
+    whose service thread stalled, or whose store refuses writes until reopened, stops sending
+    it, and systemd restarts it (``node/sdnotify.py``)."""
+    while True:
+        if healthy():
+            systemd.watchdog()
+        await asyncio.sleep(systemd.watchdog_s / 2)
 
 
 def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:

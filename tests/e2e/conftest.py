@@ -188,18 +188,20 @@ def _child_env() -> dict[str, str]:
 
 
 def start_node(
-    data_dir: Path, config: Path, *, log_name: str = "node", extra_args: tuple[str, ...] = ()
+    data_dir: Path, config: Path, *, log_name: str = "node", extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> NodeProcess:
     """Start a dev node and wait for its "listening" line (fails with its stderr otherwise).
 
-    ``extra_args`` go to ``tenzro node`` (e.g. ``--p2p-listen``); every stdout line up to and
-    after "listening" is kept in ``NodeProcess.stdout_lines``."""
+    ``extra_args`` go to ``tenzro node`` (e.g. ``--p2p-listen``), ``env`` to its environment;
+    every stdout line up to and after "listening" is kept in ``NodeProcess.stdout_lines``."""
     data_dir.mkdir(parents=True, exist_ok=True)
     n = len(list(data_dir.parent.glob(f"{log_name}*.stderr")))
     stderr_path = data_dir.parent / f"{log_name}-{n}.stderr"
     err = stderr_path.open("w")
     proc = subprocess.Popen(
-        node_command(data_dir, config) + list(extra_args), cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=err,
+        node_command(data_dir, config) + list(extra_args), cwd=REPO, env={**_child_env(), **(env or {})},
+        stdout=subprocess.PIPE, stderr=err,
         text=True, bufsize=1,
     )
     err.close()

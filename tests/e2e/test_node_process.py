@@ -10,7 +10,9 @@ uninterrupted run's), clean shutdown and startup failures.
 from __future__ import annotations
 
 import json
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +39,7 @@ from tests.e2e.conftest import (
     rpc_error,
     run_to_training,
     scrape_metrics,
+    start_node,
     tenzro,
     write_config,
 )
@@ -435,3 +438,34 @@ def test_sigusr1_during_shutdown_does_not_kill_the_node(node_factory: Callable[.
         time.sleep(0.002)
     assert proc.proc.wait(timeout=30) == 0, proc.stderr()
     assert "Traceback" not in proc.stderr()
+
+
+def test_the_node_process_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> None:
+    """A real ``tenzro node`` under Type=notify and WatchdogSec=0.4 s, as systemd would start it."""
+    name = f"tenzro-test-{secrets.token_hex(8)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)
+    sock.settimeout(30)
+    node_dir = tmp_path / "d"
+    node = start_node(node_dir, write_config(tmp_path / "c.json"), env={"NOTIFY_SOCKET": "@" + name,
+                                                                         "WATCHDOG_USEC": "400000"})
+    try:
+        got = []
+        while b"READY=1" not in b"".join(got):
+            got.append(sock.recv(4096))
+        assert got[:2] == [b"STATUS=opening the store", b"STATUS=reading the store's runs"]
+        assert got[-1] == f"READY=1\nSTATUS=listening on {node.url.rstrip('/')}, 0 runs".encode()
+        assert [sock.recv(4096) for _ in range(3)] == [b"WATCHDOG=1"] * 3  # 0.2 s apart
+        assert node.stop() == 0, node.stderr()
+        rest = []
+        sock.settimeout(0.5)
+        try:
+            while True:
+                rest.append(sock.recv(4096))
+        except TimeoutError:
+            pass
+        assert b"STOPPING=1\nSTATUS=stopping" in rest
+        assert set(rest) <= {b"WATCHDOG=1", b"STOPPING=1\nSTATUS=stopping"}
+    finally:
+        node.stop()
+        sock.close()

@@ -1,0 +1,119 @@
+"""node/sdnotify.py: systemd's notification protocol (sd_notify(3)) as a unit with Type=notify and
+WatchdogSec= sees it, against real unix datagram sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tenzro_training.node.main import _watchdog_forever
+from tenzro_training.node.sdnotify import MAX_STATUS_CHARS, SystemdNotifier
+
+
+@pytest.fixture
+def abstract() -> Iterator[tuple[str, socket.socket]]:
+    """A listening abstract socket and the NOTIFY_SOCKET value that names it."""
+    name = f"tenzro-test-{secrets.token_hex(8)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)
+    sock.settimeout(5)
+    yield "@" + name, sock
+    sock.close()
+
+
+def test_outside_systemd_every_call_does_nothing() -> None:
+    notifier = SystemdNotifier({})
+    assert not notifier.enabled and notifier.watchdog_s is None
+    assert not notifier.ready("x") and not notifier.watchdog() and not notifier.stopping()
+
+
+def test_ready_and_status_reach_an_abstract_socket_as_one_datagram(abstract: tuple[str, socket.socket]) -> None:
+    name, sock = abstract
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": name})
+    assert notifier.ready("listening on http://127.0.0.1:8545,\n 2 runs")
+    assert sock.recv(4096) == b"READY=1\nSTATUS=listening on http://127.0.0.1:8545, 2 runs"
+    assert notifier.status("x" * 1000)
+    assert sock.recv(4096) == b"STATUS=" + b"x" * MAX_STATUS_CHARS  # one line of systemctl status
+    assert notifier.stopping() and sock.recv(4096) == b"STOPPING=1\nSTATUS=stopping"
+    notifier.close()
+
+
+def test_a_path_socket_is_reached_too() -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:  # AF_UNIX paths are limited to 107 bytes
+        path = str(Path(d) / "notify")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(path)
+            sock.settimeout(5)
+            notifier = SystemdNotifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"})
+            assert notifier.watchdog_s == 2.0
+            assert notifier.watchdog() and sock.recv(4096) == b"WATCHDOG=1"
+            notifier.close()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"WATCHDOG_USEC": "500000"}, 0.5),
+    ({"WATCHDOG_USEC": "500000", "WATCHDOG_PID": "4242"}, 0.5),  # this process's pid
+    ({"WATCHDOG_USEC": "500000", "WATCHDOG_PID": "4243"}, None),  # meant for another process
+    ({"WATCHDOG_USEC": ""}, None),
+    ({"WATCHDOG_USEC": "0"}, None),
+    ({"WATCHDOG_USEC": "-5"}, None),
+    ({"WATCHDOG_USEC": "1e6"}, None),
+    ({"WATCHDOG_USEC": "١٢"}, None),  # Unicode digits are not a systemd number
+])
+def test_the_watchdog_interval_is_taken_only_when_meant_for_this_process(
+    abstract: tuple[str, socket.socket], env: dict[str, str], expected: float | None
+) -> None:
+    assert SystemdNotifier({"NOTIFY_SOCKET": abstract[0], **env}, pid=4242).watchdog_s == expected
+
+
+def test_a_watchdog_without_a_notify_socket_is_ignored() -> None:
+    assert SystemdNotifier({"WATCHDOG_USEC": "500000"}).watchdog_s is None
+
+
+def test_a_relative_notify_socket_is_refused_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": "notify.sock"})
+    assert not notifier.enabled
+    assert "neither an absolute path nor an abstract socket" in caplog.text
+
+
+def test_a_socket_nobody_listens_on_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": f"@tenzro-test-nobody-{secrets.token_hex(8)}"})
+    with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+        assert [notifier.watchdog() for _ in range(5)] == [False] * 5
+    assert [r.getMessage() for r in caplog.records].count(
+        f"systemd notification to {notifier.address.replace(chr(0), '@')} failed: Connection refused") == 1
+    notifier.close()
+
+
+def test_the_watchdog_is_fed_only_while_the_node_is_healthy() -> None:
+    """Twice per interval while healthy; nothing while the health check would answer 503."""
+    class Fake:
+        watchdog_s = 0.02
+        sent = 0
+
+        def watchdog(self) -> None:
+            self.sent += 1
+
+    fake, healthy = Fake(), [True]
+
+    async def run() -> list[int]:
+        task = asyncio.create_task(_watchdog_forever(fake, lambda: healthy[0]))
+        counts = []
+        for state in (True, False, True):
+            healthy[0] = state
+            before = fake.sent
+            await asyncio.sleep(0.2)
+            counts.append(fake.sent - before)
+        task.cancel()
+        return counts
+
+    fed, starved, fed_again = asyncio.run(run())
+    assert fed >= 5 and starved <= 1 and fed_again >= 5  # 0.2 s / 0.01 s = 20 when the loop is idle
