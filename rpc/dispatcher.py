@@ -240,6 +240,12 @@ def _invalid(request_id: object, reason: str) -> dict[str, Any]:
     return compute_error_response(InvalidRequest(reason), request_id)
 
 
+def _task_of(params: object) -> str:
+    """The call's ``task_id`` for a log line, JSON-quoted (it is the client's text), or ``-``."""
+    task_id = params.get("task_id") if type(params) is dict else None
+    return json.dumps(task_id[:80]) if type(task_id) is str else "-"
+
+
 def _is_valid_id(value: object) -> bool:
     kind = type(value)  # bool is not an id, and neither is a float
     return kind is str or kind is int or value is None
@@ -440,6 +446,11 @@ class Dispatcher:
                 # The client gets only the table's message (the reason may name node-local files):
                 # the operator is the one who can see why, so the node says it here.
                 self._log_refusal(name, error["code"], str(exc))
+            elif log.isEnabledFor(logging.DEBUG):
+                # The client has the whole reason; an operator asked why a trainer was refused
+                # needs the run it was about (observability probe: no log line named it).
+                log.debug("JSON-RPC %s refused with %d for task %s: %s", json.dumps(name[:128]), error["code"],
+                          _task_of(params), json.dumps(str(error["message"])[:500]))
         except Exception as exc:
             # Unexpected: a bug or an environment fault. The client learns only that it happened.
             error = compute_error_object(InternalError())

@@ -28,7 +28,7 @@ from rpc.errors import (
 from rpc.params import PARAMS_BY_METHOD
 from rpc.service import TrainingService
 from tenzro_training.errors import RunError, TenzroError, UnknownTask
-from tests.rpc.conformance import FakeService, RpcConformance, get_run
+from tests.rpc.conformance import FakeService, RpcConformance, get_run, req
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "rpc.md"
 
@@ -161,6 +161,24 @@ def test_a_non_public_refusal_is_logged_for_the_operator(caplog: pytest.LogCaptu
     with caplog.at_level(logging.WARNING, logger="rpc.dispatcher"):
         Dispatcher(service).handle(json.dumps(get_run()))
     assert caplog.records == []
+
+
+def test_a_public_refusal_names_its_task_at_debug_level_only(caplog: pytest.LogCaptureFixture) -> None:
+    """A client can cause any number of public refusals, so they stay out of the log at INFO;
+    at DEBUG an operator asked why a trainer was refused finds the call with its task id,
+    quoted (the client's text: no line breaks into the log)."""
+    service = FakeService()
+    service.error = UnknownTask("t1\nforged line")
+    with caplog.at_level(logging.INFO, logger="rpc.dispatcher"):
+        Dispatcher(service).handle(json.dumps(get_run("t1\nforged line")))
+    assert caplog.records == []
+    with caplog.at_level(logging.DEBUG, logger="rpc.dispatcher"):
+        Dispatcher(service).handle(json.dumps(get_run("t1\nforged line")))
+        Dispatcher(service).handle(json.dumps(req("tenzro_training_listRuns", {}, 2)))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert lines[0].startswith('JSON-RPC "tenzro_training_getRun" refused with ') and ' for task "t1\\nforged line": ' in lines[0]
+    assert " for task -: " in lines[1]
 
 
 # -- strict JSON ----------------------------------------------------------------------------------
