@@ -617,9 +617,12 @@ def decode_payload(
 def _check_values(flat: torch.Tensor, layout: FragmentLayout, check_finite: bool, max_abs: float | None) -> None:
     if flat.numel() == 0:
         return
-    # One read-only pass (min and max propagate NaN; any +-Inf is the min or the max); the slow
-    # paths below only name the culprit.
-    low, high = (float(v) for v in torch.aminmax(flat))
+    # One read-only pass each (min and max propagate NaN; any +-Inf is the min or the max); the
+    # slow paths below only name the culprit. numpy's, single-threaded: torch's aminmax splits a
+    # fragment over its intra-op threads, and on a busy node (the event loop parsing the next
+    # request on the other core) waiting for them took 0.9 ms instead of 0.07 ms per 269k values.
+    values = flat.numpy()
+    low, high = float(values.min()), float(values.max())
     if check_finite and not (math.isfinite(low) and math.isfinite(high)):
         bad = ~torch.isfinite(flat)
         raise PayloadNonFinite(_entry_at(layout, int(bad.nonzero()[0, 0])).name, int(bad.sum()))
