@@ -64,6 +64,7 @@ __all__ = [
     "StateMismatch",
     "UnknownFamily",
     "build_model",
+    "compute_shape_mismatch",
     "config_from_spec",
     "count_params",
     "tensor_shapes",
@@ -325,18 +326,39 @@ def build_model(cfg: PatchTransformerConfig) -> PatchTransformer:
     return model.to_empty(device="cpu")
 
 
+def compute_shape_mismatch(
+    got: Mapping[str, tuple[int, ...]], want: Mapping[str, tuple[int, ...]]
+) -> str | None:
+    """How the tensors ``got`` (name -> shape) differ from the model's ``want``: the names
+    missing, the names unexpected and the tensors of another shape (five of each at most), or
+    None when they are the same. Whatever meets the spec's model from outside (a state loaded
+    into it, a node's fragment layouts, a sponsor's model file) is described in these words, so
+    every refusal says which tensors differ."""
+
+    def few(items: list[str]) -> str:
+        return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    shapes = [f"{name} {tuple(got[name])} where the model has {tuple(want[name])}"
+              for name in sorted(set(want) & set(got)) if tuple(got[name]) != tuple(want[name])]
+    parts = [f"{label}: {few(items)}" for label, items in
+             (("missing", missing), ("unexpected", extra), ("other shapes", shapes)) if items]
+    return "; ".join(parts) or None
+
+
 def load_state(model: nn.Module, state: Mapping[str, Tensor]) -> None:
     """Copy ``state`` (any float dtype, widened to the model's fp32) into ``model``, strictly.
 
     Raises :class:`StateMismatch` when names or shapes differ.
     """
     own = model.state_dict()
-    if set(state) != set(own):
-        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-        raise StateMismatch(f"state does not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
-    for name, tensor in own.items():
-        if not isinstance(state[name], Tensor) or tuple(state[name].shape) != tuple(tensor.shape):
-            raise StateMismatch(f"state[{name!r}] is not a tensor of shape {tuple(tensor.shape)}")
+    for name, tensor in state.items():
+        if not isinstance(tensor, Tensor):
+            raise StateMismatch(f"state[{name!r}] is a {type(tensor).__name__}, not a tensor")
+    problem = compute_shape_mismatch({n: tuple(t.shape) for n, t in state.items()},
+                                     {n: tuple(t.shape) for n, t in own.items()})
+    if problem is not None:
+        raise StateMismatch(f"state does not match the model: {problem}")
     with torch.no_grad():
         for name, tensor in own.items():
             tensor.copy_(state[name])

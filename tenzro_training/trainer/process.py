@@ -1056,7 +1056,7 @@ class _Trainer:
         the spec describes, BEFORE enrolling. They were checked only against the layout hashes
         the same node states, so another model's layouts passed and the trainer failed in its
         inner loop with the stake bonded (trainer probe, 2026-11-26)."""
-        from tenzro_training.trainer.model import get_adapter
+        from tenzro_training.trainer.model import compute_shape_mismatch, get_adapter
 
         want = get_adapter(spec.architecture.family).tensor_shapes(self.model_cfg)
         # Every tensor the layouts cut, and the zero-element ones they cannot (``empty_tensors``).
@@ -1064,12 +1064,10 @@ class _Trainer:
         if len(self.layouts) != spec.architecture.fragment_count:
             raise TrainerProcessError(f"the node's getRun has {len(self.layouts)} fragment layouts; the spec has "
                                       f"{spec.architecture.fragment_count} fragments (nothing staked)")
-        if got != want:
-            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            shapes = sorted(n for n in set(want) & set(got) if want[n] != got[n])
+        problem = compute_shape_mismatch(got, want)
+        if problem is not None:
             raise TrainerProcessError(
-                f"the node's fragment layouts do not describe the spec's model (nothing staked): missing "
-                f"{missing[:5]}, unexpected {extra[:5]}, other shapes {shapes[:5]}")
+                f"the node's fragment layouts do not describe the spec's model (nothing staked): {problem}")
 
     async def prepare(self, spec: Any) -> Any:
         """The model and inner-loop configs, the payload dtype and the dataset (hash-checked) of
