@@ -4,7 +4,8 @@
 ``tenzro_training_*`` methods plus ``cancel-task``, ``verify-receipt`` (re-checks a receipt, its
 election and its signatures: ``receipt_check.py``), and offline helpers (``make-gradient`` writes a
 random OuterGradient payload, ``export-model`` copies a sealed run's final model out of a node's
-data dir, ``address``); ``tenzro syncer run`` is the syncer daemon (``node/syncer.py``).
+data dir, ``evaluate-model`` scores model files on the spec's held-out windows, ``address``);
+``tenzro syncer run`` is the syncer daemon (``node/syncer.py``).
 Every signing command takes ``--key-file`` (hex, ``{"private_key"}`` JSON, or a dev-accounts.json
 with ``--account``) or ``TENZRO_PRIVATE_KEY``. Output is human-readable by default and JSON with
 ``--json``; any failure prints one line to stderr and exits non-zero: 1 for an error the node
@@ -1034,6 +1035,73 @@ def cmd_export_model(args: argparse.Namespace) -> None:
     _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
 
+def _read_model_file(path: str) -> tuple[Any, str]:
+    """A model file as fp32 tensors, and the SHA-256 of its bytes, parsed as the node parses an
+    init checkpoint: safetensors only (nothing executed), fp32/fp16/bf16 tensors, finite values."""
+    import hashlib
+
+    from storage.files import NotReadable, read_regular_file
+    from tenzro_training.errors import CheckpointError
+    from tenzro_training.node.checkpoint import parse_checkpoint_bytes
+
+    try:
+        data = read_regular_file(path, MAX_CHECKPOINT_FILE_BYTES)
+    except NotReadable as exc:
+        raise CliError(f"cannot read model {path}: {exc.reason}") from None
+    try:
+        state = parse_checkpoint_bytes(data, path)
+    except CheckpointError as exc:
+        raise CliError(f"model {path}: {exc.reason}") from None
+    return state, "0x" + hashlib.sha256(data).hexdigest()
+
+
+def cmd_evaluate_model(args: argparse.Namespace) -> None:
+    """What the sponsor's sealed model is worth: its validation loss on the spec's held-out
+    windows next to the initial model's and simple forecasts' (trainer/evaluation.py)."""
+    from tenzro_training.fragments import compute_model_hash
+    from tenzro_training.node.checkpoint import load_init_checkpoint
+    from tenzro_training.trainer.evaluation import evaluate_models, load_validation_set
+    from tenzro_training.trainer.inner import resolve_device
+
+    if not args.model and not args.with_init:
+        raise CliError("nothing to evaluate: pass --model FILE (repeatable) and/or --with-init")
+    spec = _read_spec_file(args.spec)  # SpecError -> exit 2 with the field path
+    device = resolve_device(args.device)
+    validation = load_validation_set(spec)  # UnknownFamily, ModelConfigError, DatasetError -> exit 2
+    models = []  # (name, file, fp32 state, sha256 of the file)
+    if args.with_init:
+        ref = spec.init_checkpoint()
+        if ref is None:
+            raise CliError("--with-init: the spec names no architecture.metadata.init_checkpoint")
+        state = load_init_checkpoint(spec, max_bytes=MAX_CHECKPOINT_FILE_BYTES)  # CheckpointError -> exit 2
+        models.append(("init_checkpoint", str(_checkpoint_path(ref.uri)), state, ref.sha256))
+    models.extend((path, path, *_read_model_file(path)) for path in args.model or ())
+    evaluation = evaluate_models(validation, [(name, state) for name, _, state, _ in models], device=device)
+    result = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(), "dataset_ref": spec.dataset_ref,
+              "dataset_hash": spec.dataset_hash, "device": str(device), "metric": "mean normalised MSE",
+              **evaluation.to_dict()}
+    for entry, (_, file, state, sha256) in zip(result["models"], models):
+        entry.update(file=file, sha256=sha256, model_hash="0x" + compute_model_hash(state).hex())
+    _emit(args, result, _human_evaluation)
+
+
+def _human_evaluation(r: dict[str, Any]) -> str:
+    def loss(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    rows = [(m["name"], loss(m["loss"]), f"model_hash {m['model_hash']}") for m in r["models"]]
+    rows += [(f"baseline {b['name']}", loss(b["loss"]), f"({b['note']})" if b["note"] else "") for b in r["baselines"]]
+    width = max(len(name) for name, _, _ in rows)
+    return "\n".join([
+        f"task_id   {r['task_id']}",
+        f"dataset   {r['dataset_ref']} (hash checked)",
+        f"windows   {r['windows']} held out, context {r['context_len']}, horizon {r['horizon']}",
+        f"device    {r['device']}",
+        "validation loss (mean normalised MSE; lower is better)",
+        *(f"  {name:<{width}}  {value:>7}  {extra}".rstrip() for name, value, extra in rows),
+    ])
+
+
 def _parse_amount(text: str, flag: str) -> int:
     # ASCII digits only: str.isdigit() also accepts "²" (int() then raises) and other scripts' digits.
     if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
@@ -1330,6 +1398,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-receipt", action="store_true", help="compare its hash with the node's receipt")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_export_model)
+
+    p = train.add_parser("evaluate-model",
+                         help="score model files on the spec's held-out windows, beside simple forecasts")
+    p.add_argument("--spec", required=True, help="the run's TrainingTaskSpec (its dataset and architecture)")
+    p.add_argument("--model", action="append", type=_file_path, metavar="FILE",
+                   help="a safetensors model: export-model's or init-checkpoint's output (repeatable)")
+    p.add_argument("--with-init", action="store_true",
+                   help="also score the init checkpoint the spec names (checked against its SHA-256)")
+    p.add_argument("--device", default="cpu", help="cpu (the default), auto, cuda, cuda:N or mps")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_evaluate_model)
 
     p = train.add_parser("address", help="print the address of the signing key")
     _client_flags(p, signing=True)

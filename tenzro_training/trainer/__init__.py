@@ -6,7 +6,8 @@ What this package is: the pieces a trainer process calls each round. :mod:`.mode
 checked against their SHA-256); :mod:`.data` loads the real timeseries shipped inside
 statsmodels, splits them by time and deals training windows to shards; :mod:`.inner` runs H
 inner AdamW steps from the global weights and turns the result into per-fragment outer
-gradients and payloads.
+gradients and payloads; :mod:`.evaluation` scores a task's models on its held-out windows beside
+the last-value and seasonal-naive forecasts (``tenzro train evaluate-model``).
 
 What it is NOT: no networking, no signing, no submission (the trainer process wraps these
 pieces and talks to the node); no aggregation or outer step (the node's pure core). It is a

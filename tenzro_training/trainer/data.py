@@ -4,7 +4,9 @@ What this module is: :func:`load_corpus` reads real series from the CSV files sh
 statsmodels package (nothing is downloaded); :func:`compute_dataset_hash` commits to the corpus
 (the task's ``dataset_hash``); :func:`shard_windows` deals the training windows to
 ``shard_count`` trainers, disjointly and deterministically; :func:`validation_batch` builds the
-held-out evaluation windows. The exact encodings and rules are in docs/trainer.md, "Data".
+held-out evaluation windows (:func:`get_validation_windows` names them); :data:`SEASON_LENGTHS`
+gives each source's seasonal period, for the seasonal-naive baseline. The exact encodings and
+rules are in docs/trainer.md, "Data".
 
 What it is NOT: no model code, no networking, no download. The CSVs are parsed here with the
 standard library (``csv`` + ``float``, which rounds correctly) rather than with pandas, so the
@@ -46,6 +48,7 @@ __all__ = [
     "DATASET_REF_SCHEME",
     "DEFAULT_DATASET_REF",
     "DEFAULT_HOLDOUT_BPS",
+    "SEASON_LENGTHS",
     "SHARD_KEY_DOMAIN",
     "SOURCES",
     "DatasetError",
@@ -57,7 +60,9 @@ __all__ = [
     "compute_dataset_hash",
     "compute_dataset_ref",
     "compute_train_length",
+    "get_season_length",
     "get_training_windows",
+    "get_validation_windows",
     "load_corpus",
     "parse_dataset_ref",
     "shard_windows",
@@ -207,6 +212,18 @@ SOURCES: dict[str, Callable[[], tuple[Series, ...]]] = {
 }
 """Source name -> loader of its series (in the order they join the corpus)."""
 
+SEASON_LENGTHS: dict[str, int] = {
+    "co2": 52,  # weekly: a year is 52 weeks (52.18; the naive rule needs a whole number)
+    "sunspots": 1,  # yearly: no calendar season (the ~11-year solar cycle is not a fixed period)
+    "nile": 1,  # yearly
+    "elnino": 12,  # monthly
+    "elec_equip": 12,  # monthly
+    "macrodata": 4,  # quarterly
+}
+"""Source name -> observations per seasonal cycle (1: none). Used only by the seasonal-naive
+baseline of :mod:`.evaluation`, where a season of 1 makes it the last-value forecast (the usual
+convention for non-seasonal series); nothing the protocol hashes or shards depends on it."""
+
 DEFAULT_DATASET_REF = "statsmodels:co2,sunspots,nile,elnino,elec_equip,macrodata"
 
 
@@ -242,6 +259,11 @@ def load_corpus(ref: str = DEFAULT_DATASET_REF) -> tuple[Series, ...]:
     Cached per ref (the arrays are read-only, so sharing them is safe).
     """
     return tuple(series for name in parse_dataset_ref(ref) for series in SOURCES[name]())
+
+
+def get_season_length(series: Series) -> int:
+    """The seasonal period of ``series``, from its source (``"macrodata.cpi"`` -> ``macrodata``)."""
+    return SEASON_LENGTHS[series.name.partition(".")[0]]
 
 
 def compute_dataset_hash(corpus: Sequence[Series]) -> bytes:
@@ -363,13 +385,13 @@ def shard_windows(
     return Shard(shard_index, shard_count, mine, _gather(corpus, mine, window_len))
 
 
-def validation_batch(
+def get_validation_windows(
     corpus: Sequence[Series], context_len: int, horizon: int, *, holdout_bps: int = DEFAULT_HOLDOUT_BPS
-) -> torch.Tensor:
-    """Held-out windows ``(n, context_len + horizon)``: per series, targets tile the held-out
-    tail in non-overlapping blocks of ``horizon`` (context may reach back into the training
-    part); starts are ``train_len - context_len + k * horizon``. Windows that would start before
-    the series or end after it are skipped."""
+) -> tuple[WindowRef, ...]:
+    """The held-out windows :func:`validation_batch` gathers, in its row order: per series,
+    targets tile the held-out tail in non-overlapping blocks of ``horizon`` (context may reach
+    back into the training part); starts are ``train_len - context_len + k * horizon``. Windows
+    that would start before the series or end after it are skipped."""
     _check_window_args(context_len, horizon, 1, holdout_bps)
     window_len = context_len + horizon
     refs = []
@@ -379,4 +401,13 @@ def validation_batch(
         refs.extend(WindowRef(i, s) for s in range(first, n - window_len + 1, horizon) if s >= 0)
     if not refs:
         raise ShardError(f"no series is long enough for a validation window of {window_len} values")
-    return _gather(corpus, refs, window_len)
+    return tuple(refs)
+
+
+def validation_batch(
+    corpus: Sequence[Series], context_len: int, horizon: int, *, holdout_bps: int = DEFAULT_HOLDOUT_BPS
+) -> torch.Tensor:
+    """Held-out windows ``(n, context_len + horizon)``: row i is window i of
+    :func:`get_validation_windows`."""
+    refs = get_validation_windows(corpus, context_len, horizon, holdout_bps=holdout_bps)
+    return _gather(corpus, refs, context_len + horizon)

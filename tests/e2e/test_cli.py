@@ -2,13 +2,15 @@
 
 A run is carried to a sealed receipt with the sponsor, trainer and syncer commands (signing keys
 picked from the node's dev-accounts.json with ``--account``, or given in TENZRO_PRIVATE_KEY),
-payloads built by ``make-gradient``, the receipt saved by ``get-receipt --out`` and the final
-model exported and checked against it. Exit codes: 0 ok, 1 node error, 2 usage, 3 unreachable.
+payloads built by ``make-gradient``, the receipt saved by ``get-receipt --out``, the final
+model exported and checked against it, then scored beside the initial one by ``evaluate-model``
+as a sponsor would. Exit codes: 0 ok, 1 node error, 2 usage, 3 unreachable.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 from pathlib import Path
 
@@ -21,7 +23,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_run_through_the_cli(node: NodeProcess, tiny_model: TinyModel, tmp_path: Path) -> None:
-    task = new_task(tiny_model, node, "e2e-cli")
+    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
+
+    # The corpus's true hash (the shared spec's placeholder is enough for the node, which does
+    # not load the data): evaluate-model checks it, as a trainer does.
+    ref = "statsmodels:co2,nile"
+    task = new_task(tiny_model, node, "e2e-cli", dataset_ref=ref,
+                    dataset_hash="0x" + compute_dataset_hash(load_corpus(ref)).hex())
     keys = str(node.data_dir / "dev-accounts.json")
     url = node.url
     spec_file = tmp_path / "spec.json"
@@ -101,6 +109,15 @@ def test_a_run_through_the_cli(node: NodeProcess, tiny_model: TinyModel, tmp_pat
     assert r.code == 0, r.err
     assert r.json()["model_hash"] == "0x" + receipt.final_model_hash.hex() and r.json()["receipt_checked"]
     assert model.stat().st_size == r.json()["bytes"]
+
+    # The sponsor scores the sealed model and the initial one on the spec's held-out windows.
+    r = tenzro("train", "evaluate-model", "--spec", str(spec_file), "--model", str(model), "--with-init", "--json")
+    assert r.code == 0, r.err
+    scores = {m["name"]: m for m in r.json()["models"]}
+    assert set(scores) == {"init_checkpoint", str(model)}
+    assert all(math.isfinite(m["loss"]) for m in scores.values())
+    assert scores[str(model)]["model_hash"] == "0x" + receipt.final_model_hash.hex()
+    assert scores["init_checkpoint"]["model_hash"] == view["initial_model_hash"]
 
 
 def test_cli_cancel_and_exit_codes(node: NodeProcess, tiny_model: TinyModel, tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ from tenzro_training.spec import TrainingTaskSpec
 from tenzro_training.trainer import TrainerError
 from tenzro_training.trainer.data import (
     DEFAULT_DATASET_REF,
+    SEASON_LENGTHS,
+    SOURCES,
     DatasetError,
     Series,
     ShardError,
@@ -24,7 +26,9 @@ from tenzro_training.trainer.data import (
     compute_dataset_hash,
     compute_dataset_ref,
     compute_train_length,
+    get_season_length,
     get_training_windows,
+    get_validation_windows,
     load_corpus,
     parse_dataset_ref,
     shard_windows,
@@ -275,6 +279,20 @@ def test_validation_targets_are_held_out(corpus: tuple[Series, ...]) -> None:
         n, tl = len(s.values), compute_train_length(len(s.values))
         expected += len([x for x in range(tl - 32, n - 40 + 1, 8) if x >= 0])
     assert val.shape[0] == expected == 150
+
+
+def test_validation_windows_name_the_rows_of_the_validation_batch(corpus: tuple[Series, ...]) -> None:
+    refs = get_validation_windows(corpus, 32, 8)
+    val = validation_batch(corpus, 32, 8)
+    assert len(refs) == len(val) == 150 and list(refs) == sorted(refs)
+    for ref, row in zip(refs, val):
+        assert np.array_equal(row.numpy(), corpus[ref.series].values[ref.start : ref.start + 40])
+
+
+def test_every_source_has_a_season(corpus: tuple[Series, ...]) -> None:
+    assert set(SEASON_LENGTHS) == set(SOURCES)
+    seasons = {s.name: get_season_length(s) for s in corpus}
+    assert (seasons["co2"], seasons["elnino"], seasons["nile"], seasons["macrodata.cpi"]) == (52, 12, 1, 4)
 
 
 def test_validation_and_training_targets_never_overlap() -> None:
