@@ -146,6 +146,19 @@ def test_evaluate_on_cuda_matches_the_cpu(init: dict) -> None:
     assert evaluate(init, MODEL, val, device="cuda") == pytest.approx(evaluate(init, MODEL, val), rel=1e-4)
 
 
+def test_a_sponsors_evaluation_on_cuda_matches_the_cpu(init: dict) -> None:
+    """``tenzro train evaluate-model --device cuda``: the same scores as on the CPU (float
+    summation order aside), the baselines untouched (computed on the CPU either way)."""
+    from tenzro_training.trainer.evaluation import evaluate_models, load_validation_set
+    from tests.trainer.test_evaluation import make_spec
+
+    validation = load_validation_set(make_spec())
+    on_cpu = evaluate_models(validation, [("init", init)])
+    on_gpu = evaluate_models(validation, [("init", init)], device="cuda")
+    assert on_gpu.models[0].loss == pytest.approx(on_cpu.models[0].loss, rel=1e-4)
+    assert on_gpu.baselines == on_cpu.baselines
+
+
 def test_a_diverged_cuda_round_names_its_first_bad_step(init: dict, shards: list[Shard]) -> None:
     """A NaN loss on the device stops the round at its first step, as on the CPU."""
     poisoned = dict(init) | {"head.bias": torch.full_like(init["head.bias"], float("nan"))}
