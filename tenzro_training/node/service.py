@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from storage.files import remove_temporary_files, write_file_atomically
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.addresses import Address, format_address, parse_address, validate_address_bytes
@@ -75,6 +74,7 @@ from tenzro_training.ledger import Ledger, credit
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
+from tenzro_training.node.model_files import MODEL_FILE_RETRY_MS, ModelFiles
 from tenzro_training.global_model import (
     InitialModel,
     ModelLayout,
@@ -156,9 +156,6 @@ log = logging.getLogger("tenzro.node")
 
 _GENESIS_RECORD_VERSION = 1
 _NO_HASH = bytes(32)
-
-MODEL_FILE_RETRY_MS = 30_000
-"""How often a sealed run's model file that could not be written is tried again."""
 
 PAUSE_MIN_MS = 3_000
 """Once the clock is started (``start_clock``), a gap this long since the node last served (a
@@ -328,9 +325,7 @@ class NodeService:
         self._payload_cache: dict[str, dict[bytes, bytes]] = {}
         self._payload_cache_bytes = 0
         self._storage_failure: str | None = None  # see storage_failure
-        # Sealed runs whose model file could not be written (tick retries them).
-        self._model_files_pending: set[str] = set()
-        self._model_file_retry_at_ms = 0
+        self._model_files = ModelFiles(config.data_dir)
         self._model_rebuilds = 0  # for cache_stats (GET /metrics)
         self._replayed_rounds = 0
         self._payloads_pruned = 0
@@ -345,7 +340,9 @@ class NodeService:
         # reads above, a damaged store they refuse stayed marked (reviews).
         self._mark_schema_upgraded()
         self._write(legacy)
-        self._restore_model_files()
+        sealed = [t for t, run in self._runs.items() if run.status is RunStatus.SEALED]
+        sealed += [t for t, entry in self._ended.items() if entry["status"] == RunStatus.SEALED.value]
+        self._model_files.restore(sealed, self.export_final_model)
         self._prune_ended_runs()
         retired = [t for t, run in self._runs.items() if is_terminal(run)]  # startup is over
         for task_id in retired:
@@ -534,53 +531,6 @@ class NodeService:
             self._payloads_pruned += len(ops) - 1
             log.info("pruned the %d stored payload(s) of %s, which ended before prune_payloads was on",
                      len(ops) - 1, task_id)
-
-    def _restore_model_files(self) -> None:
-        """A sealed run's model file is written after its batch committed; a crash in between
-        leaves it missing, so it is regenerated here from the stored final weights, and a crash
-        during the write leaves a model-sized temporary file, removed here (this process holds
-        the store, so no other node writes into its models directory)."""
-        if self._config.data_dir is None:
-            return
-        for path in remove_temporary_files(self._config.data_dir / "models"):
-            log.warning("removed %s, left by a model file write that did not finish", path.name)
-        sealed = [t for t, run in self._runs.items() if run.status is RunStatus.SEALED]
-        sealed += [t for t, entry in self._ended.items() if entry["status"] == RunStatus.SEALED.value]
-        for task_id in sorted(sealed):
-            if not self._model_file(task_id).exists():
-                try:
-                    self._try_write_model_file(task_id)
-                except StorageError as exc:
-                    # An ended run is read back here, not at the summaries' read: a damaged one
-                    # must not refuse the start ("Runs in memory"; soak probe: with its file gone
-                    # it did), its calls answer StorageError and the audit lists it.
-                    log.error("cannot rewrite the final model file of %s: %s; `tenzro audit` lists what it "
-                              "finds", task_id, exc)
-
-    def _try_write_model_file(self, task_id: str) -> None:
-        """Write a sealed run's model file; when that fails (a full disk), say so once and leave
-        it to :meth:`tick` to retry, every :data:`MODEL_FILE_RETRY_MS`. The file is derived
-        from the store, so nothing is lost meanwhile, but until 2026-11-25 a failure at the
-        seal was retried only at the next start, and one at startup stopped the node with a
-        traceback (storage fault probe)."""
-        try:
-            self._write_model_file(task_id)
-        except OSError as exc:
-            if task_id not in self._model_files_pending:
-                log.error("cannot write the final model file of %s (%s); retrying every %d s", task_id,
-                          exc.strerror or exc, MODEL_FILE_RETRY_MS // 1000)
-            self._model_files_pending.add(task_id)
-            return
-        if task_id in self._model_files_pending:
-            self._model_files_pending.discard(task_id)
-            log.info("wrote the final model file of %s", task_id)
-
-    def _retry_model_files(self, now: int) -> None:
-        if not self._model_files_pending or now < self._model_file_retry_at_ms:
-            return
-        self._model_file_retry_at_ms = now + MODEL_FILE_RETRY_MS
-        for task_id in sorted(self._model_files_pending):
-            self._try_write_model_file(task_id)
 
     # --- small helpers -----------------------------------------------------------------------
 
@@ -1341,8 +1291,8 @@ class NodeService:
             raise
         if not sealed:  # committed: now the run's current model
             self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
-        if sealed and self._config.data_dir is not None:
-            self._try_write_model_file(task_id)  # committed already: a failure is retried by tick
+        if sealed and self._config.data_dir is not None:  # committed already: a failure is retried by tick
+            self._model_files.try_write(task_id, self.export_final_model)
         return self._finalize_result(t.run, round)
 
     def _commit_finalize(self, task_id: str, round: int, t: Transition, update: RoundUpdate, signer: bytes,
@@ -1718,7 +1668,7 @@ class NodeService:
         the node's own identities where an election is open; returns the events, in order."""
         self._check_open()
         now = self._now()
-        self._retry_model_files(now)
+        self._model_files.retry(now, self.export_final_model)
         events: list[RunEvent] = []
         for task_id in sorted(self._runs):
             run = self._runs[task_id]
@@ -1803,12 +1753,6 @@ class NodeService:
 
     # --- the final model ------------------------------------------------------------------------
 
-    def _model_file(self, task_id: str) -> Path:
-        if self._config.data_dir is None:
-            raise StorageError("this node has no data directory (in-memory store)")
-        schema.run_key(task_id)  # a valid task_id is a safe file name
-        return self._config.data_dir / "models" / f"{task_id}.safetensors"
-
     def backup(self, root: Path) -> Path:
         """A consistent copy of the store, taken now, between two service calls, in a new
         directory under ``root`` (``node/backup.py``); returns that directory. StorageError when
@@ -1822,10 +1766,10 @@ class NodeService:
         """``data_dir/models/<task_id>.safetensors`` (written once the run is Sealed; rewritten
         here if it went missing, when it can be: it may still be missing on a full disk)."""
         self._check_open()
-        path = self._model_file(task_id)
+        path = self._model_files.path(task_id)
         run = self._lookup(task_id)
         if run is not None and run.status is RunStatus.SEALED and not path.exists():
-            self._try_write_model_file(task_id)
+            self._model_files.try_write(task_id, self.export_final_model)
         return path
 
     def export_final_model(self, task_id: str) -> bytes:
@@ -1837,10 +1781,6 @@ class NodeService:
             raise InvalidState(task_id, run.status.value, "export the final model")
         model = self._model(task_id)
         return compute_final_model_file(run, model, self._load_fragments(task_id, schema.MODEL_FINAL, model))
-
-    def _write_model_file(self, task_id: str) -> None:
-        """Write the final model file atomically: temporary file, fsync, rename, fsync dir."""
-        write_file_atomically(self._model_file(task_id), self.export_final_model(task_id))
 
     # --- lifecycle ------------------------------------------------------------------------------
 

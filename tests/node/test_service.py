@@ -207,9 +207,9 @@ class TestWholeRun:
         probe). Both now log once and tick retries."""
         import errno
 
-        import tenzro_training.node.service as service_module
+        import tenzro_training.node.model_files as model_files_module
 
-        real_write = service_module.write_file_atomically
+        real_write = model_files_module.write_file_atomically
         full = {"on": True}
 
         def write(path: Any, data: bytes, **kw: Any) -> None:
@@ -217,7 +217,7 @@ class TestWholeRun:
                 raise OSError(errno.ENOSPC, "No space left on device")
             real_write(path, data, **kw)
 
-        monkeypatch.setattr(service_module, "write_file_atomically", write)
+        monkeypatch.setattr(model_files_module, "write_file_atomically", write)
         clock = FakeClock()
         store = open_test_store("rocks", tmp_path / "db")
         net = Net(NodeService(make_config(tmp_path / "data"), store, clock=clock), clock)
@@ -234,7 +234,7 @@ class TestWholeRun:
         full["on"] = False
         net.service.tick()  # within the retry interval: not yet
         assert not path.exists()
-        clock.advance(service_module.MODEL_FILE_RETRY_MS)
+        clock.advance(model_files_module.MODEL_FILE_RETRY_MS)
         net.service.tick()
         assert path.read_bytes() == net.service.export_final_model(net.task_id)
         net.service.close()
