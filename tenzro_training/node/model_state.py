@@ -2,8 +2,10 @@
 
 What this module is: the stored form of a :class:`~tenzro_training.global_model.ModelLayout`
 (its tensor list, as JSON), of fp32 fragment vectors (raw little-endian float32) and of a run's
-round counts (the model snapshot and pruning records), and the one reader of the
-stored vectors (:func:`load_model_fragments`).
+round counts (the model snapshot and pruning records), the one reader of the
+stored vectors (:func:`load_model_fragments`), and the batch operations that write a snapshot,
+delete one, or prune a run's stored payloads (``compute_*_ops``: the node service puts them in
+the batch of the transition that calls for them).
 What it is NOT: the model or the round update themselves, which are pure core
 (:mod:`tenzro_training.global_model`), shared with trainers and third-party verifiers.
 """
@@ -12,18 +14,23 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from storage import schema
-from storage.interface import KVStore, StorageError
+from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.errors import TenzroError
 from tenzro_training.fragments import TensorSpec, compute_raw_le_bytes
 from tenzro_training.global_model import ModelLayout
 from tenzro_training.node.persistence import decode_json, encode_json
 
 __all__ = [
+    "compute_drop_snapshot_ops",
+    "compute_fragment_ops",
+    "compute_prune_ops",
+    "compute_snapshot_ops",
     "decode_fragment",
     "decode_model_layout",
     "decode_round_count",
@@ -115,3 +122,44 @@ def load_model_fragments(store: KVStore, task_id: str, kind: bytes, model: Model
             raise StorageError(f"model state {kind!r} of {task_id} fragment {layout.index} is missing")
         out.append(decode_fragment(raw, layout.numel, f"model state {kind!r} of {task_id}"))
     return out
+
+
+def compute_fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) -> list[Operation]:
+    """Puts of one kind of model state (weights, momentum, final), one value per fragment."""
+    return [
+        (BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), encode_fragment(flat))
+        for index, flat in enumerate(fragments)
+    ]
+
+
+def compute_snapshot_ops(
+    task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
+) -> list[Operation]:
+    """Write the model snapshot of ``task_id`` after ``rounds`` committed rounds: its weights,
+    its momentum and its round count (``schema.model_snapshot_key``)."""
+    ops = compute_fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
+    if rounds > 0:  # zero before any round: not stored (load_snapshot_momentum)
+        ops += compute_fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
+    ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_round_count(rounds)))
+    return ops
+
+
+def compute_drop_snapshot_ops(task_id: str, fragments: int) -> list[Operation]:
+    """Delete the stored snapshot (weights, momentum, its round count) of ``task_id``."""
+    ops: list[Operation] = [
+        (BatchOp.DELETE, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), None)
+        for kind in (schema.MODEL_WEIGHTS, schema.MODEL_MOMENTUM) for index in range(fragments)
+    ]
+    ops.append((BatchOp.DELETE, schema.CF_META, schema.model_snapshot_key(task_id), None))
+    return ops
+
+
+def compute_prune_ops(store: KVStore, task_id: str, through: int) -> list[Operation]:
+    """Delete every stored payload of ``task_id`` and record up to which round they are gone
+    (``schema.payloads_pruned_key``). Keys only: the values are never read."""
+    ops: list[Operation] = [
+        (BatchOp.DELETE, schema.CF_SUBMISSIONS, key, None)
+        for key in store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(task_id))
+    ]
+    ops.append((BatchOp.PUT, schema.CF_META, schema.payloads_pruned_key(task_id), encode_round_count(through)))
+    return ops

@@ -85,9 +85,12 @@ from tenzro_training.global_model import (
     compute_state_model_hash,
 )
 from tenzro_training.node.model_state import (
+    compute_drop_snapshot_ops,
+    compute_fragment_ops,
+    compute_prune_ops,
+    compute_snapshot_ops,
     decode_model_layout,
     decode_round_count,
-    encode_fragment,
     encode_model_layout,
     encode_round_count,
     load_model_fragments,
@@ -216,14 +219,6 @@ def elapsed_clock_ms() -> int:
 
 def _hex(value: bytes) -> str:
     return "0x" + value.hex()
-
-
-def _fragment_ops(task_id: str, kind: bytes, fragments: Sequence[torch.Tensor]) -> list[Operation]:
-    """Puts of one kind of model state (weights, momentum, final), one value per fragment."""
-    return [
-        (BatchOp.PUT, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), encode_fragment(flat))
-        for index, flat in enumerate(fragments)
-    ]
 
 
 def _state_nbytes(state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> int:
@@ -526,7 +521,7 @@ class NodeService:
             raw = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
             if raw is not None and decode_round_count(raw) == schema.PAYLOADS_PRUNED_ALL:
                 continue
-            ops = self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)
+            ops = compute_prune_ops(self._store, task_id, schema.PAYLOADS_PRUNED_ALL)
             self._write(ops)
             self._payloads_pruned += len(ops) - 1
             log.info("pruned the %d stored payload(s) of %s, which ended before prune_payloads was on",
@@ -764,7 +759,8 @@ class NodeService:
         before = self._lookup(task_id)
         ends_now = is_terminal(t.run) and not (before is not None and is_terminal(before))
         if self._config.prune_payloads and ends_now:
-            extra = [*extra, *self._prune_ops(task_id, schema.PAYLOADS_PRUNED_ALL)]  # no round will need them
+            # No round will need them.
+            extra = [*extra, *compute_prune_ops(self._store, task_id, schema.PAYLOADS_PRUNED_ALL)]
         if is_terminal(t.run) and self._ended.get(task_id) != compute_run_list_entry(t.run):
             extra = [*extra, self._summary_op(task_id, t.run)]  # what the next start reads of it
         if ends_now and not t.run.records:
@@ -773,7 +769,7 @@ class NodeService:
             # checkpoint's, which the committed initial model hash pins (tenzro audit recomputes
             # it). Kept, it let a funded sponsor fill the disk by posting and cancelling (review).
             # (Its momentum keys are deleted too: a version-4 store wrote round 0's zeros.)
-            extra = [*extra, *self._drop_snapshot_ops(task_id, t.run.spec.architecture.fragment_count)]
+            extra = [*extra, *compute_drop_snapshot_ops(task_id, t.run.spec.architecture.fragment_count)]
         ops, encoded = persistence.compute_transition_ops(
             self._stored(task_id), t.run, self._ledger, t.ledger, extra
         )
@@ -873,7 +869,7 @@ class NodeService:
             (BatchOp.PUT, schema.CF_META, schema.tensor_specs_key(task.task_id), encode_model_layout(initial.model))
         ]
         momentum = [torch.zeros_like(w) for w in initial.weights]
-        extra += self._snapshot_ops(task.task_id, 0, initial.weights, momentum)
+        extra += compute_snapshot_ops(task.task_id, 0, initial.weights, momentum)
         self._commit(t, extra)
         self._models[task.task_id] = initial.model
         self._remember_model_state(task.task_id, (list(initial.weights), momentum))  # round 0's finalize steps them
@@ -1305,16 +1301,16 @@ class NodeService:
         extra.append((BatchOp.PUT, schema.CF_META, schema.finalize_signature_key(task_id, round), finalize_record))
         sealed = t.run.status is RunStatus.SEALED
         if sealed:
-            extra += _fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
+            extra += compute_fragment_ops(task_id, schema.MODEL_FINAL, update.weights)
             receipt = compute_receipt(t.run)
             extra.append((BatchOp.PUT, schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id),
                           persistence.encode_receipt(receipt)))
             extra.append((BatchOp.PUT, schema.CF_META, schema.sealed_record_key(task_id),
                           persistence.encode_sealed_record(receipt)))
         elif (round + 1) % self._config.model_snapshot_rounds == 0:
-            extra += self._snapshot_ops(task_id, round + 1, update.weights, update.momentum)
+            extra += compute_snapshot_ops(task_id, round + 1, update.weights, update.momentum)
             if self._config.prune_payloads:  # every stored payload is of a round up to this one
-                extra += self._prune_ops(task_id, round + 1)
+                extra += compute_prune_ops(self._store, task_id, round + 1)
         self._commit(t, extra)
         return sealed
 
@@ -1392,34 +1388,6 @@ class NodeService:
         if state is not None:
             self._model_cache_nbytes -= _state_nbytes(state)
         return state
-
-    def _snapshot_ops(
-        self, task_id: str, rounds: int, weights: Sequence[torch.Tensor], momentum: Sequence[torch.Tensor]
-    ) -> list[Operation]:
-        ops = _fragment_ops(task_id, schema.MODEL_WEIGHTS, weights)
-        if rounds > 0:  # zero before any round: not stored (model_state.load_snapshot_momentum)
-            ops += _fragment_ops(task_id, schema.MODEL_MOMENTUM, momentum)
-        ops.append((BatchOp.PUT, schema.CF_META, schema.model_snapshot_key(task_id), encode_round_count(rounds)))
-        return ops
-
-    def _drop_snapshot_ops(self, task_id: str, fragments: int) -> list[Operation]:
-        """Delete the stored snapshot (weights, momentum, its round count) of ``task_id``."""
-        ops: list[Operation] = [
-            (BatchOp.DELETE, schema.CF_MODEL_STATE, schema.model_key(task_id, kind, index), None)
-            for kind in (schema.MODEL_WEIGHTS, schema.MODEL_MOMENTUM) for index in range(fragments)
-        ]
-        ops.append((BatchOp.DELETE, schema.CF_META, schema.model_snapshot_key(task_id), None))
-        return ops
-
-    def _prune_ops(self, task_id: str, through: int) -> list[Operation]:
-        """Delete every stored payload of ``task_id`` and record up to which round they are gone
-        (``schema.payloads_pruned_key``). Keys only: the values are never read."""
-        ops: list[Operation] = [
-            (BatchOp.DELETE, schema.CF_SUBMISSIONS, key, None)
-            for key in self._store.keys(schema.CF_SUBMISSIONS, schema.payload_prefix(task_id))
-        ]
-        ops.append((BatchOp.PUT, schema.CF_META, schema.payloads_pruned_key(task_id), encode_round_count(through)))
-        return ops
 
     def _rebuild_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The committed weights and momentum of ``task_id``, after its ``len(run.records)``
