@@ -15,8 +15,8 @@ final weights are checked against its final model hash).
 Why: aggregates, model hashes and run roots must be reproducible bit for bit from stored
 inputs, because third parties verify them; an operator should be able to show that their node's
 store still does, and find out when it does not, without trusting the node process. A node's
-own rebuild (``NodeService._rebuild_model_state``) checks the rounds after its last snapshot;
-this checks everything from the checkpoint on.
+own rebuild (``ModelCache.rebuild`` in :mod:`.model_cache`) checks the rounds after its last
+snapshot; this checks everything from the checkpoint on.
 
 What it is NOT: a verifier of signatures or elections (``tenzro train verify-receipt`` checks
 those, offline, from a receipt document).

@@ -4,8 +4,8 @@ What this module is: loading one committed round's inputs (the stored payloads o
 its record accepted, in the record's canonical order) and re-running the pure round update
 (:func:`~tenzro_training.global_model.compute_round_update`) on them, checked against the
 record. The node uses it to rebuild a run's model from its last snapshot
-(``NodeService._rebuild_model_state``); ``tenzro audit`` uses it to recompute whole runs from
-their initial checkpoints (:mod:`.audit`).
+(``ModelCache.rebuild`` in :mod:`.model_cache`); ``tenzro audit`` uses it to recompute whole
+runs from their initial checkpoints (:mod:`.audit`).
 
 Why a replay is checked rather than trusted: the record is what the node signed off and third
 parties verify; if the stored inputs no longer reproduce it, the store is damaged, and a model

@@ -26,7 +26,8 @@ rather than states, every round's accepted payloads (those after the snapshot at
 the snapshot plus the rounds after it, replayed with the same pure round update and checked
 against each committed record (aggregate, report and model hashes), so a damaged store is found,
 never trusted. Two caches keep that replay off the common path: the committed fp32 state of the
-runs finalized last, and the accepted payloads of open rounds.
+runs finalized last, and the accepted payloads of open rounds (both in ``node/model_cache.py``,
+with the replay).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from tenzro_training.ledger import Ledger, credit
 from tenzro_training.node import persistence
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
+from tenzro_training.node.model_cache import ModelCache, PayloadCache
 from tenzro_training.node.model_files import MODEL_FILE_RETRY_MS, ModelFiles
 from tenzro_training.global_model import (
     InitialModel,
@@ -82,7 +84,6 @@ from tenzro_training.global_model import (
     RoundUpdate,
     compute_initial_model,
     compute_round_update,
-    compute_state_model_hash,
 )
 from tenzro_training.node.model_state import (
     compute_drop_snapshot_ops,
@@ -94,9 +95,8 @@ from tenzro_training.node.model_state import (
     encode_model_layout,
     encode_round_count,
     load_model_fragments,
-    load_snapshot_momentum,
 )
-from tenzro_training.node.replay import check_open_round, load_round_inputs, replay_round
+from tenzro_training.node.replay import check_open_round
 from tenzro_training.node.run_store import compute_final_model_file, read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
@@ -221,11 +221,6 @@ def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
 
-def _state_nbytes(state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> int:
-    """Bytes of a cached (weights, momentum) pair."""
-    return sum(t.nbytes for t in (*state[0], *state[1]))
-
-
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -306,24 +301,13 @@ class NodeService:
         self._finalize_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tenzro-finalize")
         # Scratch every round computation reuses (finalize, rebuild): fresh memory page-faults.
         self._round_buffers = RoundBuffers()
-        # The fp32 weights and momentum each run's last finalize committed, so the next one
-        # steps them in place instead of rebuilding them from the store (see
-        # _take_model_state). At most config.model_cache_runs runs and model_cache_bytes (never
-        # fewer than 2 runs for the bytes), least recently finalized or served out; only
-        # _remember_model_state and _uncache_model_state change it (they keep the byte count that
-        # cache_stats reads from other threads).
-        self._model_cache: OrderedDict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = OrderedDict()
-        self._model_cache_nbytes = 0
-        # Payloads of open rounds that are already in the store, by task then payload hash, so a
-        # finalize does not read back (copying ~4 bytes per parameter each) what it was just sent.
-        # At most config.payload_cache_bytes; a run's entries go when its round moves on.
-        self._payload_cache: dict[str, dict[bytes, bytes]] = {}
-        self._payload_cache_bytes = 0
+        # The accepted payloads of open rounds, and the fp32 weights and momentum each run's last
+        # finalize committed, which the next one steps in place (node/model_cache.py).
+        self._payload_cache = PayloadCache(store, config)
+        self._model_cache = ModelCache(store, config, self._payload_cache, self._finalize_worker, self._round_buffers)
         self._storage_failure: str | None = None  # see storage_failure
         self._model_files = ModelFiles(config.data_dir)
-        self._model_rebuilds = 0  # for cache_stats (GET /metrics)
-        self._replayed_rounds = 0
-        self._payloads_pruned = 0
+        self._payloads_pruned = 0  # for cache_stats (GET /metrics)
         self._ledger = self._open_ledger()
         self._load_runs()
         self._load_finalize_signatures()
@@ -783,14 +767,14 @@ class NodeService:
             self._retire(task_id, t.run, encoded)  # cached first: get_run_state (other threads) never misses it
             self._runs.pop(task_id, None)
             self._stored_runs.pop(task_id, None)
-            self._uncache_model_state(task_id)  # no finalize will step it again
+            self._model_cache.forget(task_id)  # no finalize will step it again
             if not t.run.records:
                 self._models.pop(task_id, None)  # read back from the store if ever asked for
         else:
             self._runs[task_id] = t.run
             self._stored_runs[task_id] = encoded
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
-            self._drop_cached_payloads(task_id)  # no finalize will read them again
+            self._payload_cache.drop(task_id)  # no finalize will read them again
             self._gossip_held.pop(task_id, None)  # signed for a round that is over
         self._emit(t.events)
 
@@ -872,7 +856,7 @@ class NodeService:
         extra += compute_snapshot_ops(task.task_id, 0, initial.weights, momentum)
         self._commit(t, extra)
         self._models[task.task_id] = initial.model
-        self._remember_model_state(task.task_id, (list(initial.weights), momentum))  # round 0's finalize steps them
+        self._model_cache.remember(t.run, (list(initial.weights), momentum))  # round 0's finalize steps them
         return self._post_result(t.run)
 
     def _post_caps(self) -> dict[str, Any]:
@@ -1042,7 +1026,7 @@ class NodeService:
             for e in t.events
         ):
             key = schema.payload_key(task_id, payload_hash)
-            held = self._cached_payload(task_id, payload_hash)
+            held = self._payload_cache.get(task_id, payload_hash)
             if held is None and payload is None:
                 held = self._store.get(schema.CF_SUBMISSIONS, key)
             # An inline payload out of the cache is written again even if the same bytes are
@@ -1060,7 +1044,7 @@ class NodeService:
         self._commit(t, extra)
         if extra:  # accepted: the payload is in the store and this round's finalize will read it
             assert data is not None
-            self._cache_payload(task_id, payload_hash, data)
+            self._payload_cache.put(task_id, payload_hash, data)
         after = t.run
         current = after.current_round
         return {
@@ -1164,7 +1148,7 @@ class NodeService:
             else:
                 raise PayloadLayoutMismatch(f"the payload is not a fragment of round {current.round} of {task_id}")
             self._write([(BatchOp.PUT, schema.CF_SUBMISSIONS, key, payload)])
-            self._cache_payload(task_id, digest, payload)
+            self._payload_cache.put(task_id, digest, payload)
         if held_key is not None:
             self._gossip_held.setdefault(task_id, {}).setdefault(held_key[1:], (digest, signature))
         return digest
@@ -1259,8 +1243,8 @@ class NodeService:
         inputs = []
         for index in range(len(model.layouts)):
             accepted = get_accepted_submissions(ticked, index)
-            inputs.append([(addr, self._load_payload(task_id, digest)) for addr, digest in accepted])
-        weights, momentum = self._take_model_state(task_id, model)
+            inputs.append([(addr, self._payload_cache.load(task_id, digest)) for addr, digest in accepted])
+        weights, momentum = self._model_cache.take(run, model)
         largest = max((len(data) for subs in inputs for _, data in subs), default=0)
         try:
             update = compute_round_update(
@@ -1286,7 +1270,7 @@ class NodeService:
             signatures.pop(round, None)
             raise
         if not sealed:  # committed: now the run's current model
-            self._remember_model_state(task_id, (list(update.weights), list(update.momentum)))
+            self._model_cache.remember(t.run, (list(update.weights), list(update.momentum)))
         if sealed and self._config.data_dir is not None:  # committed already: a failure is retried by tick
             self._model_files.try_write(task_id, self.export_final_model)
         return self._finalize_result(t.run, round)
@@ -1328,104 +1312,6 @@ class NodeService:
             "run_root": None if run.run_root is None else _hex(run.run_root),
             "next_round": run.current_round.round if run.current_round is not None else None,
         }
-
-    def _load_payload(self, task_id: str, digest: bytes) -> bytes:
-        data = self._cached_payload(task_id, digest)
-        if data is None:
-            data = self._store.get(schema.CF_SUBMISSIONS, schema.payload_key(task_id, digest))
-        if data is None:
-            raise StorageError(f"accepted payload {_hex(digest)} of {task_id} is missing from the store")
-        return data
-
-    def _cached_payload(self, task_id: str, digest: bytes) -> bytes | None:
-        entries = self._payload_cache.get(task_id)
-        return None if entries is None else entries.get(digest)
-
-    def _cache_payload(self, task_id: str, digest: bytes, data: bytes) -> None:
-        """Keep a payload that is in the store for this round's finalize, within the budget."""
-        entries = self._payload_cache.get(task_id, {})
-        if digest in entries or self._payload_cache_bytes + len(data) > self._config.payload_cache_bytes:
-            return
-        entries[digest] = data
-        self._payload_cache[task_id] = entries
-        self._payload_cache_bytes += len(data)
-
-    def _drop_cached_payloads(self, task_id: str) -> None:
-        entries = self._payload_cache.pop(task_id, None)
-        if entries:
-            self._payload_cache_bytes -= sum(len(data) for data in entries.values())
-
-    def _take_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The committed weights and momentum of ``task_id`` as buffers this finalize owns and
-        steps in place: the cached ones (taken OUT of the cache, so a finalize that fails after
-        stepping them leaves no half-stepped state behind; the next one rebuilds them), or ones
-        rebuilt from the store."""
-        cached = self._uncache_model_state(task_id)
-        if cached is not None:
-            return cached
-        return self._rebuild_model_state(task_id, model)
-
-    def _remember_model_state(self, task_id: str, state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        """Cache a run's committed state (most recent last): at most config.model_cache_runs
-        runs, and config.model_cache_bytes unless that would leave fewer than 2 runs cached.
-
-        Why the floor: until the byte budget existed the cache held 2 runs whatever their size;
-        with the budget alone two runs each above half of it evicted each other, and every
-        finalize of either replayed its rounds since the last snapshot (review)."""
-        if self._config.model_cache_runs == 0 or is_terminal(self._run(task_id)):
-            return
-        self._uncache_model_state(task_id)
-        self._model_cache[task_id] = state
-        self._model_cache_nbytes += _state_nbytes(state)
-        floor = min(2, self._config.model_cache_runs)
-        while len(self._model_cache) > self._config.model_cache_runs or (
-            len(self._model_cache) > floor and self._model_cache_nbytes > self._config.model_cache_bytes
-        ):
-            self._uncache_model_state(next(iter(self._model_cache)))
-
-    def _uncache_model_state(self, task_id: str) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
-        state = self._model_cache.pop(task_id, None)
-        if state is not None:
-            self._model_cache_nbytes -= _state_nbytes(state)
-        return state
-
-    def _rebuild_model_state(self, task_id: str, model: ModelLayout) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The committed weights and momentum of ``task_id``, after its ``len(run.records)``
-        committed rounds: the stored snapshot, checked against the model hash committed for it,
-        then every committed round after it replayed from its stored payloads by the same pure
-        update a finalize runs, each checked against its round record. Any difference is a
-        damaged store (StorageError): the node never serves or steps a model it cannot prove."""
-        run = self._run(task_id)
-        raw = self._store.get(schema.CF_META, schema.model_snapshot_key(task_id))
-        if raw is None:
-            raise StorageError(f"the model snapshot record of {task_id} is missing")
-        start = decode_round_count(raw)
-        if start > len(run.records):
-            raise StorageError(f"the model snapshot of {task_id} is of round {start}, after its last committed round")
-        pruned = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
-        if pruned is not None and decode_round_count(pruned) > start and start < len(run.records):
-            raise StorageError(
-                f"the payloads of {task_id} were pruned (prune_payloads): its model after round {start} cannot be rebuilt"
-            )
-        weights = self._load_fragments(task_id, schema.MODEL_WEIGHTS, model)
-        momentum = load_snapshot_momentum(self._store, task_id, model, start)
-        expected = run.records[start - 1].model_hash if start > 0 else run.initial_model_hash
-        if compute_state_model_hash(model, weights) != expected:
-            raise StorageError(f"the stored model snapshot of {task_id} (round {start}) does not hash to its committed hash")
-        self._model_rebuilds += 1
-        for record in run.records[start:]:
-            inputs = load_round_inputs(self._store, task_id, record, lambda digest: self._load_payload(task_id, digest))
-            replay_round(run.spec, model, record, inputs, weights, momentum,
-                         max_payload_bytes=self._config.max_payload_bytes, worker=self._finalize_worker,
-                         buffers=self._round_buffers)
-            self._replayed_rounds += 1
-        if start < len(run.records):
-            log.info("rebuilt the model of %s: snapshot of round %d, %d round(s) replayed",
-                     task_id, start, len(run.records) - start)
-        return weights, momentum
-
-    def _load_fragments(self, task_id: str, kind: bytes, model: ModelLayout) -> list[torch.Tensor]:
-        return load_model_fragments(self._store, task_id, kind, model)
 
     # --- cancelTask ---------------------------------------------------------------------------
 
@@ -1523,10 +1409,10 @@ class NodeService:
         buffers' size. Safe from any thread: int reads."""
         return {
             "model_cache_runs": len(self._model_cache),
-            "model_cache_bytes": self._model_cache_nbytes,
-            "payload_cache_bytes": self._payload_cache_bytes,
-            "model_rebuilds": self._model_rebuilds,
-            "replayed_rounds": self._replayed_rounds,
+            "model_cache_bytes": self._model_cache.nbytes,
+            "payload_cache_bytes": self._payload_cache.nbytes,
+            "model_rebuilds": self._model_cache.rebuilds,
+            "replayed_rounds": self._model_cache.replayed_rounds,
             "payloads_pruned": self._payloads_pruned,
             "round_buffer_bytes": self._round_buffers.nbytes,
         }
@@ -1699,11 +1585,11 @@ class NodeService:
         run = self._run(task_id)
         model = self._model(task_id)
         if run.status is RunStatus.SEALED:
-            return run.round, run.model_hash, self._load_fragments(task_id, schema.MODEL_FINAL, model)
+            return run.round, run.model_hash, load_model_fragments(self._store, task_id, schema.MODEL_FINAL, model)
         state = self._model_cache.get(task_id)
         if state is None:
-            state = self._rebuild_model_state(task_id, model)
-            self._remember_model_state(task_id, state)
+            state = self._model_cache.rebuild(run, model)
+            self._model_cache.remember(run, state)
         # Copies: the cached vectors are stepped in place by the next finalize, which may run
         # while the caller (the gossip bridge, on another thread) still encodes these.
         return run.round, run.model_hash, [w.clone() for w in state[0]]
@@ -1748,7 +1634,8 @@ class NodeService:
         if run.status is not RunStatus.SEALED:
             raise InvalidState(task_id, run.status.value, "export the final model")
         model = self._model(task_id)
-        return compute_final_model_file(run, model, self._load_fragments(task_id, schema.MODEL_FINAL, model))
+        final = load_model_fragments(self._store, task_id, schema.MODEL_FINAL, model)
+        return compute_final_model_file(run, model, final)
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -1487,12 +1487,12 @@ class TestModelReplay:
                     net.submit(i, 0, f, hash_only=True)
                 else:
                     net.submit(i, 0, f)
-        held = net.service._payload_cache_bytes
+        held = net.service._payload_cache.nbytes
         assert held == (sum(len(net.payload(i, 0, f)) for i in (0, 1, 2) for f in range(2)) if budget else 0)
         reads = count_payload_reads(monkeypatch, store)
         net.finalize(0)
         assert len(reads) == (0 if budget else 6)
-        assert net.service._payload_cache_bytes == 0 and not net.service._payload_cache
+        assert net.service._payload_cache.nbytes == 0 and not net.service._payload_cache
         monkeypatch.undo()
         play_round(net, 1)
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
@@ -1617,7 +1617,7 @@ class TestPayloadPruning:
         net.service.tick()
         assert net.service.get_run(net.task_id)["status"] == "Failed"
         assert self.payload_keys(net) == [] and self.pruned(net) == schema.PAYLOADS_PRUNED_ALL
-        assert net.service._payload_cache_bytes == 0 and net.service.cache_stats()["payloads_pruned"] == 2
+        assert net.service._payload_cache.nbytes == 0 and net.service.cache_stats()["payloads_pruned"] == 2
 
     def test_an_archive_node_keeps_every_payload(self, checkpoint: tuple[str, str]) -> None:
         from storage.memory import MemoryStore
