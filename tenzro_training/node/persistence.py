@@ -62,6 +62,7 @@ __all__ = [
     "decode_chain_id",
     "decode_escrow",
     "decode_genesis_record",
+    "encode_genesis_record",
     "decode_evidence",
     "decode_finalize_record",
     "decode_json",
@@ -92,6 +93,7 @@ __all__ = [
 _U256: Final = 2**256
 _SUBMISSION_RECORD_VERSION: Final = 1
 _FINALIZE_RECORD_VERSION: Final = 1
+_GENESIS_RECORD_VERSION: Final = 1
 EVIDENCE_VERSION: Final = 2
 """Version 2 adds ``"slashed_in_round"``; version 1 records (written when only the current
 round's conflicts were slashed) are still read, with it equal to the evidence round."""
@@ -121,6 +123,17 @@ def encode_chain_id(chain_id: int) -> bytes:
 
 def decode_chain_id(raw: bytes) -> int:
     return decode_u256(raw, "chain id")
+
+
+def encode_genesis_record(genesis: Sequence[tuple[bytes, int]]) -> bytes:
+    """The store's genesis record (``schema.NODE_GENESIS_KEY``): the configured ``(address,
+    balance)`` accounts the store was created with, in their configured order."""
+    return encode_json(
+        {
+            "version": _GENESIS_RECORD_VERSION,
+            "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in genesis],
+        }
+    )
 
 
 def decode_genesis_record(raw: bytes) -> list[tuple[bytes, int]]:

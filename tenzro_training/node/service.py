@@ -71,8 +71,7 @@ from tenzro_training.errors import (
     UnknownTask,
 )
 from tenzro_training.jsontext import serialize_json
-from tenzro_training.ledger import Ledger, credit
-from tenzro_training.node import persistence
+from tenzro_training.node import persistence, startup
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
 from tenzro_training.node.model_cache import ModelCache, PayloadCache
@@ -91,12 +90,9 @@ from tenzro_training.node.model_state import (
     compute_prune_ops,
     compute_snapshot_ops,
     decode_model_layout,
-    decode_round_count,
     encode_model_layout,
-    encode_round_count,
     load_model_fragments,
 )
-from tenzro_training.node.replay import check_open_round
 from tenzro_training.node.run_store import compute_final_model_file, read_round_records
 from tenzro_training.payload import (
     ENCODING_RAW,
@@ -157,7 +153,6 @@ __all__ = ["ALIVE_WRITE_MS", "MODEL_FILE_RETRY_MS", "PAUSE_MIN_MS", "RUN_JSON_CA
 
 log = logging.getLogger("tenzro.node")
 
-_GENESIS_RECORD_VERSION = 1
 _NO_HASH = bytes(32)
 
 PAUSE_MIN_MS = 3_000
@@ -308,208 +303,29 @@ class NodeService:
         self._storage_failure: str | None = None  # see storage_failure
         self._model_files = ModelFiles(config.data_dir)
         self._payloads_pruned = 0  # for cache_stats (GET /metrics)
-        self._ledger = self._open_ledger()
-        self._load_runs()
-        self._load_finalize_signatures()
-        legacy = [*self._legacy_snapshot_ops(), *self._legacy_sealed_record_ops()]  # read and checked
+        # Startup (node/startup.py): the store bound to the config, its runs read and checked.
+        self._ledger = startup.open_ledger(store, config, self._write)
+        self._runs, self._stored_runs, self._ended = startup.load_runs(store)
+        self._finalize_signatures = startup.load_finalize_signatures(store, self._runs)
+        legacy = [*startup.compute_legacy_snapshot_ops(store, self._runs),  # read and checked
+                  *startup.compute_legacy_sealed_record_ops(store, self._runs)]
         # Accepted (genesis, chain id, every run and record read and checked): an older store is
         # marked for this version now, before the writes that only this version reads. At its
         # open it had been marked before the checks (upgrade probe); marked after those writes,
         # the old version could take a store half written in the new form, and marked before the
         # reads above, a damaged store they refuse stayed marked (reviews).
-        self._mark_schema_upgraded()
+        startup.mark_schema_upgraded(store)
         self._write(legacy)
         sealed = [t for t, run in self._runs.items() if run.status is RunStatus.SEALED]
         sealed += [t for t, entry in self._ended.items() if entry["status"] == RunStatus.SEALED.value]
         self._model_files.restore(sealed, self.export_final_model)
-        self._prune_ended_runs()
+        self._payloads_pruned += startup.prune_ended_runs(store, config, self._runs, self._ended, self._write)
         retired = [t for t, run in self._runs.items() if is_terminal(run)]  # startup is over
         for task_id in retired:
             self._retire(task_id, self._runs.pop(task_id), self._stored_runs.pop(task_id))
         # Ended under a version that wrote no summary: written now, so the next start reads the
         # summary alone instead of decoding the run.
         self._write([self._summary_op(t) for t in retired])
-
-    def _mark_schema_upgraded(self) -> None:
-        older = self._store.upgrade_schema_version()
-        if older is not None:
-            log.warning("store upgraded from schema version %d to %d: older versions of tenzro-training can no "
-                        "longer open it (docs/node.md \"Upgrading\")", older, schema.SCHEMA_VERSION)
-
-    # --- startup ---------------------------------------------------------------------------
-
-    def _open_ledger(self) -> Ledger:
-        store = self._store
-        ledger = persistence.load_ledger_entries(
-            store.iterate(schema.CF_ACCOUNTS), store.iterate(schema.CF_LEDGER)
-        )
-        flag = store.get(schema.CF_META, schema.NODE_GENESIS_KEY)
-        if flag is not None:
-            if ledger is None:
-                raise StorageError("the genesis record exists but the ledger's supply counters do not")
-            self._check_bound_to(flag)
-            return ledger
-        if ledger is not None or any(True for _ in store.iterate(schema.CF_TRAINING_RUNS)):
-            raise StorageError("the store holds ledger entries or runs but no genesis record: it is damaged")
-        ledger = Ledger()
-        for address, amount in self._config.genesis:
-            ledger = credit(ledger, address, amount)
-        self._write([*persistence.compute_genesis_ops(ledger, self._genesis_record()),
-                     (BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY,
-                      persistence.encode_chain_id(self._config.chain_id))])
-        return ledger
-
-    def _check_bound_to(self, genesis_record: bytes) -> None:
-        """Refuse a config whose genesis or chain id is not the store's, and record the chain id
-        of a store from before it was recorded. Refused, not ignored (ops probe): a first start
-        that failed after creating the store (a port in use) had fixed its genesis for good and
-        the corrected config ran on the old balances with a warning; a changed chain id was
-        taken silently and every stored signature stopped verifying. Like a chain client's
-        genesis mismatch. An empty configured genesis means "whatever the store has"; the
-        order of the configured accounts does not matter."""
-        stored_genesis = persistence.decode_genesis_record(genesis_record)
-        if self._config.genesis and sorted(self._config.genesis) != stored_genesis:
-            first = ", ".join(f"{format_address(a)}={b}" for a, b in stored_genesis[:2])
-            raise StorageError(
-                f"the configured genesis differs from the one this store was created with ({len(stored_genesis)} "
-                f"account(s): {first}{', ...' if len(stored_genesis) > 2 else ''}): configure that genesis (or "
-                f"none: `genesis` absent or empty), or start on a new data dir")
-        stored = self._store.get(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
-        if stored is None:  # a store from before the chain id was recorded: record it now
-            self._check_stored_signatures_chain()
-            self._write([(BatchOp.PUT, schema.CF_META, schema.NODE_CHAIN_ID_KEY,
-                          persistence.encode_chain_id(self._config.chain_id))])
-            return
-        chain_id = persistence.decode_chain_id(stored)
-        if chain_id != self._config.chain_id:
-            raise StorageError(
-                f"this store was created for chain id {chain_id} and every signature in it was checked under it, "
-                f"but the config says {self._config.chain_id}: set `chain_id` to {chain_id}, or start on a new "
-                f"data dir")
-
-    def _check_stored_signatures_chain(self) -> None:
-        """Before a store from before the chain id was recorded is bound to the configured one:
-        each run's first stored trainer signature must recover to its trainer under that chain
-        id. The binding is for good, and a wrong chain id (the operator of a custom chain
-        forgetting --config once) had been recorded as it was: every receipt of the store then
-        failed verification, and the right config was refused with a message saying the store
-        was made for the wrong one (upgrade probe). A store holding no signature binds as it is."""
-        for run_key in self._store.keys(schema.CF_TRAINING_RUNS):
-            # The first submission of each run: a chain id changed between two of its runs (a
-            # misconfigured restart before the binding existed) is found too (review).
-            task_id = schema.parse_run_key(run_key)
-            for key, raw in self._store.iterate(schema.CF_SUBMISSIONS, schema.task_prefix(task_id)):
-                self._check_submission_chain(key, raw)
-                break
-
-    def _check_submission_chain(self, key: bytes, raw: bytes) -> None:
-        sub = schema.parse_submission_key(key)
-        record = persistence.decode_submission_record(raw)
-        msg = SubmitOuterGradient(task_id=sub.task_id, round=sub.round, fragment=sub.fragment,
-                                  payload_hash=record.payload_hash)
-        try:
-            signer: bytes | None = parse_address(recover_signer(msg, record.signature, self._config.chain_id))
-        except TenzroError:
-            signer = None
-        if signer != sub.trainer:
-            raise StorageError(
-                f"the config says chain id {self._config.chain_id}, but the signatures this store holds were "
-                f"made under another one (trainer {format_address(sub.trainer)}'s submission to "
-                f"{sub.task_id} round {sub.round} does not verify under it): set `chain_id` to the one the "
-                f"store was run with. Nothing was written; the chain id is recorded at the first start "
-                f"whose config verifies")
-
-    def _genesis_record(self) -> bytes:
-        return persistence.encode_json(
-            {
-                "version": _GENESIS_RECORD_VERSION,
-                "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self._config.genesis],
-            }
-        )
-
-    def _load_runs(self) -> None:
-        for key, raw in self._store.iterate(schema.CF_TRAINING_RUNS):
-            task_id = schema.parse_run_key(key)
-            summary = self._store.get(schema.CF_META, schema.ended_summary_key(task_id))
-            if summary is not None:  # ended: decoded only when a call names it (_lookup)
-                entry = persistence.decode_ended_summary(summary, task_id)
-                try:
-                    status = persistence.read_run_status(raw)
-                except StorageError as exc:
-                    # Unreadable, it may be an open run's: refused, but named (soak probe: "stored
-                    # run state is not valid JSON" left the operator to search every run).
-                    raise StorageError(f"the store is damaged: the run {task_id}: {exc}; `tenzro audit` lists "
-                                       f"what it finds") from None
-                if status != entry["status"]:  # a summary on an open run
-                    raise StorageError(f"the store is damaged: the summary of {task_id} says {entry['status']}, "
-                                       f"its run does not; `tenzro audit` lists what it finds")
-                self._ended[task_id] = entry
-                continue
-            run = persistence.decode_run(raw, read_round_records(self._store, task_id))
-            if run.task_id != task_id:
-                raise StorageError(f"run stored under {task_id!r} is for {run.task_id!r}")
-            try:
-                check_open_round(self._store, run)  # what the next finalize will read
-            except StorageError as exc:
-                raise StorageError(f"the store is damaged: {exc}; restore it from a backup "
-                                   f"(`tenzro audit` lists what it finds)") from None
-            self._runs[task_id] = run
-            self._stored_runs[task_id] = persistence.stored_run(raw)
-
-    def _load_finalize_signatures(self) -> None:
-        for task_id, run in sorted(self._runs.items()):
-            if is_terminal(run):
-                continue
-            for key, raw in self._store.iterate(schema.CF_META, schema.finalize_signature_prefix(task_id)):
-                _, round = schema.parse_finalize_signature_key(key)
-                signature = persistence.decode_finalize_record(raw).signature
-                self._finalize_signatures.setdefault(task_id, {})[round] = signature
-
-    def _legacy_snapshot_ops(self) -> list[Operation]:
-        """A store of schema version 1 kept every run's current weights and momentum and has no
-        snapshot records: record each open run's snapshot at its current round, before any
-        finalize writes a round without writing the state (which would make it stale)."""
-        ops: list[Operation] = []
-        for task_id, run in sorted(self._runs.items()):
-            key = schema.model_snapshot_key(task_id)
-            if not is_terminal(run) and not self._store.contains(schema.CF_META, key):
-                ops.append((BatchOp.PUT, schema.CF_META, key, encode_round_count(len(run.records))))
-        if ops:
-            log.info("recording model snapshots of %d run(s) from a schema-1 store", len(ops))
-        return ops
-
-    def _legacy_sealed_record_ops(self) -> list[Operation]:
-        """A store of schema version 1 or 2 has no sealed records (TRAINING_VERIFY's lookup):
-        write each sealed run's from its stored receipt, once, before anything can ask for it."""
-        ops: list[Operation] = []
-        for task_id, run in sorted(self._runs.items()):
-            key = schema.sealed_record_key(task_id)
-            if run.status is not RunStatus.SEALED or self._store.contains(schema.CF_META, key):
-                continue
-            raw = self._store.get(schema.CF_TRAINING_RECEIPTS, schema.receipt_key(task_id))
-            if raw is None:
-                raise StorageError(f"the sealed run {task_id} has no stored receipt: the store is damaged")
-            ops.append((BatchOp.PUT, schema.CF_META, key, persistence.encode_sealed_record(persistence.decode_receipt(raw))))
-        if ops:
-            log.info("recording the sealed records of %d run(s) from an older store", len(ops))
-        return ops
-
-    def _prune_ended_runs(self) -> None:
-        """With ``prune_payloads`` turned on for a store that kept its payloads (an archive node
-        until now), runs that had already ended get the pruning their end would have done:
-        nothing else ever deletes their payloads (ops probe: switching it on freed nothing).
-        Open runs are pruned at their next snapshot, as always. One batch per run."""
-        if not self._config.prune_payloads:
-            return
-        for task_id in sorted([t for t, run in self._runs.items() if is_terminal(run)] + list(self._ended)):
-            raw = self._store.get(schema.CF_META, schema.payloads_pruned_key(task_id))
-            if raw is not None and decode_round_count(raw) == schema.PAYLOADS_PRUNED_ALL:
-                continue
-            ops = compute_prune_ops(self._store, task_id, schema.PAYLOADS_PRUNED_ALL)
-            self._write(ops)
-            self._payloads_pruned += len(ops) - 1
-            log.info("pruned the %d stored payload(s) of %s, which ended before prune_payloads was on",
-                     len(ops) - 1, task_id)
 
     # --- small helpers -----------------------------------------------------------------------
 
