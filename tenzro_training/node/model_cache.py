@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -83,6 +83,20 @@ class PayloadCache:
         entries = self._entries.pop(task_id, None)
         if entries:
             self.nbytes -= sum(len(data) for data in entries.values())
+
+    def discard(self, task_id: str, digests: Iterable[bytes]) -> None:
+        """Forget these payloads of an open round that no finalize will read: a slashed
+        trainer's, dropped from the accepted set, held until the round moved on before
+        (their bytes counted against the budget other trainers' payloads need)."""
+        entries = self._entries.get(task_id)
+        if not entries:
+            return
+        for digest in digests:
+            data = entries.pop(digest, None)
+            if data is not None:
+                self.nbytes -= len(data)
+        if not entries:
+            del self._entries[task_id]
 
     def load(self, task_id: str, digest: bytes) -> bytes:
         """An accepted payload: held here, else read from the store (StorageError if missing)."""

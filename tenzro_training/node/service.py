@@ -216,6 +216,13 @@ def _hex(value: bytes) -> str:
     return "0x" + value.hex()
 
 
+def _round_payload_hashes(run: RunState) -> set[bytes]:
+    """The payload hashes the open round's accepted submissions name (empty when none is open)."""
+    if run.current_round is None:
+        return set()
+    return {s.payload_hash for subs in run.current_round.submissions for s in subs}
+
+
 class NodeService:
     """The node's state and the calls that change it (see the module docstring).
 
@@ -592,6 +599,10 @@ class NodeService:
         if is_terminal(t.run) or (before is not None and len(before.records) != len(t.run.records)):
             self._payload_cache.drop(task_id)  # no finalize will read them again
             self._gossip_held.pop(task_id, None)  # signed for a round that is over
+        elif before is not None and any(isinstance(e, EquivocationDetected) for e in t.events):
+            # A slashed trainer's payloads of the open round left the accepted set: none is read
+            # again (unless another trainer's names the same bytes), so they free the budget.
+            self._payload_cache.discard(task_id, _round_payload_hashes(before) - _round_payload_hashes(t.run))
         self._emit(t.events)
 
     def _emit(self, events: Sequence[RunEvent]) -> None:

@@ -754,10 +754,15 @@ class TestProtocolEffects:
     def test_equivocation_slashes_and_stores_evidence(self, net: Net, checkpoint: tuple[str, str]) -> None:
         start(net, checkpoint)
         net.submit(0, 0, 0)
+        net.submit(0, 0, 1)
+        net.submit(1, 0, 0)
+        held = net.service._payload_cache.nbytes
         events: list[RunEvent] = []
         net.service.on_event = events.append
         with pytest.raises(Equivocation):
             net.submit(0, 0, 0, variant=1)
+        # Both of the slashed trainer's accepted payloads left the cache; the other's stayed.
+        assert net.service._payload_cache.nbytes == held - len(net.payload(0, 0, 0)) - len(net.payload(0, 0, 1)) > 0
         raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 0, TRAINERS[0].address))
         assert raw is not None
         evidence = json.loads(raw)
@@ -773,7 +778,7 @@ class TestProtocolEffects:
         assert [type(e) for e in events] == [EquivocationDetected, TrainerSlashed]
         view = net.service.get_run(net.task_id)
         assert [t["slashed"] for t in view["trainers"]] == [True, False, False]
-        assert view["submission_counts"] == [0, 0] and view["status"] == "Training"
+        assert view["submission_counts"] == [1, 0] and view["status"] == "Training"
         before = snapshot(net.store)
         with pytest.raises(NotEnrolled):  # a slashed trainer is out
             net.submit(0, 0, 1)
