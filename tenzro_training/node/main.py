@@ -483,8 +483,11 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         task.add_done_callback(backups.discard)
 
     if hasattr(signal, "SIGUSR1"):  # before the store opens: no signal of ours ends the process with it open
-        loop.add_signal_handler(signal.SIGUSR1, start_backup)
-        stop_signals = (signal.SIGUSR1,)
+        # A Python-level handler, not the loop's: the loop's remove_signal_handler puts the
+        # default action (the end of the process) back before the refusal below could replace
+        # it, and a SIGUSR1 in that gap killed a stopping node (review). signal.signal swaps
+        # one handler for the other in one step.
+        signal.signal(signal.SIGUSR1, lambda signum, frame: loop.call_soon_threadsafe(start_backup))
     try:
         systemd.status("opening the store")
         try:
@@ -561,12 +564,12 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         await stop.wait()
         log.info("shutting down")
     finally:
+        if hasattr(signal, "SIGUSR1"):
+            # A backup asked for while the node stops: refused, not a kill (never SIG_DFL between).
+            signal.signal(signal.SIGUSR1, _refuse_backup_while_stopping)
         systemd.stopping()
         for sig in stop_signals:
-            loop.remove_signal_handler(sig)  # puts back the default action: for SIGUSR1, the end of the process
-        if hasattr(signal, "SIGUSR1") and signal.SIGUSR1 in stop_signals:
-            # A backup asked for while the node stops: refused, not a kill.
-            signal.signal(signal.SIGUSR1, _refuse_backup_while_stopping)
+            loop.remove_signal_handler(sig)
         for task in (tick_task, watchdog_task):
             if task is not None:
                 task.cancel()
@@ -595,7 +598,7 @@ _BACKUP_WHILE_STARTING: Final = "backup refused: the node is still starting (sen
 
 
 def _refuse_backup_while_starting(signum: int, frame: Any) -> None:
-    """SIGUSR1 from the node's first step until its event loop takes the signal over, just
+    """SIGUSR1 from the node's first step until the backup handler takes the signal over, just
     before the store opens: its default action ended the process (backup probe), harmless before
     the store opens but a surprise to a backup job that fires while a node restarts."""
     log.warning(_BACKUP_WHILE_STARTING)
@@ -612,8 +615,8 @@ async def _watchdog_forever(systemd: Any, healthy: Callable[[], bool]) -> None:
 
 
 def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
-    """SIGUSR1 once the node is stopping (set outside the loop, which is closing: the loop's
-    handler removed restores the default action, which ends the process with signal 10)."""
+    """SIGUSR1 once the node is stopping: it replaces the backup handler in one step, so the
+    signal's default action (the end of the process with signal 10) is never in place between."""
     log.warning("backup refused: the node is shutting down")
 
 

@@ -367,3 +367,40 @@ def test_the_store_opens_with_sigusr1_held_by_the_event_loop(tmp_path: Path, mon
         assert not list((tmp_path / "d").glob("backups/*"))
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_sigusr1_never_gets_its_default_action_back_while_the_node_stops(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's SIGUSR1 handling goes from the backup to the refusal in one step: the loop's
+    remove_signal_handler put the default action (the end of the process) back first, and a
+    SIGUSR1 in between (another thread holding the GIL, a backup job firing at the stop) killed
+    the node with signal 10 during its shutdown, before the store closed (review: 8 of 10 nodes
+    sent SIGUSR1 every 0.1 ms after SIGTERM died so, one leaving a .partial backup)."""
+    import os
+    import signal
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import run_node
+
+    real_signal = signal.signal
+    usr1: list[object] = []
+
+    def recording(sig: int, handler: Any) -> Any:
+        if sig == signal.SIGUSR1:
+            usr1.append(handler)
+        return real_signal(sig, handler)
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        real_signal(signal.SIGUSR1, signal.SIG_IGN)
+        monkeypatch.setattr(signal, "signal", recording)
+        asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d", announce=announce))
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGUSR1, before)
+    assert usr1, "the node never handled SIGUSR1"
+    assert signal.SIG_DFL not in usr1, usr1
