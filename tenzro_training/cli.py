@@ -1035,9 +1035,10 @@ def cmd_export_model(args: argparse.Namespace) -> None:
     _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
 
-def _read_model_file(path: str) -> tuple[Any, str]:
-    """A model file as fp32 tensors, and the SHA-256 of its bytes, parsed as the node parses an
-    init checkpoint: safetensors only (nothing executed), fp32/fp16/bf16 tensors, finite values."""
+def _read_model_file(path: str) -> tuple[Any, str, dict[str, str]]:
+    """A model file as fp32 tensors, the SHA-256 of its bytes and its safetensors metadata,
+    parsed as the node parses an init checkpoint: safetensors only (nothing executed),
+    fp32/fp16/bf16 tensors, finite values."""
     import hashlib
 
     from storage.files import NotReadable, read_regular_file
@@ -1052,7 +1053,10 @@ def _read_model_file(path: str) -> tuple[Any, str]:
         state = parse_checkpoint_bytes(data, path)
     except CheckpointError as exc:
         raise CliError(f"model {path}: {exc.reason}") from None
-    return state, "0x" + hashlib.sha256(data).hexdigest()
+    # The library parsed the header already: its metadata (export-model's task id and model hash).
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return state, "0x" + hashlib.sha256(data).hexdigest(), metadata if isinstance(metadata, dict) else {}
 
 
 def cmd_evaluate_model(args: argparse.Namespace) -> None:
@@ -1075,13 +1079,26 @@ def cmd_evaluate_model(args: argparse.Namespace) -> None:
             raise CliError("--with-init: the spec names no architecture.metadata.init_checkpoint")
         state = load_init_checkpoint(spec, max_bytes=MAX_CHECKPOINT_FILE_BYTES)  # CheckpointError -> exit 2
         models.append(("init_checkpoint", str(_checkpoint_path(ref.uri)), state, ref.sha256))
-    models.extend((path, path, *_read_model_file(path)) for path in args.model or ())
+    notes = []
+    for path in args.model or ():
+        state, sha256, metadata = _read_model_file(path)
+        models.append((path, path, state, sha256))
+        # export-model names the run and its final model hash: a model of another run fits the
+        # spec's shapes too (one architecture, one corpus for every dev run), so say so.
+        exported_from, claimed = metadata.get("tenzro.task_id"), metadata.get("tenzro.model_hash")
+        if isinstance(exported_from, str) and exported_from != spec.task_id:
+            notes.append(f"model {path} was exported from task {exported_from}, not the spec's {spec.task_id}")
+        model_hash = "0x" + compute_model_hash(state).hex()
+        if isinstance(claimed, str) and claimed.lower() != model_hash:
+            notes.append(f"model {path} says its model hash is {claimed}; its weights hash to {model_hash}")
     evaluation = evaluate_models(validation, [(name, state) for name, _, state, _ in models], device=device)
     result = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(), "dataset_ref": spec.dataset_ref,
               "dataset_hash": spec.dataset_hash, "device": str(device), "metric": "mean normalised MSE",
               **evaluation.to_dict()}
     for entry, (_, file, state, sha256) in zip(result["models"], models):
         entry.update(file=file, sha256=sha256, model_hash="0x" + compute_model_hash(state).hex())
+    for note in notes:
+        print(format_stderr_line(f"tenzro: note: {printable(note)}", logging.WARNING), file=sys.stderr)
     _emit(args, result, _human_evaluation)
 
 

@@ -164,3 +164,28 @@ def test_invalid_empty_model_path_is_a_usage_error(files: dict[str, Path], capsy
     with pytest.raises(SystemExit) as info:
         run(capsys, "--spec", str(files["spec"]), "--model", "")
     assert info.value.code == EXIT_USAGE and "expected a file path" in capsys.readouterr().err
+
+
+def test_a_model_exported_from_another_task_is_named_in_a_note(files: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """export-model writes the run's task id and final model hash into the file's metadata; a
+    model of another run (every dev run shares the architecture and the data, so the shapes
+    fit) was scored without a word, as if it were this spec's (review). It is still scored (a
+    sponsor may compare runs on one spec), with a note on stderr; so is a file whose weights no
+    longer hash to the model hash it claims."""
+    state = safetensors.torch.load(files["init"].read_bytes())
+    other = tmp_path / "other.safetensors"
+    safetensors.torch.save_file(state, str(other), metadata={"format": "pt", "tenzro.task_id": "another-run-7",
+                                                           "tenzro.model_hash": "0x" + "11" * 32})
+    same = tmp_path / "same.safetensors"
+    safetensors.torch.save_file(state, str(same), metadata={"format": "pt", "tenzro.task_id": "dev-timesfm-1",
+                                                          "tenzro.model_hash": "0x" + compute_model_hash(state).hex()})
+    code, out, err = run(capsys, "--spec", str(files["spec"]), "--model", str(other), "--model", str(same), "--json")
+    assert code == EXIT_OK, err
+    assert len(json.loads(out)["models"]) == 2
+    notes = err.splitlines()
+    assert notes == [
+        f"tenzro: note: model {other} was exported from task another-run-7, not the spec's dev-timesfm-1",
+        f"tenzro: note: model {other} says its model hash is 0x{'11' * 32}; its weights hash to "
+        f"0x{compute_model_hash(state).hex()}",
+    ]
