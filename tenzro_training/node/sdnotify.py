@@ -12,8 +12,11 @@ writes until reopened, as an operator reading the 503 would.
 
 The protocol is one datagram of ``KEY=VALUE`` lines to the unix socket ``$NOTIFY_SOCKET`` names
 (an ``@`` first names an abstract socket); it needs no libsystemd. Outside systemd (no
-``NOTIFY_SOCKET``) every call does nothing. A notification that cannot be sent is logged once and
-never stops the node: systemd's timeouts decide what that means.
+``NOTIFY_SOCKET``) every call does nothing. A notification that cannot be sent is logged (once
+per kind of failure) and never stops the node: systemd's timeouts decide what that means.
+``READY=1`` and ``STOPPING=1`` wait up to ``ESSENTIAL_SEND_S`` for room on a full socket, since
+systemd kills a node whose READY it never got; ``WATCHDOG=1`` and ``STATUS=`` do not wait (the
+event loop sends them, and the next one follows).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ log = logging.getLogger("tenzro.node")
 
 MAX_STATUS_CHARS: Final = 200
 """A STATUS= line is one line of ``systemctl status``: longer text is cut."""
+ESSENTIAL_SEND_S: Final = 1.0
+"""How long READY=1 and STOPPING=1 wait for room on a full notification socket."""
 
 
 class SystemdNotifier:
@@ -41,37 +46,49 @@ class SystemdNotifier:
         if self.address is not None:
             self.watchdog_s = _watchdog_interval(env, os.getpid() if pid is None else pid)
         self._sock: socket.socket | None = None
-        self._failed = False
+        self._failure = ""  # the last failure logged; cleared by a send that works
 
     @property
     def enabled(self) -> bool:
         return self.address is not None
 
-    def notify(self, *assignments: str) -> bool:
-        """Send ``KEY=VALUE`` lines in one datagram; False when disabled or the send failed."""
+    def notify(self, *assignments: str, wait_s: float = 0.0) -> bool:
+        """Send ``KEY=VALUE`` lines in one datagram; False when disabled or the send failed.
+        ``wait_s``: how long to wait for room when the socket's queue is full (0: not at all)."""
         if self.address is None:
             return False
+        data = "\n".join(assignments).encode("utf-8")
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            # MSG_DONTWAIT: a full receive queue must not block the event loop.
-            self._sock.sendto("\n".join(assignments).encode("utf-8"), socket.MSG_DONTWAIT, self.address)
+            try:
+                # MSG_DONTWAIT: a full receive queue must not block the event loop.
+                self._sock.sendto(data, socket.MSG_DONTWAIT, self.address)
+            except BlockingIOError:
+                if wait_s <= 0:
+                    raise
+                self._sock.settimeout(wait_s)
+                try:
+                    self._sock.sendto(data, self.address)
+                finally:
+                    self._sock.settimeout(None)
         except OSError as exc:
-            if not self._failed:  # once: the watchdog would repeat it every few seconds
-                log.warning("systemd notification to %s failed: %s", _printable_address(self.address),
-                            exc.strerror or exc)
-                self._failed = True
+            failure = str(exc.strerror or exc)
+            if failure != self._failure:  # once per kind: the watchdog repeats every few seconds
+                log.warning("systemd notification to %s failed: %s", _printable_address(self.address), failure)
+                self._failure = failure
             return False
+        self._failure = ""
         return True
 
     def status(self, text: str) -> bool:
         return self.notify(_status(text))
 
     def ready(self, text: str) -> bool:
-        return self.notify("READY=1", _status(text))
+        return self.notify("READY=1", _status(text), wait_s=ESSENTIAL_SEND_S)
 
     def stopping(self) -> bool:
-        return self.notify("STOPPING=1", _status("stopping"))
+        return self.notify("STOPPING=1", _status("stopping"), wait_s=ESSENTIAL_SEND_S)
 
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")

@@ -10,6 +10,7 @@ uninterrupted run's), clean shutdown and startup failures.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import signal
 import socket
@@ -375,6 +376,7 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
     assert again.stop(signal.SIGINT) == 0
     assert "Traceback" not in again.stderr()
     assert f"tenzro node {__version__} up: chain_id=1337" in again.stderr() and "runs=0 (none)" in again.stderr()
+    assert re.search(r" p2p=off start=\d+\.\d\ds\n", again.stderr())  # what TimeoutStartSec must cover
     # SIGHUP (the terminal closed): the same, not exit 129 with the store left open. This one
     # logs JSON (--log-format json): every stderr line is one object a log collector can parse.
     third = node_factory("lifecycle", data_dir=first.data_dir, extra_args=("--log-format", "json"))

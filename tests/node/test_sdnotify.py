@@ -94,26 +94,82 @@ def test_a_socket_nobody_listens_on_is_logged_once_and_never_raises(caplog: pyte
 
 
 def test_the_watchdog_is_fed_only_while_the_node_is_healthy() -> None:
-    """Twice per interval while healthy; nothing while the health check would answer 503."""
+    """Twice per interval while healthy; nothing while the health check would answer 503; and
+    never more often than WATCHDOG_MIN_PERIOD_S, whatever WatchdogSec= says (review: a tiny
+    WATCHDOG_USEC made the loop spin)."""
+    from tenzro_training.node.main import WATCHDOG_MIN_PERIOD_S
+
     class Fake:
-        watchdog_s = 0.02
         sent = 0
+
+        def __init__(self, watchdog_s: float) -> None:
+            self.watchdog_s = watchdog_s
 
         def watchdog(self) -> None:
             self.sent += 1
 
-    fake, healthy = Fake(), [True]
-
-    async def run() -> list[int]:
+    async def run(fake: Fake, states: tuple[bool, ...], window_s: float) -> list[int]:
+        healthy = [True]
         task = asyncio.create_task(_watchdog_forever(fake, lambda: healthy[0]))
         counts = []
-        for state in (True, False, True):
+        for state in states:
             healthy[0] = state
             before = fake.sent
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(window_s)
             counts.append(fake.sent - before)
         task.cancel()
         return counts
 
-    fed, starved, fed_again = asyncio.run(run())
-    assert fed >= 5 and starved <= 1 and fed_again >= 5  # 0.2 s / 0.01 s = 20 when the loop is idle
+    fed, starved, fed_again = asyncio.run(run(Fake(0.2), (True, False, True), 0.5))
+    assert fed >= 3 and starved <= 1 and fed_again >= 3  # 0.5 s / 0.1 s = 5 when the loop is idle
+    (tiny,) = asyncio.run(run(Fake(1e-6), (True,), 0.5))
+    assert 3 <= tiny <= 0.5 / WATCHDOG_MIN_PERIOD_S + 1
+
+
+def _fill(address: str) -> None:
+    """Fill the receive queue of the socket at ``address`` (until a send would block)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
+        for _ in range(100_000):
+            try:
+                filler.sendto(b"STATUS=filler", socket.MSG_DONTWAIT, address)
+            except BlockingIOError:
+                return
+    raise AssertionError("the queue never filled")
+
+
+def test_ready_waits_for_room_on_a_full_socket_and_the_watchdog_does_not(abstract: tuple[str, socket.socket],
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A lost READY=1 gets the node killed at TimeoutStartSec (review), a lost WATCHDOG=1 is
+    followed by the next one; the event loop never waits for the latter."""
+    import threading
+
+    name, sock = abstract
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": name})
+    _fill(notifier.address)
+    with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+        assert not notifier.watchdog() and not notifier.watchdog()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"systemd notification to {name} failed: Resource temporarily unavailable"]
+    drained: list[bytes] = []
+    reader = threading.Timer(0.2, lambda: drained.extend(sock.recv(4096) for _ in range(5)))
+    reader.start()
+    assert notifier.ready("listening")  # waited for the reader to make room
+    reader.join()
+    received = []
+    sock.settimeout(0.2)
+    try:
+        while True:
+            received.append(sock.recv(4096))
+    except TimeoutError:
+        pass
+    assert received[-1] == b"READY=1\nSTATUS=listening"
+    # A send that worked clears the failure: the next one is logged again, as is another kind.
+    caplog.clear()
+    _fill(notifier.address)
+    with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+        assert not notifier.watchdog()
+        sock.close()
+        assert not notifier.watchdog() and not notifier.watchdog()
+    assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records] == [
+        "Resource temporarily unavailable", "Connection refused"]
+    notifier.close()
