@@ -444,6 +444,8 @@ def test_sigusr1_during_shutdown_does_not_kill_the_node(node_factory: Callable[.
 
 def test_the_node_process_tells_systemd_it_is_ready_alive_and_stopping(tmp_path: Path) -> None:
     """A real ``tenzro node`` under Type=notify and WatchdogSec=0.4 s, as systemd would start it."""
+    from tests.node.test_sdnotify import read_datagrams
+
     name = f"tenzro-test-{secrets.token_hex(8)}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind("\0" + name)
@@ -459,13 +461,7 @@ def test_the_node_process_tells_systemd_it_is_ready_alive_and_stopping(tmp_path:
         assert got[-1] == f"READY=1\nSTATUS=listening on {node.url.rstrip('/')}, 0 runs".encode()
         assert [sock.recv(4096) for _ in range(3)] == [b"WATCHDOG=1"] * 3  # 0.2 s apart
         assert node.stop() == 0, node.stderr()
-        rest = []
-        sock.settimeout(0.5)
-        try:
-            while True:
-                rest.append(sock.recv(4096))
-        except TimeoutError:
-            pass
+        rest = read_datagrams(sock, 0.5)
         assert b"STOPPING=1\nSTATUS=stopping" in rest
         assert set(rest) <= {b"WATCHDOG=1", b"STOPPING=1\nSTATUS=stopping"}
     finally:

@@ -126,6 +126,17 @@ def test_the_watchdog_is_fed_only_while_the_node_is_healthy() -> None:
     assert 3 <= tiny <= 0.5 / WATCHDOG_MIN_PERIOD_S + 1
 
 
+def read_datagrams(sock: socket.socket, quiet_s: float) -> list[bytes]:
+    """Every datagram ``sock`` receives until none came for ``quiet_s``."""
+    got = []
+    sock.settimeout(quiet_s)
+    try:
+        while True:
+            got.append(sock.recv(4096))
+    except TimeoutError:
+        return got
+
+
 def _fill(address: str) -> None:
     """Fill the receive queue of the socket at ``address`` (until a send would block)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
@@ -155,14 +166,7 @@ def test_ready_waits_for_room_on_a_full_socket_and_the_watchdog_does_not(abstrac
     reader.start()
     assert notifier.ready("listening")  # waited for the reader to make room
     reader.join()
-    received = []
-    sock.settimeout(0.2)
-    try:
-        while True:
-            received.append(sock.recv(4096))
-    except TimeoutError:
-        pass
-    assert received[-1] == b"READY=1\nSTATUS=listening"
+    assert read_datagrams(sock, 0.2)[-1] == b"READY=1\nSTATUS=listening"
     # A send that worked clears the failure: the next one is logged again, as is another kind.
     caplog.clear()
     _fill(notifier.address)
