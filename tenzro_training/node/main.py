@@ -478,6 +478,9 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
     liveness = ServiceLiveness()
 
     def start_backup() -> None:
+        if stop.is_set():  # asked for with the stop signal, run after it: the node is stopping
+            log.warning(_BACKUP_WHILE_STOPPING)
+            return
         if service is None or server is None:
             log.warning(_BACKUP_WHILE_STARTING)
             return
@@ -599,6 +602,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
 
 
 _BACKUP_WHILE_STARTING: Final = "backup refused: the node is still starting (send SIGUSR1 once it listens)"
+_BACKUP_WHILE_STOPPING: Final = "backup refused: the node is shutting down"
 
 
 def _refuse_backup_while_starting(signum: int, frame: Any) -> None:
@@ -621,7 +625,7 @@ async def _watchdog_forever(systemd: Any, healthy: Callable[[], bool]) -> None:
 def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
     """SIGUSR1 once the node is stopping: it replaces the backup handler in one step, so the
     signal's default action (the end of the process with signal 10) is never in place between."""
-    log.warning("backup refused: the node is shutting down")
+    log.warning(_BACKUP_WHILE_STOPPING)
 
 
 def _health(service: Any, liveness: ServiceLiveness) -> str | None:

@@ -438,3 +438,36 @@ def test_a_sigusr1_caught_during_the_last_swap_is_no_traceback(monkeypatch: pyte
     finally:
         monkeypatch.undo()
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_backup_asked_for_once_the_node_began_stopping_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGUSR1 whose backup handler runs after the stop signal's (sent with the SIGTERM) was
+    taken as a backup while the node stopped (docs check); it is refused like a later one."""
+    import os
+    import signal
+
+    from tenzro_training.node import main as node_main
+    from tenzro_training.node.config import NodeConfig
+
+    class StopThenBackup(asyncio.Event):
+        def set(self) -> None:
+            super().set()
+            handler = signal.getsignal(signal.SIGUSR1)
+            assert callable(handler)
+            handler(signal.SIGUSR1, None)  # a SIGUSR1 right behind the stop signal
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(node_main.asyncio, "Event", StopThenBackup)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        with caplog.at_level(logging.INFO, logger="tenzro.node"):
+            asyncio.run(node_main.run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d",
+                                           announce=announce))
+        assert "backup refused: the node is shutting down" in caplog.text
+        assert "backup written" not in caplog.text and not list((tmp_path / "d").glob("backups/*"))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
