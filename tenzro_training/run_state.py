@@ -61,6 +61,7 @@ __all__ = [
     "compute_run_view_clock",
     "compute_run_view_static",
     "compute_reward_weights",
+    "get_accepted_payload_hashes",
     "get_accepted_submissions",
     "get_submission_counts",
     "get_trainer",
@@ -838,6 +839,14 @@ def get_accepted_submissions(run: RunState, fragment: int) -> tuple[tuple[Addres
     if run.current_round is None:
         return ()
     return tuple((s.trainer, s.payload_hash) for s in run.current_round.submissions[fragment])
+
+
+def get_accepted_payload_hashes(run: RunState) -> frozenset[bytes]:
+    """The payload hashes the current round's accepted submissions name, over every fragment
+    (empty when not Training): what that round's finalize will read."""
+    if run.current_round is None:
+        return frozenset()
+    return frozenset(s.payload_hash for subs in run.current_round.submissions for s in subs)
 
 
 def get_submission_counts(run: RunState) -> tuple[int, ...]:

@@ -65,6 +65,7 @@ from tenzro_training.run_state import (
     RunStatus,
     RunTimings,
     compute_run_view,
+    get_accepted_payload_hashes,
     get_accepted_submissions,
     get_current_syncer,
     get_next_deadline_ms,
@@ -272,7 +273,10 @@ def test_whole_run_m3_k2_f2_two_rounds_seals_and_pays() -> None:
     # Every unslashed trainer submitted every fragment: the set cannot change, finalize early.
     assert is_accepted_set_closed(env.run, 410)
     assert [a for a, _ in get_accepted_submissions(env.run, 0)] == sorted(TRAINERS[:3])
+    assert get_accepted_payload_hashes(env.run) == {h for f in (0, 1) for _, h in get_accepted_submissions(env.run, f)}
+    assert len(get_accepted_payload_hashes(env.run)) == 6
     t = env.finalize(420)
+    assert get_accepted_payload_hashes(env.run) == frozenset()  # round 1 has none yet
     assert env.run.round == 1 and env.run.model_hash == model_after(0)
     assert len(env.run.records) == 1 and env.run.records[0].syncer == ranked(env)[0]
 

@@ -612,16 +612,6 @@ def _refuse_backup_while_starting(signum: int, frame: Any) -> None:
     log.warning(_BACKUP_WHILE_STARTING)
 
 
-async def _watchdog_forever(systemd: Any, healthy: Callable[[], bool]) -> None:
-    """WATCHDOG=1 twice per ``WatchdogSec=`` while the health check would answer 200: a node
-    whose service thread stalled, or whose store refuses writes until reopened, stops sending
-    it, and systemd restarts it (``node/sdnotify.py``)."""
-    while True:
-        if healthy():
-            systemd.watchdog()
-        await asyncio.sleep(max(systemd.watchdog_s / 2, WATCHDOG_MIN_PERIOD_S))
-
-
 def _refuse_backup_while_stopping(signum: int, frame: Any) -> None:
     """SIGUSR1 once the node is stopping: it replaces the backup handler in one step, so the
     signal's default action (the end of the process with signal 10) is never in place between."""
@@ -634,6 +624,16 @@ def _health(service: Any, liveness: ServiceLiveness) -> str | None:
     if service.storage_failure is not None:
         return "storage_write_failed"
     return "service_stalled" if liveness.is_stalled() else None
+
+
+async def _watchdog_forever(systemd: Any, healthy: Callable[[], bool]) -> None:
+    """WATCHDOG=1 twice per ``WatchdogSec=`` while the health check would answer 200: a node
+    whose service thread stalled, or whose store refuses writes until reopened, stops sending
+    it, and systemd restarts it (``node/sdnotify.py``)."""
+    while True:
+        if healthy():
+            systemd.watchdog()
+        await asyncio.sleep(max(systemd.watchdog_s / 2, WATCHDOG_MIN_PERIOD_S))
 
 
 async def _backup(service: Any, executor: ThreadPoolExecutor, root: Path) -> None:

@@ -130,6 +130,7 @@ from tenzro_training.run_state import (
     compute_run_list_entry,
     compute_run_view_clock,
     compute_run_view_static,
+    get_accepted_payload_hashes,
     get_accepted_submissions,
     get_current_syncer,
     get_next_deadline_ms,
@@ -214,13 +215,6 @@ def elapsed_clock_ms() -> int:
 
 def _hex(value: bytes) -> str:
     return "0x" + value.hex()
-
-
-def _round_payload_hashes(run: RunState) -> set[bytes]:
-    """The payload hashes the open round's accepted submissions name (empty when none is open)."""
-    if run.current_round is None:
-        return set()
-    return {s.payload_hash for subs in run.current_round.submissions for s in subs}
 
 
 class NodeService:
@@ -602,7 +596,7 @@ class NodeService:
         elif before is not None and any(isinstance(e, EquivocationDetected) for e in t.events):
             # A slashed trainer's payloads of the open round left the accepted set: none is read
             # again (unless another trainer's names the same bytes), so they free the budget.
-            self._payload_cache.discard(task_id, _round_payload_hashes(before) - _round_payload_hashes(t.run))
+            self._payload_cache.discard(task_id, get_accepted_payload_hashes(before) - get_accepted_payload_hashes(t.run))
         self._emit(t.events)
 
     def _emit(self, events: Sequence[RunEvent]) -> None:
