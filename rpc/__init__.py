@@ -4,7 +4,8 @@
 - :mod:`rpc.params`: typed, shape-only parsing of each method's params;
 - :mod:`rpc.errors`: the one exception -> error-code table;
 - :mod:`rpc.dispatcher`: transport-agnostic dispatch (bytes or dicts in and out);
-- :mod:`rpc.server`: the aiohttp endpoint.
+- :mod:`rpc.server`: the aiohttp endpoint;
+- :mod:`rpc.artifacts`: run artifacts (payloads, final models, checkpoints) over plain HTTP GET.
 
 This package is NOT the node: it holds no state and applies no protocol rule.
 """

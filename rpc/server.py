@@ -14,6 +14,8 @@ HTTP behaviour:
   docs/node.md "Storage failures", or ``service_stalled``). ``GET /metrics``: Prometheus text (``rpc/metrics.py``;
   the names are listed in docs/node.md "Metrics"). Other paths/methods: 404/405 with a
   JSON-RPC-shaped error body (code -32600, ``data.type`` ``"HTTPNotFound"``...).
+- ``GET /artifacts/v1/runs/...`` (with ``serve_artifacts``): a committed round's payloads, a
+  sealed run's final model, a run's init checkpoint (``rpc/artifacts.py``).
 - A body over ``max_body_bytes`` (default 64 MiB): 413 with a JSON-RPC error (-32600, data.type
   ``"RequestTooLarge"``, ``data.limit``). ``Content-Length`` is checked before reading; a body
   streamed without it is cut off as soon as it passes the limit. The connection is then closed
@@ -218,6 +220,20 @@ class _ByteBudget:
     def take(self, n: int, client: object = None) -> None:
         """Hold ``n`` more bytes without waiting (an answer larger than the room it held)."""
         self._hold(n, client)
+
+    def try_take(self, n: int, client: object, own: int) -> bool:
+        """Hold ``n`` more bytes for a request of ``client`` that already holds ``own``, if they
+        fit now: within the whole budget, and within the client's share unless the request is
+        alone for its client (as :meth:`acquire` lets one request past the share). For an
+        answer whose size was known only once it was read (a run artifact, rpc/artifacts.py),
+        which must not take its excess unasked as a getRun's does: a payload may be 64 MiB."""
+        if self.held + n > self.total:
+            return False
+        mine = self._by_client.get(client, 0)
+        if mine + n > self.share and mine > own:
+            return False
+        self._hold(n, client)
+        return True
 
     def release(self, n: int, client: object = None) -> None:
         self.held -= n
@@ -553,6 +569,7 @@ def create_app(
     metrics: Registry | None = None,
     health_check: Callable[[], str | None] | None = None,
     limits: ServerLimits | None = None,
+    serve_artifacts: bool = False,
 ) -> web.Application:
     """The aiohttp application serving JSON-RPC for ``service`` at ``/``.
 
@@ -566,6 +583,9 @@ def create_app(
     a returned reason (a fixed token, never exception text) makes the answer a 503.
     ``limits``: the time and memory bounds (:class:`ServerLimits`; its connection bounds take
     effect only under :func:`start_server`, which owns the connections).
+    ``serve_artifacts``: also serve the run artifacts under ``/artifacts/v1`` (``rpc/artifacts.py``;
+    ``service`` must then be an :class:`rpc.service.ArtifactSource`); off, those paths are 404
+    like any unknown one.
     """
     if type(max_body_bytes) is not int or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive int, got {max_body_bytes!r}")
@@ -624,6 +644,11 @@ def create_app(
     app.router.add_post("/", _post)
     app.router.add_get("/", _health)
     app.router.add_get("/metrics", _metrics)
+    if serve_artifacts:
+        # Imported here: rpc.artifacts builds on this module's budget and helpers.
+        from rpc.artifacts import add_artifact_routes
+
+        add_artifact_routes(app, service, registry, executor=app[_EXECUTOR], budget=budget, limits=limits)
     return app
 
 
@@ -754,11 +779,12 @@ async def start_server(
     metrics: Registry | None = None,
     health_check: Callable[[], str | None] | None = None,
     limits: ServerLimits | None = None,
+    serve_artifacts: bool = False,
 ) -> RunningServer:
     """Bind and start serving; ``port=0`` picks a free port (read it from the result)."""
     limits = ServerLimits() if limits is None else limits
     app = create_app(service, max_body_bytes=max_body_bytes, max_batch=max_batch, executor=executor, metrics=metrics,
-                     health_check=health_check, limits=limits)
+                     health_check=health_check, limits=limits, serve_artifacts=serve_artifacts)
     # keepalive_timeout is aiohttp's idle close: armed when a connection opens and after each
     # answer, it closes a connection still waiting for a whole request head (aiohttp's default,
     # 3630 s, let idle and byte-at-a-time connections pile up).

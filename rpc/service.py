@@ -23,9 +23,11 @@ Contract for implementations:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Preloading", "TrainingService"]
+__all__ = ["ArtifactSource", "CheckpointArtifact", "ModelArtifact", "PayloadArtifact", "Preloading", "TrainingService"]
 
 
 @runtime_checkable
@@ -109,4 +111,69 @@ class Preloading(Protocol):
 
     def discard_preloaded(self, token: object) -> None:
         """Drop what was read for ``token`` if its post did not take it. Any thread; quick."""
+        ...
+
+
+# --- run artifacts over HTTP (rpc/artifacts.py; docs/rpc.md "Run artifacts over HTTP") -------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadArtifact:
+    """A committed round's accepted payload, as stored."""
+
+    payload_hash: bytes
+    """The 32-byte hash the trainer signed (its submission record's), which ``data`` hashes to."""
+    data: bytes
+    """The payload bytes the node stored."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelArtifact:
+    """Where a Sealed run's final model file is."""
+
+    final_model_hash: bytes
+    """The receipt's ``final_model_hash`` (of the tensors, not of the file's bytes)."""
+    path: Path | None
+    """``data_dir/models/<task_id>.safetensors``; None on a node without a data directory (the
+    in-memory store), whose file the server asks ``export_final_model`` for instead. The file
+    may still be missing (a write the node retries): the server falls back the same way."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointArtifact:
+    """Where a run's init checkpoint is, and what it must hash to before it is served."""
+
+    path: Path
+    """The real path the spec's ``file://`` URI names, already confined to the node's
+    ``allowed_checkpoint_dirs``."""
+    sha256: bytes
+    """The spec's SHA-256 (32 bytes) of the file."""
+    max_bytes: int
+    """The node's ``max_checkpoint_bytes``: a larger file is not served."""
+
+
+@runtime_checkable
+class ArtifactSource(Protocol):
+    """Optional: a service whose run artifacts the server publishes under ``/artifacts/v1``.
+    Called on the service's one thread like every other call (they read its state and store);
+    the server reads, hashes and streams files on threads of its own. Fail by raising a
+    ``TenzroError`` (``UnknownTask``, ``InvalidRunArgument``, ``InvalidState``,
+    ``PayloadUnavailable`` and its leaves, ``CheckpointError``, ``StorageError``)."""
+
+    def get_payload_artifact(self, task_id: str, round: int, fragment: int, trainer: bytes) -> PayloadArtifact:
+        """The payload ``trainer`` (20 bytes) submitted for a committed round's fragment, if
+        that round's record accepted it (``tenzro_training.artifacts``)."""
+        ...
+
+    def get_model_artifact(self, task_id: str) -> ModelArtifact:
+        """Where a Sealed run's final model file is (InvalidState for any other run)."""
+        ...
+
+    def export_final_model(self, task_id: str) -> bytes:
+        """A Sealed run's final model file bytes, built from the store (the fallback when the
+        file is not on disk)."""
+        ...
+
+    def get_checkpoint_artifact(self, task_id: str) -> CheckpointArtifact:
+        """Where the run's init checkpoint is (CheckpointError when its URI cannot be served)."""
         ...

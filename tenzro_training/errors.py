@@ -186,6 +186,31 @@ class PayloadUnavailable(RunError):
         super().__init__(task_id, f"payload {payload_hash} is not available")
 
 
+class PayloadNotPublic(PayloadUnavailable):
+    """A committed round's payload was asked for that the node does not publish: the round is not
+    committed yet (its payloads would let a trainer copy another's work before the round
+    closes), the fragment is out of range, or the trainer is not among those the round's record
+    accepted for it. ``reason`` says which."""
+
+    def __init__(self, task_id: str, round_: int, fragment: int, trainer: str, reason: str) -> None:
+        self.round = round_
+        self.fragment = fragment
+        self.trainer = trainer
+        self.reason = reason
+        RunError.__init__(self, task_id, f"the payload of {trainer} for round {round_} fragment {fragment} is not "
+                          f"published: {reason}")
+
+
+class PayloadPruned(PayloadUnavailable):
+    """The payload of a committed round was deleted on purpose (the node's ``prune_payloads``);
+    its hash, in the submission record, still stands."""
+
+    def __init__(self, task_id: str, payload_hash: str, round_: int) -> None:
+        self.payload_hash = payload_hash
+        self.round = round_
+        RunError.__init__(self, task_id, f"payload {payload_hash} of round {round_} was deleted (prune_payloads)")
+
+
 class CheckpointError(TenzroError, ValueError):
     """The initial checkpoint named by the spec cannot be loaded or does not match its hash."""
 

@@ -82,7 +82,7 @@ _TOP_KEYS: Final = (
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
     "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
     "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
-    "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor",
+    "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor", "serve_artifacts",
 )
 _TIMING_KEYS: Final = (
     "election_window_ms", "enrollment_window_ms", "round_timeout_ms", "finalize_window_ms", "min_stake",
@@ -317,6 +317,11 @@ class NodeConfig:
     the node no longer needs, those of an open run's rounds before its latest model snapshot
     (deleted in the snapshot's batch) and all of a run's once it is Sealed, Cancelled or Failed
     (in that transition's batch). The submission records (hashes and signatures) stay."""
+    serve_artifacts: bool = True
+    """Serve run artifacts on the RPC port (``GET /artifacts/v1/runs/...``, docs/rpc.md "Run
+    artifacts over HTTP"): committed rounds' payloads, sealed runs' final models, init
+    checkpoints, so that a third party can recompute a sealed run from the node's URL alone.
+    False: those paths are 404 like any unknown one (a node that must not give out models)."""
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
@@ -389,6 +394,7 @@ class NodeConfig:
         _int("model_snapshot_rounds", self.model_snapshot_rounds, 1, 2**32)
         _int("payload_cache_bytes", self.payload_cache_bytes, 0, 2**50)
         _bool("prune_payloads", self.prune_payloads)
+        _bool("serve_artifacts", self.serve_artifacts)
         _int("max_grace_window_ms", self.max_grace_window_ms, 0, _MAX_JSON_INT)
         _int("max_receipt_bytes", self.max_receipt_bytes, 1, MAX_RECEIPT_BYTES)
         _int("max_trainer_count", self.max_trainer_count, 1, _MAX_JSON_INT)
@@ -475,7 +481,7 @@ class NodeConfig:
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
                  "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms",
-                 "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor")
+                 "min_reward_pool", "max_open_runs", "max_open_runs_per_sponsor", "serve_artifacts")
         for key in plain:
             if key in d:
                 kwargs[key] = d[key]
@@ -533,6 +539,7 @@ class NodeConfig:
             "min_reward_pool": str(self.min_reward_pool),
             "max_open_runs": self.max_open_runs,
             "max_open_runs_per_sponsor": self.max_open_runs_per_sponsor,
+            "serve_artifacts": self.serve_artifacts,
         }
 
     def server_limits(self) -> ServerLimits:

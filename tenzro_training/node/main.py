@@ -543,7 +543,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
                 service, config.rpc_host, config.rpc_port, max_body_bytes=config.max_body_bytes,
                 max_batch=config.rpc_max_batch, executor=executor, metrics=registry,
                 health_check=lambda: _health(service, liveness),
-                limits=config.server_limits(),
+                limits=config.server_limits(), serve_artifacts=config.serve_artifacts,
             )
         except OSError as exc:
             raise NodeStartupError(

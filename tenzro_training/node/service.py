@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from rpc.service import CheckpointArtifact, ModelArtifact, PayloadArtifact
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.addresses import Address, format_address, parse_address, validate_address_bytes
@@ -71,7 +72,9 @@ from tenzro_training.errors import (
     UnknownTask,
 )
 from tenzro_training.jsontext import serialize_json
+from tenzro_training.artifacts import validate_model_request
 from tenzro_training.node import persistence, startup
+from tenzro_training.node.artifacts import load_payload_artifact, locate_checkpoint
 from tenzro_training.node.checkpoint import load_init_checkpoint
 from tenzro_training.node.config import NodeConfig
 from tenzro_training.node.model_cache import ModelCache, PayloadCache
@@ -1457,6 +1460,31 @@ class NodeService:
         model = self._model(task_id)
         final = load_model_fragments(self._store, task_id, schema.MODEL_FINAL, model)
         return compute_final_model_file(run, model, final)
+
+    # --- run artifacts (rpc.service.ArtifactSource: GET /artifacts/v1, docs/rpc.md) --------------
+
+    def get_payload_artifact(self, task_id: str, round: int, fragment: int, trainer: bytes) -> PayloadArtifact:
+        """The stored payload of a committed round's accepted submission (``node/artifacts.py``);
+        an open round's are never given out (``tenzro_training.artifacts``)."""
+        self._check_open()
+        return load_payload_artifact(self._store, self._run(task_id), round, fragment, trainer)
+
+    def get_model_artifact(self, task_id: str) -> ModelArtifact:
+        """Where a Sealed run's final model file is. Unlike :meth:`final_model_path` it writes
+        nothing: a GET must not write a model-sized file on this thread; the server serves
+        :meth:`export_final_model`'s bytes while the file is missing (``ModelFiles`` retries it)."""
+        self._check_open()
+        run = self._run(task_id)
+        validate_model_request(run)
+        if run.final_record is None:
+            raise StorageError(f"the sealed run {task_id} has no final record")
+        path = None if self._config.data_dir is None else self._model_files.path(task_id)
+        return ModelArtifact(final_model_hash=run.final_record.final_model_hash, path=path)
+
+    def get_checkpoint_artifact(self, task_id: str) -> CheckpointArtifact:
+        """Where the run's init checkpoint is, confined as a post's read is (``node/artifacts.py``)."""
+        self._check_open()
+        return locate_checkpoint(self._run(task_id), self._config)
 
     # --- lifecycle ------------------------------------------------------------------------------
 

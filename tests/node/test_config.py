@@ -25,6 +25,8 @@ def test_defaults() -> None:
     assert config.max_trainer_count == 256
     assert config.max_payload_bytes == 64 << 20 and config.max_body_bytes == 96 << 20
     assert (config.rpc_host, config.rpc_port, config.sync_writes) == ("127.0.0.1", 8545, False)
+    assert config.serve_artifacts is True  # a sealed run is recomputable from the node's URL
+    assert NodeConfig.from_dict({"serve_artifacts": False}, data_dir=None).serve_artifacts is False
     assert NodeConfig.from_dict({}, data_dir=None) == config
     # Timings listed in part keep the node's defaults for the rest, min_stake included.
     partial = NodeConfig.from_dict({"timings": {"election_window_ms": 7}}, data_dir=None)
@@ -93,6 +95,8 @@ def _base() -> dict[str, Any]:
         ({"rpc_host": ""}, "rpc_host"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"sync_writes": "yes"}, "sync_writes"),
+        ({"serve_artifacts": 1}, "serve_artifacts"),
+        ({"serve_artifacts": None}, "serve_artifacts"),
         ({"wal_recovery": "lenient"}, "wal_recovery"),
         ({"wal_recovery": None}, "wal_recovery"),
         ({"model_cache_runs": -1}, "model_cache_runs"),
@@ -254,7 +258,7 @@ def test_the_documented_example_config_is_valid() -> None:
     NodeConfig.from_dict(example, data_dir=None)
     defaults = NodeConfig()
     for key in ("model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
-                "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
+                "serve_artifacts", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                 "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
                 "rpc_read_timeout_ms", "rpc_max_inflight_bytes", "rpc_max_batch_answer_bytes", "rpc_max_batch_ms"):
         assert example[key] == getattr(defaults, key), key

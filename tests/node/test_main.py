@@ -246,6 +246,42 @@ def test_run_events_of_the_start_are_counted_in_the_metrics(tmp_path: Path, monk
     assert 'tenzro_run_events_total{event="DeadlinesExtended"} 1' in scraped[0].splitlines()
 
 
+@pytest.mark.parametrize("serve_artifacts", [True, False])
+def test_the_node_serves_artifacts_as_its_config_says(tmp_path: Path, serve_artifacts: bool) -> None:
+    """``serve_artifacts`` reaches the server: on, an artifact path of an unknown task is the
+    node's UnknownTask (1301); off, it is no route at all (-32600, as any unknown path)."""
+    import json
+    import os
+    import signal
+    import urllib.error
+    import urllib.request
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import run_node
+
+    answers: list[tuple[int, dict[str, object]]] = []
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            url = line.split(" on ", 1)[1].split(" ", 1)[0]
+
+            def fetch() -> None:
+                try:
+                    urllib.request.urlopen(url + "/artifacts/v1/runs/nope/model", timeout=10)
+                except urllib.error.HTTPError as exc:
+                    answers.append((exc.code, json.loads(exc.read())))
+                finally:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            asyncio.get_running_loop().run_in_executor(None, fetch)
+
+    config = NodeConfig(data_dir=tmp_path / "d", rpc_port=0, serve_artifacts=serve_artifacts)
+    asyncio.run(run_node(config, tmp_path / "d", announce=announce))
+    status, body = answers[0]
+    assert status == 404
+    assert body["error"]["code"] == (1301 if serve_artifacts else -32600)  # type: ignore[index]
+
+
 def test_the_health_check_names_a_stalled_service_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """``GET /`` answered 200 whatever the service thread did (observability probe): a call stuck
     on it stopped every tick and every other call. A tick that finishes, even failing, is life."""
