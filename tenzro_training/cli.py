@@ -2,9 +2,11 @@
 
 ``tenzro node`` runs the node (``node/main.py``); ``tenzro train <verb>`` wraps the seven
 ``tenzro_training_*`` methods plus ``cancel-task``, ``verify-receipt`` (re-checks a receipt, its
-election and its signatures: ``receipt_check.py``), and offline helpers (``make-gradient`` writes a
-random OuterGradient payload, ``export-model`` copies a sealed run's final model out of a node's
-data dir, ``evaluate-model`` scores model files on the spec's held-out windows, ``address``);
+election and its signatures: ``receipt_check.py``), ``verify-run`` (recomputes a sealed run from
+the payloads, checkpoint and model the node serves under ``artifacts/v1/``: ``run_replay.py``),
+and helpers (``make-gradient`` writes a random OuterGradient payload, ``export-model`` copies a
+sealed run's final model out of a node's data dir or downloads it, checked against the verified
+receipt, ``evaluate-model`` scores model files on the spec's held-out windows, ``address``);
 ``tenzro syncer run`` is the syncer daemon (``node/syncer.py``).
 Every signing command takes ``--key-file`` (hex, ``{"private_key"}`` JSON, or a dev-accounts.json
 with ``--account``) or ``TENZRO_PRIVATE_KEY``. Output is human-readable by default and JSON with
@@ -62,6 +64,29 @@ MAX_REPLY_VALUES = 2_000_000
 hold. Python objects cost 50-100x the bytes of ``{}`` or ``0,``: a 20 MiB answer of tiny objects
 took 1.4 GB to parse and print (CLI probe, 2026-11-26). A default node's largest getRun holds
 ~10^5 values."""
+
+
+MAX_ERROR_BODY_BYTES = 64 << 10
+"""Most bytes read of an error status's body from an artifact route (a JSON-RPC-shaped error
+object of a few hundred bytes)."""
+
+
+def _describe_error_body(raw: bytes) -> str:
+    """`` error <code> <Type>: <message>`` of a JSON-RPC-shaped error body (the node's artifact
+    routes answer one with every error status), or ``""`` for anything else."""
+    from tenzro_training.jsontext import loads_bounded
+
+    try:
+        doc = loads_bounded(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict) or type(err.get("code")) is not int or not isinstance(err.get("message"), str):
+        return ""
+    data = err.get("data")
+    kind = data.get("type") if isinstance(data, dict) else None
+    label = f" {printable(kind, 64)}" if isinstance(kind, str) and kind else ""
+    return f", error {err['code']}{label}: {printable(err['message'], 300)}"
 
 
 def _deadline_response_class(deadline: float) -> type:
@@ -248,8 +273,6 @@ class RpcClient:
         included, is a CliError: EXIT_UNREACHABLE when no complete answer arrived within
         ``timeout`` seconds of the call (the whole exchange, not each read), EXIT_RPC_ERROR for
         an answer that is not this call's JSON-RPC response or is a JSON-RPC error."""
-        import http.client
-        import urllib.error
         import urllib.request
 
         request_id = self._next_id
@@ -258,10 +281,50 @@ class RpcClient:
         headers = {"Content-Type": "application/json"}
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
+        try:
+            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        except ValueError as exc:  # whatever parse_rpc_url let through and urllib cannot open
+            raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+        status, raw = self._exchange(req, lambda status: MAX_REPLY_BYTES)
+        return self._read_reply(raw, request_id, status)
+
+    def fetch_artifact(self, path: str, max_bytes: int) -> bytes:
+        """The body of ``GET path`` (relative to ``--rpc``: ``artifacts/v1/...`` is at the
+        server's root for ``http://host:8545``, under ``/node1/`` for ``http://proxy/node1/``),
+        read as it arrives and never more than ``max_bytes`` + 1 bytes. An error status (404,
+        410, ...) or a longer body is ArtifactUnavailable, with the node's JSON-RPC-shaped error
+        when it sent one: a failed check, not a transport failure. A redirect, a timeout or a
+        broken exchange is a CliError with EXIT_UNREACHABLE, as for :meth:`call`."""
+        import urllib.parse
+        import urllib.request
+
+        from tenzro_training.errors import ArtifactUnavailable
+
+        headers = {"Accept": "application/octet-stream"}
+        if self._authorization is not None:
+            headers["Authorization"] = self._authorization
+        try:
+            req = urllib.request.Request(urllib.parse.urljoin(self.url, path), headers=headers, method="GET")
+        except ValueError as exc:
+            raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
+        # An error's body is a small JSON object; a 200's is the artifact, up to its bound.
+        status, raw = self._exchange(req, lambda status: max_bytes if status == 200 else MAX_ERROR_BODY_BYTES)
+        if status != 200:
+            raise ArtifactUnavailable(f"HTTP {status}{_describe_error_body(raw)}", status)
+        if len(raw) > max_bytes:
+            raise ArtifactUnavailable(f"the node sent more than {max_bytes} bytes, the most it can be", status)
+        return raw
+
+    def _exchange(self, req: Any, limit_of: Callable[[int], int]) -> tuple[int, bytes]:
+        """(HTTP status, body) of one request, the body read up to ``limit_of(status)`` + 1
+        bytes, the whole exchange within ``timeout``. A redirect, a timeout and every transport
+        failure, an error status's body included, is a CliError with EXIT_UNREACHABLE."""
+        import http.client
+        import urllib.error
+
         deadline = time.monotonic() + self.timeout
         status = 200
         try:
-            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             try:
                 resp = _opener(deadline).open(req, timeout=self.timeout)
             except urllib.error.HTTPError as exc:  # JSON-RPC errors may come with 4xx statuses
@@ -270,7 +333,7 @@ class RpcClient:
                                    "followed: pass the URL it names as --rpc)", EXIT_UNREACHABLE) from None
                 resp, status = exc, exc.code
             try:  # the body of an error status is read under the same handlers as any other
-                raw = self._read_body(resp, deadline)
+                raw = self._read_body(resp, deadline, limit_of(status))
             finally:
                 try:
                     resp.close()
@@ -290,22 +353,22 @@ class RpcClient:
                            EXIT_UNREACHABLE) from None
         except ValueError as exc:  # whatever parse_rpc_url let through and urllib cannot open
             raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
-        return self._read_reply(raw, request_id, status)
+        return status, raw
 
     def _too_slow(self) -> CliError:
         return CliError(f"node at {self.url} did not finish its answer within {self.timeout:g} s", EXIT_UNREACHABLE)
 
-    def _read_body(self, resp: Any, deadline: float) -> bytes:
-        """The answer's body, read as it arrives, at most MAX_REPLY_BYTES + 1 bytes (one more
-        tells an answer at the limit from a longer one)."""
+    def _read_body(self, resp: Any, deadline: float, limit: int = MAX_REPLY_BYTES) -> bytes:
+        """The answer's body, read as it arrives, at most ``limit`` + 1 bytes (one more tells an
+        answer at the limit from a longer one)."""
         if getattr(resp, "fp", True) is None:  # an HTTPError that came without a body
             return b""
         read = getattr(resp, "read1", None) or resp.read
         data = bytearray()
-        while len(data) <= MAX_REPLY_BYTES:
+        while len(data) <= limit:
             if time.monotonic() > deadline:
                 raise self._too_slow()
-            chunk = read(min(1 << 16, MAX_REPLY_BYTES + 1 - len(data)))
+            chunk = read(min(1 << 16, limit + 1 - len(data)))
             if not chunk:
                 break
             data += chunk
@@ -755,6 +818,107 @@ def cmd_verify_receipt(args: argparse.Namespace) -> None:
         raise CliError(f"receipt verification failed: {failed}", EXIT_RPC_ERROR)
 
 
+def _artifact_path(task_id: str, *parts: object) -> str:
+    """The path of a run artifact relative to ``--rpc`` (docs/cli.md "verify-run"). The task id
+    is one percent-encoded segment; ``.`` and ``..`` are encoded as ``%2E`` so that no URL
+    resolution (urljoin's, a proxy's) takes them for dot segments."""
+    import urllib.parse
+
+    segment = urllib.parse.quote(task_id, safe="")
+    if segment in (".", ".."):
+        segment = segment.replace(".", "%2E")
+    return "/".join(["artifacts/v1/runs", segment, *(str(p) for p in parts)])
+
+
+def _why_unavailable(exc: Any, what: str) -> Any:
+    """ArtifactUnavailable ``exc`` restated for the artifact ``what``: a 410 is a pruned payload
+    (``prune_payloads``), which makes the run unverifiable from this node; a 404 one the node
+    does not serve (not committed, not accepted, or an older node without the routes)."""
+    from tenzro_training.errors import ArtifactUnavailable
+
+    if exc.status == 410:
+        return ArtifactUnavailable(f"the node pruned {what} ({exc.reason}): the run cannot be verified from "
+                                   "this node", exc.status)
+    if exc.status == 404:
+        return ArtifactUnavailable(f"the node does not serve {what} ({exc.reason})", exc.status)
+    return ArtifactUnavailable(f"{what}: {exc.reason}", exc.status)
+
+
+def _read_checkpoint_file(path: str, max_bytes: int) -> bytes:
+    from storage.files import NotReadable, read_regular_file
+
+    try:
+        return read_regular_file(path, max_bytes)
+    except NotReadable as exc:
+        raise CliError(f"cannot read checkpoint {path}: {exc.reason}") from None
+
+
+def cmd_verify_run(args: argparse.Namespace) -> None:
+    """Recompute a sealed run from the node's URL alone (run_replay.py): the receipt's checks,
+    then the spec, checkpoint, every accepted payload, every round and the final model. One
+    line per check; exit 1 if any fails or could not run."""
+    from tenzro_training.addresses import Address
+    from tenzro_training.errors import ArtifactUnavailable
+    from tenzro_training.node.checkpoint import parse_checkpoint_bytes
+    from tenzro_training.run_replay import RunSources, verify_run
+
+    client = RpcClient(args.rpc, args.timeout)
+    task_id = args.task_id
+    max_checkpoint = args.max_checkpoint_bytes or MAX_CHECKPOINT_FILE_BYTES
+    document = client.call("tenzro_training_getReceipt", {"task_id": task_id})
+
+    def run_view() -> object:
+        try:
+            return client.call("tenzro_training_getRun", {"task_id": task_id})
+        except CliError as exc:
+            if exc.exit_code == EXIT_UNREACHABLE:
+                raise
+            raise ArtifactUnavailable(str(exc)) from None
+
+    def checkpoint(max_bytes: int) -> bytes:
+        if args.checkpoint is not None:
+            return _read_checkpoint_file(args.checkpoint, max_bytes)
+        try:
+            return client.fetch_artifact(_artifact_path(task_id, "checkpoint"), max_bytes)
+        except ArtifactUnavailable as exc:
+            raise _why_unavailable(exc, "the init checkpoint") from None
+
+    def payload(round_: int, fragment: int, trainer: Address, max_bytes: int) -> bytes:
+        try:
+            return client.fetch_artifact(_artifact_path(task_id, "payloads", round_, fragment, "0x" + trainer.hex()),
+                                         max_bytes)
+        except ArtifactUnavailable as exc:
+            raise _why_unavailable(exc, "the payload") from None
+
+    def model_file(size: int) -> bytes:
+        try:
+            return client.fetch_artifact(_artifact_path(task_id, "model"), size)
+        except ArtifactUnavailable as exc:
+            raise _why_unavailable(exc, "the final model file") from None
+
+    def progress(done: int, total: int) -> None:
+        print(f"tenzro: verify-run: {done}/{total} rounds replayed", file=sys.stderr, flush=True)
+
+    where = args.checkpoint or "the node's checkpoint"
+    sources = RunSources(run_view, checkpoint, lambda data: parse_checkpoint_bytes(data, where), payload,
+                         model_file, max_checkpoint)
+    result = verify_run(document, sources, chain_id=args.chain_id, task_id=task_id,
+                        on_round=progress if sys.stderr.isatty() else None)
+    if args.json:
+        checks = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in result.checks]
+        print(json.dumps({"ok": result.ok, "checks": checks, "skipped": [c.name for c in result.skipped]},
+                         indent=2, sort_keys=True))
+    else:
+        width = max(len(c.name) for c in (*result.checks, *result.skipped))
+        for c in result.checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name:<{width}}  {printable(c.detail)}")
+        for c in result.skipped:
+            print(f"skip  {c.name:<{width}}  {printable(c.detail)}")
+    if not result.ok:
+        failed = ", ".join(result.failed)
+        raise CliError(f"run verification failed: {failed}", EXIT_RPC_ERROR)
+
+
 def cmd_enroll(args: argparse.Namespace) -> None:
     key = load_signing_key(args)
     address = key_address(key)
@@ -1001,6 +1165,9 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         schema.run_key(args.task_id)  # a valid task id is a file name: no "/" to leave models/
     except schema.KeyFormatError as exc:
         raise CliError(str(exc)) from None
+    if args.data_dir is None:
+        _export_from_node(args)
+        return
     data_dir = Path(args.data_dir)
     model_file = data_dir / "models" / f"{args.task_id}.safetensors"
     if model_file.exists():
@@ -1018,19 +1185,56 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
     if args.check_receipt:
-        from tenzro_training.receipt_check import check_receipt_document
-
-        # The whole offline check (signatures, election, run root), for this run: any object
-        # naming the right hash passed before (CLI probe, 2026-11-26).
-        reply = RpcClient(args.rpc).call("tenzro_training_getReceipt", {"task_id": args.task_id})
-        verdict = check_receipt_document(reply, None, task_id=args.task_id)
-        if not verdict.ok:
-            raise CliError(f"the node's receipt of {args.task_id} fails verification "
-                           f"({', '.join(verdict.failed)}: see verify-receipt)", EXIT_RPC_ERROR)
-        expected = reply["receipt"].get("final_model_hash")
+        expected = "0x" + _check_receipt_of(RpcClient(args.rpc), args.task_id).hex()
         if expected != result["model_hash"]:
             raise CliError(f"model hash {result['model_hash']} differs from the receipt's {expected}", EXIT_RPC_ERROR)
         result["receipt_checked"] = True
+    _write_out(args.out, data)
+    _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
+
+
+def _check_receipt_of(client: RpcClient, task_id: str) -> bytes:
+    """The final model hash of ``task_id``'s receipt from ``client``'s node, after the whole
+    offline check of it (signatures, election, run root), for this run: any object naming the
+    right hash passed before (CLI probe, 2026-11-26)."""
+    from tenzro_training.receipt_check import check_receipt_document
+
+    reply = client.call("tenzro_training_getReceipt", {"task_id": task_id})
+    verdict = check_receipt_document(reply, None, task_id=task_id)
+    if not verdict.ok:
+        raise CliError(f"the node's receipt of {task_id} fails verification "
+                       f"({', '.join(verdict.failed)}: see verify-receipt)", EXIT_RPC_ERROR)
+    return bytes.fromhex(reply["receipt"]["final_model_hash"][2:])  # decoded by the check above
+
+
+def _export_from_node(args: argparse.Namespace) -> None:
+    """export-model without --data-dir: the model file downloaded from the node's
+    ``artifacts/v1/runs/T/model``, written only once its receipt verifies and its weights hash to
+    the receipt's final model hash. Nothing the node says is trusted but what the receipt's
+    checks establish; the file is read whole (at most 16 GiB, as from a data dir) to be hashed."""
+    from tenzro_training.errors import ArtifactUnavailable, CheckpointError
+    from tenzro_training.fragments import compute_model_hash
+    from tenzro_training.node.checkpoint import parse_checkpoint_bytes
+
+    client = RpcClient(args.rpc)
+    expected = _check_receipt_of(client, args.task_id)
+    try:
+        data = client.fetch_artifact(_artifact_path(args.task_id, "model"), MAX_CHECKPOINT_FILE_BYTES)
+    except ArtifactUnavailable as exc:
+        raise CliError(f"cannot export {args.task_id}: {_why_unavailable(exc, 'the final model file').reason}",
+                       EXIT_RPC_ERROR) from None
+    try:
+        state = parse_checkpoint_bytes(data, "the node's model file")
+    except CheckpointError as exc:
+        raise CliError(f"the node's model file of {args.task_id} is not a readable model: {exc.reason}",
+                       EXIT_RPC_ERROR) from None
+    model_hash = compute_model_hash(state)
+    del state
+    if model_hash != expected:
+        raise CliError(f"the node's model file of {args.task_id} hashes to 0x{model_hash.hex()}, its receipt's "
+                       f"final model hash is 0x{expected.hex()}: not written", EXIT_RPC_ERROR)
+    result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex(),
+              "receipt_checked": True}
     _write_out(args.out, data)
     _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
@@ -1236,6 +1440,17 @@ def _checkpoint_bytes(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _file_path(text: str) -> str:
     """argparse type: a non-empty file path (``""`` would name the current directory)."""
     if not text.strip():
@@ -1369,6 +1584,20 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_verify_receipt)
 
+    p = train.add_parser("verify-run", help="recompute a sealed run from the node's URL: receipt, checkpoint, "
+                                            "every accepted payload, every round, the final model")
+    p.add_argument("--task-id", required=True)
+    p.add_argument("--checkpoint", type=_file_path, metavar="FILE",
+                   help="the init checkpoint, from a source of your own (default: downloaded from the node); "
+                        "checked against the spec's SHA-256 either way")
+    p.add_argument("--chain-id", type=_chain_id, help="EIP-712 chain id to verify under (default: the attestations')")
+    p.add_argument("--max-checkpoint-bytes", type=_checkpoint_bytes, metavar="N",
+                   help="largest init checkpoint read (default 16 GiB, the node's default)")
+    p.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
+                   help="limit on each request to the node, a download included (default 120)")
+    _client_flags(p, signing=False)
+    p.set_defaults(func=cmd_verify_run)
+
     p = train.add_parser("enroll-trainer", help="enroll the signer as a trainer, bonding --stake")
     p.add_argument("--task-id", required=True)
     p.add_argument("--did", required=True)
@@ -1410,9 +1639,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = train.add_parser("export-model", help="write the sealed final model of a run (safetensors)")
     p.add_argument("--task-id", required=True)
-    p.add_argument("--data-dir", required=True, type=_dir_path, help="the node's data directory")
+    p.add_argument("--data-dir", type=_dir_path,
+                   help="the node's data directory (default: download the model from --rpc, checked against "
+                        "the verified receipt)")
     p.add_argument("--out", required=True, type=_file_path)
-    p.add_argument("--check-receipt", action="store_true", help="compare its hash with the node's receipt")
+    p.add_argument("--check-receipt", action="store_true",
+                   help="compare its hash with the node's verified receipt (always done without --data-dir)")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_export_model)
 

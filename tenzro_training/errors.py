@@ -218,3 +218,19 @@ class CheckpointError(TenzroError, ValueError):
         self.uri = uri
         self.reason = reason
         super().__init__(f"init checkpoint {uri}: {reason}")
+
+
+# --- verifiers (raised by the sources a third party's replay reads: tenzro train verify-run) --
+
+
+class ArtifactUnavailable(TenzroError):
+    """A run artifact a verifier needs (an accepted payload, the init checkpoint, the final
+    model file, the run's view) could not be had from where it was asked: the node refused it
+    (an HTTP error status: 404 not served, 410 pruned), or sent more bytes than the artifact
+    can legitimately be. A failed check of the run, not a transport failure: ``status`` is the
+    HTTP status the node answered (None when none applies)."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        self.reason = reason
+        self.status = status
+        super().__init__(reason)

@@ -21,7 +21,12 @@ import torch
 from storage import schema
 from storage.interface import KVStore, StorageError
 from tenzro_training.errors import InvalidState, UnknownTask
-from tenzro_training.global_model import ModelLayout, compute_model_file_bytes, compute_state_model_hash
+from tenzro_training.global_model import (
+    ModelLayout,
+    compute_final_model_metadata,
+    compute_model_file_bytes,
+    compute_state_model_hash,
+)
 from tenzro_training.node import persistence
 from tenzro_training.node.model_state import decode_model_layout, load_model_fragments
 from tenzro_training.run_state import RunState, RunStatus, compute_run_list_entry, is_terminal
@@ -91,12 +96,7 @@ def compute_final_model_file(run: RunState, model: ModelLayout, fragments: Seque
     final_hash = run.final_record.final_model_hash
     if compute_state_model_hash(model, fragments) != final_hash:
         raise StorageError(f"the stored final model of {run.task_id} does not hash to its final_model_hash")
-    metadata = {
-        "format": "pt",
-        "tenzro.task_id": run.task_id,
-        "tenzro.model_hash": "0x" + final_hash.hex(),
-        "tenzro.run_root": "0x" + run.run_root.hex(),
-    }
+    metadata = compute_final_model_metadata(run.task_id, final_hash, run.run_root)
     return compute_model_file_bytes(model, fragments, metadata)
 
 

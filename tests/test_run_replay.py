@@ -1,0 +1,238 @@
+"""run_replay.py: a real sealed run (an in-process node over a MemoryStore) recomputed from its
+receipt document and its inputs, each source a plain callable over the node's store; every
+substitution a node could make fails the check named for it, and stops the checks that need it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage import schema
+from tenzro_training.addresses import Address
+from tenzro_training.errors import ArtifactUnavailable
+from tenzro_training.node.checkpoint import parse_checkpoint_bytes
+from tenzro_training.receipt import TrainingReceipt
+from tenzro_training.receipt_abi import encode_receipt
+from tenzro_training.receipt_check import CHECK_NAMES
+from tenzro_training.records import FragmentOutcome, RoundRecord
+from tenzro_training.run_replay import RUN_CHECK_NAMES, RunCheck, RunSources, verify_run
+from tenzro_training.spec import TrainingTaskSpec
+from tests.chain.conftest import SealedRun, rewritten_receipt, run_to_sealed
+
+
+@dataclasses.dataclass
+class Sealed:
+    run: SealedRun
+    document: dict[str, Any]
+    view: dict[str, Any]
+    checkpoint: bytes
+
+    def payload_hash(self, round_: int, fragment: int, trainer: Address) -> bytes:
+        for r in self.document["attestations"]["rounds"]:
+            for s in r["submissions"]:
+                if (r["round"], s["fragment"], s["trainer"].lower()) == (round_, fragment, "0x" + trainer.hex()):
+                    return bytes.fromhex(s["payload_hash"][2:])
+        raise KeyError((round_, fragment, trainer))
+
+    def stored_payload(self, round_: int, fragment: int, trainer: Address) -> bytes:
+        data = self.run.store.get(schema.CF_SUBMISSIONS, schema.payload_key(self.run.task_id,
+                                                                           self.payload_hash(round_, fragment, trainer)))
+        assert data is not None
+        return data
+
+    def sources(self, **changes: Any) -> RunSources:
+        """Sources that answer what the node holds; ``changes`` swaps one for a faulty one."""
+        sources = RunSources(
+            run_view=lambda: self.view,
+            checkpoint=lambda max_bytes: self.checkpoint,
+            parse_checkpoint=lambda data: parse_checkpoint_bytes(data, "test"),
+            payload=lambda r, f, t, max_bytes: self.stored_payload(r, f, t),
+            model_file=lambda size: self.run.service.export_final_model(self.run.task_id),
+        )
+        return dataclasses.replace(sources, **changes)
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> Sealed:
+    run = run_to_sealed(tmp_path_factory.mktemp("run"))
+    document = json.loads(json.dumps(run.service.get_receipt(run.task_id)))
+    view = json.loads(json.dumps(run.service.get_run(run.task_id)))
+    ref = TrainingTaskSpec.from_dict(view["spec"]).init_checkpoint()
+    assert ref is not None
+    return Sealed(run, document, view, Path(ref.uri.removeprefix("file://")).read_bytes())
+
+
+def outcome(result: RunCheck) -> dict[str, str]:
+    """name -> ok / FAIL / skip, for every check of the run part."""
+    shown = {c.name: "ok" if c.ok else "FAIL" for c in result.checks if c.name in RUN_CHECK_NAMES}
+    shown.update({c.name: "skip" for c in result.skipped})
+    return shown
+
+
+ALL_OK = {name: "ok" for name in RUN_CHECK_NAMES}
+
+
+def test_a_sealed_run_recomputes_bit_for_bit(sealed: Sealed) -> None:
+    progress: list[tuple[int, int]] = []
+    result = verify_run(sealed.document, sealed.sources(), task_id=sealed.run.task_id,
+                        on_round=lambda done, total: progress.append((done, total)))
+    assert [c.name for c in result.checks] == ["task_id", *CHECK_NAMES, *RUN_CHECK_NAMES]
+    assert result.ok, [c for c in result.checks if not c.ok]
+    assert progress == [(1, 2), (2, 2)]
+    assert result.get("payloads").detail == "12 accepted payload(s) hash to their signed hashes"  # type: ignore[union-attr]
+
+
+def test_without_a_model_source_the_model_file_is_not_compared(sealed: Sealed) -> None:
+    result = verify_run(sealed.document, sealed.sources(model_file=None), task_id=sealed.run.task_id)
+    assert result.ok and outcome(result) == {name: "ok" for name in RUN_CHECK_NAMES[:-1]}
+
+
+def test_invalid_substituted_payload(sealed: Sealed) -> None:
+    """A node serving another valid payload (another trainer's, same round and fragment) in place
+    of the signed one: its hash is not the one signed."""
+    def swapped(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        accepted = sealed.run.receipt.transcript[r].fragments[f].accepted
+        if (r, f, t) == (1, 0, accepted[0]):
+            return sealed.stored_payload(r, f, accepted[1])
+        return sealed.stored_payload(r, f, t)
+
+    result = verify_run(sealed.document, sealed.sources(payload=swapped), task_id=sealed.run.task_id)
+    assert outcome(result) == {**ALL_OK, "payloads": "FAIL", "rounds": "skip", "final_model_hash": "skip",
+                               "model_file": "skip"}
+    detail = result.get("payloads").detail  # type: ignore[union-attr]
+    assert detail.startswith("round 1 fragment 0 trainer 0x") and "the trainer signed 0x" in detail
+
+
+def test_invalid_payload_the_source_refuses_or_oversized(sealed: Sealed) -> None:
+    def pruned(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        raise ArtifactUnavailable("the node pruned the payload (HTTP 410)", 410)
+
+    result = verify_run(sealed.document, sealed.sources(payload=pruned), task_id=sealed.run.task_id)
+    assert outcome(result)["payloads"] == "FAIL" and not result.ok
+    assert result.get("payloads").detail.endswith(": the node pruned the payload (HTTP 410)")  # type: ignore[union-attr]
+
+    seen: list[int] = []
+
+    def padded(r: int, f: int, t: Address, max_bytes: int) -> bytes:  # a source that ignores its bound
+        seen.append(max_bytes)
+        return b"\0" * (max_bytes + 1)
+
+    result = verify_run(sealed.document, sealed.sources(payload=padded), task_id=sealed.run.task_id)
+    assert "more than a payload of this fragment can be" in result.get("payloads").detail  # type: ignore[union-attr]
+    assert seen and 0 < seen[0] < 64 << 10  # the bound comes from the fragment's layout (9 values here)
+
+
+def test_invalid_wrong_checkpoint(sealed: Sealed, tmp_path: Path) -> None:
+    other = bytearray(sealed.checkpoint)
+    other[-1] ^= 1
+    result = verify_run(sealed.document, sealed.sources(checkpoint=lambda n: bytes(other)), task_id=sealed.run.task_id)
+    assert outcome(result) == {"spec": "ok", "checkpoint": "FAIL", **{n: "skip" for n in RUN_CHECK_NAMES[2:]}}
+    assert "the spec says 0x" in result.get("checkpoint").detail  # type: ignore[union-attr]
+
+
+def test_invalid_checkpoint_the_parser_refuses(sealed: Sealed) -> None:
+    def refuse(data: bytes) -> Any:
+        return parse_checkpoint_bytes(b"\0" * 8, "test")  # the right bytes, a refusing parse
+
+    result = verify_run(sealed.document, sealed.sources(parse_checkpoint=refuse), task_id=sealed.run.task_id)
+    assert outcome(result)["checkpoint"] == "FAIL" and "refused" in result.get("checkpoint").detail  # type: ignore[union-attr]
+
+
+def test_invalid_initial_model_hash_the_node_states(sealed: Sealed) -> None:
+    view = {**sealed.view, "initial_model_hash": "0x" + "00" * 32}
+    result = verify_run(sealed.document, sealed.sources(run_view=lambda: view), task_id=sealed.run.task_id)
+    assert outcome(result) == {"spec": "ok", "checkpoint": "ok", "initial_model": "FAIL",
+                               **{n: "skip" for n in RUN_CHECK_NAMES[3:]}}
+
+
+def test_invalid_spec_of_another_run(sealed: Sealed) -> None:
+    spec = {**sealed.view["spec"], "max_rounds": sealed.view["spec"]["max_rounds"] + 1}
+    result = verify_run(sealed.document, sealed.sources(run_view=lambda: {**sealed.view, "spec": spec}),
+                        task_id=sealed.run.task_id)
+    assert outcome(result) == {"spec": "FAIL", **{n: "skip" for n in RUN_CHECK_NAMES[1:]}}
+    result = verify_run(sealed.document, sealed.sources(run_view=lambda: ["not", "a", "view"]), task_id=sealed.run.task_id)
+    assert outcome(result)["spec"] == "FAIL"
+
+
+def forged_document(sealed: Sealed, edit: Any) -> dict[str, Any]:
+    """The document with its receipt rewritten self-consistently (run root, counts, ABI): what a
+    node could serve that passes every receipt check, since a FinalizeRound signature covers
+    only (task, round)."""
+    receipt = rewritten_receipt(TrainingReceipt.from_dict(sealed.document["receipt"]), edit=edit)
+    return {**sealed.document, "receipt": receipt.to_dict(), "run_root": "0x" + receipt.run_root.hex(),
+            "abi": "0x" + encode_receipt(receipt).hex()}
+
+
+def test_invalid_tampered_record_passes_the_receipt_checks_but_not_the_replay(sealed: Sealed) -> None:
+    def forge(record: RoundRecord) -> RoundRecord:
+        if record.round != 0:
+            return record
+        first = dataclasses.replace(record.fragments[1], aggregate_hash=b"\x07" * 32)
+        return dataclasses.replace(record, fragments=(record.fragments[0], first, *record.fragments[2:]))
+
+    result = verify_run(forged_document(sealed, forge), sealed.sources(), task_id=sealed.run.task_id)
+    assert all(c.ok for c in result.checks if c.name not in RUN_CHECK_NAMES)  # verify-receipt is fooled
+    assert outcome(result) == {"spec": "ok", "checkpoint": "ok", "initial_model": "ok", "payloads": "ok",
+                               "rounds": "FAIL", "final_model_hash": "skip", "model_file": "skip"}
+    assert result.get("rounds").detail.startswith(  # type: ignore[union-attr]
+        "round 0 fragment 1 aggregate_hash: recomputed 0x")
+
+
+def test_invalid_forged_final_model_hash(sealed: Sealed) -> None:
+    """Both the last record's model hash and the final hash forged alike: round 1's replay
+    gives the true hash."""
+    def forge(record: RoundRecord) -> RoundRecord:
+        last = len(sealed.run.receipt.transcript) - 1
+        return dataclasses.replace(record, model_hash=b"\x09" * 32) if record.round == last else record
+
+    result = verify_run(forged_document(sealed, forge), sealed.sources(), task_id=sealed.run.task_id)
+    assert outcome(result)["rounds"] == "FAIL"
+    assert "model hash: recomputed 0x" in result.get("rounds").detail  # type: ignore[union-attr]
+
+
+def test_invalid_reordered_accepted_list(sealed: Sealed) -> None:
+    """A record whose accepted trainers are out of canonical order cannot be decoded (inputs
+    feed the rule in that order): the receipt is refused and nothing is downloaded."""
+    doc = json.loads(json.dumps(sealed.document))
+    accepted = doc["receipt"]["transcript"][0]["fragments"][0]["accepted"]
+    accepted.reverse()
+    asked: list[str] = []
+    result = verify_run(doc, sealed.sources(run_view=lambda: asked.append("view")), task_id=sealed.run.task_id)
+    assert [c.name for c in result.checks] == ["decode"] and not result.ok
+    assert [c.name for c in result.skipped] == list(RUN_CHECK_NAMES) and asked == []
+    with pytest.raises(Exception, match="strictly ascending"):
+        FragmentOutcome(b"\0" * 32, tuple(bytes.fromhex(a[2:]) for a in accepted), 0, 0, b"\0" * 32)
+
+
+def test_invalid_receipt_of_another_run_downloads_nothing(sealed: Sealed) -> None:
+    asked: list[str] = []
+    result = verify_run(sealed.document, sealed.sources(run_view=lambda: asked.append("view")), task_id="run-X")
+    assert result.failed == ("task_id",) and asked == []
+    assert all(c.detail.startswith("not run: the receipt does not verify (task_id)") for c in result.skipped)
+
+
+def test_invalid_model_file_not_the_replayed_one(sealed: Sealed) -> None:
+    def tampered(size: int) -> bytes:
+        data = bytearray(sealed.run.service.export_final_model(sealed.run.task_id))
+        data[-1] ^= 1
+        return bytes(data)
+
+    result = verify_run(sealed.document, sealed.sources(model_file=tampered), task_id=sealed.run.task_id)
+    assert outcome(result) == {**ALL_OK, "model_file": "FAIL"}
+
+
+def test_a_transport_failure_of_a_source_propagates(sealed: Sealed) -> None:
+    """Only ArtifactUnavailable is a failed check: anything else (the CLI's unreachable node)
+    is the caller's to report."""
+    class Down(Exception):
+        pass
+
+    def down(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        raise Down()
+
+    with pytest.raises(Down):
+        verify_run(sealed.document, sealed.sources(payload=down), task_id=sealed.run.task_id)
