@@ -156,7 +156,7 @@ def check_run_spec(receipt: TrainingReceipt, view: object) -> CheckResult:
         if not isinstance(view, Mapping) or "spec" not in view:
             raise EncodingError("getRun's answer has no spec")
         spec = TrainingTaskSpec.from_dict(view["spec"])
-    except TenzroError as exc:
+    except (TenzroError, ValueError, TypeError) as exc:  # untrusted JSON: any refusal is a failed check
         return CheckResult("spec", False, f"getRun's spec does not parse: {exc}")
     got, want = spec.spec_hash(), receipt.spec.spec_hash()
     if got != want:
