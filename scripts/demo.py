@@ -12,7 +12,9 @@ What it does (and prints as it goes):
    the outer Nesterov step. The trainers independently recompute the new global model from the
    same payloads and check its hash against the one the node committed;
 6. after the last round the node seals a TrainingReceipt; the demo recomputes the Merkle run root
-   from the receipt, proves one round record's inclusion, and shows the payouts and validation loss.
+   from the receipt, proves one round record's inclusion, and shows the payouts and validation loss;
+7. a third party (``tenzro train verify-run``, no key, no data dir) recomputes the whole run from
+   the node's URL: the receipt's signatures, then every round from the downloaded signed payloads.
 
 Run it with ``scripts/demo`` (which installs what it needs first).
 """
@@ -263,7 +265,23 @@ def run_demo(client: RpcClient, data_dir: Path, work: Path, args: argparse.Names
     final = client.call("tenzro_training_getRun", {"task_id": task_id})
     say(f"final model hash {receipt.final_model_hash.hex()}; validation MSE {loss0:.4f} -> "
         f"{evaluate(global_state, model_cfg, val):.4f} after {spec.max_rounds} DiLoCo rounds; status {final['status']}")
-    return 0 if root == receipt.run_root else 1
+
+    # --- a third party recomputes the run from the node's URL alone ---------------------------
+    # No key, no data dir: the receipt, the checkpoint, every signed payload and the final model
+    # come from the node's RPC port, each checked against a committed hash (docs/cli.md).
+    checked = subprocess.run(
+        [sys.executable, "-m", "tenzro_training.cli", "train", "verify-run", "--task-id", task_id,
+         "--rpc", client.url, "--json"], capture_output=True, text=True, timeout=300)
+    try:
+        report = json.loads(checked.stdout)
+    except ValueError:
+        report = {"ok": False, "checks": []}
+    passed = [c["name"] for c in report["checks"] if c["ok"]]
+    failed = [c["name"] for c in report["checks"] if not c["ok"]]
+    say(f"verify-run (a third party, from the node's URL alone): {len(passed)} checks ok"
+        + (f", FAILED: {', '.join(failed) or checked.stderr.strip()}" if not report["ok"] else
+           f", {len(receipt.transcript)} rounds recomputed from the signed payloads, final model file byte-identical"))
+    return 0 if root == receipt.run_root and report["ok"] else 1
 
 
 if __name__ == "__main__":

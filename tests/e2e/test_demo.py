@@ -32,3 +32,5 @@ def test_the_demo_seals_a_run_and_every_hash_agrees() -> None:
     assert len(rounds) == 2 and all("(matches the trainers' own recomputation)" in line for line in rounds)
     assert any("recomputed from the receipt: equal" in line for line in lines)
     assert any(line.startswith("[demo] final model hash") and line.endswith("status Sealed") for line in lines)
+    third = [line for line in lines if line.startswith("[demo] verify-run")]
+    assert len(third) == 1 and "2 rounds recomputed from the signed payloads" in third[0], third
