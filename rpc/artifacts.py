@@ -380,10 +380,18 @@ async def _produce_payload(request: web.Request, ctx: _Context, held: int, clien
     fragment = parse_index(task_id, "fragment", info["fragment"], _U32_MAX)
     trainer = parse_trainer(task_id, info["trainer"])
     artifact = await _run_to_end(ctx.executor, ctx.source.get_payload_artifact, task_id, round_, fragment, trainer)
-    digest = await _run_to_end(ctx.files, _sha256, artifact.data)
-    if digest != artifact.payload_hash:
-        raise StorageError(f"the stored payload {artifact.payload_hash.hex()} of {task_id} does not hash to its key")
+    # Counted (or refused) as soon as it is in memory, before it waits for a hashing thread:
+    # those two threads may be busy streaming files, and payloads queued there would otherwise
+    # pile up outside the budget.
     taken = _in_memory(ctx, artifact.data, held, client)
+    try:
+        digest = await _run_to_end(ctx.files, _sha256, artifact.data)
+        if digest != artifact.payload_hash:
+            raise StorageError(f"the stored payload {artifact.payload_hash.hex()} of {task_id} does not hash to its key")
+    except BaseException:
+        if taken:
+            ctx.budget.release(taken, client)
+        raise
     headers = _hash_headers("X-Tenzro-Payload-Hash", digest, digest)
     return _Answer(digest=digest, headers=headers, data=artifact.data, taken=taken)
 
@@ -405,8 +413,13 @@ async def _produce_model(request: web.Request, ctx: _Context, held: int, client:
             headers = _hash_headers("X-Tenzro-Model-Hash", artifact.final_model_hash, digest)
             return _Answer(digest=digest, headers=headers, fd=fd, size=info.st_size)
     data = await _run_to_end(ctx.executor, ctx.source.export_final_model, task_id)
-    digest = await _run_to_end(ctx.files, _sha256, data)
-    taken = _in_memory(ctx, data, held, client)
+    taken = _in_memory(ctx, data, held, client)  # before the hash, as for a payload
+    try:
+        digest = await _run_to_end(ctx.files, _sha256, data)
+    except BaseException:
+        if taken:
+            ctx.budget.release(taken, client)
+        raise
     headers = _hash_headers("X-Tenzro-Model-Hash", artifact.final_model_hash, digest)
     return _Answer(digest=digest, headers=headers, data=data, taken=taken)
 

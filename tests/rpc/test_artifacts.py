@@ -192,3 +192,64 @@ def test_a_client_that_hangs_up_mid_stream_leaves_nothing_held(tmp_path: Path) -
         assert 'kind="checkpoint",outcome="served"} 1' in text
         assert "tenzro_rpc_inflight_bytes 0" in text
         assert _open_fds() <= before
+
+
+class BigPayloads(FakeArtifacts):
+    """Every payload request of run "big" answers the same ``data`` (counted)."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        super().__init__(path, hashlib.sha256(b"").digest())
+        self.data = data
+        self.payload_calls = 0
+
+    def get_payload_artifact(self, task_id: str, round: int, fragment: int, trainer: bytes) -> PayloadArtifact:
+        self.payload_calls += 1
+        return PayloadArtifact(payload_hash=hashlib.sha256(self.data).digest(), data=self.data)
+
+
+def test_payloads_read_past_the_budget_are_refused_before_they_are_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload is in memory once the service read it: it must count in the byte budget then,
+    not after it waited its turn on the two hashing threads (busy with other downloads), or
+    many concurrent requests pile up payloads the budget never saw. Hashing is held shut here:
+    of 5 concurrent 8 MiB payloads (budget 64 MiB, a client's share 16 MiB: two fit), those past
+    the share are answered 503 while the first ones still wait for their hash."""
+    import threading
+
+    import rpc.artifacts as artifacts
+    from rpc.server import ServerLimits
+
+    gate = threading.Event()
+    real = artifacts._sha256
+
+    def held_sha256(data: bytes) -> bytes:
+        gate.wait(30)
+        return real(data)
+
+    monkeypatch.setattr(artifacts, "_sha256", held_sha256)
+    service = BigPayloads(tmp_path / "none", os.urandom(8 << 20))
+    path = "/artifacts/v1/runs/big/payloads/0/0/0x" + "11" * 20
+    results: list[int] = []
+    with LiveServer(service, serve_artifacts=True,  # type: ignore[arg-type]
+                    limits=ServerLimits(max_inflight_bytes=64 << 20)) as live:
+        def get() -> None:
+            status, _h, _b = live.request("GET", path)
+            results.append(status)
+
+        threads = [threading.Thread(target=get) for _ in range(5)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(results) < 3:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            answered_while_hashing_held = sorted(results)
+            assert service.payload_calls == 5
+        finally:
+            gate.set()
+            for t in threads:
+                t.join(30)
+    assert len(answered_while_hashing_held) >= 3 and set(answered_while_hashing_held) == {503}
+    assert sorted(results) == [200] * (5 - len(answered_while_hashing_held)) + answered_while_hashing_held
