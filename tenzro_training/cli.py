@@ -1185,7 +1185,7 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
     if args.check_receipt:
-        expected = "0x" + _check_receipt_of(RpcClient(args.rpc), args.task_id).hex()
+        expected = "0x" + _check_receipt_of(RpcClient(args.rpc), args.task_id).final_model_hash.hex()
         if expected != result["model_hash"]:
             raise CliError(f"model hash {result['model_hash']} differs from the receipt's {expected}", EXIT_RPC_ERROR)
         result["receipt_checked"] = True
@@ -1193,10 +1193,11 @@ def cmd_export_model(args: argparse.Namespace) -> None:
     _emit(args, result, lambda r: _kv(r, ["out", "task_id", "bytes", "model_hash", "receipt_checked"]))
 
 
-def _check_receipt_of(client: RpcClient, task_id: str) -> bytes:
-    """The final model hash of ``task_id``'s receipt from ``client``'s node, after the whole
-    offline check of it (signatures, election, run root), for this run: any object naming the
-    right hash passed before (CLI probe, 2026-11-26)."""
+def _check_receipt_of(client: RpcClient, task_id: str) -> Any:
+    """``task_id``'s receipt (a TrainingReceipt) from ``client``'s node, after the whole offline
+    check of it (signatures, election, run root), for this run: any object naming the right
+    hash passed before (CLI probe, 2026-11-26)."""
+    from tenzro_training.receipt import TrainingReceipt
     from tenzro_training.receipt_check import check_receipt_document
 
     reply = client.call("tenzro_training_getReceipt", {"task_id": task_id})
@@ -1204,7 +1205,7 @@ def _check_receipt_of(client: RpcClient, task_id: str) -> bytes:
     if not verdict.ok:
         raise CliError(f"the node's receipt of {task_id} fails verification "
                        f"({', '.join(verdict.failed)}: see verify-receipt)", EXIT_RPC_ERROR)
-    return bytes.fromhex(reply["receipt"]["final_model_hash"][2:])  # decoded by the check above
+    return TrainingReceipt.from_dict(reply["receipt"])  # decoded by the check above
 
 
 def _export_from_node(args: argparse.Namespace) -> None:
@@ -1216,8 +1217,15 @@ def _export_from_node(args: argparse.Namespace) -> None:
     from tenzro_training.fragments import compute_model_hash
     from tenzro_training.node.checkpoint import parse_checkpoint_bytes
 
+    from tenzro_training.global_model import (
+        compute_final_model_metadata,
+        compute_initial_model,
+        compute_model_file_bytes,
+    )
+
     client = RpcClient(args.rpc)
-    expected = _check_receipt_of(client, args.task_id)
+    receipt = _check_receipt_of(client, args.task_id)
+    expected = receipt.final_model_hash
     try:
         data = client.fetch_artifact(_artifact_path(args.task_id, "model"), MAX_CHECKPOINT_FILE_BYTES)
     except ArtifactUnavailable as exc:
@@ -1229,10 +1237,25 @@ def _export_from_node(args: argparse.Namespace) -> None:
         raise CliError(f"the node's model file of {args.task_id} is not a readable model: {exc.reason}",
                        EXIT_RPC_ERROR) from None
     model_hash = compute_model_hash(state)
-    del state
     if model_hash != expected:
         raise CliError(f"the node's model file of {args.task_id} hashes to 0x{model_hash.hex()}, its receipt's "
                        f"final model hash is 0x{expected.hex()}: not written", EXIT_RPC_ERROR)
+    # The right weights are not yet the run's file: its header (dtypes, the metadata naming the
+    # run that evaluate-model reads back) is the node's word. The sealed file is a function of
+    # the weights and the receipt alone (global_model.compute_final_model_metadata), so rebuild
+    # it and take the node's bytes only if they are exactly that.
+    try:
+        split = compute_initial_model(state, receipt.spec.architecture.fragment_count)
+        canonical = compute_model_file_bytes(split.model, split.weights, compute_final_model_metadata(
+            args.task_id, receipt.final_model_hash, receipt.run_root))
+    except TenzroError as exc:
+        raise CliError(f"the node's model file of {args.task_id} does not split into the spec's fragments: {exc}",
+                       EXIT_RPC_ERROR) from None
+    del state, split
+    if canonical != data:
+        raise CliError(f"the node's model file of {args.task_id} has the receipt's weights but is not the sealed "
+                       "model's file (its header or metadata differ): not written", EXIT_RPC_ERROR)
+    del canonical
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex(),
               "receipt_checked": True}
     _write_out(args.out, data)

@@ -344,3 +344,24 @@ def test_invalid_export_model_refuses_a_receipt_that_fails(
     assert err == (f"tenzro: the node's receipt of {node.run.task_id} fails verification "
                    "(finalize_signatures: see verify-receipt)\n")
     assert node.paths == []  # nothing downloaded
+
+
+def test_invalid_export_model_of_the_right_weights_in_another_file_writes_nothing(
+    node: ArtifactNode, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The weights hash to the receipt's, but the file's labels (which evaluate-model reads back
+    to say which run a file is of) are another run's. The sponsor gets the exact file of the
+    receipt (the bytes a data dir's export writes) or nothing."""
+    import safetensors.torch
+
+    state = safetensors.torch.load(node.run.service.export_final_model(node.run.task_id))
+    metadata = {"format": "pt", "tenzro.task_id": "another-run", "tenzro.model_hash": "0x" + "00" * 32,
+                "tenzro.run_root": "0x" + "00" * 32}
+    node.faults[f"/artifacts/v1/runs/{node.run.task_id}/model"] = answer(200, safetensors.torch.save(state, metadata))
+    out = tmp_path / "final.safetensors"
+    out.write_bytes(b"the previous file")
+    code, stdout, err = run(capsys, "train", "export-model", "--task-id", node.run.task_id, "--rpc", node.url,
+                            "--out", str(out))
+    assert code == cli.EXIT_RPC_ERROR and stdout == "", err
+    assert out.read_bytes() == b"the previous file"
+    assert "is not the sealed model's file" in err
