@@ -295,7 +295,6 @@ class RpcClient:
         410, ...) or a longer body is ArtifactUnavailable, with the node's JSON-RPC-shaped error
         when it sent one: a failed check, not a transport failure. A redirect, a timeout or a
         broken exchange is a CliError with EXIT_UNREACHABLE, as for :meth:`call`."""
-        import urllib.parse
         import urllib.request
 
         from tenzro_training.errors import ArtifactUnavailable
@@ -304,7 +303,7 @@ class RpcClient:
         if self._authorization is not None:
             headers["Authorization"] = self._authorization
         try:
-            req = urllib.request.Request(urllib.parse.urljoin(self.url, path), headers=headers, method="GET")
+            req = urllib.request.Request(compute_artifact_url(self.url, path), headers=headers, method="GET")
         except ValueError as exc:
             raise CliError(f"bad --rpc URL {self.url!r}: {exc}", EXIT_UNREACHABLE) from None
         # An error's body is a small JSON object; a 200's is the artifact, up to its bound.
@@ -816,6 +815,18 @@ def cmd_verify_receipt(args: argparse.Namespace) -> None:
     if not result.ok:
         failed = ", ".join(result.failed)
         raise CliError(f"receipt verification failed: {failed}", EXIT_RPC_ERROR)
+
+
+def compute_artifact_url(rpc_url: str, path: str) -> str:
+    """``path`` (``artifacts/v1/...``) under the ``--rpc`` URL, as if that URL ended with "/":
+    ``http://proxy/node1`` gives ``http://proxy/node1/artifacts/v1/...``, where its JSON-RPC
+    calls go, not the proxy's root as ``urljoin`` would (another node, or none). Its query (an
+    RPC provider's key) is kept; its fragment is not sent."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(rpc_url)
+    prefix = parts.path if parts.path.endswith("/") else parts.path + "/"
+    return urllib.parse.urlunsplit(parts._replace(path=prefix + path, fragment=""))
 
 
 def _artifact_path(task_id: str, *parts: object) -> str:

@@ -365,3 +365,16 @@ def test_invalid_export_model_of_the_right_weights_in_another_file_writes_nothin
     assert code == cli.EXIT_RPC_ERROR and stdout == "", err
     assert out.read_bytes() == b"the previous file"
     assert "is not the sealed model's file" in err
+
+
+@pytest.mark.parametrize(("rpc", "url"), [
+    ("http://host:8545", "http://host:8545/artifacts/v1/runs/t/model"),
+    ("http://host:8545/", "http://host:8545/artifacts/v1/runs/t/model"),
+    ("https://proxy/node1/", "https://proxy/node1/artifacts/v1/runs/t/model"),
+    # Without the trailing slash JSON-RPC still goes to /node1: the artifacts must too, not to
+    # the proxy's root (another node, or none).
+    ("https://proxy/node1", "https://proxy/node1/artifacts/v1/runs/t/model"),
+    ("https://provider/v1?key=k", "https://provider/v1/artifacts/v1/runs/t/model?key=k"),
+])
+def test_artifact_urls_are_under_the_rpc_url(rpc: str, url: str) -> None:
+    assert cli.compute_artifact_url(rpc, cli._artifact_path("t", "model")) == url
