@@ -263,6 +263,10 @@ class _Context:
     limits: ServerLimits
     requests: Counter
     digests: FileDigests = field(default_factory=FileDigests)
+    checkpoint_warned_at: float = -1e9
+    """When the last "checkpoint not served" warning was logged (monotonic s)."""
+    checkpoint_unlogged: int = 0
+    """Such refusals since that line, not logged one by one."""
 
 
 _CONTEXT: Final = web.AppKey("rpc_artifacts", _Context)
@@ -446,6 +450,24 @@ def _open_checkpoint(ctx: _Context, path: Path, expected: bytes, max_bytes: int)
         raise
 
 
+CHECKPOINT_WARNING_INTERVAL_S: Final = 10.0
+"""At most one "checkpoint not served" warning per this many seconds (the refusals are all
+counted in the metric): any client can GET a broken checkpoint in a loop, and one WARNING line
+per request would let it flood the node's log."""
+
+
+def _warn_checkpoint(ctx: _Context, task_id: str, reason: str) -> None:
+    """Log why a checkpoint is not served (the operator must learn it: the client is told
+    nothing), once per CHECKPOINT_WARNING_INTERVAL_S, saying how many went unlogged since."""
+    now = time.monotonic()
+    if now - ctx.checkpoint_warned_at < CHECKPOINT_WARNING_INTERVAL_S:
+        ctx.checkpoint_unlogged += 1
+        return
+    more = f" ({ctx.checkpoint_unlogged} more refusals since the last such line)" if ctx.checkpoint_unlogged else ""
+    log.warning("the init checkpoint of %s is not served: %s%s", task_id, reason, more)
+    ctx.checkpoint_warned_at, ctx.checkpoint_unlogged = now, 0
+
+
 async def _produce_checkpoint(request: web.Request, ctx: _Context, held: int, client: object) -> _Answer:
     task_id = request.match_info["task_id"]
     artifact = await _run_to_end(ctx.executor, ctx.source.get_checkpoint_artifact, task_id)
@@ -453,7 +475,7 @@ async def _produce_checkpoint(request: web.Request, ctx: _Context, held: int, cl
         fd, size = await _open_off_loop(ctx.files, _open_checkpoint, ctx, artifact.path, artifact.sha256,
                                         artifact.max_bytes)
     except CheckpointError as exc:
-        log.warning("the init checkpoint of %s is not served: %s", task_id, exc.reason)
+        _warn_checkpoint(ctx, task_id, exc.reason)
         raise
     headers = _hash_headers("X-Tenzro-Checkpoint-Sha256", artifact.sha256, artifact.sha256)
     return _Answer(digest=artifact.sha256, headers=headers, fd=fd, size=size)

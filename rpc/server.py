@@ -609,7 +609,8 @@ def create_app(
                                 "connection_limit")))
     budget = _ByteBudget(4 * max_body_bytes if limits.max_inflight_bytes is None else limits.max_inflight_bytes)
     registry.gauge_callback(
-        "tenzro_rpc_inflight_bytes", "Bytes held for JSON-RPC requests being read, decoded, queued or answered.",
+        "tenzro_rpc_inflight_bytes", "Bytes held for JSON-RPC requests being read, decoded, queued or answered, and for "
+        "artifact downloads (GET /artifacts/v1) being answered.",
         lambda: {(): float(budget.held)},
     )
     app[_LIMITS] = limits

@@ -149,6 +149,31 @@ def test_the_checkpoint_route_serves_the_specs_file(net: Net, checkpoint: tuple[
         assert b"/" not in json.loads(body)["error"]["message"].encode()
 
 
+def test_invalid_a_refused_checkpoint_is_logged_once_per_interval(
+    net: Net, checkpoint: tuple[str, str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any client can GET a broken checkpoint in a loop: the node logs one warning per interval
+    (saying how many it did not log), not one per request."""
+    import rpc.artifacts
+
+    start(net, checkpoint)
+    path = Path(checkpoint[0].removeprefix("file://"))
+    path.write_bytes(path.read_bytes() + b" ")
+    caplog.set_level("WARNING", logger="rpc.artifacts")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "is not served" in r.getMessage()]
+
+    with serve(net.service) as live:
+        for _ in range(3):
+            status, headers, body = live.request("GET", f"{RUNS}{net.task_id}/checkpoint")
+            error_of(status, headers, body, 404, CODES["CheckpointError"])
+        assert len(warnings()) == 1 and "sha256 is now" in warnings()[0]
+        monkeypatch.setattr(rpc.artifacts, "CHECKPOINT_WARNING_INTERVAL_S", 0.0)
+        live.request("GET", f"{RUNS}{net.task_id}/checkpoint")
+        assert len(warnings()) == 2 and warnings()[1].endswith("(2 more refusals since the last such line)")
+
+
 def test_invalid_an_open_rounds_payload_is_never_served(net: Net, checkpoint: tuple[str, str]) -> None:
     start(net, checkpoint)
     play_round(net, 0)
