@@ -50,6 +50,7 @@ from rpc.service import CheckpointArtifact, ModelArtifact, PayloadArtifact
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
 from tenzro_training.addresses import Address, format_address, parse_address, validate_address_bytes
+from tenzro_training.artifacts import validate_model_request
 from tenzro_training.auth import (
     CancelTask,
     EnrollTrainer,
@@ -72,7 +73,6 @@ from tenzro_training.errors import (
     UnknownTask,
 )
 from tenzro_training.jsontext import serialize_json
-from tenzro_training.artifacts import validate_model_request
 from tenzro_training.node import persistence, startup
 from tenzro_training.node.artifacts import load_payload_artifact, locate_checkpoint
 from tenzro_training.node.checkpoint import load_init_checkpoint
