@@ -32,6 +32,7 @@ from tests.e2e.conftest import (
     new_task,
     rpc,
     start_node,
+    tenzro,
     write_config,
 )
 
@@ -179,6 +180,11 @@ def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_mode
         # (it had been checked by hand only: docs probe).
         documented = documented_metrics()
         assert len(documented) >= 20 and scrape_metric_families(node.url) == documented
+        # A third party recomputes the run from the node's URL: the payloads it stored from
+        # gossip, served back over /artifacts/v1, reproduce every round the trainers trained.
+        checked = tenzro("train", "verify-run", "--task-id", task.task_id, "--rpc", node.url, "--json")
+        assert checked.code == 0 and checked.json()["ok"], checked.out + checked.err
+        assert "12 accepted payload(s)" in checked.out
     finally:
         for child in children:
             child.stop()
