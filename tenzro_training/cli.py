@@ -1226,13 +1226,12 @@ def _export_from_node(args: argparse.Namespace) -> None:
     checks establish; the file is read whole (at most 16 GiB, as from a data dir) to be hashed."""
     from tenzro_training.errors import ArtifactUnavailable, CheckpointError
     from tenzro_training.fragments import compute_model_hash
-    from tenzro_training.node.checkpoint import parse_checkpoint_bytes
-
     from tenzro_training.global_model import (
         compute_final_model_metadata,
         compute_initial_model,
         compute_model_file_bytes,
     )
+    from tenzro_training.node.checkpoint import parse_checkpoint_bytes
 
     client = RpcClient(args.rpc)
     receipt = _check_receipt_of(client, args.task_id)
