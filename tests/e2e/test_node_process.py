@@ -217,6 +217,12 @@ def test_equivocation_slashes_the_stake(node: NodeProcess, tiny_model: TinyModel
     assert checked.code == 0, checked.err
     checks = {c["name"]: c for c in checked.json()["checks"]}
     assert checks["slashings"]["ok"] and checks["slashings"]["detail"].startswith("1 slashed")
+    # And recomputes the run from the node's URL: the slashed trainer's dropped submission is
+    # in no record, so only the other two trainers' payloads are fetched and replayed.
+    checked = tenzro("train", "verify-run", "--task-id", task.task_id, "--rpc", task.url, "--json")
+    assert checked.code == 0 and checked.json()["ok"], checked.out + checked.err
+    payloads = {c["name"]: c["detail"] for c in checked.json()["checks"]}["payloads"]
+    assert payloads.startswith(f"{2 * FRAGMENTS * ROUNDS} accepted payload(s)"), payloads
 
 
 def test_cancel_refunds_the_escrow(node: NodeProcess, tiny_model: TinyModel) -> None:
@@ -279,6 +285,9 @@ def test_failover_to_the_rank_2_syncer_run_by_the_daemon(node_factory: Callable[
     assert len(finalized) == 2, out
     receipt = TrainingReceipt.from_dict(rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})["receipt"])
     assert verify_receipt(receipt) and ["0x" + s.hex() for s in receipt.syncers] == [task.address(rank2).lower()]
+    # Rounds finalized by the failover syncer recompute like any other.
+    checked = tenzro("train", "verify-run", "--task-id", task.task_id, "--rpc", task.url)
+    assert checked.code == 0, checked.out + checked.err
 
 
 def _kill_run_steps(task: Task, syncer_of: Callable[[], str]) -> list[Callable[[], Any]]:
@@ -350,6 +359,9 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     assert r.code == 0, r.out + r.err
     assert r.json()["runs"] == [audited]
     assert task.get()["status"] == "Sealed"  # the node went on serving
+    # A third party recomputes the run the killed node sealed from its URL alone.
+    checked = tenzro("train", "verify-run", "--task-id", "e2e-kill", "--rpc", restarted.url)
+    assert checked.code == 0, checked.out + checked.err
     assert restarted.stop() == 0
     # With the node stopped and its model file gone, export-model reads the stored final weights.
     (restarted.data_dir / "models" / "e2e-kill.safetensors").unlink()
