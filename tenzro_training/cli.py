@@ -855,6 +855,30 @@ def _why_unavailable(exc: Any, what: str) -> Any:
     return ArtifactUnavailable(f"{what}: {exc.reason}", exc.status)
 
 
+BUSY_RETRIES = 10
+"""How many times an artifact the node answered 503 (its in-flight byte budget full: docs/rpc.md
+"Run artifacts over HTTP") is asked for again, BUSY_RETRY_S apart, before it is a failed check."""
+BUSY_RETRY_S = 1.0
+"""The wait before asking again (the node's ``Retry-After: 1``)."""
+
+
+def _fetch_when_room(client: RpcClient, path: str, max_bytes: int) -> bytes:
+    """``client.fetch_artifact``, asked again after a 503: a node busy serving other clients
+    (or this one's parallel downloads of large payloads) says "retry later", which is not a
+    verdict on the run."""
+    from tenzro_training.errors import ArtifactUnavailable
+
+    retries = 0
+    while True:
+        try:
+            return client.fetch_artifact(path, max_bytes)
+        except ArtifactUnavailable as exc:
+            if exc.status != 503 or retries == BUSY_RETRIES:
+                raise
+        retries += 1
+        time.sleep(BUSY_RETRY_S)
+
+
 def _read_checkpoint_file(path: str, max_bytes: int) -> bytes:
     from storage.files import NotReadable, read_regular_file
 
@@ -871,6 +895,8 @@ def cmd_verify_run(args: argparse.Namespace) -> None:
     from tenzro_training.addresses import Address
     from tenzro_training.errors import ArtifactUnavailable
     from tenzro_training.node.checkpoint import parse_checkpoint_bytes
+    from concurrent.futures import ThreadPoolExecutor
+
     from tenzro_training.run_replay import RunSources, verify_run
 
     client = RpcClient(args.rpc, args.timeout)
@@ -890,20 +916,20 @@ def cmd_verify_run(args: argparse.Namespace) -> None:
         if args.checkpoint is not None:
             return _read_checkpoint_file(args.checkpoint, max_bytes)
         try:
-            return client.fetch_artifact(_artifact_path(task_id, "checkpoint"), max_bytes)
+            return _fetch_when_room(client, _artifact_path(task_id, "checkpoint"), max_bytes)
         except ArtifactUnavailable as exc:
             raise _why_unavailable(exc, "the init checkpoint") from None
 
     def payload(round_: int, fragment: int, trainer: Address, max_bytes: int) -> bytes:
         try:
-            return client.fetch_artifact(_artifact_path(task_id, "payloads", round_, fragment, "0x" + trainer.hex()),
-                                         max_bytes)
+            return _fetch_when_room(client, _artifact_path(task_id, "payloads", round_, fragment, "0x" + trainer.hex()),
+                                    max_bytes)
         except ArtifactUnavailable as exc:
             raise _why_unavailable(exc, "the payload") from None
 
     def model_file(size: int) -> bytes:
         try:
-            return client.fetch_artifact(_artifact_path(task_id, "model"), size)
+            return _fetch_when_room(client, _artifact_path(task_id, "model"), size)
         except ArtifactUnavailable as exc:
             raise _why_unavailable(exc, "the final model file") from None
 
@@ -911,10 +937,11 @@ def cmd_verify_run(args: argparse.Namespace) -> None:
         print(f"tenzro: verify-run: {done}/{total} rounds replayed", file=sys.stderr, flush=True)
 
     where = args.checkpoint or "the node's checkpoint"
-    sources = RunSources(run_view, checkpoint, lambda data: parse_checkpoint_bytes(data, where), payload,
-                         model_file, max_checkpoint)
-    result = verify_run(document, sources, chain_id=args.chain_id, task_id=task_id,
-                        on_round=progress if sys.stderr.isatty() else None)
+    with ThreadPoolExecutor(max_workers=args.downloads, thread_name_prefix="tenzro-verify-run") as downloads:
+        sources = RunSources(run_view, checkpoint, lambda data: parse_checkpoint_bytes(data, where), payload,
+                             model_file, max_checkpoint, fetch_map=downloads.map)
+        result = verify_run(document, sources, chain_id=args.chain_id, task_id=task_id,
+                            on_round=progress if sys.stderr.isatty() else None)
     if args.json:
         checks = [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in result.checks]
         print(json.dumps({"ok": result.ok, "checks": checks, "skipped": [c.name for c in result.skipped]},
@@ -1237,7 +1264,7 @@ def _export_from_node(args: argparse.Namespace) -> None:
     receipt = _check_receipt_of(client, args.task_id)
     expected = receipt.final_model_hash
     try:
-        data = client.fetch_artifact(_artifact_path(args.task_id, "model"), MAX_CHECKPOINT_FILE_BYTES)
+        data = _fetch_when_room(client, _artifact_path(args.task_id, "model"), MAX_CHECKPOINT_FILE_BYTES)
     except ArtifactUnavailable as exc:
         raise CliError(f"cannot export {args.task_id}: {_why_unavailable(exc, 'the final model file').reason}",
                        EXIT_RPC_ERROR) from None
@@ -1473,6 +1500,14 @@ def _checkpoint_bytes(text: str) -> int:
     return int(text)
 
 
+def _downloads(text: str) -> int:
+    """argparse type: how many downloads verify-run keeps in flight (1..32: a node counts each
+    connection against its per-IP cap, docs/rpc.md "Resource limits")."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 32:
+        raise argparse.ArgumentTypeError(f"expected a whole number in 1..32, got {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     """argparse type: a positive, finite number of seconds."""
     try:
@@ -1628,6 +1663,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest init checkpoint read (default 16 GiB, the node's default)")
     p.add_argument("--timeout", type=_seconds, default=120.0, metavar="SECONDS",
                    help="limit on each request to the node, a download included (default 120)")
+    p.add_argument("--downloads", type=_downloads, default=4, metavar="N",
+                   help="payload downloads in flight at once, 1..32 (default 4)")
     _client_flags(p, signing=False)
     p.set_defaults(func=cmd_verify_run)
 

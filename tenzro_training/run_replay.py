@@ -34,7 +34,7 @@ checkpoints: ``RunSources.parse_checkpoint`` is the node's own (``node.checkpoin
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -85,6 +85,11 @@ accepted submission; ArtifactUnavailable when it has none, or more than ``max_by
 RoundProgress = Callable[[int, int], None]
 """Called with (rounds replayed, rounds committed) after each round: a long run's progress."""
 
+FetchMap = Callable[[Callable[[tuple[int, int, Address, int]], object], Iterable[tuple[int, int, Address, int]]],
+                    Iterable[object]]
+"""How a round's payloads are fetched: ``map`` (one after another) or an executor's ``map``
+(several at once). Either way the results come back in the record's canonical order."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunSources:
@@ -104,6 +109,10 @@ class RunSources:
     """The node's final model file, given its exact expected size; None: not compared."""
     max_checkpoint_bytes: int = 16 << 30
     """The largest checkpoint read (the node's ``max_checkpoint_bytes`` default)."""
+    fetch_map: FetchMap = map
+    """How each round's payload downloads are run (``payload`` must then be thread-safe): a
+    round is M x F requests, each a round trip before its bytes flow, so a verifier far from
+    the node spends most of its time waiting unless several are in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,31 +198,41 @@ def check_initial_model(
 
 def _fetch_round(
     record: RoundRecord, attested: Mapping[tuple[int, int, Address], bytes], initial: InitialModel,
-    source: PayloadSource,
+    source: PayloadSource, fetch_map: FetchMap = map,
 ) -> list[list[tuple[Address, bytes]]]:
     """The round's inputs in the record's canonical order, each checked against its signed
-    hash; raises _PayloadFailed naming the first that is missing, refused or substituted."""
-    inputs: list[list[tuple[Address, bytes]]] = []
+    hash; raises _PayloadFailed naming the first in that order that is missing, refused or
+    substituted (the same one however many downloads ran at once)."""
+    jobs: list[tuple[int, int, Address, int]] = []
     for layout, outcome in zip(initial.model.layouts, record.fragments):
-        bound = compute_max_payload_bytes(layout)
-        subs: list[tuple[Address, bytes]] = []
         for trainer in outcome.accepted:
-            where = f"round {record.round} fragment {layout.index} trainer {format_address(trainer)}"
-            signed = attested.get((record.round, layout.index, trainer))
-            if signed is None:
-                raise _PayloadFailed(f"{where}: no signed payload hash attested")
-            try:
-                data = source(record.round, layout.index, trainer, bound)
-            except ArtifactUnavailable as exc:
-                raise _PayloadFailed(f"{where}: {exc.reason}") from None
-            if len(data) > bound:
-                raise _PayloadFailed(f"{where}: {len(data)} bytes, more than a payload of this fragment can be ({bound})")
-            digest = compute_payload_hash(data)
-            if digest != signed:
-                raise _PayloadFailed(f"{where}: the bytes served hash to {_hex(digest)}, the trainer signed {_hex(signed)}")
-            subs.append((trainer, data))
-        inputs.append(subs)
+            if (record.round, layout.index, trainer) not in attested:  # before anything is downloaded
+                raise _PayloadFailed(f"{_where(record.round, layout.index, trainer)}: no signed payload hash attested")
+            jobs.append((record.round, layout.index, trainer, compute_max_payload_bytes(layout)))
+
+    def fetch(job: tuple[int, int, Address, int]) -> bytes | ArtifactUnavailable:
+        try:
+            return source(*job)
+        except ArtifactUnavailable as exc:  # a verdict on this payload, reported in order below
+            return exc
+
+    inputs: list[list[tuple[Address, bytes]]] = [[] for _ in zip(initial.model.layouts, record.fragments)]
+    for (round_, fragment, trainer, bound), data in zip(jobs, fetch_map(fetch, jobs), strict=True):
+        where, signed = _where(round_, fragment, trainer), attested[(round_, fragment, trainer)]
+        if isinstance(data, ArtifactUnavailable):
+            raise _PayloadFailed(f"{where}: {data.reason}")
+        assert isinstance(data, bytes)
+        if len(data) > bound:
+            raise _PayloadFailed(f"{where}: {len(data)} bytes, more than a payload of this fragment can be ({bound})")
+        digest = compute_payload_hash(data)
+        if digest != signed:
+            raise _PayloadFailed(f"{where}: the bytes served hash to {_hex(digest)}, the trainer signed {_hex(signed)}")
+        inputs[fragment].append((trainer, data))
     return inputs
+
+
+def _where(round_: int, fragment: int, trainer: Address) -> str:
+    return f"round {round_} fragment {fragment} trainer {format_address(trainer)}"
 
 
 class _PayloadFailed(Exception):
@@ -238,6 +257,7 @@ def replay_run(
     source: PayloadSource,
     *,
     on_round: RoundProgress | None = None,
+    fetch_map: FetchMap = map,
 ) -> RunReplay:
     """Replay every committed round of ``receipt`` from ``initial``: fetch its accepted payloads
     (``payloads``), recompute it and compare with its record (``rounds``). Stops at the first
@@ -253,7 +273,7 @@ def replay_run(
     total = len(receipt.transcript)
     for record in receipt.transcript:
         try:
-            inputs = _fetch_round(record, attested, initial, source)
+            inputs = _fetch_round(record, attested, initial, source, fetch_map)
         except _PayloadFailed as exc:
             return RunReplay(CheckResult("payloads", False, str(exc)), None, None)
         fetched += sum(len(subs) for subs in inputs)
@@ -348,7 +368,8 @@ def verify_run(
     if initial is None:
         return stop("payloads", "not run: the initial_model check failed")
 
-    replay = replay_run(receipt, attestations, initial, sources.payload, on_round=on_round)
+    replay = replay_run(receipt, attestations, initial, sources.payload, on_round=on_round,
+                        fetch_map=sources.fetch_map)
     checks.append(replay.payloads)
     if replay.rounds is None:
         return stop("rounds", "not run: the payloads check failed")

@@ -185,6 +185,58 @@ def test_invalid_pruned_payload_is_a_failed_check(node: ArtifactNode, capsys: py
     assert err == "tenzro: run verification failed: payloads\n"
 
 
+def test_a_busy_node_is_asked_again(
+    node: ArtifactNode, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 (the node's byte budget full, Retry-After) says "later", not "this run is wrong":
+    the download is retried; only a node busy past BUSY_RETRIES is a failed check."""
+    monkeypatch.setattr(cli, "BUSY_RETRY_S", 0.0)
+    monkeypatch.setattr(cli, "BUSY_RETRIES", 3)
+    path, _ = payload_path(node, 1, 0)
+    busy = answer(503, error_body(1800, "limit exceeded", "LimitExceeded"))
+    left = [2]
+
+    async def busy_twice(request: web.Request) -> web.StreamResponse:
+        left[0] -= 1
+        if left[0] == 0:
+            del node.faults[path]
+        return await busy(request)
+
+    node.faults[path] = busy_twice
+    code, lines, err = verify(node, capsys)
+    assert code == cli.EXIT_OK, lines
+    assert node.paths.count(path) == 3  # two 503s, then the payload
+    node.paths.clear()
+    node.faults[path] = busy
+    code, lines, err = verify(node, capsys)
+    assert code == cli.EXIT_RPC_ERROR and node.paths.count(path) == 4  # the first ask and 3 retries
+    assert "the payload: HTTP 503, error 1800 LimitExceeded" in next(line for line in lines if line.startswith("FAIL"))
+
+
+@pytest.mark.parametrize("downloads", ["1", "8"])
+def test_parallel_downloads_give_the_same_verdict(
+    node: ArtifactNode, capsys: pytest.CaptureFixture[str], downloads: str
+) -> None:
+    code, lines, _ = verify(node, capsys, "--downloads", downloads)
+    assert code == cli.EXIT_OK and all(line.startswith("ok    ") for line in lines)
+    assert sum("/payloads/" in p for p in node.paths) == 12
+    # Two bad payloads: the one first in the record's order is named, however the downloads ran.
+    first, _ = payload_path(node, 0, 0)
+    later, _ = payload_path(node, 0, 1)
+    node.faults[first] = answer(410, error_body(1312, "payload unavailable", "PayloadUnavailable"))
+    node.faults[later] = answer(200, b"garbage")
+    code, lines, _ = verify(node, capsys, "--downloads", downloads)
+    failed = next(line for line in lines if line.startswith("FAIL"))
+    assert code == cli.EXIT_RPC_ERROR and "round 0 fragment 0 trainer" in failed and "HTTP 410" in failed
+
+
+@pytest.mark.parametrize("value", ["0", "33", "x", "+4"])
+def test_invalid_downloads_flag(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "verify-run", "--task-id", "t", "--downloads", value])
+    assert exc.value.code == 2 and f"expected a whole number in 1..32, got {value!r}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("fault", "expected"), [
     (answer(404, error_body(1312, "payload unavailable", "PayloadUnavailable")),
      "the node does not serve the payload (HTTP 404, error 1312 PayloadUnavailable: payload unavailable)"),

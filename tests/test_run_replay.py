@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from storage import schema
-from tenzro_training.addresses import Address
+from tenzro_training.addresses import Address, format_address
 from tenzro_training.errors import ArtifactUnavailable
 from tenzro_training.node.checkpoint import parse_checkpoint_bytes
 from tenzro_training.receipt import TrainingReceipt
@@ -124,6 +124,33 @@ def test_invalid_payload_the_source_refuses_or_oversized(sealed: Sealed) -> None
     result = verify_run(sealed.document, sealed.sources(payload=padded), task_id=sealed.run.task_id)
     assert "more than a payload of this fragment can be" in result.get("payloads").detail  # type: ignore[union-attr]
     assert seen and 0 < seen[0] < 64 << 10  # the bound comes from the fragment's layout (9 values here)
+
+
+def test_parallel_fetches_report_the_first_failure_in_the_records_order(sealed: Sealed) -> None:
+    """With downloads in flight at once, the verdict is the sequential one: the payload named is
+    the first in canonical order that fails, not the first failure to come back."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    first = sealed.run.receipt.transcript[0].fragments[0].accepted[0]
+
+    def source(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        if (r, f, t) == (0, 0, first):
+            time.sleep(0.2)  # slow, and refused
+            raise ArtifactUnavailable("the node does not serve the payload (HTTP 404)", 404)
+        if (r, f) == (0, 1):
+            return b"garbage"  # fast, and substituted
+        return sealed.stored_payload(r, f, t)
+
+    with ThreadPoolExecutor(8) as pool:
+        parallel = verify_run(sealed.document, sealed.sources(payload=source, fetch_map=pool.map),
+                              task_id=sealed.run.task_id)
+        fine = verify_run(sealed.document, sealed.sources(fetch_map=pool.map), task_id=sealed.run.task_id)
+    sequential = verify_run(sealed.document, sealed.sources(payload=source), task_id=sealed.run.task_id)
+    assert parallel.get("payloads") == sequential.get("payloads")
+    detail = parallel.get("payloads").detail  # type: ignore[union-attr]
+    assert detail == f"round 0 fragment 0 trainer {format_address(first)}: the node does not serve the payload (HTTP 404)"
+    assert fine.ok and outcome(fine) == ALL_OK
 
 
 def test_invalid_wrong_checkpoint(sealed: Sealed, tmp_path: Path) -> None:
