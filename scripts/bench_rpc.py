@@ -53,7 +53,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,12 +285,15 @@ def _serve(kind: str, conn: Any, workdir: str, submit_requests: int, canned: dic
 
 
 class Server:
+    """A server in a child process. ``target`` (default :func:`_serve`) takes ``_serve``'s
+    arguments and sends ``(port, info)`` once it listens (scripts/bench_artifacts.py has its own)."""
+
     def __init__(self, kind: str, workdir: Path, submit_requests: int, canned: dict[str, Any] | None = None,
-                 store: str = "memory") -> None:
+                 store: str = "memory", *, target: Callable[..., None] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(kind, child, str(workdir), submit_requests, canned, store),
-                                daemon=True)
+        self.proc = ctx.Process(target=_serve if target is None else target,
+                                args=(kind, child, str(workdir), submit_requests, canned, store), daemon=True)
         self.proc.start()
         deadline = time.monotonic() + 600
         while not self.conn.poll(0.2):  # a child that died (its traceback is on stderr) never answers
@@ -342,16 +345,18 @@ def _ok(reply: dict[str, Any]) -> None:
 
 
 async def _interleaved(
-    urls: tuple[str, str], bodies: list[bytes], concurrency: int, blocks: int, check: Callable[[dict[str, Any]], None]
+    urls: tuple[str, str], bodies: list[Any], concurrency: int, blocks: int, check: Callable[[Any], None],
+    load: Callable[[str, list[Any], int, Callable[[Any], None]], Awaitable[float]] = _load,
 ) -> tuple[float, float]:
     """Requests per second of each server over the same bodies, sent in alternating blocks (A's
-    block i, then B's block i, ...), so the machine's drift over the run hits both alike."""
+    block i, then B's block i, ...), so the machine's drift over the run hits both alike.
+    ``load`` sends one block (default :func:`_load`: JSON-RPC POSTs)."""
     size = -(-len(bodies) // blocks)
     elapsed = [0.0, 0.0]
     for start in range(0, len(bodies), size):
         block = bodies[start : start + size]
         for which, url in enumerate(urls):
-            rate = await _load(url, block, concurrency, check)
+            rate = await load(url, block, concurrency, check)
             elapsed[which] += len(block) / rate
     return len(bodies) / elapsed[0], len(bodies) / elapsed[1]
 

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 CASES = {
+    "bench_artifacts": (["--requests", "16", "--model-requests", "2", "--latency-calls", "10", "--blocks", "1",
+                         "--store", "memory"],
+                        ["payload 1.03 MiB", "model 4.12 MiB", "p50", "p99", "failed downloads"]),
     "bench_aggregation": (["--n", "20000", "--ks", "4", "--dtypes", "fp32", "--reps", "1", "--naive-reps", "1"],
                           ["ours: Mean", "ours: Krum"]),
     "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "3"],
