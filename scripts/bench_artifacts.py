@@ -58,7 +58,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -129,31 +128,14 @@ def _serve(kind: str, conn: Any, workdir: str, _unused: int, canned: dict[str, A
     """Child process (``bench_rpc.Server``'s target): build the server, send (port, info), serve
     until told to stop. ``ours``: the node's server with artifacts; ``raw``: the files of
     ``canned`` (ours' info) from memory at the same paths."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import logging
 
-    logging.disable(logging.CRITICAL)
-
-    async def main() -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
+    async def serve(stop: asyncio.Event) -> None:
         from aiohttp import web
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        threading.Thread(target=lambda: (conn.recv(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
         if kind == "ours":
-            from rpc.server import start_server
-
             bench, info = _prepare(Path(workdir), store)
-            executor = ThreadPoolExecutor(max_workers=1)
-            server = await start_server(bench.service, "127.0.0.1", 0, max_body_bytes=bench.config.max_body_bytes,
-                                        executor=executor, limits=bench.config.server_limits(), serve_artifacts=True)
-            conn.send((server.port, info))
-            await stop.wait()
-            await server.close()
-            executor.shutdown(wait=True)
-            bench.close()
+            await bench_rpc.serve_bench(conn, stop, bench, info, limits=bench.config.server_limits(),
+                                        serve_artifacts=True)
             return
         assert canned is not None
         answers: dict[str, tuple[bytes, dict[str, str]]] = {}
@@ -167,15 +149,9 @@ def _serve(kind: str, conn: Any, workdir: str, _unused: int, canned: dict[str, A
         app = web.Application()
         app.router.add_get(f"/artifacts/v1/runs/{TASK_ID}/payloads/{{round}}/{{fragment}}/{{trainer}}", handle)
         app.router.add_get(MODEL_PATH, handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        conn.send((runner.addresses[0][1], {}))
-        await stop.wait()
-        await runner.cleanup()
+        await bench_rpc.serve_app(conn, stop, app)
 
-    asyncio.run(main())
+    bench_rpc.run_child_server(conn, serve)
 
 
 # --- client ------------------------------------------------------------------------------------------

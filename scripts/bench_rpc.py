@@ -234,33 +234,62 @@ def _prepare_ours(workdir: Path, submit_requests: int, store: str) -> tuple[Benc
     return bench, info
 
 
-def _serve(kind: str, conn: Any, workdir: str, submit_requests: int, canned: dict[str, Any] | None, store: str) -> None:
-    """Child process: build the server, send (port, info), serve until told to stop."""
+def run_child_server(conn: Any, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """A server child process's body (also scripts/bench_artifacts.py's): one torch thread,
+    logging off, then ``serve(stop)``, where ``stop`` is set once the parent sends anything on
+    ``conn``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import logging
 
     logging.disable(logging.CRITICAL)
 
     async def main() -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from aiohttp import web
-
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         threading.Thread(target=lambda: (conn.recv(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
-        if kind == "ours":
-            from rpc.server import start_server
+        await serve(stop)
 
-            bench, info = _prepare_ours(Path(workdir), submit_requests, store)
-            executor = ThreadPoolExecutor(max_workers=1)
-            server = await start_server(bench.service, "127.0.0.1", 0, max_body_bytes=bench.config.max_body_bytes,
-                                        executor=executor)
-            conn.send((server.port, info))
-            await stop.wait()
-            await server.close()
-            executor.shutdown(wait=True)
-            bench.close()
+    asyncio.run(main())
+
+
+async def serve_bench(conn: Any, stop: asyncio.Event, bench: Bench, info: dict[str, Any], **options: Any) -> None:
+    """Serve ``bench``'s node as ``tenzro node`` does (``rpc.server`` on one service thread),
+    send ``(port, info)``, serve until ``stop``, then close it all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rpc.server import start_server
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    server = await start_server(bench.service, "127.0.0.1", 0, max_body_bytes=bench.config.max_body_bytes,
+                                executor=executor, **options)
+    conn.send((server.port, info))
+    await stop.wait()
+    await server.close()
+    executor.shutdown(wait=True)
+    bench.close()
+
+
+async def serve_app(conn: Any, stop: asyncio.Event, app: Any) -> None:
+    """Serve the baseline's aiohttp ``app``, send ``(port, {})``, serve until ``stop``."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    conn.send((runner.addresses[0][1], {}))
+    await stop.wait()
+    await runner.cleanup()
+
+
+def _serve(kind: str, conn: Any, workdir: str, submit_requests: int, canned: dict[str, Any] | None, store: str) -> None:
+    """Child process: build the server, send (port, info), serve until told to stop."""
+
+    async def serve(stop: asyncio.Event) -> None:
+        from aiohttp import web
+
+        if kind == "ours":
+            await serve_bench(conn, stop, *_prepare_ours(Path(workdir), submit_requests, store))
             return
         assert canned is not None
         results = {"tenzro_training_getRun": canned["get_result"], "tenzro_training_submitOuterGradient": canned["submit_result"]}
@@ -272,16 +301,9 @@ def _serve(kind: str, conn: Any, workdir: str, submit_requests: int, canned: dic
 
         app = web.Application(client_max_size=96 << 20)
         app.router.add_post("/", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        conn.send((port, {}))
-        await stop.wait()
-        await runner.cleanup()
+        await serve_app(conn, stop, app)
 
-    asyncio.run(main())
+    run_child_server(conn, serve)
 
 
 class Server:
