@@ -86,6 +86,33 @@ def test_a_sealed_run_recomputes_bit_for_bit(sealed: Sealed) -> None:
     assert result.get("payloads").detail == "12 accepted payload(s) hash to their signed hashes"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(("overrides", "n_trainers", "equivocate"), [
+    ({"aggregation": {"TrimmedMean": {"alpha_bps": 2500}}, "quorum": 4}, 5, None),
+    ({"aggregation": {"Krum": {"f": 1}}, "quorum": 5}, 5, None),
+    ({"aggregation": "CoordinateMedian"}, 3, None),
+    ({}, 3, 1),  # Mean, trainer 1 slashed in round 1: its round-0 payloads stay in the record
+])
+def test_every_rule_and_a_slashed_trainer_recompute(
+    tmp_path: Path, overrides: dict[str, Any], n_trainers: int, equivocate: int | None
+) -> None:
+    """The replay is the node's round update for every rule: the trim, Krum's selection and
+    scores (the report hashes) and a slashed trainer's left-over payloads all reproduce."""
+    run = run_to_sealed(tmp_path, n_trainers=n_trainers, spec_overrides=overrides, equivocate=equivocate,
+                        equivocate_round=1)
+    document = json.loads(json.dumps(run.service.get_receipt(run.task_id)))
+    view = json.loads(json.dumps(run.service.get_run(run.task_id)))
+    ref = TrainingTaskSpec.from_dict(view["spec"]).init_checkpoint()
+    assert ref is not None
+    sealed = Sealed(run, document, view, Path(ref.uri.removeprefix("file://")).read_bytes())
+    result = verify_run(document, sealed.sources(), task_id=run.task_id)
+    assert result.ok and outcome(result) == ALL_OK, [c for c in result.checks if not c.ok]
+    records = run.receipt.transcript
+    if "TrimmedMean" in str(overrides):
+        assert all(o.trimmed == 1 for rec in records for o in rec.fragments)
+    if equivocate is not None:
+        assert any(t.slashed and t.accepted_submissions > 0 for t in run.receipt.trainers)
+
+
 def test_without_a_model_source_the_model_file_is_not_compared(sealed: Sealed) -> None:
     result = verify_run(sealed.document, sealed.sources(model_file=None), task_id=sealed.run.task_id)
     assert result.ok and outcome(result) == {name: "ok" for name in RUN_CHECK_NAMES[:-1]}

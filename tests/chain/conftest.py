@@ -106,13 +106,15 @@ def run_to_sealed(
     equivocate: int | None = None,
     equivocate_round: int = 0,
     equivocate_late: bool = False,
+    spec_overrides: dict[str, Any] | None = None,
 ) -> SealedRun:
     """A real run to Sealed on a fresh in-process node. ``skip(i, r)`` leaves trainer i out of
     round r (unequal weights); ``equivocate=i`` makes trainer i equivocate in round
     ``equivocate_round`` (slashed; its submissions of earlier rounds stay in the transcript, so
     a later round gives a slashed trainer with a non-zero accepted count). ``equivocate_late``:
     instead, in round ``equivocate_round`` (>= 1) the trainer signs a second payload for
-    fragment 0 of the round before, already finalized: slashed in ``equivocate_round``."""
+    fragment 0 of the round before, already finalized: slashed in ``equivocate_round``.
+    ``spec_overrides``: other spec fields (the rule, the quorum)."""
     trainers = [trainer_party(i) for i in range(n_trainers)]
     genesis = ((SPONSOR.address, 10**12),) + tuple((t.address, 10_000) for t in trainers)
     clock = FakeClock()
@@ -120,8 +122,9 @@ def run_to_sealed(
     service = NodeService(make_config(None, genesis=genesis), store, clock=clock)
     uri, sha = write_checkpoint(tmp / f"ckpt-{task_id}")
     quorum = min(2, n_trainers)
-    doc = spec_dict(uri, sha, task_id=task_id, trainer_count=n_trainers, quorum=quorum, max_rounds=rounds,
-                    reward_pool=str(pool))
+    fields: dict[str, Any] = {"task_id": task_id, "trainer_count": n_trainers, "quorum": quorum, "max_rounds": rounds,
+                              "reward_pool": str(pool), **(spec_overrides or {})}
+    doc = spec_dict(uri, sha, **fields)
     task = TrainingTaskSpec.from_dict(doc)
     service.post_task(doc, SPONSOR.sign(auth.PostTask(task_id=task_id, spec_hash=task.spec_hash())))
     clock.advance(TIMINGS.election_window_ms + 1)
