@@ -4,7 +4,8 @@ server (docs/rpc.md "Run artifacts over HTTP").
 What this module is: :func:`add_artifact_routes` (registered by ``rpc.server.create_app`` when
 asked to serve artifacts), the three handlers, the parsing of their path segments
 (:func:`parse_index`, :func:`parse_trainer`), the exception -> HTTP status table
-(:func:`get_artifact_status`) and :class:`FileDigests`, the cache of verified file digests.
+(:func:`get_artifact_status`). Files are opened and their digests remembered by
+``storage.files`` (``open_regular_file``, ``FILE_DIGESTS``, shared with the node's posts).
 
 What it is NOT: the rule of which payloads are public (``tenzro_training.artifacts``) or where
 anything is stored: the service (``rpc.service.ArtifactSource``) answers that on its one thread.
@@ -25,13 +26,11 @@ import hashlib
 import logging
 import os
 import re
-import stat
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -49,6 +48,7 @@ from rpc.server import (
     _run_to_end,
 )
 from rpc.service import ArtifactSource
+from storage.files import FILE_DIGESTS, FileDigests, NotReadable, open_regular_file
 from storage.interface import StorageError
 from tenzro_training.errors import (
     CheckpointError,
@@ -64,7 +64,6 @@ __all__ = [
     "ARTIFACT_KINDS",
     "ARTIFACT_OUTCOMES",
     "PREFIX",
-    "FileDigests",
     "add_artifact_routes",
     "get_artifact_status",
     "parse_index",
@@ -92,7 +91,6 @@ _U64_MAX: Final = 2**64 - 1
 _U32_MAX: Final = 2**32 - 1
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,19}")
 _TRAINER = re.compile(r"0x[0-9a-fA-F]{40}")
-_HASH_CHUNK: Final = 16 << 20
 
 
 # --- pure pieces --------------------------------------------------------------------------------
@@ -152,70 +150,6 @@ def _is_cached(if_none_match: str | None, digest: bytes) -> bool:
 # --- files ----------------------------------------------------------------------------------------
 
 
-class FileDigests:
-    """SHA-256 of files by (device, inode, size, mtime ns, ctime ns), most recently used kept.
-
-    Why: the checkpoint route must check the file against its spec's hash before it sends a
-    byte, and a checkpoint may be gigabytes. Hashing it for every GET would let any client make
-    the node read its whole checkpoint per request (seconds each, on a shared thread); with the
-    digest remembered, an unchanged file costs a ``fstat``. The model file's ETag is its digest
-    too. Any change through the file system moves ctime, so a changed file is hashed again; a
-    digest is only remembered once the file has not changed for ``settled_ns`` (a change within
-    one timestamp tick would otherwise keep a stale digest: git's "racy" rule, as
-    ``node/checkpoint.py`` does for posts). The digest is computed from the same open file the
-    answer is streamed from, so a file replaced by rename is never sent under another's digest;
-    one rewritten in place while it is sent reaches the client with a wrong hash, which it
-    checks (docs/rpc.md)."""
-
-    def __init__(self, entries: int = 64, settled_ns: int = 2_000_000_000) -> None:
-        self._entries = entries
-        self._settled_ns = settled_ns
-        self._digests: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hashed = 0
-        """Files hashed (not found in the cache): what the tests count."""
-
-    @staticmethod
-    def _key(info: os.stat_result) -> tuple[int, ...]:
-        return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
-
-    def digest(self, fd: int, info: os.stat_result) -> bytes:
-        """SHA-256 of the open regular file ``fd`` whose ``fstat`` is ``info`` (OSError)."""
-        key = self._key(info)
-        with self._lock:
-            known = self._digests.get(key)
-            if known is not None:
-                self._digests.move_to_end(key)
-                return known
-            self.hashed += 1
-        digest, offset = hashlib.sha256(), 0
-        while chunk := os.pread(fd, _HASH_CHUNK, offset):
-            digest.update(chunk)
-            offset += len(chunk)
-        after = os.fstat(fd)
-        if self._key(after) == key and time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > self._settled_ns:
-            with self._lock:
-                self._digests[key] = digest.digest()
-                while len(self._digests) > self._entries:
-                    self._digests.popitem(last=False)
-        return digest.digest()
-
-
-def _open_regular(path: Path) -> tuple[int, os.stat_result]:
-    """An open descriptor of the regular file at ``path`` and its ``fstat`` (OSError). Not
-    following a final symlink, and non-blocking: a FIFO put in its place must not hang a thread."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return fd, info
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
@@ -262,7 +196,8 @@ class _Context:
     budget: _ByteBudget
     limits: ServerLimits
     requests: Counter
-    digests: FileDigests = field(default_factory=FileDigests)
+    digests: FileDigests = field(default_factory=lambda: FILE_DIGESTS)
+    """Checked digests of files (the process's, which a post of the checkpoint filled already)."""
     checkpoint_warned_at: float = -1e9
     """When the last "checkpoint not served" warning was logged (monotonic s)."""
     checkpoint_unlogged: int = 0
@@ -405,8 +340,8 @@ async def _produce_model(request: web.Request, ctx: _Context, held: int, client:
     artifact = await _run_to_end(ctx.executor, ctx.source.get_model_artifact, task_id)
     if artifact.path is not None:
         try:
-            fd, info = await _open_off_loop(ctx.files, _open_regular, artifact.path)
-        except OSError:
+            fd, info = await _open_off_loop(ctx.files, partial(open_regular_file, follow_symlinks=False), artifact.path)
+        except NotReadable:
             pass  # not written yet (the node retries a failed write): built from the store below
         else:
             try:
@@ -432,16 +367,14 @@ def _open_checkpoint(ctx: _Context, path: Path, expected: bytes, max_bytes: int)
     """The open checkpoint and its size, once it hashes to ``expected`` (CheckpointError,
     private: its reason is logged, never sent)."""
     try:
-        fd, info = _open_regular(path)
-    except OSError as exc:
-        raise CheckpointError("", f"cannot open: {exc.strerror or exc}") from None
+        fd, info = open_regular_file(path, follow_symlinks=False)
+    except NotReadable as exc:
+        raise CheckpointError("", exc.reason) from None
     try:
-        if info.st_size > max_bytes:
-            raise CheckpointError("", f"file is {info.st_size} bytes, the limit is {max_bytes}")
         try:
-            digest = ctx.digests.digest(fd, info)
-        except OSError as exc:
-            raise CheckpointError("", f"cannot read: {exc.strerror or exc}") from None
+            digest = ctx.digests.digest(fd, info, max_bytes)
+        except NotReadable as exc:
+            raise CheckpointError("", exc.reason) from None
         if digest != expected:
             raise CheckpointError("", f"sha256 is now 0x{digest.hex()}, the spec says 0x{expected.hex()}")
         return fd, info.st_size

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -34,7 +31,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from storage.files import NotReadable, read_regular_file
+from storage.files import FILE_DIGESTS, NotReadable, open_regular_file, read_regular_file
 from tenzro_training.errors import CheckpointError, FragmentError, SpecError
 from tenzro_training.fragments import get_dtype_name, validate_tensor_name
 from tenzro_training.spec import TrainingTaskSpec
@@ -55,16 +52,6 @@ RuntimeError, an internal error to postTask)."""
 
 _MAX_HEADER_BYTES = 16 << 20
 """Largest safetensors header read (JSON: ~40 bytes per tensor at least)."""
-
-_HASH_CHUNK = 16 << 20
-
-_DIGESTS: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
-"""(device, inode, size, mtime ns, ctime ns) -> SHA-256 of the file then: a post naming a file
-hashed before, unchanged, costs a stat, not a pass over it. Any sponsor may name any readable
-file with a wrong hash, and each refused post used to read the whole file again."""
-_DIGESTS_LOCK = threading.Lock()
-_MAX_DIGESTS = 256
-_SETTLED_NS = 2_000_000_000
 
 
 def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
@@ -93,45 +80,18 @@ def resolve_checkpoint_path(uri: str, allowed_dirs: Sequence[Path]) -> Path:
 
 
 def _stream_sha256(path: Path, uri: str, max_bytes: int) -> bytes:
-    """SHA-256 of the regular file at ``path`` (at most ``max_bytes``), read in chunks."""
-    import stat
-
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    """SHA-256 of the regular file at ``path`` (at most ``max_bytes``), read in chunks, or
+    remembered from an earlier pass over the unchanged file (``storage.files.FILE_DIGESTS``):
+    any sponsor may name any readable file with a wrong hash, and each refused post used to
+    read the whole file again."""
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise CheckpointError(uri, f"cannot open: {exc.strerror or exc}") from None
+        fd, info = open_regular_file(path, follow_symlinks=False)
+    except NotReadable as exc:
+        raise CheckpointError(uri, exc.reason) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(uri, "not a regular file")
-        if info.st_size > max_bytes:
-            raise CheckpointError(uri, f"file is {info.st_size} bytes, the limit is {max_bytes}")
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-        with _DIGESTS_LOCK:
-            known = _DIGESTS.get(key)
-            if known is not None:
-                _DIGESTS.move_to_end(key)
-        if known is not None:
-            return known
-        digest, read = hashlib.sha256(), 0
-        while chunk := os.read(fd, _HASH_CHUNK):
-            read += len(chunk)
-            if read > max_bytes:
-                raise CheckpointError(uri, f"file is larger than the limit of {max_bytes} bytes")
-            digest.update(chunk)
-        after = os.fstat(fd)
-        settled = time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > _SETTLED_NS
-        if settled and key == (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns):
-            # Only a file unchanged while it was read, and last changed a while ago: a change
-            # within one timestamp tick would otherwise keep a stale digest (git's "racy" rule).
-            with _DIGESTS_LOCK:
-                _DIGESTS[key] = digest.digest()
-                while len(_DIGESTS) > _MAX_DIGESTS:
-                    _DIGESTS.popitem(last=False)
-        return digest.digest()
-    except OSError as exc:
-        raise CheckpointError(uri, f"cannot read: {exc.strerror or exc}") from None
+        return FILE_DIGESTS.digest(fd, info, max_bytes)
+    except NotReadable as exc:
+        raise CheckpointError(uri, exc.reason) from None
     finally:
         os.close(fd)
 

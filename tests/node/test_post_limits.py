@@ -14,6 +14,7 @@ import torch
 from rpc.errors import compute_error_object
 from tenzro_training import auth
 from storage import schema
+from storage.files import FileDigests
 from storage.memory import MemoryStore
 from tenzro_training.errors import CheckpointError, SpecError, TooManyRuns
 from tenzro_training.node import checkpoint as checkpoint_module
@@ -98,32 +99,29 @@ def test_a_file_hashed_before_is_not_read_again_until_it_changes(tmp_path: Path,
 
     uri, sha = write_checkpoint(tmp_path)
     path = tmp_path / "init.safetensors"
-    reads: list[int] = []
-    real_read = os.read
-    monkeypatch.setattr(checkpoint_module.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
-    monkeypatch.setattr(checkpoint_module, "_SETTLED_NS", 0)  # the file was just written
-    checkpoint_module._DIGESTS.clear()
+    digests = FileDigests(settled_ns=0)  # the file was just written
+    monkeypatch.setattr(checkpoint_module, "FILE_DIGESTS", digests)
     net = _net(tmp_path)
     for wrong in ("00", "11", "22"):
         with pytest.raises(CheckpointError, match="sha256 is 0x.*(streamed)"):
             net.post(spec_dict(uri, "0x" + wrong * 32))
-    first = len(reads)
-    assert 1 <= first <= 3  # one pass for the three posts
+    assert digests.hashed == 1  # one pass for the three posts
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # changed: hashed again
     os.utime(path, ns=(1, 1))
     with pytest.raises(CheckpointError, match="sha256 is 0x.*(streamed)"):
         net.post(spec_dict(uri, sha))
-    assert len(reads) > first
+    assert digests.hashed == 2
 
 
-def test_a_file_changed_within_the_last_seconds_is_not_remembered(tmp_path: Path) -> None:
+def test_a_file_changed_within_the_last_seconds_is_not_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Review (stop 20): a rewrite within one timestamp tick keeps the key; a digest of a file
     changed less than 2 s ago is therefore not remembered (git's "racy" rule)."""
     uri, _ = write_checkpoint(tmp_path)
-    checkpoint_module._DIGESTS.clear()
+    digests = FileDigests()
+    monkeypatch.setattr(checkpoint_module, "FILE_DIGESTS", digests)
     checkpoint_module._stream_sha256(tmp_path / "init.safetensors", uri, 1 << 30)
-    assert not checkpoint_module._DIGESTS
+    assert len(digests) == 0
 
 
 def test_the_header_count_needs_no_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rpc.artifacts import FileDigests, get_artifact_status, parse_index, parse_trainer
+from rpc.artifacts import get_artifact_status, parse_index, parse_trainer
 from rpc.errors import InternalError, LimitExceeded
 from rpc.metrics import Registry
 from rpc.server import _ByteBudget, create_app
@@ -72,47 +72,6 @@ def test_invalid_parse_trainer(text: str) -> None:
 ])
 def test_get_artifact_status(exc: BaseException, status: int, outcome: str) -> None:
     assert get_artifact_status(exc) == (status, outcome)
-
-
-def _digest(cache: FileDigests, path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return cache.digest(fd, os.fstat(fd))
-    finally:
-        os.close(fd)
-
-
-def test_a_settled_files_digest_is_computed_once(tmp_path: Path) -> None:
-    path = tmp_path / "ckpt"
-    path.write_bytes(b"a" * 100_000)
-    cache = FileDigests(settled_ns=0)
-    for _ in range(3):
-        assert _digest(cache, path) == hashlib.sha256(b"a" * 100_000).digest()
-    assert cache.hashed == 1
-    # Changed (even to the same size): hashed again.
-    path.write_bytes(b"b" * 100_000)
-    assert _digest(cache, path) == hashlib.sha256(b"b" * 100_000).digest()
-    assert cache.hashed == 2
-
-
-def test_a_file_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
-    """Within one timestamp tick a change may keep the key: such a digest is not kept."""
-    path = tmp_path / "ckpt"
-    path.write_bytes(b"a")
-    cache = FileDigests()  # 2 s settling
-    _digest(cache, path)
-    _digest(cache, path)
-    assert cache.hashed == 2
-
-
-def test_the_digest_cache_is_bounded(tmp_path: Path) -> None:
-    cache = FileDigests(entries=2, settled_ns=0)
-    paths = [tmp_path / str(i) for i in range(3)]
-    for i, path in enumerate(paths):
-        path.write_bytes(bytes([i]))
-        _digest(cache, path)
-    _digest(cache, paths[0])  # dropped for the third
-    assert cache.hashed == 4
 
 
 def test_try_take_fits_the_budget_and_the_clients_share() -> None:

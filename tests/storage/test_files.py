@@ -1,7 +1,9 @@
-"""storage.files: atomic whole-file writes, and clearing what a killed writer leaves."""
+"""storage.files: atomic whole-file writes, clearing what a killed writer leaves, opening files a
+user names, and the digests remembered of them."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -9,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from storage.files import NotReadable, read_regular_file, remove_temporary_files, write_file_atomically
+from storage.files import (
+    FileDigests,
+    NotReadable,
+    open_regular_file,
+    read_regular_file,
+    remove_temporary_files,
+    write_file_atomically,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,3 +85,74 @@ def test_read_regular_file_bounds_and_kinds(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(NotReadable, match="not a regular file"):  # returns at once: no writer needed
         read_regular_file(fifo, 5)
+
+
+# --- FileDigests (moved from rpc/artifacts: the node's posts and its checkpoint route share it) ---
+
+
+def _digest(cache: FileDigests, path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return cache.digest(fd, os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def test_a_settled_files_digest_is_computed_once(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a" * 100_000)
+    cache = FileDigests(settled_ns=0)
+    for _ in range(3):
+        assert _digest(cache, path) == hashlib.sha256(b"a" * 100_000).digest()
+    assert cache.hashed == 1
+    # Changed (even to the same size): hashed again.
+    path.write_bytes(b"b" * 100_000)
+    assert _digest(cache, path) == hashlib.sha256(b"b" * 100_000).digest()
+    assert cache.hashed == 2
+
+
+def test_a_file_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
+    """Within one timestamp tick a change may keep the key: such a digest is not kept."""
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a")
+    cache = FileDigests()  # 2 s settling
+    _digest(cache, path)
+    _digest(cache, path)
+    assert cache.hashed == 2
+
+
+def test_the_digest_cache_is_bounded(tmp_path: Path) -> None:
+    cache = FileDigests(entries=2, settled_ns=0)
+    paths = [tmp_path / str(i) for i in range(3)]
+    for i, path in enumerate(paths):
+        path.write_bytes(bytes([i]))
+        _digest(cache, path)
+    _digest(cache, paths[0])  # dropped for the third
+    assert cache.hashed == 4
+
+
+def test_a_digest_past_its_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a" * 100)
+    fd, info = open_regular_file(path)
+    try:
+        with pytest.raises(NotReadable, match="file is 100 bytes, the limit is 99"):
+            FileDigests(settled_ns=0).digest(fd, info, 99)
+        assert FileDigests(settled_ns=0).digest(fd, info, 100) == hashlib.sha256(b"a" * 100).digest()
+    finally:
+        os.close(fd)
+
+
+def test_open_regular_file_refuses_what_is_not_one(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotReadable, match="not a regular file"):
+        open_regular_file(fifo)  # non-blocking: no writer needed to return
+    target = tmp_path / "target"
+    target.write_bytes(b"x")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    fd, _ = open_regular_file(link)
+    os.close(fd)
+    with pytest.raises(NotReadable, match="cannot open"):
+        open_regular_file(link, follow_symlinks=False)
