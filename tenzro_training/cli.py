@@ -1253,11 +1253,7 @@ def _export_from_node(args: argparse.Namespace) -> None:
     checks establish; the file is read whole (at most 16 GiB, as from a data dir) to be hashed."""
     from tenzro_training.errors import ArtifactUnavailable, CheckpointError
     from tenzro_training.fragments import compute_model_hash
-    from tenzro_training.global_model import (
-        compute_final_model_metadata,
-        compute_initial_model,
-        compute_model_file_bytes,
-    )
+    from tenzro_training.global_model import compute_final_model_file_bytes, compute_initial_model
     from tenzro_training.node.checkpoint import parse_checkpoint_bytes
 
     client = RpcClient(args.rpc)
@@ -1279,12 +1275,12 @@ def _export_from_node(args: argparse.Namespace) -> None:
                        f"final model hash is 0x{expected.hex()}: not written", EXIT_RPC_ERROR)
     # The right weights are not yet the run's file: its header (dtypes, the metadata naming the
     # run that evaluate-model reads back) is the node's word. The sealed file is a function of
-    # the weights and the receipt alone (global_model.compute_final_model_metadata), so rebuild
+    # the weights and the receipt alone (global_model.compute_final_model_file_bytes), so rebuild
     # it and take the node's bytes only if they are exactly that.
     try:
         split = compute_initial_model(state, receipt.spec.architecture.fragment_count)
-        canonical = compute_model_file_bytes(split.model, split.weights, compute_final_model_metadata(
-            args.task_id, receipt.final_model_hash, receipt.run_root))
+        canonical = compute_final_model_file_bytes(args.task_id, receipt.final_model_hash, receipt.run_root,
+                                                   split.model, split.weights)
     except TenzroError as exc:
         raise CliError(f"the node's model file of {args.task_id} does not split into the spec's fragments: {exc}",
                        EXIT_RPC_ERROR) from None

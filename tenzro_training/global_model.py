@@ -59,7 +59,7 @@ __all__ = [
     "RoundUpdate",
     "Worker",
     "check_round_update",
-    "compute_final_model_metadata",
+    "compute_final_model_file_bytes",
     "compute_full_state",
     "compute_initial_model",
     "compute_model_file_bytes",
@@ -165,19 +165,24 @@ def _check_fragment_length(layout: FragmentLayout, flat: torch.Tensor) -> None:
         raise FragmentError(f"fragment {layout.index} has {got} elements, its layout {layout.numel}")
 
 
-def compute_final_model_metadata(task_id: str, final_model_hash: bytes, run_root: bytes) -> dict[str, str]:
-    """The safetensors ``__metadata__`` of a sealed run's final model file: the run, its final
-    model hash and run root (what ``evaluate-model`` reads back to say which run a file is of).
+def compute_final_model_file_bytes(
+    task_id: str, final_model_hash: bytes, run_root: bytes, model: ModelLayout, fragments: Sequence[torch.Tensor]
+) -> bytes:
+    """A sealed run's final model file: :func:`compute_model_file_bytes` of the final weights
+    with the run, its final model hash and run root as ``__metadata__`` (what ``evaluate-model``
+    reads back to say which run a file is of).
 
     Why here and not in the node: the file's bytes are a function of the receipt and the final
     weights alone, so a third party that replayed the run rebuilds them exactly and compares
-    them byte for byte with the file a node serves (``tenzro train verify-run``)."""
-    return {
+    them byte for byte with the file a node serves (``tenzro train verify-run``,
+    ``export-model`` without a data dir)."""
+    metadata = {
         "format": "pt",
         "tenzro.task_id": task_id,
         "tenzro.model_hash": "0x" + final_model_hash.hex(),
         "tenzro.run_root": "0x" + run_root.hex(),
     }
+    return compute_model_file_bytes(model, fragments, metadata)
 
 
 def compute_model_file_bytes(

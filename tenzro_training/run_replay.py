@@ -47,9 +47,8 @@ from tenzro_training.global_model import (
     RecordMismatch,
     RoundBuffers,
     check_round_update,
-    compute_final_model_metadata,
+    compute_final_model_file_bytes,
     compute_initial_model,
-    compute_model_file_bytes,
     compute_round_update,
     compute_state_model_hash,
 )
@@ -307,10 +306,10 @@ def check_model_file(
     receipt: TrainingReceipt, initial: InitialModel, weights: Sequence[torch.Tensor], source: Callable[[int], bytes]
 ) -> CheckResult:
     """``model_file``: the node's final model file equals, byte for byte, the file of the replayed
-    weights (``global_model.compute_model_file_bytes``, the receipt's metadata), the exact
+    weights (``global_model.compute_final_model_file_bytes`` with the receipt's run), the exact
     bytes ``export-model`` writes."""
-    metadata = compute_final_model_metadata(receipt.task_id, receipt.final_model_hash, receipt.run_root)
-    expected = compute_model_file_bytes(initial.model, weights, metadata)
+    expected = compute_final_model_file_bytes(receipt.task_id, receipt.final_model_hash, receipt.run_root,
+                                              initial.model, weights)
     try:
         data = source(len(expected))
     except ArtifactUnavailable as exc:

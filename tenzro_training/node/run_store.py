@@ -23,8 +23,7 @@ from storage.interface import KVStore, StorageError
 from tenzro_training.errors import InvalidState, UnknownTask
 from tenzro_training.global_model import (
     ModelLayout,
-    compute_final_model_metadata,
-    compute_model_file_bytes,
+    compute_final_model_file_bytes,
     compute_state_model_hash,
 )
 from tenzro_training.node import persistence
@@ -96,8 +95,7 @@ def compute_final_model_file(run: RunState, model: ModelLayout, fragments: Seque
     final_hash = run.final_record.final_model_hash
     if compute_state_model_hash(model, fragments) != final_hash:
         raise StorageError(f"the stored final model of {run.task_id} does not hash to its final_model_hash")
-    metadata = compute_final_model_metadata(run.task_id, final_hash, run.run_root)
-    return compute_model_file_bytes(model, fragments, metadata)
+    return compute_final_model_file_bytes(run.task_id, final_hash, run.run_root, model, fragments)
 
 
 def _check_sealed(run: RunState) -> None:
