@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,12 +16,17 @@ import trio.testing
 from libp2p.exceptions import ValidationError
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.crypto import secp256k1
 from libp2p.pubsub.pubsub import Pubsub, TopicValidator
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 
 from tenzro_training.p2p.host import _TunedPubsub
 
 ME = ID(b"\x00\x01me")
 PEER = ID(b"\x00\x01peer")
+"""The peer that forwards a message to this host; ORIGIN (a real key) wrote and signed it."""
+ORIGIN_KEYS = secp256k1.create_new_key_pair(bytes(range(1, 33)))
+ORIGIN = ID.from_pubkey(ORIGIN_KEYS.public_key)
 
 
 def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) -> tuple[_TunedPubsub, list[str]]:
@@ -37,7 +43,11 @@ def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) ->
 
 
 def message(*topics: str, data: bytes = b"x") -> rpc_pb2.Message:
-    return rpc_pb2.Message(from_id=PEER.to_bytes(), data=data, seqno=(1).to_bytes(8, "big"), topicIDs=list(topics))
+    """A message from ORIGIN, signed as py-libp2p signs."""
+    msg = rpc_pb2.Message(from_id=ORIGIN.to_bytes(), data=data, seqno=(1).to_bytes(8, "big"), topicIDs=list(topics))
+    signature = ORIGIN_KEYS.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+    msg.key, msg.signature = ORIGIN_KEYS.public_key.serialize(), signature
+    return msg
 
 
 def test_every_message_runs_the_validator_again() -> None:
@@ -58,6 +68,75 @@ def test_every_message_runs_the_validator_again() -> None:
     assert calls == [b"x", b"x"]
     # The error does not format the message (~60 ms for a 1 MiB chunk in py-libp2p's text).
     assert str(info.value) == "refused by the topic validator"
+
+
+def _unsigned(msg: rpc_pb2.Message) -> None:
+    msg.ClearField("signature")
+
+
+def _data_changed_after_signing(msg: rpc_pb2.Message) -> None:
+    msg.data = b"y"
+
+
+def _key_of_another_peer(msg: rpc_pb2.Message) -> None:
+    other = secp256k1.create_new_key_pair(bytes(range(2, 34)))
+    msg.key = other.public_key.serialize()
+    msg.signature = other.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + rpc_pb2.Message(
+        data=msg.data, topicIDs=msg.topicIDs, from_id=msg.from_id, seqno=msg.seqno).SerializeToString())
+
+
+def _key_that_does_not_decode(msg: rpc_pb2.Message) -> None:
+    msg.from_id = b"\x00\x01someone"  # an id that embeds no key: the message's key is used
+    msg.key = b"\x08\x02\x12\x03abc"
+
+
+@pytest.mark.parametrize("spoil", [_unsigned, _data_changed_after_signing, _key_of_another_peer, _key_that_does_not_decode])
+def test_a_message_whose_libp2p_signature_fails_is_rejected_and_counted(
+    spoil: Callable[[rpc_pb2.Message], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """py-libp2p's push_msg dropped such a message with a debug line and no counter moved. The
+    signature is now checked with the validators: counted as rejected, one warning, the topic
+    validator not run, and ValidationError (py-libp2p then scores the peer for it)."""
+    from tenzro_training.p2p import host
+
+    validated: list[bytes] = []
+    pubsub, events = bare_pubsub({"t": lambda f, m: validated.append(m.data) is None})
+    trio.run(pubsub.validate_msg, PEER, message("t"))
+    assert validated == [b"x"] and events == []
+    bad = message("t")
+    spoil(bad)
+    with caplog.at_level(logging.WARNING, logger=host.log.name), pytest.raises(ValidationError):
+        trio.run(pubsub.validate_msg, PEER, bad)
+    assert validated == [b"x"] and events == ["rejected"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"rejected a message relayed by {PEER}: its libp2p signature is missing or does not verify"]
+
+
+def test_own_publishes_are_signed_as_py_libp2p_signs_and_not_verified_again() -> None:
+    """py-libp2p's strict signing is off (it verified in push_msg, uncounted); the host signs
+    its publishes itself, and a receiver's check (py-libp2p's own function) accepts them."""
+    from libp2p import new_host
+
+    pushed: list[tuple[ID, rpc_pb2.Message]] = []
+    pubsub, events = bare_pubsub({"t": lambda f, m: True})
+    pubsub.host = new_host(key_pair=ORIGIN_KEYS)
+    pubsub.sign_key = ORIGIN_KEYS.private_key
+    pubsub._signing_key_bytes = ORIGIN_KEYS.public_key.serialize()
+    pubsub._my_id = ORIGIN
+    pubsub.counter = 7
+
+    async def push_msg(forwarder: ID, msg: rpc_pb2.Message) -> None:
+        pushed.append((forwarder, msg))
+
+    pubsub.push_msg = push_msg  # type: ignore[method-assign]
+    trio.run(pubsub.publish, "t", b"payload")
+    (forwarder, msg), = pushed
+    assert forwarder == ORIGIN and msg.from_id == ORIGIN.to_bytes() and list(msg.topicIDs) == ["t"]
+    assert msg.data == b"payload" and msg.seqno == (8).to_bytes(8, "big")
+    assert signature_validator(msg)
+    msg.ClearField("signature")
+    trio.run(pubsub.validate_msg, ORIGIN, msg)  # the own publish: not verified (an unsigned one passes)
+    assert events == []
 
 
 @pytest.mark.parametrize("topics", [(), ("t", "u"), ("t",) + tuple(f"junk{i}" for i in range(1000)), ("other",)])
@@ -338,7 +417,7 @@ def test_one_rpc_of_many_messages_is_cut_at_the_cap_and_costs_no_quadratic_start
     async def scenario() -> None:
         router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
                                  heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
-        pubsub = _TunedPubsub(new_host(), router, strict_signing=True, max_rpc_bytes=8 << 20,
+        pubsub = _TunedPubsub(new_host(), router, max_rpc_bytes=8 << 20,
                               on_reject=lambda: rejects.append(None))
 
         async def push_msg(forwarder: ID, msg: rpc_pb2.Message) -> None:

@@ -215,6 +215,22 @@ def test_garbage_on_a_pubsub_stream_closes_that_stream_not_the_host(spawn: Calla
     assert s.quit() == 0 and "Traceback" not in s.stderr
 
 
+def test_messages_whose_libp2p_signature_fails_are_rejected_and_counted(spawn: Callable[..., Peer]) -> None:
+    """py-libp2p dropped a message whose libp2p signature was missing or wrong with a debug line
+    and no counter moved. A bare py-libp2p peer sends one RPC of an unsigned, an altered and a
+    correctly signed message: the two are counted as rejected, the third is delivered."""
+    s = spawn("s", "sub")
+    before = s.stats()
+    hostile = subprocess.run([sys.executable, str(PEER.with_name("garbage_peer.py")), s.addr, "--frame", "signatures"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert hostile.returncode == 0 and '"sent"' in hostile.stdout, hostile.stderr[-3000:]
+    assert s.expect("raw")["i"] == 902
+    poll_until(lambda: s.stats()["rejected"] - before["rejected"] == 2, "the two bad signatures are counted")
+    assert s.stats()["delivered"] - before["delivered"] == 1
+    assert s.quit() == 0 and "Traceback" not in s.stderr
+    assert s.stderr.count("its libp2p signature is missing or does not verify") == 1  # one line per peer per 10 s
+
+
 def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path) -> None:
     """py-libp2p put SO_REUSEPORT on its listeners, so a second node on a port in use bound it
     too and the kernel split the incoming connections between two peer ids (README walkthrough
