@@ -121,6 +121,24 @@ class _Cursor:
         self._read_options = None
 
 
+def _largest_last(ops: list[Operation]) -> list[Operation]:
+    """``ops`` with the PUT of the largest value moved to the end, where no other operation in
+    the batch names its key (the order of writes to distinct keys does not change what one
+    atomic batch does; to the same key it does, so such a batch keeps its order).
+
+    Why: a RocksDB WriteBatch is one buffer grown by doubling. A 1 MiB payload followed by its
+    ~100-byte submission record grew it to 2 MiB, copying the payload once more and faulting
+    in fresh pages: 0.36 ms to build the batch of a 1 MiB submission against 0.11 ms with the
+    payload last (2026-11-27, 2-core machine), of ~1.9 ms that RocksDB adds to one."""
+    largest = max(range(len(ops)), key=lambda i: -1 if ops[i][3] is None else len(ops[i][3]))
+    if largest == len(ops) - 1 or ops[largest][0] is not BatchOp.PUT:
+        return ops
+    target = ops[largest][1:3]
+    if any(op[1:3] == target for i, op in enumerate(ops) if i != largest):
+        return ops
+    return [*ops[:largest], *ops[largest + 1:], ops[largest]]
+
+
 class RocksStore(KVStore):
     """A durable store in the RocksDB directory ``path``.
 
@@ -378,7 +396,7 @@ class RocksStore(KVStore):
         if not ops:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for op, cf, key, value in ops:
+        for op, cf, key, value in _largest_last(ops):
             if op is BatchOp.DELETE:
                 batch.delete(key, self._handles[cf])
             else:
