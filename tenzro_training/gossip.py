@@ -500,6 +500,13 @@ def _get_attr(msg: object, path: str) -> object:
 
 def encode_message(msg: GossipMessage) -> bytes:
     """``kind (u8) || MESSAGE_VERSIONS[kind] (u8) || body``; the body is the kind's fields in table order."""
+    return b"".join(_encoded_parts(msg))
+
+
+def _encoded_parts(msg: GossipMessage) -> list[bytes]:
+    """The pieces :func:`encode_message` joins, a variable-length value apart from its length:
+    decode_message compares them in place with what it parsed, never joining a 1 MiB chunk's
+    copy (2026-11-27: the join and the compare were ~6% of a subscriber's CPU, py-spy)."""
     kind = getattr(msg, "KIND", None)
     if kind not in _LAYOUT or not isinstance(msg, _CLASS[kind]):
         raise GossipReject(f"not a gossip message: {type(msg).__name__}")
@@ -514,12 +521,13 @@ def encode_message(msg: GossipMessage) -> bytes:
         elif code == "I":
             out.append(struct.pack(">I", value))
         elif code == "d":
-            out.append(struct.pack(">I", len(value)) + value)
+            out.append(struct.pack(">I", len(value)))
+            out.append(value)
         elif code == "H":
             out.append(struct.pack(">H", len(value)) + b"".join(value))
         else:  # fixed-length bytes, checked at construction
             out.append(value)
-    return b"".join(out)
+    return out
 
 
 class _Reader:
@@ -591,7 +599,12 @@ def decode_message(data: bytes) -> GossipMessage:
     # Field constructors raise GossipReject on out-of-range values (bad task id, bad geometry, ...).
     msg = _CLASS[kind](**fields)
     # [REJECT] the encoding is canonical (cannot differ for a valid message today; guards future fields).
-    if encode_message(msg) != data:
+    pos = 0
+    for part in _encoded_parts(msg):
+        if not data.startswith(part, pos):
+            raise _reject("non-canonical encoding")
+        pos += len(part)
+    if pos != len(data):
         raise _reject("non-canonical encoding")
     return msg
 
