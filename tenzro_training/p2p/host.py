@@ -57,13 +57,13 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.utils import safe_bytes_from_hex
 from libp2p.pubsub.pubsub import Pubsub
-from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 from libp2p.pubsub.rpc_queue import PriorityQueue
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.transport.tcp import tcp as _libp2p_tcp
 
 from tenzro_training.errors import GossipIgnore, GossipReject, TenzroError
 from tenzro_training.p2p.keys import load_or_create_peer_key, lock_peer_key
+from tenzro_training.p2p.signing import sign_message, signature_verifies
 
 __all__ = ["P2PConfig", "P2PError", "P2PHost", "GossipMessage", "OUTBOUND_QUEUE_RPCS", "check_multiaddrs",
            "get_peer_ids"]
@@ -365,15 +365,6 @@ class _IntakeStream:
         return getattr(self._stream, name)
 
 
-def _signature_verifies(msg: Any) -> bool:
-    """py-libp2p's check of a message's libp2p signature (by the key its ``from`` peer id names,
-    or the one it carries), False also where that key does not decode (py-libp2p raised)."""
-    try:
-        return bool(signature_validator(msg))
-    except Exception:  # noqa: BLE001 - any key bytes a peer sends
-        return False
-
-
 class _TunedPubsub(Pubsub):
     """Pubsub with sized outbound queues, a count of writes in flight (for a clean stop), and
     three fixes to py-libp2p 0.8.1's message intake (found by the gossip probe):
@@ -408,7 +399,8 @@ class _TunedPubsub(Pubsub):
     does, and ``validate_msg`` verifies every message a peer sent before the topic validators,
     counting a failure as rejected; py-libp2p's own check is turned off so that no message is
     verified twice, and this host's own publishes are not verified at all (py-libp2p verified
-    them too: ~0.6 ms per 1 MiB chunk, a SHA-256 pass).
+    them too: ~0.6 ms per 1 MiB chunk, a SHA-256 pass). Both sign and verify a digest fed piece
+    by piece, not a serialized copy of the message (``p2p/signing.py``).
     """
 
     def __init__(self, *args: Any, max_rpc_bytes: int, on_reject: Callable[[], None], **kwargs: Any) -> None:
@@ -510,19 +502,19 @@ class _TunedPubsub(Pubsub):
                 del self._intakes[task]
 
     async def publish(self, topic_id: str | list[str], data: bytes) -> None:
-        """py-libp2p's publish with strict signing: the same message, signed over the same bytes
-        (``PUBSUB_SIGNING_PREFIX`` + the message before key and signature are set)."""
-        msg = rpc_pb2.Message(data=data, topicIDs=[topic_id] if isinstance(topic_id, str) else list(topic_id),
-                              from_id=self.my_id.to_bytes(), seqno=self._next_seqno())
-        signature = self.sign_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
-        msg.key = self._signing_key_bytes
-        msg.signature = signature
+        """py-libp2p's publish with strict signing: the same message, the same signature
+        (``p2p/signing.py``: computed without serializing the message)."""
+        topics = [topic_id] if isinstance(topic_id, str) else list(topic_id)
+        from_id, seqno = self.my_id.to_bytes(), self._next_seqno()
+        signature = sign_message(self.sign_key, from_id, data, seqno, topics)
+        msg = rpc_pb2.Message(data=data, topicIDs=topics, from_id=from_id, seqno=seqno,
+                              key=self._signing_key_bytes, signature=signature)
         await self.push_msg(self.my_id, msg)
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
         """py-libp2p calls this for a message not seen before, right where it checked the
         signature (see the class docstring), then marks it seen if it passes."""
-        if msg_forwarder != self._my_id and not _signature_verifies(msg):
+        if msg_forwarder != self._my_id and not signature_verifies(msg):
             self._on_reject()
             self._warn_limited(msg_forwarder, f"rejected a message relayed by {msg_forwarder}: its libp2p signature "
                                               f"is missing or does not verify")
