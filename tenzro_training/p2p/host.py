@@ -396,7 +396,7 @@ class _TunedPubsub(Pubsub):
     And a message whose libp2p signature fails is counted. py-libp2p's ``push_msg`` dropped it
     with nothing but a debug line, so a peer forging or garbling signatures was invisible in
     ``stats()``. Signing is always on (strict): ``publish`` signs every message as py-libp2p
-    does, and ``validate_msg`` verifies every message a peer sent before the topic validators,
+    does, and ``push_msg`` verifies every message a peer sent that was not seen before,
     counting a failure as rejected; py-libp2p's own check is turned off so that no message is
     verified twice, and this host's own publishes are not verified at all (py-libp2p verified
     them too: ~0.6 ms per 1 MiB chunk, a SHA-256 pass). Both sign and verify a digest fed piece
@@ -473,6 +473,16 @@ class _TunedPubsub(Pubsub):
             log.info("rejected a message from %s listing %d topic(s): one topic of ours expected",
                      msg_forwarder, len(topics))
             return
+        # The libp2p signature, where py-libp2p checked it (after the seen check: a duplicate is
+        # not verified again) but counted; a refused message is not marked seen, so a forged
+        # copy cannot shadow the genuine one. Refused here, before py-libp2p's push_msg, it
+        # does not reach py-libp2p's scorer or its debug line for refused messages, which
+        # hex-dumps the data even with debug logging off (~0.7 ms per MiB; review).
+        if not self._is_msg_seen(msg) and not signature_verifies(msg):
+            self._on_reject()
+            self._warn_limited(msg_forwarder, f"rejected a message relayed by {msg_forwarder}: its libp2p signature "
+                                              f"is missing or does not verify")
+            return
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as exc:  # noqa: BLE001 - it runs as a pubsub task: an error would stop the host
@@ -512,13 +522,6 @@ class _TunedPubsub(Pubsub):
         await self.push_msg(self.my_id, msg)
 
     async def validate_msg(self, msg_forwarder: ID, msg: Any) -> None:
-        """py-libp2p calls this for a message not seen before, right where it checked the
-        signature (see the class docstring), then marks it seen if it passes."""
-        if msg_forwarder != self._my_id and not signature_verifies(msg):
-            self._on_reject()
-            self._warn_limited(msg_forwarder, f"rejected a message relayed by {msg_forwarder}: its libp2p signature "
-                                              f"is missing or does not verify")
-            raise ValidationError("libp2p signature missing or invalid")
         for topic_validator in self.get_msg_validators(msg):
             if topic_validator.is_async:  # none of ours are; kept for completeness
                 ok = await topic_validator.validator(msg_forwarder, msg)
@@ -620,7 +623,7 @@ class _TunedGossipSub(GossipSub):
         """py-libp2p's check (two contents under one originator and seqno: the second is not
         forwarded) on a fingerprint of the content instead of the whole message: its libp2p
         signature. Every message that gets here is signed, an own publish by this host and any
-        other verified in ``_TunedPubsub.validate_msg``, and a signature covers data, topics,
+        other verified in ``_TunedPubsub.push_msg``, and a signature covers data, topics,
         originator and seqno: two contents carry two different valid signatures. A SHA-256 of
         the data told them apart until 2026-11-27, a pass over each 1 MiB chunk on every host
         that handled it (5-7% of the CPU of a 16 MiB payload on either side, py-spy). An

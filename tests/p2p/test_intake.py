@@ -39,7 +39,16 @@ def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) ->
     pubsub._write_locks = weakref.WeakKeyDictionary()
     pubsub._warned = {}
     pubsub.writes_in_flight = 0
+    pubsub._msg_id_constructor = lambda m: m.from_id + m.seqno
+    pubsub.seen_messages = _Seen()
     return pubsub, events
+
+
+class _Seen(set):  # type: ignore[type-arg]
+    """py-libp2p's LastSeenCache, as far as push_msg uses it."""
+
+    def has(self, msg_id: bytes) -> bool:
+        return msg_id in self
 
 
 def message(*topics: str, data: bytes = b"x") -> rpc_pb2.Message:
@@ -92,27 +101,40 @@ def _key_that_does_not_decode(msg: rpc_pb2.Message) -> None:
 
 @pytest.mark.parametrize("spoil", [_unsigned, _data_changed_after_signing, _key_of_another_peer, _key_that_does_not_decode])
 def test_a_message_whose_libp2p_signature_fails_is_rejected_and_counted(
-    spoil: Callable[[rpc_pb2.Message], None], caplog: pytest.LogCaptureFixture
+    spoil: Callable[[rpc_pb2.Message], None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """py-libp2p's push_msg dropped such a message with a debug line and no counter moved. The
-    signature is now checked with the validators: counted as rejected, one warning, the topic
-    validator not run, and ValidationError (py-libp2p then scores the peer for it)."""
+    host checks the signature first: counted as rejected, one warning, never handed on (no
+    validator, no relay, not marked seen). A copy of a message already seen is not verified
+    again: py-libp2p drops it as a duplicate."""
     from tenzro_training.p2p import host
 
-    validated: list[bytes] = []
-    pubsub, events = bare_pubsub({"t": lambda f, m: validated.append(m.data) is None})
-    trio.run(pubsub.validate_msg, PEER, message("t"))
-    assert validated == [b"x"] and events == []
+    passed: list[bytes] = []
+
+    async def base_push(self: Pubsub, forwarder: ID, msg: rpc_pb2.Message) -> None:
+        passed.append(msg.data)
+
+    monkeypatch.setattr(Pubsub, "push_msg", base_push)
+    pubsub, events = bare_pubsub({"t": lambda f, m: True})
+    trio.run(pubsub.push_msg, PEER, message("t"))
+    assert passed == [b"x"] and events == []
     bad = message("t")
     spoil(bad)
-    with caplog.at_level(logging.WARNING, logger=host.log.name), pytest.raises(ValidationError):
-        trio.run(pubsub.validate_msg, PEER, bad)
-    assert validated == [b"x"] and events == ["rejected"]
+    with caplog.at_level(logging.WARNING, logger=host.log.name):
+        trio.run(pubsub.push_msg, PEER, bad)
+    assert passed == [b"x"] and events == ["rejected"]
     assert [r.getMessage() for r in caplog.records] == [
         f"rejected a message relayed by {PEER}: its libp2p signature is missing or does not verify"]
+    pubsub.seen_messages.add(bad.from_id + bad.seqno)  # its id was seen (the genuine copy came first)
+    trio.run(pubsub.push_msg, PEER, bad)
+    assert len(passed) == 2 and events == ["rejected"]  # not verified: py-libp2p's seen check drops it
 
 
-def test_own_publishes_are_signed_as_py_libp2p_signs_and_not_verified_again() -> None:
+async def _done(_: object) -> None:
+    return None
+
+
+def test_own_publishes_are_signed_as_py_libp2p_signs_and_not_verified_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """py-libp2p's strict signing is off (it verified in push_msg, uncounted); the host signs
     its publishes itself, and a receiver's check (py-libp2p's own function) accepts them."""
     from libp2p import new_host
@@ -135,8 +157,11 @@ def test_own_publishes_are_signed_as_py_libp2p_signs_and_not_verified_again() ->
     assert msg.data == b"payload" and msg.seqno == (8).to_bytes(8, "big")
     assert signature_validator(msg)
     msg.ClearField("signature")
-    trio.run(pubsub.validate_msg, ORIGIN, msg)  # the own publish: not verified (an unsigned one passes)
-    assert events == []
+    handed_on: list[object] = []
+    pubsub.push_msg = _TunedPubsub.push_msg.__get__(pubsub)  # type: ignore[method-assign]
+    monkeypatch.setattr(Pubsub, "push_msg", lambda self, f, m: _done(handed_on.append(m)))
+    trio.run(pubsub.push_msg, ORIGIN, msg)  # the own publish: not verified (an unsigned one passes)
+    assert handed_on == [msg] and events == []
 
 
 @pytest.mark.parametrize("topics", [(), ("t", "u"), ("t",) + tuple(f"junk{i}" for i in range(1000)), ("other",)])
