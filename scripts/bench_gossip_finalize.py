@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import hashlib
 import logging
+import shutil
 import statistics
 import sys
 import tempfile
@@ -91,6 +92,7 @@ async def bench_finalize_to_trainers(trainers: int, params: int, rounds: int, fr
         for host in hosts:
             await host.stop()
         await node.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the 9 peer keys
     return results
 
 
