@@ -17,18 +17,23 @@ rocksdict facts this module is built around (measured, see the shared dependency
   or iterators are alive, so the store tracks its cursors and drops every reference first.
 - RocksDB takes an exclusive LOCK file: a second read-write opener of a directory fails, in this
   process or another; that failure becomes a :class:`~storage.interface.StorageError`.
+- The published wheels build RocksDB without SSE4.2: the CRC32C of every byte through the
+  write-ahead log is table-driven (~0.9 GB/s). So values of
+  :data:`storage.schema.EXTERNAL_VALUE_KEYSPACES` of at least ``external_value_bytes`` go to
+  files of their own (:mod:`storage.external`), a reference under the key.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import rocksdict
 
 from storage import schema
+from storage.external import DIRECTORY, REF_MAGIC, ExternalFile, ExternalValues, decode_ref, encode_ref
 from tenzro_training.filelock import try_lock_directory
 from storage.interface import (
     WAL_RECOVERY_MODES,
@@ -40,7 +45,7 @@ from storage.interface import (
     StoreLocked,
 )
 
-__all__ = ["RocksStore"]
+__all__ = ["EXTERNAL_VALUE_BYTES", "RocksStore"]
 
 _DEFAULT_CF = "default"  # RocksDB always has it; the schema never uses it
 
@@ -51,6 +56,12 @@ Without a cap (RocksDB's default is 4 x the memtables of every family, ~4.6 GB h
 families that are written a little and never fill a memtable (``meta``'s liveness stamp every
 second, ``accounts``) held every log file: a running node kept 1.19 GB of WAL for 9.6 MB of data,
 and a restart after a crash replayed all of it (soak probe). It bounds that replay too."""
+
+
+EXTERNAL_VALUE_BYTES = 64 << 10
+"""Default size from which a value of an external keyspace goes to a file. A file costs a
+create and a close (~30-50 us here) where RocksDB costs ~1.6 us per KiB: even at 64 KiB the
+file is cheaper, and smaller values (tiny test models) stay in the key."""
 
 
 def _raw_options(
@@ -83,9 +94,10 @@ def _prefix_upper_bound(prefix: bytes) -> bytes | None:
 class _Cursor:
     """A prefix scan over one RocksDB iterator. The store can release it on close."""
 
-    __slots__ = ("__weakref__", "_iterator", "_prefix", "_read_options", "_values")
+    __slots__ = ("__weakref__", "_iterator", "_prefix", "_read_options", "_resolve", "_values")
 
-    def __init__(self, iterator: Any, read_options: Any, prefix: bytes, *, values: bool = True) -> None:
+    def __init__(self, iterator: Any, read_options: Any, prefix: bytes, *, values: bool = True,
+                 resolve: Callable[[bytes, bytes], bytes] | None = None) -> None:
         self._iterator: Any = iterator
         # rocksdict does not copy the iterate-upper-bound out of ReadOptions: the iterator reads
         # it from there, so the options must live as long as the iterator (measured: dropping
@@ -93,6 +105,7 @@ class _Cursor:
         self._read_options: Any = read_options
         self._prefix = prefix
         self._values = values  # False: keys only, every value reads as b"" (never copied out)
+        self._resolve = resolve  # (key, stored value) -> value, for a family with external values
 
     def __iter__(self) -> _Cursor:
         return self
@@ -114,7 +127,14 @@ class _Cursor:
             raise StopIteration
         value = iterator.value() if self._values else b""
         iterator.next()
+        if self._resolve is not None and self._values:
+            value = self._resolve(key, value)
         return key, value
+
+    @property
+    def resolves(self) -> bool:
+        """Whether this cursor is live and may read value files."""
+        return self._iterator is not None and self._resolve is not None and self._values
 
     def release(self) -> None:
         self._iterator = None
@@ -157,6 +177,11 @@ class RocksStore(KVStore):
     no LOCK, so it works beside the node that has the store open, and sees the data as of the
     open); every batch is a StorageError and nothing on disk changes, not even an upgradable
     schema version. For audits (``tenzro audit``).
+    ``external_value_bytes``: a value of :data:`storage.schema.EXTERNAL_VALUE_KEYSPACES` this
+    long or longer is kept in a file of ``<path>/values/`` (:mod:`storage.external`), written
+    before the batch that puts its reference and removed after the batch that replaces or
+    deletes it; a read-write open removes the files no key names (left by a crash between
+    the two). With ``sync`` the files and their directory are fsynced before the batch.
 
     Opening checks the schema version in :data:`storage.schema.CF_META`: a new store gets the
     current one; a different one raises :class:`~storage.interface.SchemaVersionError` naming
@@ -173,8 +198,12 @@ class RocksStore(KVStore):
         wal_recovery: str = "strict",
         max_total_wal_bytes: int = MAX_TOTAL_WAL_BYTES,
         upgrade_schema: bool = True,
+        external_value_bytes: int = EXTERNAL_VALUE_BYTES,
     ) -> None:
         super().__init__(schema.ALL_COLUMN_FAMILIES)
+        if external_value_bytes < 1:
+            raise ValueError(f"external_value_bytes must be at least 1, got {external_value_bytes}")
+        self._external_value_bytes = int(external_value_bytes)
         self._max_total_wal_bytes = int(max_total_wal_bytes)
         self._upgrade_schema = bool(upgrade_schema)
         self._found_version: int | None = None  # an upgradable older version, not yet rewritten
@@ -183,6 +212,8 @@ class RocksStore(KVStore):
         self._wal_recovery = wal_recovery
         self._path = os.fspath(path)
         self._sync = bool(sync)
+        self._external = ExternalValues(os.path.join(self._path, DIRECTORY), sync=self._sync)
+        self._unneeded: list[bytes] = []  # replaced value files, removed once no iterator reads them
         self._read_only = bool(read_only)
         self._db: Any = None
         self._views: dict[str, Any] = {}
@@ -225,6 +256,8 @@ class RocksStore(KVStore):
             raise StorageError(f"no store at {path!r} (opened with create=False)")
         if not self._read_only:
             self._lock_directory()
+        else:
+            self._external.pin()  # before the open: every file the view names stays readable
         if exists:
             on_disk = self._list_families()
             families = [name for name in on_disk if name != _DEFAULT_CF]
@@ -247,6 +280,38 @@ class RocksStore(KVStore):
             if name in self._cf_set:
                 self._attach(name)
         self._check_schema(on_disk)
+        if not self._read_only:
+            self._external.create_directory()
+            self._external.remove_dead_readers()
+            self._sweep_external()
+
+    def _sweep_external(self) -> None:
+        """Remove the value files that no key names: written by a batch that never committed
+        (the process died between them) or replaced by one whose removals a crash cut short.
+        A file is kept exactly when its key holds a reference to it; the header names the key,
+        so only a file cut short before its header end needs a scan of the references."""
+        unreadable: list[str] = []
+        for found in self._external.scan():
+            if isinstance(found, str):
+                unreadable.append(found)
+            elif not self._names_file(found):
+                self._external.remove([found.name])
+        if unreadable:
+            referenced = {
+                ref[0]
+                for cf, prefix in schema.EXTERNAL_VALUE_KEYSPACES
+                for _, value in self._cursor(cf, prefix, prefix, values=True, resolve=False)
+                if (ref := decode_ref(value)) is not None
+            }
+            self._external.remove([name for path in unreadable
+                                   if (name := bytes.fromhex(os.path.basename(path))) not in referenced])
+
+    def _names_file(self, found: ExternalFile) -> bool:
+        if found.cf not in self._views or not schema.is_external_keyspace(found.cf, found.key):
+            return False
+        stored = self._raw_get(found.cf, found.key)
+        ref = decode_ref(stored) if stored is not None else None
+        return ref is not None and ref[0] == found.name
 
     def _lock_directory(self) -> None:
         """Take an exclusive flock on the directory itself, beside RocksDB's LOCK file. Why:
@@ -365,12 +430,28 @@ class RocksStore(KVStore):
 
     # -- KVStore primitives ------------------------------------------------------------
 
-    def _get(self, cf: str, key: bytes) -> bytes | None:
+    def _raw_get(self, cf: str, key: bytes) -> bytes | None:
         try:
             value: bytes | None = self._views[cf].get(key)
         except Exception as error:
             raise StorageError(f"read from {cf!r} failed: {error}") from error
         return value
+
+    def _get(self, cf: str, key: bytes) -> bytes | None:
+        value = self._raw_get(cf, key)
+        if value is not None and schema.is_external_keyspace(cf, key):
+            return self._resolve(cf, key, value)
+        return value
+
+    def _contains(self, cf: str, key: bytes) -> bool:
+        return self._raw_get(cf, key) is not None  # a reference is enough: no file read
+
+    def _resolve(self, cf: str, key: bytes, stored: bytes) -> bytes:
+        """The value behind ``stored``: the file's when it is a reference."""
+        ref = decode_ref(stored)
+        if ref is None:
+            return stored
+        return self._external.read(cf, key, *ref)
 
     def _iterate(self, cf: str, prefix: bytes, seek: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._cursor(cf, prefix, seek, values=True)
@@ -378,7 +459,7 @@ class RocksStore(KVStore):
     def _iterate_keys(self, cf: str, prefix: bytes) -> Iterator[bytes]:
         return (key for key, _ in self._cursor(cf, prefix, prefix, values=False))
 
-    def _cursor(self, cf: str, prefix: bytes, seek: bytes, *, values: bool) -> _Cursor:
+    def _cursor(self, cf: str, prefix: bytes, seek: bytes, *, values: bool, resolve: bool = True) -> _Cursor:
         read_options = rocksdict.ReadOptions()
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
@@ -386,7 +467,11 @@ class RocksStore(KVStore):
         # The RocksDB iterator reads a consistent view as of its creation, which is now.
         iterator = self._views[cf].iter(read_options)
         iterator.seek(seek)
-        cursor = _Cursor(iterator, read_options, prefix, values=values)
+        external = resolve and any(cf == family for family, _ in schema.EXTERNAL_VALUE_KEYSPACES)
+        cursor = _Cursor(iterator, read_options, prefix, values=values, resolve=(
+            (lambda key, stored: self._resolve(cf, key, stored) if schema.is_external_keyspace(cf, key) else stored)
+            if external else None
+        ))
         self._cursors.add(cursor)
         return cursor
 
@@ -395,13 +480,62 @@ class RocksStore(KVStore):
             raise StorageError(f"store at {self._path!r} is open read-only")
         if not ops:
             return
+        ops, replaced = self._separate(ops)
         batch = rocksdict.WriteBatch(raw_mode=True)
         for op, cf, key, value in _largest_last(ops):
             if op is BatchOp.DELETE:
                 batch.delete(key, self._handles[cf])
             else:
                 batch.put(key, value, self._handles[cf])
+        # A failed write leaves the files it would have named: RocksDB may still replay a batch
+        # whose log write failed after it was appended, and the next open's sweep removes them
+        # if no key names them.
         self._write(batch, self._write_options)
+        self._remove_files(replaced)
+
+    def _remove_files(self, names: list[bytes]) -> None:
+        """Remove replaced value files, unless an iterator that may still read them is live:
+        its view is fixed when it is created, so the files it names wait (until a later batch
+        finds no such iterator, or the close)."""
+        self._unneeded += names
+        if self._unneeded and not any(c.resolves for c in list(self._cursors)):
+            unneeded, self._unneeded = self._unneeded, []
+            self._external.remove(unneeded)
+
+    def _separate(self, ops: list[Operation]) -> tuple[list[Operation], list[bytes]]:
+        """``ops`` with each large value of an external keyspace written to its file and put as
+        a reference, and the files of the values this batch replaces or deletes (to remove
+        once it is written). Only the last operation on such a key is kept: the one that
+        decides its value, so no file is written for a value the batch itself replaces."""
+        last = {(cf, key): i for i, (_, cf, key, _) in enumerate(ops) if schema.is_external_keyspace(cf, key)}
+        if not last:
+            return ops, []
+        separated: list[Operation] = []
+        written: list[bytes] = []
+        replaced: list[bytes] = []
+        try:
+            for i, (op, cf, key, value) in enumerate(ops):
+                index = last.get((cf, key))
+                if index is None:
+                    separated.append((op, cf, key, value))
+                    continue
+                if index != i:
+                    continue
+                stored = self._raw_get(cf, key)
+                ref = decode_ref(stored) if stored is not None else None
+                if ref is not None:
+                    replaced.append(ref[0])
+                if value is not None and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC)):
+                    name = self._external.write(cf, key, value)
+                    written.append(name)
+                    value = encode_ref(name, len(value))
+                separated.append((op, cf, key, value))
+            if written:
+                self._external.sync_directory()
+        except BaseException:
+            self._external.remove(written)
+            raise
+        return separated, replaced
 
     def create_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Write a consistent copy of the store as it is now to the directory ``path`` (which
@@ -420,6 +554,7 @@ class RocksStore(KVStore):
             rocksdict.Checkpoint(self._db).create_checkpoint(target)
         except Exception as error:
             raise StorageError(f"checkpoint of {self._path!r} to {target!r} failed: {error}") from error
+        self._external.link_into(os.path.join(target, DIRECTORY))
 
     def _write(self, batch: Any, options: Any) -> None:
         try:
@@ -435,6 +570,9 @@ class RocksStore(KVStore):
         for cursor in list(self._cursors):
             cursor.release()
         self._cursors = weakref.WeakSet()
+        unneeded, self._unneeded = self._unneeded, []
+        self._external.remove(unneeded)
+        self._external.unpin()
         views, self._views = self._views, {}
         self._handles = {}
         # After a failed write (a full disk) every close below raises RocksDB's kept error

@@ -108,7 +108,7 @@ ALL_COLUMN_FAMILIES: Final[tuple[str, ...]] = (
 
 # --- schema version -----------------------------------------------------------------------
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """Version of the layout in this module. Bump it on any incompatible change of a family, a key
 format or a value encoding stored here; a store with a newer version refuses to open.
 
@@ -126,17 +126,20 @@ tiny model, submissions 10x slower by the end). A version-3 value (``records`` i
 it is and written in the new form by the run's next transition. 5 stores no momentum in a
 round-0 snapshot (the one a post writes): it is zero before any round, and a post wrote those
 4 bytes per parameter through the WAL on the service thread; a version-4 store's stored zeros
-are not read. Older stores are marked 5 when opened, see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
+are not read. 6 keeps large values of :data:`EXTERNAL_VALUE_KEYSPACES` (payloads, model
+fragments) in files beside the database, a reference under their key (:mod:`storage.external`);
+a version-5 store's values in the keys themselves are read as they are. Older stores are marked
+6 when opened, see :data:`UPGRADABLE_SCHEMA_VERSIONS`."""
 SEALED_RECORDS_SINCE: Final = 3
 """The first schema version whose stores hold a sealed record for every sealed run."""
-UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
+UPGRADABLE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
 """Older versions whose data this code reads as it is: opening such a store rewrites its version
 key to :data:`SCHEMA_VERSION` (code that only knows the old version then refuses it, as it must:
 version 1 code would take snapshot weights for current ones, version 2 code would seal runs
 without the record the precompile looks up, version 3 code would read a run without its
 records, version 4 code would find no momentum for a run whose latest snapshot is its
 round-0 one: up to ``model_snapshot_rounds`` - 1 committed rounds, or ended before its first
-snapshot after round 0)."""
+snapshot after round 0, version 5 code would take a reference for a payload or a fragment)."""
 SCHEMA_VERSION_KEY: Final = b"schema_version"
 """Key in :data:`CF_META`; the value is the version as an unsigned 32-bit big-endian integer."""
 
@@ -579,6 +582,26 @@ def round_record_prefix(task_id: str) -> bytes:
 def parse_round_record_key(key: bytes) -> tuple[str, int]:
     """The (task_id, round) of a :func:`round_record_key`; KeyFormatError otherwise."""
     return _parse_task_round_key(key, _ROUND_RECORD_KIND, "round-record")
+
+
+# --- values kept in files (schema version 6) ---------------------------------------------------
+
+__all__ += ["EXTERNAL_VALUE_KEYSPACES", "is_external_keyspace"]
+
+EXTERNAL_VALUE_KEYSPACES: Final[tuple[tuple[str, bytes], ...]] = (
+    (CF_SUBMISSIONS, PAYLOAD_KEY_MARK),
+    (CF_MODEL_STATE, b""),
+)
+"""(column family, key prefix) pairs whose large values the RocksDB store keeps in files, a
+reference under the key (:mod:`storage.external`): the outer-gradient payloads and the model
+fragments (weights, momentum, final), megabytes each, written once and read whole. Only these:
+a reference is told from a value by its first bytes, which no value stored here by an older
+version can begin with (``storage.external.REF_MAGIC``), and nothing else is large."""
+
+
+def is_external_keyspace(cf: str, key: bytes) -> bool:
+    """Whether ``cf[key]`` is in :data:`EXTERNAL_VALUE_KEYSPACES`."""
+    return any(cf == family and key.startswith(prefix) for family, prefix in EXTERNAL_VALUE_KEYSPACES)
 
 
 # --- model snapshots (schema version 2) -------------------------------------------------------

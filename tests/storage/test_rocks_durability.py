@@ -208,13 +208,13 @@ def test_invalid_older_schema_version_refuses_to_open(tmp_path: Path) -> None:
 
 
 def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -> None:
-    """A version-1 to -4 store is read as it is and rewritten as the current version, so code
+    """A version-1 to -5 store is read as it is and rewritten as the current version, so code
     that only knows the old version refuses it afterwards instead of misreading its model state
     (1), sealing runs without their sealed record (2), reading runs without their round
-    records (3) or finding no momentum for a run at round 0 (4). With upgrade_schema=False (the
-    node) it is rewritten only when the opener says."""
-    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2, 3, 4} and SCHEMA_VERSION == 5
-    for old in (1, 2, 3, 4):
+    records (3), finding no momentum for a run at round 0 (4) or taking a file reference for a
+    payload (5). With upgrade_schema=False (the node) it is rewritten only when the opener says."""
+    assert UPGRADABLE_SCHEMA_VERSIONS == {1, 2, 3, 4, 5} and SCHEMA_VERSION == 6
+    for old in (1, 2, 3, 4, 5):
         path = tmp_path / f"db{old}"
         write_version(path, encode_schema_version(old))
         with RocksStore(path, upgrade_schema=False) as store:

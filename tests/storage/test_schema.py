@@ -46,7 +46,7 @@ def test_column_family_names() -> None:
 
 
 def test_schema_version_encoding() -> None:
-    assert schema.SCHEMA_VERSION == 5 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1, 2, 3, 4})
+    assert schema.SCHEMA_VERSION == 6 and schema.UPGRADABLE_SCHEMA_VERSIONS == frozenset({1, 2, 3, 4, 5})
     assert schema.SCHEMA_VERSION_KEY == b"schema_version"
     assert schema.encode_schema_version(1) == b"\x00\x00\x00\x01"
     assert schema.encode_schema_version(0x01020304) == b"\x01\x02\x03\x04"

@@ -1,0 +1,341 @@
+"""Large values kept in files beside the RocksDB database, with a small reference in their key.
+
+What this module is: the file side of :class:`storage.rocks.RocksStore`'s value separation.
+The store writes a value of :data:`storage.schema.EXTERNAL_VALUE_KEYSPACES` that is at least
+its threshold long (64 KiB by default) to a file of its own in ``<store>/values/`` and puts a
+40-byte reference (:func:`encode_ref`) under the key, in the same atomic batch as the rest of
+the transition; a read of the key reads the file. It is NOT the key layout (the keyspaces are
+declared in :mod:`storage.schema`) and it holds no protocol rules.
+
+Why: every byte through RocksDB's write-ahead log is checksummed with CRC32C, and the
+published rocksdict wheels (0.3.29) build RocksDB without SSE4.2, so it is a table-driven CRC
+at ~0.9 GB/s: a 1 MiB submission spent ~1.2 ms in ``crc32c::Extend``, a third of its whole
+acceptance, then ~0.5 ms copying the value into the memtable, and RocksDB wrote it a second
+time when it flushed. A 1 MiB file write costs ~0.28 ms (2026-11-27, 2-core machine;
+docs/storage.md "Large values").
+
+A file is written once and never changed: a new value for the key gets a new file, and the old
+one is removed after the batch that replaced or deleted it is written. So a file can be
+hard-linked into a checkpoint, and an acknowledged batch never names a half-written file.
+
+A read-only opener beside the writer (``tenzro audit`` beside a running node) sees the store as
+of its open, but the writer goes on replacing values (a model snapshot every few rounds) and
+removing their files. So before it opens the database a reader hard-links every value file into
+a directory of its own (:meth:`ExternalValues.pin`, ``values/.reader-<pid>-<random>``; ~10 us a
+file) and reads from there first: a file its view names cannot disappear under it. RocksDB's
+own blob files, tried first, had exactly that failure (docs/storage.md "Large values").
+
+File format: :data:`FILE_MAGIC`, the column family's name (u8 length + UTF-8), the key (u16
+big-endian length + bytes), then the value. The header lets an open find files that no key
+names (a writer killed between its file and its batch, a removal a crash cut short) without
+scanning the store, and lets a read refuse a file that is not the key's.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from storage.files import fsync_directory
+from storage.interface import StorageError
+
+__all__ = [
+    "DIRECTORY",
+    "FILE_MAGIC",
+    "REF_MAGIC",
+    "REF_SIZE",
+    "ExternalFile",
+    "ExternalValues",
+    "decode_ref",
+    "encode_ref",
+]
+
+DIRECTORY: Final = "values"
+"""The subdirectory of the store's directory that holds the files. RocksDB leaves names it
+does not know alone, and its checkpoint copies none of them (``RocksStore.create_checkpoint``
+links them)."""
+
+REF_MAGIC: Final = b"\xff\xff\xff\xfftenzro:external"
+"""The first 19 bytes of every reference. No value a version before this one stored in an
+external keyspace begins with them: a payload begins with its u64 little-endian header length
+(never 2**32 or more), a model fragment with a finite fp32 (0xFFFFFFFF is a NaN). A value
+written now that begins with them is stored in a file whatever its size, so a value stored in
+the key itself never does."""
+
+_REF = struct.Struct(f">{len(REF_MAGIC)}s16sQ")
+REF_SIZE: Final = _REF.size
+FILE_MAGIC: Final = b"TZXV\x00\x01\x00\x00"
+"""The first 8 bytes of every value file (format version 1)."""
+_HEADER_READ: Final = 1024
+"""Bytes of a file's start the sweep reads for its header: more than any key of the schema
+needs; a longer header reads as cut short (then the sweep scans the references)."""
+_READER_PREFIX: Final = ".reader-"
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def _is_file_name(entry: str) -> bool:
+    return len(entry) == 32 and set(entry) <= _HEX
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def encode_ref(name: bytes, size: int) -> bytes:
+    """The reference stored under the key: magic, the file's 16-byte name, the value's size."""
+    return _REF.pack(REF_MAGIC, name, size)
+
+
+def decode_ref(value: bytes) -> tuple[bytes, int] | None:
+    """``(name, size)`` of a reference; None for a value stored in the key itself."""
+    if len(value) != REF_SIZE or not value.startswith(REF_MAGIC):
+        return None
+    _, name, size = _REF.unpack(value)
+    return name, size
+
+
+@dataclass(frozen=True)
+class ExternalFile:
+    """A value file on disk, as its header names it."""
+
+    name: bytes
+    cf: str
+    key: bytes
+
+
+def _header(cf: str, key: bytes) -> bytes:
+    cf_bytes = cf.encode()
+    return FILE_MAGIC + bytes((len(cf_bytes),)) + cf_bytes + struct.pack(">H", len(key)) + key
+
+
+def _parse_header(data: bytes) -> tuple[str, bytes, int] | None:
+    """``(cf, key, header length)`` from a file's first bytes; None if they are not a header."""
+    if not data.startswith(FILE_MAGIC) or len(data) < len(FILE_MAGIC) + 1:
+        return None
+    at = len(FILE_MAGIC)
+    cf_len = data[at]
+    at += 1
+    if len(data) < at + cf_len + 2:
+        return None
+    try:
+        cf = data[at:at + cf_len].decode()
+    except UnicodeDecodeError:
+        return None
+    at += cf_len
+    (key_len,) = struct.unpack_from(">H", data, at)
+    at += 2
+    if len(data) < at + key_len:
+        return None
+    return cf, data[at:at + key_len], at + key_len
+
+
+class ExternalValues:
+    """The value files of one store, in ``directory``.
+
+    ``sync``: each new file is fsynced, and the directory once per batch, before the batch that
+    names them is written (the store's ``sync=True``); without it a file is in the page cache,
+    as the write-ahead log is, and survives the process being killed, not a power loss (a read
+    of a file that lost its data then fails with StorageError, never returns other bytes of
+    the right size silently: the size and the header are checked).
+    """
+
+    def __init__(self, directory: str, *, sync: bool) -> None:
+        self._dir = directory
+        self._sync = sync
+        self._pinned: str | None = None  # a reader's links to the files as of its open
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def _path(self, name: bytes) -> str:
+        return os.path.join(self._dir, name.hex())
+
+    def create_directory(self) -> None:
+        try:
+            os.mkdir(self._dir, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(self._dir):
+                raise StorageError(f"{self._dir!r} exists and is not a directory") from None
+            return
+        except OSError as error:
+            raise StorageError(f"cannot create {self._dir!r}: {error.strerror or error}") from None
+        if self._sync:
+            fsync_directory(os.path.dirname(self._dir))
+
+    def write(self, cf: str, key: bytes, value: bytes) -> bytes:
+        """Write ``value`` to a new file and return its name (16 random bytes). StorageError
+        on failure, with nothing left behind."""
+        name = secrets.token_bytes(16)
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise StorageError(f"cannot create value file {path!r}: {error.strerror or error}") from None
+        try:
+            try:
+                parts = [memoryview(_header(cf, key)), memoryview(value)]
+                while parts:  # writev may write less than asked (a signal, a full disk)
+                    written = os.writev(fd, parts)
+                    if written == 0:
+                        raise OSError("write returned 0")
+                    while parts and written >= len(parts[0]):
+                        written -= len(parts[0])
+                        parts.pop(0)
+                    if parts and written:
+                        parts[0] = parts[0][written:]
+                if self._sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            self.remove([name])
+            raise StorageError(f"cannot write value file {path!r}: {error.strerror or error}") from None
+        return name
+
+    def sync_directory(self) -> None:
+        """Make the names of the files written so far durable (with ``sync``)."""
+        if self._sync:
+            try:
+                fsync_directory(self._dir)
+            except OSError as error:
+                raise StorageError(f"cannot sync {self._dir!r}: {error.strerror or error}") from None
+
+    def read(self, cf: str, key: bytes, name: bytes, size: int) -> bytes:
+        """The value of ``cf[key]`` from its file; StorageError if the file is missing, is not
+        this key's, or does not hold ``size`` bytes of value."""
+        path = self._path(name)
+        if self._pinned is not None:
+            pinned = os.path.join(self._pinned, name.hex())
+            if os.path.exists(pinned):
+                path = pinned
+        header = _header(cf, key)
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                head = fh.read(len(header))
+                if head != header:
+                    raise StorageError(f"value file {path!r} of {cf}[{key.hex()}] is damaged or another key's")
+                value = fh.read(size + 1)
+        except FileNotFoundError:
+            raise StorageError(
+                f"value file {path!r} of {cf}[{key.hex()}] is missing (removed by the store's opener "
+                f"after this reader's view was taken, or lost)"
+            ) from None
+        except OSError as error:
+            raise StorageError(f"cannot read value file {path!r}: {error.strerror or error}") from None
+        if len(value) != size:
+            raise StorageError(f"value file {path!r} of {cf}[{key.hex()}] holds {len(value)} bytes of "
+                               f"value, its reference says {size}: it is damaged")
+        return value
+
+    def pin(self) -> None:
+        """Link every value file into a directory of this reader's own (see the module
+        docstring); call before the database is opened, so that every file its view names
+        either is linked or was written after the listing (read from ``values/`` then).
+        StorageError if the links cannot be made."""
+        if not os.path.isdir(self._dir):
+            return  # no file yet: any a view names was written since, and is read in place
+        pinned = os.path.join(self._dir, f"{_READER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(pinned, 0o700)
+        except OSError as error:
+            raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
+                               f"{error.strerror or error}") from None
+        self._pinned = pinned
+        try:
+            for entry in os.listdir(self._dir):
+                if _is_file_name(entry):
+                    try:
+                        os.link(os.path.join(self._dir, entry), os.path.join(pinned, entry))
+                    except FileNotFoundError:
+                        continue  # removed since the listing: the view cannot name it
+        except OSError as error:
+            self.unpin()
+            raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
+                               f"{error.strerror or error}") from None
+
+    def unpin(self) -> None:
+        """Remove this reader's links (the close of a read-only open)."""
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            import shutil
+
+            shutil.rmtree(pinned, ignore_errors=True)
+
+    def remove_dead_readers(self) -> None:
+        """Remove the pinned directories of readers that are gone (killed before their close):
+        a read-write open's job, beside its sweep."""
+        try:
+            entries = os.listdir(self._dir)
+        except OSError:
+            return
+        import shutil
+
+        for entry in entries:
+            if not entry.startswith(_READER_PREFIX):
+                continue
+            pid_text = entry[len(_READER_PREFIX):].partition("-")[0]
+            if pid_text.isdigit() and _is_alive(int(pid_text)):
+                continue
+            shutil.rmtree(os.path.join(self._dir, entry), ignore_errors=True)
+
+    def remove(self, names: list[bytes]) -> None:
+        """Remove files (ones already gone are skipped); failures are left for the next open's
+        sweep, whose job this is after a crash anyway."""
+        for name in names:
+            try:
+                os.unlink(self._path(name))
+            except OSError:
+                pass
+
+    def scan(self) -> Iterator[ExternalFile | str]:
+        """Every value file: an :class:`ExternalFile` when its header reads, else its path (a
+        file cut short before its header, by a crash). Names that are not a file's are skipped."""
+        try:
+            entries = os.listdir(self._dir)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise StorageError(f"cannot list {self._dir!r}: {error.strerror or error}") from None
+        for entry in sorted(entries):
+            if not _is_file_name(entry):
+                continue
+            name = bytes.fromhex(entry)
+            path = os.path.join(self._dir, entry)
+            try:
+                with open(path, "rb", buffering=0) as fh:
+                    parsed = _parse_header(fh.read(_HEADER_READ))
+            except OSError:
+                continue
+            yield ExternalFile(name, parsed[0], parsed[1]) if parsed is not None else path
+
+    def link_into(self, directory: str) -> None:
+        """Hard-link (copy across filesystems) every value file into ``directory`` (created):
+        the file side of a checkpoint. Files are never changed, so a link is a copy."""
+        import shutil
+
+        try:
+            os.mkdir(directory, 0o755)
+            for entry in os.listdir(self._dir) if os.path.isdir(self._dir) else []:
+                if not _is_file_name(entry):
+                    continue
+                source, target = os.path.join(self._dir, entry), os.path.join(directory, entry)
+                try:
+                    os.link(source, target)
+                except FileNotFoundError:
+                    continue  # removed since the listing: no key names it
+                except OSError:
+                    shutil.copyfile(source, target)
+            fsync_directory(directory)
+        except OSError as error:
+            raise StorageError(f"cannot copy value files to {directory!r}: {error.strerror or error}") from None

@@ -1,0 +1,351 @@
+"""RocksStore's large values in files (storage.external): where they go, what a crash leaves,
+what the next open removes, and what a damaged or missing file reads as."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from storage import StorageError
+from storage.external import DIRECTORY, FILE_MAGIC, REF_MAGIC, REF_SIZE, decode_ref
+from storage.rocks import EXTERNAL_VALUE_BYTES, RocksStore
+from storage.schema import CF_MODEL_STATE, CF_SUBMISSIONS, CF_TRAINING_RUNS, model_key, payload_key
+
+ROOT = Path(__file__).resolve().parents[2]
+PAYLOAD = payload_key("task-1", b"\x11" * 32)
+FRAGMENT = model_key("task-1", b"w", 0)
+BIG = os.urandom(EXTERNAL_VALUE_BYTES)
+
+
+def files(path: Path) -> list[str]:
+    """The store's value files and any other entry of its ``values/``, less readers' links."""
+    directory = path / DIRECTORY
+    return sorted(e for e in os.listdir(directory) if not e.startswith(".reader-")) if directory.exists() else []
+
+
+def put(store: RocksStore, cf: str, key: bytes, value: bytes) -> None:
+    with store.atomic_batch() as batch:
+        batch.put(cf, key, value)
+
+
+def stored_ref(store: RocksStore, cf: str, key: bytes) -> tuple[bytes, int] | None:
+    raw = store._raw_get(cf, key)
+    return None if raw is None else decode_ref(raw)
+
+
+def test_a_large_value_of_an_external_keyspace_goes_to_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG[::-1])
+        ref = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+        assert ref is not None and ref[1] == len(BIG)
+        assert len(store._raw_get(CF_SUBMISSIONS, PAYLOAD) or b"") == REF_SIZE
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+        assert store.get(CF_MODEL_STATE, FRAGMENT) == BIG[::-1]
+        assert store.contains(CF_SUBMISSIONS, PAYLOAD)
+        assert list(store.iterate(CF_SUBMISSIONS)) == [(PAYLOAD, BIG)]
+        assert list(store.keys(CF_MODEL_STATE)) == [FRAGMENT]
+        assert len(files(path)) == 2 and ref[0].hex() in files(path)
+        data = (path / DIRECTORY / ref[0].hex()).read_bytes()
+        assert data.startswith(FILE_MAGIC) and data.endswith(BIG)
+    with RocksStore(path, read_only=True) as store:  # and after a reopen, beside nothing
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+    assert len(files(path)) == 2
+
+
+def test_small_values_and_other_families_stay_in_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG[:EXTERNAL_VALUE_BYTES - 1])
+        put(store, CF_TRAINING_RUNS, b"run", BIG)  # large, but no external keyspace
+        put(store, CF_SUBMISSIONS, b"\x01not-a-payload-key", BIG)
+        assert store._raw_get(CF_SUBMISSIONS, PAYLOAD) == BIG[:EXTERNAL_VALUE_BYTES - 1]
+        assert store._raw_get(CF_TRAINING_RUNS, b"run") == BIG
+        assert store.get(CF_SUBMISSIONS, b"\x01not-a-payload-key") == BIG
+    assert files(path) == []
+
+
+@pytest.mark.parametrize("value", [REF_MAGIC, REF_MAGIC + b"\x00" * (REF_SIZE - len(REF_MAGIC)), REF_MAGIC + b"x"])
+def test_a_small_value_that_looks_like_a_reference_is_stored_in_a_file(tmp_path: Path, value: bytes) -> None:
+    # Otherwise a caller's bytes could read back as another value, or as a missing file.
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, value)
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == value
+        assert stored_ref(store, CF_SUBMISSIONS, PAYLOAD) is not None
+    assert len(files(path)) == 1
+
+
+def test_replacing_or_deleting_a_value_removes_its_file_after_the_batch(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        (first,) = files(path)
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG[::-1])
+        (second,) = files(path)
+        assert second != first and store.get(CF_SUBMISSIONS, PAYLOAD) == BIG[::-1]
+        put(store, CF_SUBMISSIONS, PAYLOAD, b"small")  # a small value replaces the file too
+        assert files(path) == [] and store.get(CF_SUBMISSIONS, PAYLOAD) == b"small"
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        with store.atomic_batch() as batch:
+            batch.delete(CF_SUBMISSIONS, PAYLOAD)
+        assert files(path) == [] and store.get(CF_SUBMISSIONS, PAYLOAD) is None
+
+
+def test_only_the_last_operation_on_a_key_in_a_batch_writes_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        with store.atomic_batch() as batch:
+            batch.put(CF_SUBMISSIONS, PAYLOAD, BIG)
+            batch.delete(CF_SUBMISSIONS, PAYLOAD)
+            batch.put(CF_SUBMISSIONS, PAYLOAD, BIG[::-1])
+            batch.put(CF_MODEL_STATE, FRAGMENT, BIG)
+            batch.delete(CF_MODEL_STATE, FRAGMENT)
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG[::-1]
+        assert store.get(CF_MODEL_STATE, FRAGMENT) is None
+        assert len(files(path)) == 1
+
+
+def test_a_batch_abandoned_or_failing_to_write_its_file_leaves_nothing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        with pytest.raises(RuntimeError), store.atomic_batch() as batch:
+            batch.put(CF_SUBMISSIONS, PAYLOAD, BIG)
+            raise RuntimeError("abandoned")
+        assert files(path) == []
+        calls = 0
+        real_writev = os.writev
+
+        def full_disk(fd: int, buffers: list[memoryview]) -> int:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the second file of the batch
+                raise OSError(28, "No space left on device")
+            return real_writev(fd, buffers)
+
+        monkeypatch.setattr(os, "writev", full_disk)
+        with pytest.raises(StorageError, match="No space left on device"), store.atomic_batch() as batch:
+            batch.put(CF_TRAINING_RUNS, b"run", b"state")
+            batch.put(CF_SUBMISSIONS, PAYLOAD, BIG)
+            batch.put(CF_MODEL_STATE, FRAGMENT, BIG)
+        monkeypatch.undo()
+        assert files(path) == []  # the first file is removed again
+        assert store.get(CF_TRAINING_RUNS, b"run") is None and store.get(CF_SUBMISSIONS, PAYLOAD) is None
+
+
+def test_short_writes_are_continued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_writev = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, buffers: real_writev(fd, [buffers[0][:1000]]))
+    with RocksStore(tmp_path / "db") as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        monkeypatch.undo()
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+
+
+def test_an_open_removes_the_files_no_key_names_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        kept = set(files(path))
+        # What a writer killed between its files and its batch leaves: a whole file, one cut
+        # short inside its header, an empty one; and a file whose key names another file.
+        orphan = store._external.write(CF_SUBMISSIONS, payload_key("task-2", b"\x22" * 32), BIG)
+        stale = store._external.write(CF_SUBMISSIONS, PAYLOAD, BIG)
+        (path / DIRECTORY / ("ab" * 16)).write_bytes(FILE_MAGIC + b"\x0b")
+        (path / DIRECTORY / ("cd" * 16)).write_bytes(b"")
+        (path / DIRECTORY / "not-a-value-file").write_bytes(b"left alone")
+        assert orphan.hex() in files(path) and stale.hex() in files(path)
+    with RocksStore(path, read_only=True):  # a reader removes nothing
+        assert len(files(path)) == 7
+    with RocksStore(path) as store:
+        assert set(files(path)) == kept | {"not-a-value-file"}
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG and store.get(CF_MODEL_STATE, FRAGMENT) == BIG
+
+
+def test_a_file_cut_short_in_its_header_but_named_by_its_key_is_kept(tmp_path: Path) -> None:
+    # Only a scan of the references can tell; the value then reads as damaged, not as missing.
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        (name,) = files(path)
+    (path / DIRECTORY / name).write_bytes(FILE_MAGIC)
+    (path / DIRECTORY / ("ef" * 16)).write_bytes(FILE_MAGIC)
+    with RocksStore(path) as store:
+        assert files(path) == [name]
+        with pytest.raises(StorageError, match="damaged"):
+            store.get(CF_SUBMISSIONS, PAYLOAD)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend", "other_key", "missing"])
+def test_a_damaged_or_missing_file_is_a_storage_error(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        ref = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+        other = stored_ref(store, CF_MODEL_STATE, FRAGMENT)
+        assert ref is not None and other is not None
+        target = path / DIRECTORY / ref[0].hex()
+        if damage == "truncate":
+            target.write_bytes(target.read_bytes()[:-1])
+        elif damage == "extend":
+            target.write_bytes(target.read_bytes() + b"\x00")
+        elif damage == "other_key":
+            target.write_bytes((path / DIRECTORY / other[0].hex()).read_bytes())
+        else:
+            target.unlink()
+        message = {"truncate": "damaged", "extend": "damaged", "other_key": "another key", "missing": "missing"}[damage]
+        with pytest.raises(StorageError, match=message):
+            store.get(CF_SUBMISSIONS, PAYLOAD)
+        with pytest.raises(StorageError, match=message):
+            list(store.iterate(CF_SUBMISSIONS))
+        assert store.contains(CF_SUBMISSIONS, PAYLOAD)  # the key is there; its value is not
+        assert store.get(CF_MODEL_STATE, FRAGMENT) == BIG
+
+
+def test_a_value_stored_in_its_key_by_an_older_store_still_reads(tmp_path: Path) -> None:
+    # Schema version 5 kept every value in its key: that is a store whose threshold is never met.
+    path = tmp_path / "db"
+    with RocksStore(path, external_value_bytes=1 << 40) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+    with RocksStore(path) as store:
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG and files(path) == []
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG[::-1])
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG[::-1] and len(files(path)) == 1
+
+
+def test_a_checkpoint_carries_the_files_and_outlives_the_store_removing_them(tmp_path: Path) -> None:
+    path, copy = tmp_path / "db", tmp_path / "copy"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        store.create_checkpoint(copy)
+        with store.atomic_batch() as batch:
+            batch.delete(CF_SUBMISSIONS, PAYLOAD)
+        assert files(path) == []
+    assert len(files(copy)) == 1
+    assert (copy / DIRECTORY / files(copy)[0]).stat().st_nlink == 1  # its own link now
+    with RocksStore(copy, read_only=True) as store:
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+    with RocksStore(copy) as store:
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+
+
+def test_sync_store_fsyncs_the_file_and_its_directory_before_the_batch(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    with RocksStore(tmp_path / "db", sync=True) as store:
+        monkeypatch.setattr(os, "fsync", fsync)
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        monkeypatch.undo()
+        (name,) = files(tmp_path / "db")
+    assert synced == [str(tmp_path / "db" / DIRECTORY / name), str(tmp_path / "db" / DIRECTORY)]
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from storage.rocks import RocksStore
+    from storage.schema import CF_SUBMISSIONS, CF_TRAINING_RUNS, payload_key
+    store = RocksStore(sys.argv[2])
+    value = bytes(range(256)) * 1024
+    with store.atomic_batch() as batch:  # acknowledged
+        batch.put(CF_SUBMISSIONS, payload_key("task-1", b"\\x11" * 32), value)
+    die = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[3] == "before-batch":  # the files are written, the batch is not
+        store._write = die
+    else:  # the batch is written, the file it deleted the key of is not removed
+        store._remove_files = die
+    with store.atomic_batch() as batch:
+        batch.put(CF_TRAINING_RUNS, b"run", b"state")
+        batch.put(CF_SUBMISSIONS, payload_key("task-2", b"\\x22" * 32), value)
+        batch.delete(CF_SUBMISSIONS, payload_key("task-1", b"\\x11" * 32))
+""")
+
+
+@pytest.mark.parametrize("when", ["before-batch", "before-removal"])
+def test_a_writer_killed_between_its_files_and_its_batch_loses_nothing_acknowledged(tmp_path: Path, when: str) -> None:
+    path = tmp_path / "db"
+    result = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(ROOT), str(path), when], capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+    value = bytes(range(256)) * 1024
+    assert len(files(path)) == 2
+    with RocksStore(path) as store:
+        first = store.get(CF_SUBMISSIONS, payload_key("task-1", b"\x11" * 32))
+        second = store.get(CF_SUBMISSIONS, payload_key("task-2", b"\x22" * 32))
+        # Both left 2 files; the open removed the one no key names.
+        if when == "before-batch":  # the second batch never happened
+            assert first == value and second is None and store.get(CF_TRAINING_RUNS, b"run") is None
+        else:
+            assert first is None and second == value and store.get(CF_TRAINING_RUNS, b"run") == b"state"
+        assert len(files(path)) == 1
+
+
+def test_invalid_threshold(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="external_value_bytes"):
+        RocksStore(tmp_path / "db", external_value_bytes=0)
+    assert not (tmp_path / "db").exists()
+
+
+def test_a_reader_beside_the_writer_keeps_reading_the_values_of_its_view(tmp_path: Path) -> None:
+    # The writer replaces a model fragment (a snapshot) and deletes a payload (pruning) while a
+    # read-only opener (an audit) holds a view from before: the view's files stay readable.
+    path = tmp_path / "db"
+    with RocksStore(path) as writer:
+        put(writer, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(writer, CF_MODEL_STATE, FRAGMENT, BIG)
+        reader = RocksStore(path, read_only=True)
+        try:
+            with writer.atomic_batch() as batch:
+                batch.delete(CF_SUBMISSIONS, PAYLOAD)
+                batch.put(CF_MODEL_STATE, FRAGMENT, BIG[::-1])
+            assert len(files(path)) == 1  # the writer removed the two old files
+            assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+            assert reader.get(CF_MODEL_STATE, FRAGMENT) == BIG
+            assert list(reader.iterate(CF_MODEL_STATE)) == [(FRAGMENT, BIG)]
+            (pinned,) = [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")]
+        finally:
+            reader.close()
+        assert not (path / DIRECTORY / pinned).exists()  # the close removes its links
+        assert writer.get(CF_MODEL_STATE, FRAGMENT) == BIG[::-1]
+
+
+_KILLED_READER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from storage.rocks import RocksStore
+    store = RocksStore(sys.argv[2], read_only=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_read_write_open_removes_the_links_of_readers_that_were_killed(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+    result = subprocess.run([sys.executable, "-c", _KILLED_READER, str(ROOT), str(path)], capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+    (dead,) = [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")]
+    live = RocksStore(path, read_only=True)  # this process is alive: its links stay
+    try:
+        with RocksStore(path) as store:
+            readers = [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")]
+            assert dead not in readers and len(readers) == 1
+            assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+            assert live.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+    finally:
+        live.close()
