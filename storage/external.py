@@ -38,14 +38,16 @@ import secrets
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import BinaryIO, Final
 
 from storage.files import fsync_directory
 from storage.interface import StorageError
 
 __all__ = [
     "DIRECTORY",
+    "EXTERNAL_VALUE_BYTES",
     "FILE_MAGIC",
+    "MAX_FILE_KEY_BYTES",
     "REF_MAGIC",
     "REF_SIZE",
     "ExternalFile",
@@ -53,6 +55,11 @@ __all__ = [
     "decode_ref",
     "encode_ref",
 ]
+
+EXTERNAL_VALUE_BYTES: Final = 64 << 10
+"""Default size from which a value of an external keyspace goes to a file. A file costs a
+create and a close (~10-50 us here) where RocksDB costs ~1.6 us per KiB: even at 64 KiB the
+file is cheaper, and smaller values (tiny test models) stay in the key."""
 
 DIRECTORY: Final = "values"
 """The subdirectory of the store's directory that holds the files. RocksDB leaves names it
@@ -62,14 +69,16 @@ links them)."""
 REF_MAGIC: Final = b"\xff\xff\xff\xfftenzro:external"
 """The first 19 bytes of every reference. No value a version before this one stored in an
 external keyspace begins with them: a payload begins with its u64 little-endian header length
-(never 2**32 or more), a model fragment with a finite fp32 (0xFFFFFFFF is a NaN). A value
-written now that begins with them is stored in a file whatever its size, so a value stored in
-the key itself never does."""
+(these 8 bytes read as ~8.8e18, far past any payload's size), a model fragment with a finite
+fp32 (0xFFFFFFFF is a NaN). A value written now that begins with them is stored in a file
+whatever its size, so a value stored in the key itself never does."""
 
 _REF = struct.Struct(f">{len(REF_MAGIC)}s16sQ")
 REF_SIZE: Final = _REF.size
 FILE_MAGIC: Final = b"TZXV\x00\x01\x00\x00"
 """The first 8 bytes of every value file (format version 1)."""
+MAX_FILE_KEY_BYTES: Final = 0xFFFF
+"""The longest key a file's header can name; a value under a longer key stays in the key."""
 _HEADER_READ: Final = 1024
 """Bytes of a file's start the sweep reads for its header: more than any key of the schema
 needs; a longer header reads as cut short (then the sweep scans the references)."""
@@ -153,6 +162,8 @@ class ExternalValues:
         self._dir = directory
         self._sync = sync
         self._pinned: str | None = None  # a reader's links to the files as of its open
+        self._linked: set[str] = set()  # the names linked there
+        self._unpinnable = False  # links refused (another user's files): read in place
 
     @property
     def directory(self) -> str:
@@ -163,7 +174,7 @@ class ExternalValues:
 
     def create_directory(self) -> None:
         try:
-            os.mkdir(self._dir, 0o755)
+            os.mkdir(self._dir)  # 0o777 less the umask, as RocksDB makes its files
         except FileExistsError:
             if not os.path.isdir(self._dir):
                 raise StorageError(f"{self._dir!r} exists and is not a directory") from None
@@ -176,15 +187,16 @@ class ExternalValues:
     def write(self, cf: str, key: bytes, value: bytes) -> bytes:
         """Write ``value`` to a new file and return its name (16 random bytes). StorageError
         on failure, with nothing left behind."""
+        header = _header(cf, key)  # before the file: a key too long for it raises here
         name = secrets.token_bytes(16)
         path = self._path(name)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as error:
             raise StorageError(f"cannot create value file {path!r}: {error.strerror or error}") from None
         try:
             try:
-                parts = [memoryview(_header(cf, key)), memoryview(value)]
+                parts = [memoryview(header), memoryview(value)]
                 while parts:  # writev may write less than asked (a signal, a full disk)
                     written = os.writev(fd, parts)
                     if written == 0:
@@ -198,9 +210,11 @@ class ExternalValues:
                     os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as error:
+        except BaseException as error:
             self.remove([name])
-            raise StorageError(f"cannot write value file {path!r}: {error.strerror or error}") from None
+            if isinstance(error, OSError):
+                raise StorageError(f"cannot write value file {path!r}: {error.strerror or error}") from None
+            raise
         return name
 
     def sync_directory(self) -> None:
@@ -214,23 +228,34 @@ class ExternalValues:
     def read(self, cf: str, key: bytes, name: bytes, size: int) -> bytes:
         """The value of ``cf[key]`` from its file; StorageError if the file is missing, is not
         this key's, or does not hold ``size`` bytes of value."""
+        return self.read_opened(self.open(cf, key, name), cf, key, size)
+
+    def open(self, cf: str, key: bytes, name: bytes) -> BinaryIO:
+        """The file ``name`` of ``cf[key]``, open (a reader's pinned link first). Once open it
+        can be read whole even if it is removed meanwhile."""
         path = self._path(name)
-        if self._pinned is not None:
-            pinned = os.path.join(self._pinned, name.hex())
-            if os.path.exists(pinned):
-                path = pinned
-        header = _header(cf, key)
+        if self._pinned is not None and name.hex() in self._linked:
+            path = os.path.join(self._pinned, name.hex())
         try:
-            with open(path, "rb", buffering=0) as fh:
+            return open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise StorageError(
+                f"value file {path!r} of {cf}[{key.hex()}] is missing (lost, or removed by the store's "
+                f"writer: a power loss after a recovery that dropped logged batches can do that)"
+            ) from None
+        except OSError as error:
+            raise StorageError(f"cannot read value file {path!r}: {error.strerror or error}") from None
+
+    def read_opened(self, fh: BinaryIO, cf: str, key: bytes, size: int) -> bytes:
+        """:meth:`read` of a file :meth:`open` returned (closed here)."""
+        header = _header(cf, key)
+        path = fh.name
+        try:
+            with fh:
                 head = fh.read(len(header))
                 if head != header:
                     raise StorageError(f"value file {path!r} of {cf}[{key.hex()}] is damaged or another key's")
                 value = fh.read(size + 1)
-        except FileNotFoundError:
-            raise StorageError(
-                f"value file {path!r} of {cf}[{key.hex()}] is missing (removed by the store's opener "
-                f"after this reader's view was taken, or lost)"
-            ) from None
         except OSError as error:
             raise StorageError(f"cannot read value file {path!r}: {error.strerror or error}") from None
         if len(value) != size:
@@ -239,33 +264,46 @@ class ExternalValues:
         return value
 
     def pin(self) -> None:
-        """Link every value file into a directory of this reader's own (see the module
-        docstring); call before the database is opened, so that every file its view names
-        either is linked or was written after the listing (read from ``values/`` then).
-        StorageError if the links cannot be made."""
-        if not os.path.isdir(self._dir):
+        """Link every value file not linked yet into a directory of this reader's own (see the
+        module docstring). The store calls it before and after its open, then checks with
+        :meth:`is_pinned` that every file its view names is linked. StorageError if the links
+        cannot be made; where the kernel refuses links to another user's files
+        (``fs.protected_hardlinks``: an auditor running as another user than the node), the
+        reader reads the files in place instead, without the guarantee."""
+        if self._unpinnable or not os.path.isdir(self._dir):
             return  # no file yet: any a view names was written since, and is read in place
-        pinned = os.path.join(self._dir, f"{_READER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            os.mkdir(pinned, 0o700)
-        except OSError as error:
-            raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
-                               f"{error.strerror or error}") from None
-        self._pinned = pinned
+        if self._pinned is None:
+            pinned = os.path.join(self._dir, f"{_READER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+            try:
+                os.mkdir(pinned)
+            except OSError as error:
+                raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
+                                   f"{error.strerror or error}") from None
+            self._pinned = pinned
         try:
             for entry in os.listdir(self._dir):
-                if _is_file_name(entry):
+                if _is_file_name(entry) and entry not in self._linked:
                     try:
-                        os.link(os.path.join(self._dir, entry), os.path.join(pinned, entry))
+                        os.link(os.path.join(self._dir, entry), os.path.join(self._pinned, entry))
                     except FileNotFoundError:
-                        continue  # removed since the listing: the view cannot name it
-        except OSError as error:
+                        continue  # removed since the listing
+                    self._linked.add(entry)
+        except PermissionError:
             self.unpin()
-            raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
+            self._unpinnable = True
+        except OSError as error:
+            where = self._pinned
+            self.unpin()
+            raise StorageError(f"cannot pin the value files of a read-only open in {where!r}: "
                                f"{error.strerror or error}") from None
+
+    def is_pinned(self, name: bytes) -> bool:
+        """Whether a read of file ``name`` is safe from its removal (linked, or links refused)."""
+        return self._unpinnable or name.hex() in self._linked
 
     def unpin(self) -> None:
         """Remove this reader's links (the close of a read-only open)."""
+        self._linked = set()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
             import shutil
@@ -325,7 +363,7 @@ class ExternalValues:
         import shutil
 
         try:
-            os.mkdir(directory, 0o755)
+            os.mkdir(directory)
             for entry in os.listdir(self._dir) if os.path.isdir(self._dir) else []:
                 if not _is_file_name(entry):
                     continue
@@ -334,8 +372,11 @@ class ExternalValues:
                     os.link(source, target)
                 except FileNotFoundError:
                     continue  # removed since the listing: no key names it
-                except OSError:
+                except OSError:  # another filesystem: a copy, made durable as RocksDB's are
                     shutil.copyfile(source, target)
+                    with open(target, "rb") as fh:
+                        os.fsync(fh.fileno())
             fsync_directory(directory)
+            fsync_directory(os.path.dirname(directory))
         except OSError as error:
             raise StorageError(f"cannot copy value files to {directory!r}: {error.strerror or error}") from None

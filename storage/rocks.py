@@ -26,6 +26,8 @@ rocksdict facts this module is built around (measured, see the shared dependency
 from __future__ import annotations
 
 import os
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,7 +35,16 @@ from typing import Any
 import rocksdict
 
 from storage import schema
-from storage.external import DIRECTORY, REF_MAGIC, ExternalFile, ExternalValues, decode_ref, encode_ref
+from storage.external import (
+    DIRECTORY,
+    EXTERNAL_VALUE_BYTES,
+    MAX_FILE_KEY_BYTES,
+    REF_MAGIC,
+    ExternalFile,
+    ExternalValues,
+    decode_ref,
+    encode_ref,
+)
 from tenzro_training.filelock import try_lock_directory
 from storage.interface import (
     WAL_RECOVERY_MODES,
@@ -58,10 +69,11 @@ second, ``accounts``) held every log file: a running node kept 1.19 GB of WAL fo
 and a restart after a crash replayed all of it (soak probe). It bounds that replay too."""
 
 
-EXTERNAL_VALUE_BYTES = 64 << 10
-"""Default size from which a value of an external keyspace goes to a file. A file costs a
-create and a close (~30-50 us here) where RocksDB costs ~1.6 us per KiB: even at 64 KiB the
-file is cheaper, and smaller values (tiny test models) stay in the key."""
+_PIN_ATTEMPTS = 5
+"""Read-only opens tried before giving up on pinning a view's files (a writer replacing
+values faster than a reader can link them)."""
+_READER_SWEEP_S = 60.0
+"""How often a writer removing files also removes the links of readers that died."""
 
 
 def _raw_options(
@@ -214,6 +226,11 @@ class RocksStore(KVStore):
         self._sync = bool(sync)
         self._external = ExternalValues(os.path.join(self._path, DIRECTORY), sync=self._sync)
         self._unneeded: list[bytes] = []  # replaced value files, removed once no iterator reads them
+        # Between reading a reference and opening its file, and between creating an iterator
+        # and registering it, no file may be removed (reads and batches may come from several
+        # threads): this lock covers both, and the removal's bookkeeping.
+        self._files_lock = threading.Lock()
+        self._readers_swept = time.monotonic()
         self._read_only = bool(read_only)
         self._db: Any = None
         self._views: dict[str, Any] = {}
@@ -248,6 +265,32 @@ class RocksStore(KVStore):
     # -- opening -----------------------------------------------------------------------
 
     def _open(self, create: bool) -> None:
+        if not self._read_only:
+            self._open_once(create)
+            return
+        # A read-only view must find every file it names pinned (storage.external): linked
+        # before the open, or after it if written in between. A file the writer removed in
+        # that window is not there to link: the view is too old, so open a newer one.
+        for _ in range(_PIN_ATTEMPTS):
+            self._external.pin()
+            self._open_once(create)
+            self._external.pin()
+            if all(self._external.is_pinned(name) for name in self._referenced_files()):
+                return
+            self._release()
+        raise StorageError(f"cannot open {self._path!r} read-only: its writer replaced value files faster "
+                           f"than this reader could pin them ({_PIN_ATTEMPTS} tries); try again")
+
+    def _referenced_files(self) -> set[bytes]:
+        """The names of every value file a reference in this view names."""
+        return {
+            ref[0]
+            for cf, prefix in schema.EXTERNAL_VALUE_KEYSPACES
+            for _, value in self._cursor(cf, prefix, prefix, values=True, resolve=False)
+            if (ref := decode_ref(value)) is not None
+        }
+
+    def _open_once(self, create: bool) -> None:
         path = self._path
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"store path {path!r} exists and is not a directory")
@@ -256,8 +299,6 @@ class RocksStore(KVStore):
             raise StorageError(f"no store at {path!r} (opened with create=False)")
         if not self._read_only:
             self._lock_directory()
-        else:
-            self._external.pin()  # before the open: every file the view names stays readable
         if exists:
             on_disk = self._list_families()
             families = [name for name in on_disk if name != _DEFAULT_CF]
@@ -297,12 +338,7 @@ class RocksStore(KVStore):
             elif not self._names_file(found):
                 self._external.remove([found.name])
         if unreadable:
-            referenced = {
-                ref[0]
-                for cf, prefix in schema.EXTERNAL_VALUE_KEYSPACES
-                for _, value in self._cursor(cf, prefix, prefix, values=True, resolve=False)
-                if (ref := decode_ref(value)) is not None
-            }
+            referenced = self._referenced_files()
             self._external.remove([name for path in unreadable
                                    if (name := bytes.fromhex(os.path.basename(path))) not in referenced])
 
@@ -438,10 +474,15 @@ class RocksStore(KVStore):
         return value
 
     def _get(self, cf: str, key: bytes) -> bytes | None:
-        value = self._raw_get(cf, key)
-        if value is not None and schema.is_external_keyspace(cf, key):
-            return self._resolve(cf, key, value)
-        return value
+        if not schema.is_external_keyspace(cf, key):
+            return self._raw_get(cf, key)
+        with self._files_lock:  # the file stays until it is open (see __init__)
+            value = self._raw_get(cf, key)
+            ref = decode_ref(value) if value is not None else None
+            if ref is None:
+                return value
+            opened = self._external.open(cf, key, ref[0])
+        return self._external.read_opened(opened, cf, key, ref[1])
 
     def _contains(self, cf: str, key: bytes) -> bool:
         return self._raw_get(cf, key) is not None  # a reference is enough: no file read
@@ -464,15 +505,16 @@ class RocksStore(KVStore):
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
             read_options.set_iterate_upper_bound(upper)
-        # The RocksDB iterator reads a consistent view as of its creation, which is now.
-        iterator = self._views[cf].iter(read_options)
-        iterator.seek(seek)
         external = resolve and any(cf == family for family, _ in schema.EXTERNAL_VALUE_KEYSPACES)
-        cursor = _Cursor(iterator, read_options, prefix, values=values, resolve=(
-            (lambda key, stored: self._resolve(cf, key, stored) if schema.is_external_keyspace(cf, key) else stored)
-            if external else None
-        ))
-        self._cursors.add(cursor)
+        with self._files_lock:  # registered before any removal can miss it (see __init__)
+            # The RocksDB iterator reads a consistent view as of its creation, which is now.
+            iterator = self._views[cf].iter(read_options)
+            cursor = _Cursor(iterator, read_options, prefix, values=values, resolve=(
+                (lambda key, stored: self._resolve(cf, key, stored) if schema.is_external_keyspace(cf, key) else stored)
+                if external else None
+            ))
+            self._cursors.add(cursor)
+        iterator.seek(seek)
         return cursor
 
     def _apply_batch(self, ops: list[Operation]) -> None:
@@ -496,11 +538,29 @@ class RocksStore(KVStore):
     def _remove_files(self, names: list[bytes]) -> None:
         """Remove replaced value files, unless an iterator that may still read them is live:
         its view is fixed when it is created, so the files it names wait (until a later batch
-        finds no such iterator, or the close)."""
-        self._unneeded += names
-        if self._unneeded and not any(c.resolves for c in list(self._cursors)):
+        finds no such iterator, or the close).
+
+        Without ``sync`` the batch that replaced them is in the page cache only, while an
+        unlink reaches the disk's journal within seconds: a power loss could keep the removal
+        and lose the batch, and the store would reopen naming a file that is gone. So the
+        write-ahead log is synced first (one fsync per batch that replaces or deletes large
+        values: a model snapshot, a seal, a pruning; never a fresh submission's)."""
+        with self._files_lock:
+            self._unneeded += names
+            if not self._unneeded or any(c.resolves for c in list(self._cursors)):
+                return
             unneeded, self._unneeded = self._unneeded, []
-            self._external.remove(unneeded)
+        if not self._sync:
+            try:
+                self._db.flush_wal(True)
+            except Exception as error:
+                with self._files_lock:
+                    self._unneeded += unneeded  # removed once a sync succeeds, or by the next open
+                raise StorageError(f"syncing the write-ahead log of {self._path!r} failed: {error}") from error
+        self._external.remove(unneeded)
+        if time.monotonic() - self._readers_swept > _READER_SWEEP_S:
+            self._readers_swept = time.monotonic()
+            self._external.remove_dead_readers()
 
     def _separate(self, ops: list[Operation]) -> tuple[list[Operation], list[bytes]]:
         """``ops`` with each large value of an external keyspace written to its file and put as
@@ -525,7 +585,8 @@ class RocksStore(KVStore):
                 ref = decode_ref(stored) if stored is not None else None
                 if ref is not None:
                     replaced.append(ref[0])
-                if value is not None and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC)):
+                if (value is not None and len(key) <= MAX_FILE_KEY_BYTES
+                        and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC))):
                     name = self._external.write(cf, key, value)
                     written.append(name)
                     value = encode_ref(name, len(value))
@@ -571,6 +632,11 @@ class RocksStore(KVStore):
             cursor.release()
         self._cursors = weakref.WeakSet()
         unneeded, self._unneeded = self._unneeded, []
+        if unneeded and not self._sync and self._db is not None:
+            try:
+                self._db.flush_wal(True)  # see _remove_files
+            except Exception:
+                unneeded = []  # left for the next open's sweep
         self._external.remove(unneeded)
         self._external.unpin()
         views, self._views = self._views, {}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from rpc.dispatcher import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_SECONDS
 from storage.interface import WAL_RECOVERY_MODES
+from storage.external import EXTERNAL_VALUE_BYTES
 from tenzro_training import vrf
 from tenzro_training.addresses import AddressError, format_address, parse_address
 from tenzro_training.errors import EncodingError, TenzroError, VRFError
@@ -77,7 +78,7 @@ _HEX32 = re.compile(r"0x[0-9a-fA-F]{64}")
 
 _TOP_KEYS: Final = (
     "chain_id", "timings", "candidates", "syncer_identities", "genesis", "sync_writes", "wal_recovery",
-    "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
+    "external_value_bytes", "max_payload_bytes", "max_checkpoint_bytes", "allowed_checkpoint_dirs", "rpc_host",
     "rpc_port", "max_body_bytes", "model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes",
     "prune_payloads", "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
     "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
@@ -258,6 +259,10 @@ class NodeConfig:
     """How the store's open replays its write-ahead log (``storage.interface.WAL_RECOVERY_MODES``):
     ``strict`` refuses a log damaged before its end; ``point_in_time`` opens it anyway,
     dropping every batch after the damage (an operator's explicit choice)."""
+    external_value_bytes: int = EXTERNAL_VALUE_BYTES
+    """Size from which the store keeps a payload or a model fragment in a file of its own beside
+    the database rather than through its write-ahead log (``storage.rocks.RocksStore``,
+    docs/storage.md "Large values"). Files are cheaper from a few KiB up on a local filesystem."""
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     """Largest outer-gradient payload accepted (inline or over gossip)."""
     max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES
@@ -365,6 +370,7 @@ class NodeConfig:
         _bool("sync_writes", self.sync_writes)
         if self.wal_recovery not in WAL_RECOVERY_MODES:
             raise ConfigError("wal_recovery", f"expected one of {', '.join(WAL_RECOVERY_MODES)}")
+        _int("external_value_bytes", self.external_value_bytes, 1, 2**40)
         _int("max_payload_bytes", self.max_payload_bytes, 1, 2**40)
         _int("max_checkpoint_bytes", self.max_checkpoint_bytes, 1, 2**50)
         dirs = tuple(Path(d) for d in self.allowed_checkpoint_dirs)
@@ -476,7 +482,7 @@ class NodeConfig:
                     raise ConfigError(f"allowed_checkpoint_dirs[{i}]", "expected a path string")
                 dirs.append(Path(p))
             kwargs["allowed_checkpoint_dirs"] = tuple(dirs)
-        plain = ("sync_writes", "wal_recovery", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
+        plain = ("sync_writes", "wal_recovery", "external_value_bytes", "max_payload_bytes", "max_checkpoint_bytes", "rpc_host", "rpc_port", "max_body_bytes",
                  "model_cache_runs", "model_cache_bytes", "model_snapshot_rounds", "payload_cache_bytes", "prune_payloads",
                  "rpc_max_batch", "max_gradient_abs", "max_grace_window_ms", "max_receipt_bytes",
                  "max_trainer_count", "rpc_max_connections", "rpc_max_connections_per_ip", "rpc_idle_timeout_ms",
@@ -513,6 +519,7 @@ class NodeConfig:
             "genesis": [{"address": format_address(a), "balance": str(b)} for a, b in self.genesis],
             "sync_writes": self.sync_writes,
             "wal_recovery": self.wal_recovery,
+            "external_value_bytes": self.external_value_bytes,
             "max_payload_bytes": self.max_payload_bytes,
             "max_checkpoint_bytes": self.max_checkpoint_bytes,
             "allowed_checkpoint_dirs": [str(p) for p in self.allowed_checkpoint_dirs],

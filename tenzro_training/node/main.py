@@ -499,7 +499,7 @@ async def _serve(config: Any, data_dir: Path, announce: Any, p2p_config: Any, st
         try:
             # An older store is marked for this version by the service, once it accepted the store.
             store = open_store(data_dir / "db", sync=bool(config.sync_writes), wal_recovery=config.wal_recovery,
-                               upgrade_schema=False)
+                               upgrade_schema=False, external_value_bytes=config.external_value_bytes)
         except StorageError as exc:
             raise NodeStartupError(str(exc)) from None
         systemd.status("reading the store's runs")

@@ -317,8 +317,11 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
         step()
     expected = _finish_kill_run(ref, ref.syncer_by_rank(ref_view, 1))
 
-    # The same task on its own node, killed mid-round after some acknowledged submissions.
-    victim = node_factory("kill")
+    # The same task on its own node, killed mid-round after some acknowledged submissions. It
+    # keeps every payload and model fragment in a file of its own (docs/storage.md "Large
+    # values"; the default keeps this tiny model's values in RocksDB): the receipt, the audit
+    # beside the running node, the backup and the export must not see the difference.
+    victim = node_factory("kill", external_value_bytes=1)
     task = new_task(tiny_model, victim, "e2e-kill")
     assert task.spec == ref.spec
     view = run_to_training(task)
@@ -331,7 +334,9 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     victim.proc.send_signal(signal.SIGKILL)
     assert victim.proc.wait(timeout=30) == -signal.SIGKILL
 
-    restarted = node_factory("kill", data_dir=victim.data_dir)
+    values = victim.data_dir / "db" / "values"
+    assert len(list(values.iterdir())) >= 3  # the round-0 weights and the 3 acknowledged payloads
+    restarted = node_factory("kill", data_dir=victim.data_dir, external_value_bytes=1)
     task.url = restarted.url
     after = task.get()
     for key in ("status", "round", "submission_counts", "trainers", "round_records", "model_hash", "syncer", "election"):
@@ -348,6 +353,7 @@ def test_sigkill_mid_round_loses_nothing_and_seals_the_same_receipt(
     [audited] = r.json()["runs"]
     assert audited["ok"] and audited["status"] == "Sealed" and audited["rounds_replayed"] == audited["rounds_committed"]
     assert audited["checks"][-3:] == ["run root and receipt", "sealed record", "ended summary"]
+    assert not [p for p in values.iterdir() if p.name.startswith(".reader-")]  # the audit's links are gone
     # A hot backup (SIGUSR1) of the running node: a whole data dir that audits the same.
     restarted.proc.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 30

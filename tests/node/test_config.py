@@ -36,7 +36,7 @@ def test_defaults() -> None:
 
 def test_round_trip(tmp_path: Path) -> None:
     config = make_config(tmp_path, allowed_checkpoint_dirs=(tmp_path,), sync_writes=True, rpc_port=0,
-                         wal_recovery="point_in_time")
+                         wal_recovery="point_in_time", external_value_bytes=4096)
     obj = config.to_dict()
     assert "data_dir" not in obj
     assert NodeConfig.from_dict(obj, data_dir=tmp_path) == config
@@ -99,6 +99,8 @@ def _base() -> dict[str, Any]:
         ({"serve_artifacts": None}, "serve_artifacts"),
         ({"wal_recovery": "lenient"}, "wal_recovery"),
         ({"wal_recovery": None}, "wal_recovery"),
+        ({"external_value_bytes": 0}, "external_value_bytes"),
+        ({"external_value_bytes": "64KiB"}, "external_value_bytes"),
         ({"model_cache_runs": -1}, "model_cache_runs"),
         ({"model_snapshot_rounds": 0}, "model_snapshot_rounds"),
         ({"model_snapshot_rounds": 1.5}, "model_snapshot_rounds"),
