@@ -3,7 +3,7 @@
 What this module is: the file side of :class:`storage.rocks.RocksStore`'s value separation.
 The store writes a value of :data:`storage.schema.EXTERNAL_VALUE_KEYSPACES` that is at least
 its threshold long (64 KiB by default) to a file of its own in ``<store>/values/`` and puts a
-40-byte reference (:func:`encode_ref`) under the key, in the same atomic batch as the rest of
+43-byte reference (:func:`encode_ref`) under the key, in the same atomic batch as the rest of
 the transition; a read of the key reads the file. It is NOT the key layout (the keyspaces are
 declared in :mod:`storage.schema`) and it holds no protocol rules.
 

@@ -156,6 +156,10 @@ def fp32_bytes(flat: np.ndarray) -> bytes:
 # --- the store (storage.md "Column families and key formats", node.md "What is stored where") -------
 
 
+REF_MAGIC = b"\xff\xff\xff\xff" + b"tenzro:external"  # storage.md 'Large values'
+FILE_MAGIC = bytes.fromhex("545a585600010000")
+
+
 class Store:
     def __init__(self, path: str) -> None:
         from rocksdict import AccessType, Options, Rdict
@@ -164,14 +168,31 @@ class Store:
         self.db = Rdict(path, options=Options(raw_mode=True), access_type=AccessType.read_only(),
                         column_families={c: Options(raw_mode=True) for c in families})
         self.cf = {c: self.db.get_column_family(c) for c in families}
+        self.values_dir = os.path.join(path, "values")
+
+    def _value(self, family: str, key: bytes, stored: bytes) -> bytes:
+        """storage.md 'Large values': payload keys of submissions and every model_state key may
+        hold a 43-byte reference to a file of values/ instead of the value."""
+        external = family == "model_state" or (family == "submissions" and key[:1] == b"\x00")
+        if not (external and len(stored) == 43 and stored.startswith(REF_MAGIC)):
+            return stored
+        name, size = stored[19:35], int.from_bytes(stored[35:43], "big")
+        with open(os.path.join(self.values_dir, name.hex()), "rb") as fh:
+            data = fh.read()
+        family_bytes = family.encode()
+        header = FILE_MAGIC + bytes([len(family_bytes)]) + family_bytes + len(key).to_bytes(2, "big") + key
+        if not data.startswith(header) or len(data) - len(header) != size:
+            raise ValueError(f"value file {name.hex()} of {family} is not this key's value")
+        return data[len(header):]
 
     def get(self, family: str, key: bytes) -> bytes | None:
-        return self.cf[family].get(key)
+        stored = self.cf[family].get(key)
+        return None if stored is None else self._value(family, key, stored)
 
     def items(self, family: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         for k, v in self.cf[family].items():
             if k.startswith(prefix):
-                yield k, v
+                yield k, self._value(family, k, v)
 
     def close(self) -> None:
         for c in self.cf.values():

@@ -208,7 +208,10 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
     fp32_model = write_checkpoint(ckpt_dir / "init-fp32.safetensors", "fp32")
     bf16_model = write_checkpoint(ckpt_dir / "init-bf16.safetensors", "bf16")
     data_dir = tmp_path / "node" / "data"
-    node = start_node(data_dir, write_config(tmp_path / "node.json"), log_name="node")
+    # Values of 4 KiB and more in files of their own (docs/storage.md "Large values"): this
+    # model's fp32 fragments and payloads go there, its 16-bit payloads stay in their keys, so
+    # the verifier reads both forms.
+    node = start_node(data_dir, write_config(tmp_path / "node.json", external_value_bytes=4096), log_name="node")
     try:
         run_sealed(new_run(node, bf16_model, "cr-mean", dtype="bf16", fragments=3, trainer_count=3, quorum=3),
                    json_dir, trainers=3, rounds=2, payload_dtype="bfloat16")
@@ -225,6 +228,13 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
         code = node.stop()
     assert code == 0, node.stderr()
     assert "Traceback" not in node.stderr(), node.stderr()
+    from storage.rocks import RocksStore
+    from storage.schema import CF_MODEL_STATE, CF_SUBMISSIONS, PAYLOAD_KEY_MARK
+
+    with RocksStore(data_dir / "db", read_only=True) as store:
+        large = len(list(store.keys(CF_SUBMISSIONS, PAYLOAD_KEY_MARK))) + len(list(store.keys(CF_MODEL_STATE)))
+    in_files = len([p for p in (data_dir / "db" / "values").iterdir() if not p.name.startswith(".")])
+    assert 0 < in_files < large, (in_files, large)
     produced = time.monotonic()
 
     work = tmp_path / "outside"  # neither the repo nor anything of it on sys.path
