@@ -553,10 +553,12 @@ class RocksStore(KVStore):
         if not self._sync:
             try:
                 self._db.flush_wal(True)
-            except Exception as error:
+            except Exception:
+                # The batch is written and stays acknowledged: its files wait for a later sync
+                # (or the next open's sweep). A failing disk fails the next write anyway.
                 with self._files_lock:
-                    self._unneeded += unneeded  # removed once a sync succeeds, or by the next open
-                raise StorageError(f"syncing the write-ahead log of {self._path!r} failed: {error}") from error
+                    self._unneeded += unneeded
+                return
         self._external.remove(unneeded)
         if time.monotonic() - self._readers_swept > _READER_SWEEP_S:
             self._readers_swept = time.monotonic()

@@ -506,3 +506,24 @@ def test_a_reader_refused_hard_links_reads_the_files_in_place(tmp_path: Path, mo
     with RocksStore(path, read_only=True) as reader:
         assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
         assert [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")] == []
+
+
+def test_a_failing_log_sync_keeps_the_batch_and_the_replaced_file(tmp_path: Path) -> None:
+    # The batch is written by then: it must not read as failed, and the file it replaced must
+    # stay until a sync succeeds (a later batch) or the next open sweeps it.
+    class FailingSync(_RecordingDb):
+        def flush_wal(self, sync: bool) -> None:
+            raise Exception("IO error: sync failed")
+
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        real = store._db
+        store._db = FailingSync(real, [])
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG[::-1])  # no error
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG[::-1] and len(files(path)) == 2
+        store._db = real
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        with store.atomic_batch() as batch:
+            batch.delete(CF_MODEL_STATE, FRAGMENT)
+        assert len(files(path)) == 1  # both replaced files went with the next sync
