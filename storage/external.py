@@ -20,10 +20,11 @@ hard-linked into a checkpoint, and an acknowledged batch never names a half-writ
 
 A read-only opener beside the writer (``tenzro audit`` beside a running node) sees the store as
 of its open, but the writer goes on replacing values (a model snapshot every few rounds) and
-removing their files. So before it opens the database a reader hard-links every value file into
-a directory of its own (:meth:`ExternalValues.pin`, ``values/.reader-<pid>-<random>``; ~10 us a
-file) and reads from there first: a file its view names cannot disappear under it. RocksDB's
-own blob files, tried first, had exactly that failure (docs/storage.md "Large values").
+removing their files. So a reader hard-links every value file into a directory of its own
+(:meth:`ExternalValues.pin`, ``values/.reader-<pid>-<random>``; ~10 us a file) before and after
+it opens the database, checks that every file its view names is linked (the store opens a newer
+view otherwise) and reads from there first: a file its view names cannot disappear under it.
+RocksDB's own blob files, tried first, had exactly that failure (docs/storage.md "Large values").
 
 File format: :data:`FILE_MAGIC`, the column family's name (u8 length + UTF-8), the key (u16
 big-endian length + bytes), then the value. The header lets an open find files that no key
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,15 +269,18 @@ class ExternalValues:
         """Link every value file not linked yet into a directory of this reader's own (see the
         module docstring). The store calls it before and after its open, then checks with
         :meth:`is_pinned` that every file its view names is linked. StorageError if the links
-        cannot be made; where the kernel refuses links to another user's files
-        (``fs.protected_hardlinks``: an auditor running as another user than the node), the
-        reader reads the files in place instead, without the guarantee."""
+        cannot be made; where they are not permitted (an auditor running as another user than
+        the node: no write access to ``values/``, or ``fs.protected_hardlinks`` refusing links to
+        another user's files), the reader reads the files in place, without the guarantee."""
         if self._unpinnable or not os.path.isdir(self._dir):
             return  # no file yet: any a view names was written since, and is read in place
         if self._pinned is None:
             pinned = os.path.join(self._dir, f"{_READER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
             try:
                 os.mkdir(pinned)
+            except PermissionError:  # no write access to values/ (another user): read in place
+                self._unpinnable = True
+                return
             except OSError as error:
                 raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
                                    f"{error.strerror or error}") from None
@@ -306,8 +311,6 @@ class ExternalValues:
         self._linked = set()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
-            import shutil
-
             shutil.rmtree(pinned, ignore_errors=True)
 
     def remove_dead_readers(self) -> None:
@@ -317,8 +320,6 @@ class ExternalValues:
             entries = os.listdir(self._dir)
         except OSError:
             return
-        import shutil
-
         for entry in entries:
             if not entry.startswith(_READER_PREFIX):
                 continue
@@ -360,8 +361,6 @@ class ExternalValues:
     def link_into(self, directory: str) -> None:
         """Hard-link (copy across filesystems) every value file into ``directory`` (created):
         the file side of a checkpoint. Files are never changed, so a link is a copy."""
-        import shutil
-
         try:
             os.mkdir(directory)
             for entry in os.listdir(self._dir) if os.path.isdir(self._dir) else []:

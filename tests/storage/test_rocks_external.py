@@ -492,9 +492,10 @@ def test_a_writer_removes_the_links_of_dead_readers_as_it_goes(tmp_path: Path, m
         assert os.listdir(path / DIRECTORY) == []  # the payload's file and the dead reader's link
 
 
-def test_a_reader_refused_hard_links_reads_the_files_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # fs.protected_hardlinks refuses links to another user's files (an auditor that is not the
-    # node's user): the audit still opens, without the guarantee against removals.
+def test_a_reader_refused_links_or_its_directory_reads_the_files_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An auditor that is not the node's user may have no write access to values/, or
+    # fs.protected_hardlinks refuses its links to the node's files: the audit still opens,
+    # without the guarantee against removals.
     path = tmp_path / "db"
     with RocksStore(path) as store:
         put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
@@ -506,6 +507,10 @@ def test_a_reader_refused_hard_links_reads_the_files_in_place(tmp_path: Path, mo
     with RocksStore(path, read_only=True) as reader:
         assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
         assert [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")] == []
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "mkdir", refuse)  # no write access to values/ at all
+    with RocksStore(path, read_only=True) as reader:
+        assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
 
 
 def test_a_failing_log_sync_keeps_the_batch_and_the_replaced_file(tmp_path: Path) -> None:
