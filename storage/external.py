@@ -34,10 +34,12 @@ scanning the store, and lets a read refuse a file that is not the key's.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
@@ -85,6 +87,9 @@ _HEADER_READ: Final = 1024
 """Bytes of a file's start the sweep reads for its header: more than any key of the schema
 needs; a longer header reads as cut short (then the sweep scans the references)."""
 _READER_PREFIX: Final = ".reader-"
+_PINNING_PREFIX: Final = ".pinning-"
+_PINNING_MAX_AGE_S: Final = 3600.0
+_LOCK_NAME: Final = "lock"
 _HEX: Final = frozenset("0123456789abcdef")
 
 
@@ -92,14 +97,6 @@ def _is_file_name(entry: str) -> bool:
     return len(entry) == 32 and set(entry) <= _HEX
 
 
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def encode_ref(name: bytes, size: int) -> bytes:
@@ -165,7 +162,9 @@ class ExternalValues:
         self._sync = sync
         self._pinned: str | None = None  # a reader's links to the files as of its open
         self._linked: set[str] = set()  # the names linked there
+        self._seen = False  # a listing found a value file (linked or gone by then)
         self._unpinnable = False  # links refused (another user's files): read in place
+        self._lock_fd: int | None = None  # flock'ed while this reader's links are in use
 
     @property
     def directory(self) -> str:
@@ -186,9 +185,9 @@ class ExternalValues:
         if self._sync:
             fsync_directory(os.path.dirname(self._dir))
 
-    def write(self, cf: str, key: bytes, value: bytes) -> bytes:
-        """Write ``value`` to a new file and return its name (16 random bytes). StorageError
-        on failure, with nothing left behind."""
+    def write(self, cf: str, key: bytes, value: bytes, *, durable: bool = False) -> bytes:
+        """Write ``value`` to a new file and return its name (16 random bytes); fsynced with
+        ``sync`` or ``durable``. StorageError on failure, with nothing left behind."""
         header = _header(cf, key)  # before the file: a key too long for it raises here
         name = secrets.token_bytes(16)
         path = self._path(name)
@@ -208,7 +207,7 @@ class ExternalValues:
                         parts.pop(0)
                     if parts and written:
                         parts[0] = parts[0][written:]
-                if self._sync:
+                if self._sync or durable:
                     os.fsync(fd)
             finally:
                 os.close(fd)
@@ -219,9 +218,9 @@ class ExternalValues:
             raise
         return name
 
-    def sync_directory(self) -> None:
-        """Make the names of the files written so far durable (with ``sync``)."""
-        if self._sync:
+    def sync_directory(self, *, force: bool = False) -> None:
+        """Make the names of the files written so far durable (with ``sync``, or ``force``)."""
+        if self._sync or force:
             try:
                 fsync_directory(self._dir)
             except OSError as error:
@@ -237,7 +236,10 @@ class ExternalValues:
         can be read whole even if it is removed meanwhile."""
         path = self._path(name)
         if self._pinned is not None and name.hex() in self._linked:
-            path = os.path.join(self._pinned, name.hex())
+            try:
+                return open(os.path.join(self._pinned, name.hex()), "rb", buffering=0)
+            except OSError:
+                pass  # the links are gone (removed by a writer that took this reader for dead)
         try:
             return open(path, "rb", buffering=0)
         except FileNotFoundError:
@@ -275,19 +277,18 @@ class ExternalValues:
         if self._unpinnable or not os.path.isdir(self._dir):
             return  # no file yet: any a view names was written since, and is read in place
         if self._pinned is None:
-            pinned = os.path.join(self._dir, f"{_READER_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
             try:
-                os.mkdir(pinned)
+                self._pinned = self._make_reader_directory()
             except PermissionError:  # no write access to values/ (another user): read in place
                 self._unpinnable = True
                 return
             except OSError as error:
-                raise StorageError(f"cannot pin the value files of a read-only open in {pinned!r}: "
+                raise StorageError(f"cannot pin the value files of a read-only open in {self._dir!r}: "
                                    f"{error.strerror or error}") from None
-            self._pinned = pinned
         try:
             for entry in os.listdir(self._dir):
                 if _is_file_name(entry) and entry not in self._linked:
+                    self._seen = True
                     try:
                         os.link(os.path.join(self._dir, entry), os.path.join(self._pinned, entry))
                     except FileNotFoundError:
@@ -302,6 +303,34 @@ class ExternalValues:
             raise StorageError(f"cannot pin the value files of a read-only open in {where!r}: "
                                f"{error.strerror or error}") from None
 
+    def _make_reader_directory(self) -> str:
+        """A new ``.reader-*`` directory holding a ``lock`` file this reader keeps flock'ed, so
+        a writer can tell a live reader from a dead one in any PID namespace (a pid test took a
+        reader in another container for dead and removed its links: review). Made under a
+        ``.pinning-*`` name and renamed once locked, so no writer sees it unlocked."""
+        token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        making = os.path.join(self._dir, f"{_PINNING_PREFIX}{token}")
+        os.mkdir(making)
+        try:
+            fd = os.open(os.path.join(making, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                final = os.path.join(self._dir, f"{_READER_PREFIX}{token}")
+                os.rename(making, final)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            shutil.rmtree(making, ignore_errors=True)
+            raise
+        self._lock_fd = fd
+        return final
+
+    def has_files(self) -> bool:
+        """Whether this reader's listings found any value file to pin (else there is nothing
+        for its view to name but missing files, and no reason to check it)."""
+        return self._seen and not self._unpinnable
+
     def is_pinned(self, name: bytes) -> bool:
         """Whether a read of file ``name`` is safe from its removal (linked, or links refused)."""
         return self._unpinnable or name.hex() in self._linked
@@ -309,24 +338,48 @@ class ExternalValues:
     def unpin(self) -> None:
         """Remove this reader's links (the close of a read-only open)."""
         self._linked = set()
+        self._seen = False
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
             shutil.rmtree(pinned, ignore_errors=True)
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def remove_dead_readers(self) -> None:
         """Remove the pinned directories of readers that are gone (killed before their close):
-        a read-write open's job, beside its sweep."""
+        their ``lock`` is free. A ``.pinning-*`` directory is a reader that died while making
+        its directory (or one doing so now): removed once an hour old."""
         try:
             entries = os.listdir(self._dir)
         except OSError:
             return
         for entry in entries:
+            path = os.path.join(self._dir, entry)
+            if entry.startswith(_PINNING_PREFIX):
+                try:
+                    if time.time() - os.stat(path).st_mtime > _PINNING_MAX_AGE_S:
+                        shutil.rmtree(path, ignore_errors=True)
+                except OSError:
+                    pass
+                continue
             if not entry.startswith(_READER_PREFIX):
                 continue
-            pid_text = entry[len(_READER_PREFIX):].partition("-")[0]
-            if pid_text.isdigit() and _is_alive(int(pid_text)):
+            try:
+                fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                shutil.rmtree(path, ignore_errors=True)  # an older version's, or half removed
                 continue
-            shutil.rmtree(os.path.join(self._dir, entry), ignore_errors=True)
+            except OSError:
+                continue  # another user's: not ours to judge
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # held: the reader is alive
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
 
     def remove(self, names: list[bytes]) -> None:
         """Remove files (ones already gone are skipped); failures are left for the next open's
@@ -371,10 +424,12 @@ class ExternalValues:
                     os.link(source, target)
                 except FileNotFoundError:
                     continue  # removed since the listing: no key names it
-                except OSError:  # another filesystem: a copy, made durable as RocksDB's are
+                except OSError:  # another filesystem: a copy
                     shutil.copyfile(source, target)
-                    with open(target, "rb") as fh:
-                        os.fsync(fh.fileno())
+                # Durable as RocksDB makes its part of a checkpoint (a file written without sync
+                # may not be on disk yet; once written back, this fsync costs little).
+                with open(target, "rb") as fh:
+                    os.fsync(fh.fileno())
             fsync_directory(directory)
             fsync_directory(os.path.dirname(directory))
         except OSError as error:

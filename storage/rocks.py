@@ -76,6 +76,12 @@ _READER_SWEEP_S = 60.0
 """How often a writer removing files also removes the links of readers that died."""
 
 
+def _may_be_external(cf: str, key: bytes) -> bool:
+    """Whether ``cf[key]`` may hold a reference: an external keyspace, and a key short enough
+    for a file's header (a longer key's value is always in the key, whatever its bytes)."""
+    return len(key) <= MAX_FILE_KEY_BYTES and schema.is_external_keyspace(cf, key)
+
+
 def _raw_options(
     *, create: bool = False, wal_recovery: str = "strict", max_total_wal_bytes: int = MAX_TOTAL_WAL_BYTES
 ) -> rocksdict.Options:
@@ -230,6 +236,7 @@ class RocksStore(KVStore):
         # and registering it, no file may be removed (reads and batches may come from several
         # threads): this lock covers both, and the removal's bookkeeping.
         self._files_lock = threading.Lock()
+        self._batch_lock = threading.Lock()
         self._readers_swept = time.monotonic()
         self._read_only = bool(read_only)
         self._db: Any = None
@@ -271,15 +278,17 @@ class RocksStore(KVStore):
         # A read-only view must find every file it names pinned (storage.external): linked
         # before the open, or after it if written in between. A file the writer removed in
         # that window is not there to link: the view is too old, so open a newer one.
-        for _ in range(_PIN_ATTEMPTS):
+        # After the last try the view is kept: a file that is simply missing (lost) must fail
+        # the reads that need it, not every read of the store.
+        for attempt in range(_PIN_ATTEMPTS):
             self._external.pin()
             self._open_once(create)
             self._external.pin()
+            if attempt == _PIN_ATTEMPTS - 1 or not self._external.has_files():
+                return
             if all(self._external.is_pinned(name) for name in self._referenced_files()):
                 return
             self._release()
-        raise StorageError(f"cannot open {self._path!r} read-only: its writer replaced value files faster "
-                           f"than this reader could pin them ({_PIN_ATTEMPTS} tries); try again")
 
     def _referenced_files(self) -> set[bytes]:
         """The names of every value file a reference in this view names."""
@@ -343,7 +352,7 @@ class RocksStore(KVStore):
                                    if (name := bytes.fromhex(os.path.basename(path))) not in referenced])
 
     def _names_file(self, found: ExternalFile) -> bool:
-        if found.cf not in self._views or not schema.is_external_keyspace(found.cf, found.key):
+        if found.cf not in self._views or not _may_be_external(found.cf, found.key):
             return False
         stored = self._raw_get(found.cf, found.key)
         ref = decode_ref(stored) if stored is not None else None
@@ -474,7 +483,7 @@ class RocksStore(KVStore):
         return value
 
     def _get(self, cf: str, key: bytes) -> bytes | None:
-        if not schema.is_external_keyspace(cf, key):
+        if not _may_be_external(cf, key):
             return self._raw_get(cf, key)
         with self._files_lock:  # the file stays until it is open (see __init__)
             value = self._raw_get(cf, key)
@@ -510,7 +519,7 @@ class RocksStore(KVStore):
             # The RocksDB iterator reads a consistent view as of its creation, which is now.
             iterator = self._views[cf].iter(read_options)
             cursor = _Cursor(iterator, read_options, prefix, values=values, resolve=(
-                (lambda key, stored: self._resolve(cf, key, stored) if schema.is_external_keyspace(cf, key) else stored)
+                (lambda key, stored: self._resolve(cf, key, stored) if _may_be_external(cf, key) else stored)
                 if external else None
             ))
             self._cursors.add(cursor)
@@ -522,18 +531,21 @@ class RocksStore(KVStore):
             raise StorageError(f"store at {self._path!r} is open read-only")
         if not ops:
             return
-        ops, replaced = self._separate(ops)
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for op, cf, key, value in _largest_last(ops):
-            if op is BatchOp.DELETE:
-                batch.delete(key, self._handles[cf])
-            else:
-                batch.put(key, value, self._handles[cf])
-        # A failed write leaves the files it would have named: RocksDB may still replay a batch
-        # whose log write failed after it was appended, and the next open's sweep removes them
-        # if no key names them.
-        self._write(batch, self._write_options)
-        self._remove_files(replaced)
+        # One batch at a time: two threads replacing one key would both read its old
+        # reference, and one new file would be left to the next open's sweep.
+        with self._batch_lock:
+            ops, replaced = self._separate(ops)
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for op, cf, key, value in _largest_last(ops):
+                if op is BatchOp.DELETE:
+                    batch.delete(key, self._handles[cf])
+                else:
+                    batch.put(key, value, self._handles[cf])
+            # A failed write leaves the files it would have named: RocksDB may still replay a
+            # batch whose log write failed after it was appended, and the next open's sweep
+            # removes them if no key names them.
+            self._write(batch, self._write_options)
+            self._remove_files(replaced)
 
     def _remove_files(self, names: list[bytes]) -> None:
         """Remove replaced value files, unless an iterator that may still read them is live:
@@ -569,12 +581,13 @@ class RocksStore(KVStore):
         a reference, and the files of the values this batch replaces or deletes (to remove
         once it is written). Only the last operation on such a key is kept: the one that
         decides its value, so no file is written for a value the batch itself replaces."""
-        last = {(cf, key): i for i, (_, cf, key, _) in enumerate(ops) if schema.is_external_keyspace(cf, key)}
+        last = {(cf, key): i for i, (_, cf, key, _) in enumerate(ops) if _may_be_external(cf, key)}
         if not last:
             return ops, []
         separated: list[Operation] = []
         written: list[bytes] = []
         replaced: list[bytes] = []
+        durable = False
         try:
             for i, (op, cf, key, value) in enumerate(ops):
                 index = last.get((cf, key))
@@ -587,14 +600,17 @@ class RocksStore(KVStore):
                 ref = decode_ref(stored) if stored is not None else None
                 if ref is not None:
                     replaced.append(ref[0])
-                if (value is not None and len(key) <= MAX_FILE_KEY_BYTES
-                        and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC))):
-                    name = self._external.write(cf, key, value)
+                if value is not None and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC)):
+                    # A value replacing a file is made durable before the batch even without
+                    # sync: the replaced file is removed once the batch is, and a power loss
+                    # must not take both (review, 2026-11-27). A fresh value is not.
+                    name = self._external.write(cf, key, value, durable=ref is not None)
                     written.append(name)
+                    durable |= ref is not None
                     value = encode_ref(name, len(value))
                 separated.append((op, cf, key, value))
             if written:
-                self._external.sync_directory()
+                self._external.sync_directory(force=durable)
         except BaseException:
             self._external.remove(written)
             raise

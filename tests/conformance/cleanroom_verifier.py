@@ -173,7 +173,7 @@ class Store:
     def _value(self, family: str, key: bytes, stored: bytes) -> bytes:
         """storage.md 'Large values': payload keys of submissions and every model_state key may
         hold a 43-byte reference to a file of values/ instead of the value."""
-        external = family == "model_state" or (family == "submissions" and key[:1] == b"\x00")
+        external = len(key) <= 65535 and (family == "model_state" or (family == "submissions" and key[:1] == b"\x00"))
         if not (external and len(stored) == 43 and stored.startswith(REF_MAGIC)):
             return stored
         name, size = stored[19:35], int.from_bytes(stored[35:43], "big")

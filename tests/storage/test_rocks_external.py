@@ -430,10 +430,28 @@ def test_a_reader_retries_an_open_whose_view_names_a_file_it_could_not_pin(tmp_p
     with RocksStore(path, read_only=True) as reader:
         assert opens == 3 and reader.get(CF_MODEL_STATE, FRAGMENT) == BIG
     assert [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")] == []  # dropped views' too
+    # Never pinned (a file simply lost looks the same): the fifth view is kept, and only the
+    # reads that need the missing file fail.
+    opens = 0
     monkeypatch.setattr(ExternalValues, "is_pinned", lambda self, name: False)
-    with pytest.raises(StorageError, match="faster than this reader could pin them"):
-        RocksStore(path, read_only=True)
+    with RocksStore(path, read_only=True) as reader:
+        assert opens == 5 and reader.get(CF_MODEL_STATE, FRAGMENT) == BIG
     assert [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")] == []
+
+
+def test_a_lost_file_fails_the_reads_that_need_it_not_the_open(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    other = model_key("task-2", b"w", 0)
+    with RocksStore(path) as store:
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        put(store, CF_MODEL_STATE, other, BIG[::-1])
+        lost = stored_ref(store, CF_MODEL_STATE, FRAGMENT)
+    assert lost is not None
+    (path / DIRECTORY / lost[0].hex()).unlink()
+    with RocksStore(path, read_only=True) as reader:
+        assert reader.get(CF_MODEL_STATE, other) == BIG[::-1]
+        with pytest.raises(StorageError, match="missing"):
+            reader.get(CF_MODEL_STATE, FRAGMENT)
 
 
 def test_reads_beside_a_writer_thread_never_meet_a_removed_file(tmp_path: Path) -> None:
@@ -471,9 +489,13 @@ def test_reads_beside_a_writer_thread_never_meet_a_removed_file(tmp_path: Path) 
 
 def test_a_key_too_long_for_a_file_header_keeps_its_value(tmp_path: Path) -> None:
     key = PAYLOAD + b"k" * 70_000
+    like_a_ref = REF_MAGIC + bytes(REF_SIZE - len(REF_MAGIC))
     with RocksStore(tmp_path / "db") as store:
         put(store, CF_SUBMISSIONS, key, BIG)
         assert store.get(CF_SUBMISSIONS, key) == BIG and store._raw_get(CF_SUBMISSIONS, key) == BIG
+        put(store, CF_SUBMISSIONS, key, like_a_ref)  # in the key, so never read as a reference
+        assert store.get(CF_SUBMISSIONS, key) == like_a_ref
+        assert list(store.iterate(CF_SUBMISSIONS)) == [(key, like_a_ref)]
     assert files(tmp_path / "db") == []
 
 
@@ -532,3 +554,81 @@ def test_a_failing_log_sync_keeps_the_batch_and_the_replaced_file(tmp_path: Path
         with store.atomic_batch() as batch:
             batch.delete(CF_MODEL_STATE, FRAGMENT)
         assert len(files(path)) == 1  # both replaced files went with the next sync
+
+
+_SLEEPING_READER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    from storage.rocks import RocksStore
+    store = RocksStore(sys.argv[2], read_only=True)
+    print("open", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_reader_counts_as_alive_while_it_holds_its_lock_whatever_its_pid_says(tmp_path: Path) -> None:
+    # A reader in another PID namespace (a container) has a pid this process cannot see: the
+    # writer must judge it by its lock, not by its pid (review, 2026-11-27).
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        reader = subprocess.Popen([sys.executable, "-c", _SLEEPING_READER, str(ROOT), str(path)], stdout=subprocess.PIPE)
+        try:
+            assert reader.stdout is not None and reader.stdout.readline() == b"open\n"
+            (mine,) = [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")]
+            foreign = path / DIRECTORY / ".reader-999999999-feedbeef"
+            os.rename(path / DIRECTORY / mine, foreign)  # as a pid of another namespace reads here
+            store._external.remove_dead_readers()
+            assert foreign.exists()
+        finally:
+            reader.kill()
+            reader.wait()
+        store._external.remove_dead_readers()
+        assert not foreign.exists()
+
+
+def test_without_sync_a_replacing_value_is_durable_before_its_batch_and_a_fresh_one_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its batch removes the value it replaces: a power loss must not take both (review).
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    class Recording(_RecordingDb):
+        def write(self, *args: object) -> None:
+            self._events.append("write")
+            self._db.write(*args)  # type: ignore[attr-defined]
+
+    with RocksStore(tmp_path / "db") as store:
+        store._db = Recording(store._db, events)
+        monkeypatch.setattr(os, "fsync", fsync)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        assert events == ["write"]
+        events.clear()
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG[::-1])
+        new = stored_ref(store, CF_MODEL_STATE, FRAGMENT)
+        assert new is not None
+        assert events[:3] == [f"fsync {new[0].hex()}", f"fsync {DIRECTORY}", "write"]
+        assert events[3] == "flush_wal(True)"
+        monkeypatch.undo()
+        store._db = store._db._db
+
+
+def test_a_checkpoint_makes_its_value_files_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    with RocksStore(tmp_path / "db") as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        monkeypatch.setattr(os, "fsync", fsync)
+        store.create_checkpoint(tmp_path / "copy")
+        monkeypatch.undo()
+    assert set(files(tmp_path / "db")) <= set(synced)
