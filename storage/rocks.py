@@ -601,12 +601,13 @@ class RocksStore(KVStore):
                 if ref is not None:
                     replaced.append(ref[0])
                 if value is not None and (len(value) >= self._external_value_bytes or value.startswith(REF_MAGIC)):
-                    # A value replacing a file is made durable before the batch even without
-                    # sync: the replaced file is removed once the batch is, and a power loss
-                    # must not take both (review, 2026-11-27). A fresh value is not.
-                    name = self._external.write(cf, key, value, durable=ref is not None)
+                    # A value replacing another is made durable before the batch even without
+                    # sync: a replaced file is removed once the batch is (and a replaced value
+                    # in the key is gone with it), and a power loss must not take both (review,
+                    # 2026-11-27). A fresh value is not.
+                    name = self._external.write(cf, key, value, durable=stored is not None)
                     written.append(name)
-                    durable |= ref is not None
+                    durable |= stored is not None
                     value = encode_ref(name, len(value))
                 separated.append((op, cf, key, value))
             if written:

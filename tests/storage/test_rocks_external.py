@@ -613,6 +613,11 @@ def test_without_sync_a_replacing_value_is_durable_before_its_batch_and_a_fresh_
         assert new is not None
         assert events[:3] == [f"fsync {new[0].hex()}", f"fsync {DIRECTORY}", "write"]
         assert events[3] == "flush_wal(True)"
+        events.clear()
+        put(store, CF_SUBMISSIONS, PAYLOAD, b"small")  # a value in its key, replaced by a file
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        new = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+        assert new is not None and events == ["write", f"fsync {new[0].hex()}", f"fsync {DIRECTORY}", "write"]
         monkeypatch.undo()
         store._db = store._db._db
 
