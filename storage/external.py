@@ -250,6 +250,22 @@ class ExternalValues:
         except OSError as error:
             raise StorageError(f"cannot read value file {path!r}: {error.strerror or error}") from None
 
+    def holds(self, cf: str, key: bytes, name: bytes, size: int) -> bool:
+        """Whether file ``name`` is there with the size a value of ``size`` bytes under
+        ``cf[key]`` gives it (a stat; the header is not read)."""
+        expected = len(_header(cf, key)) + size
+        paths = [self._path(name)]
+        if self._pinned is not None and name.hex() in self._linked:
+            paths.insert(0, os.path.join(self._pinned, name.hex()))
+        for path in paths:
+            try:
+                return os.stat(path).st_size == expected
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise StorageError(f"cannot read value file {path!r}: {error.strerror or error}") from None
+        return False
+
     def read_opened(self, fh: BinaryIO, cf: str, key: bytes, size: int) -> bytes:
         """:meth:`read` of a file :meth:`open` returned (closed here)."""
         header = _header(cf, key)

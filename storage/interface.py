@@ -266,6 +266,15 @@ class KVStore(abc.ABC):
         self._check_cf(cf)
         return self._contains(cf, validate_bytes("key", key))
 
+    def holds_value(self, cf: str, key: bytes) -> bool:
+        """Whether ``key`` is present in ``cf`` with a value a get can return, checked without
+        reading the value: :meth:`contains`, and for a value a store keeps outside the key (the
+        RocksDB store's value files) that its file is there at its size. What a startup check
+        of many megabyte values wants (``node.replay.check_open_round``)."""
+        self._check_open()
+        self._check_cf(cf)
+        return self._holds_value(cf, validate_bytes("key", key))
+
     def iterate(
         self, cf: str, prefix: bytes = b"", start: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
@@ -335,6 +344,9 @@ class KVStore(abc.ABC):
 
     def _contains(self, cf: str, key: bytes) -> bool:
         return self._get(cf, key) is not None
+
+    def _holds_value(self, cf: str, key: bytes) -> bool:
+        return self._contains(cf, key)
 
     @abc.abstractmethod
     def _iterate(self, cf: str, prefix: bytes, seek: bytes) -> Iterator[tuple[bytes, bytes]]:

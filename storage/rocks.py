@@ -496,6 +496,13 @@ class RocksStore(KVStore):
     def _contains(self, cf: str, key: bytes) -> bool:
         return self._raw_get(cf, key) is not None  # a reference is enough: no file read
 
+    def _holds_value(self, cf: str, key: bytes) -> bool:
+        stored = self._raw_get(cf, key)
+        if stored is None:
+            return False
+        ref = decode_ref(stored) if _may_be_external(cf, key) else None
+        return ref is None or self._external.holds(cf, key, *ref)
+
     def _resolve(self, cf: str, key: bytes, stored: bytes) -> bytes:
         """The value behind ``stored``: the file's when it is a reference."""
         ref = decode_ref(stored)

@@ -88,7 +88,7 @@ def check_open_round(store: KVStore, run: RunState) -> int:
             raw = store.get(schema.CF_SUBMISSIONS, schema.submission_key(run.task_id, current.round, fragment, sub.trainer))
             if raw is None or persistence.decode_submission_record(raw).payload_hash != sub.payload_hash:
                 raise StorageError(f"the accepted submission of {where} has no matching record in the store")
-            if not store.contains(schema.CF_SUBMISSIONS, schema.payload_key(run.task_id, sub.payload_hash)):
+            if not store.holds_value(schema.CF_SUBMISSIONS, schema.payload_key(run.task_id, sub.payload_hash)):
                 raise StorageError(f"the payload of the accepted submission of {where} is missing from the store")
             checked += 1
     return checked

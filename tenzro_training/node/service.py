@@ -959,7 +959,9 @@ class NodeService:
                 self._apply_equivocation(run, trainer, first, (msg, signature))
             layouts = (layouts[fragment],)  # the signature names the fragment
         key = schema.payload_key(task_id, digest)
-        if not self._store.contains(schema.CF_SUBMISSIONS, key):
+        # holds_value, not contains: a payload whose file was lost (a power loss without
+        # sync_writes) is written again when it arrives again.
+        if not self._store.holds_value(schema.CF_SUBMISSIONS, key):
             for layout in layouts:
                 header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
                 try:

@@ -21,6 +21,7 @@ from eth_account import Account
 from storage import schema
 from storage.interface import KVStore
 from storage.memory import MemoryStore
+from storage.external import EXTERNAL_VALUE_BYTES
 from storage.rocks import RocksStore
 from tenzro_training import auth, vrf
 from tenzro_training.addresses import format_address
@@ -229,20 +230,24 @@ def checkpoint(tmp_path: Path) -> tuple[str, str]:
     return write_checkpoint(tmp_path / "ckpt")
 
 
-@pytest.fixture(params=["memory", "rocks"])
+@pytest.fixture(params=["memory", "rocks", "rocks-files"])
 def store_kind(request: pytest.FixtureRequest) -> str:
+    """``rocks-files``: RocksDB with every payload and model fragment in a file of its own
+    (docs/storage.md "Large values"; by default this tests' tiny values stay in their keys)."""
     return str(request.param)
 
 
 def open_test_store(kind: str, path: Path) -> KVStore:
-    return MemoryStore() if kind == "memory" else RocksStore(path)
+    if kind == "memory":
+        return MemoryStore()
+    return RocksStore(path, external_value_bytes=1 if kind == "rocks-files" else EXTERNAL_VALUE_BYTES)
 
 
 @pytest.fixture
 def net(store_kind: str, tmp_path: Path) -> Iterator[Net]:
     clock = FakeClock()
     store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None)
+    config = make_config(tmp_path / "data" if store_kind != "memory" else None)
     service = NodeService(config, store, clock=clock)
     yield Net(service, clock)
     service.close()

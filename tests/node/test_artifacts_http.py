@@ -248,7 +248,7 @@ def test_invalid_switched_off_the_paths_are_unknown(sealed: Net) -> None:
 
 def test_invalid_pruned_payloads_are_gone(store_kind: str, tmp_path: Path, checkpoint: tuple[str, str]) -> None:
     store = open_test_store(store_kind, tmp_path / "db")
-    config = make_config(tmp_path / "data" if store_kind == "rocks" else None, prune_payloads=True)
+    config = make_config(tmp_path / "data" if store_kind != "memory" else None, prune_payloads=True)
     service = NodeService(config, store, clock=FakeClock())
     try:
         net = Net(service, service._clock)  # type: ignore[arg-type]

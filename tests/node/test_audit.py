@@ -54,9 +54,10 @@ class Node:
 
 
 def make_node(data: Path, checkpoint: tuple[str, str], *, training_rounds: int = 2, **config: object) -> Node:
-    store = RocksStore(data / "db")
+    node_config = make_config(data, model_snapshot_rounds=2, **config)
+    store = RocksStore(data / "db", external_value_bytes=node_config.external_value_bytes)
     clock = FakeClock()
-    service = NodeService(make_config(data, model_snapshot_rounds=2, **config), store, clock=clock)
+    service = NodeService(node_config, store, clock=clock)
     sealed = Net(service, clock)
     start(sealed, checkpoint, max_rounds=ROUNDS)
     for r in range(ROUNDS):
@@ -239,6 +240,32 @@ class TestFindsDamage:
 
     def test_an_unknown_run(self, node: Node) -> None:
         assert node.audit("nope")["problem"] == "no such run in the store"
+
+
+def test_a_lost_value_file_is_found_by_the_audit_and_by_the_startup(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """Payloads kept in files (docs/storage.md "Large values"): a file lost while its reference
+    stayed (a power loss without sync_writes) is damage the audit names and a node's startup
+    refuses, as a payload missing from the store itself is."""
+    node = make_node(tmp_path / "node", checkpoint, external_value_bytes=1)
+    node.stop()
+    values = node.data / "db" / "values"
+    with RocksStore(node.data / "db", read_only=True) as store:
+        run = load_run(store, "run-2")
+        assert run is not None and run.current_round is not None
+        open_sub = run.current_round.submissions[1][0]
+        _, raw = next(iter(store.iterate(schema.CF_SUBMISSIONS, schema.submission_prefix("run-1", 3))))
+        committed = persistence.decode_submission_record(raw).payload_hash
+        names = {digest: store._raw_get(schema.CF_SUBMISSIONS, schema.payload_key(task, digest))[19:35].hex()  # type: ignore[index]
+                 for task, digest in (("run-2", open_sub.payload_hash), ("run-1", committed))}
+    for name in names.values():
+        (values / name).unlink()
+    result = node.audit("run-1")
+    assert not result["ok"] and result["rounds_replayed"] == 3 and "is missing" in str(result["problem"])
+    result = node.audit("run-2")
+    assert not result["ok"] and "payload of the accepted submission" in str(result["problem"])
+    with RocksStore(node.data / "db") as store:
+        with pytest.raises(StorageError, match="the store is damaged: the payload of the accepted submission"):
+            NodeService(make_config(node.data), store)
 
 
 def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:

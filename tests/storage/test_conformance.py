@@ -72,6 +72,15 @@ class KVStoreConformance:
         assert store.get(CF_TRAINING_RUNS, b"run") is None
         assert not store.contains(CF_TRAINING_RUNS, b"run")
 
+    @pytest.mark.parametrize("cf, key", [(CF_TRAINING_RUNS, b"run"), (CF_SUBMISSIONS, b"\x00payload"), (CF_MODEL_STATE, b"w")])
+    def test_holds_value_is_contains_for_an_intact_store(self, store: KVStore, cf: str, key: bytes) -> None:
+        assert not store.holds_value(cf, key)
+        put(store, cf, key, b"value" * 100)
+        assert store.holds_value(cf, key) and store.contains(cf, key)
+        with store.atomic_batch() as batch:
+            batch.delete(cf, key)
+        assert not store.holds_value(cf, key)
+
     def test_delete_absent_key_is_not_an_error(self, store: KVStore) -> None:
         with store.atomic_batch() as batch:
             batch.delete(CF_ACCOUNTS, b"never-written")

@@ -203,6 +203,9 @@ def test_a_damaged_or_missing_file_is_a_storage_error(tmp_path: Path, damage: st
             target.write_bytes((path / DIRECTORY / other[0].hex()).read_bytes())
         else:
             target.unlink()
+        # A stat tells a missing file, or one of another size (here the other key's, whose
+        # header is of another length; one of the same size is told only by a read).
+        assert not store.holds_value(CF_SUBMISSIONS, PAYLOAD)
         message = {"truncate": "damaged", "extend": "damaged", "other_key": "another key", "missing": "missing"}[damage]
         with pytest.raises(StorageError, match=message):
             store.get(CF_SUBMISSIONS, PAYLOAD)
