@@ -23,6 +23,7 @@ CASES = {
                         ["payload 1.03 MiB", "model 4.12 MiB", "p50", "p99", "failed downloads"]),
     "bench_aggregation": (["--n", "20000", "--ks", "4", "--dtypes", "fp32", "--reps", "1", "--naive-reps", "1"],
                           ["ours: Mean", "ours: Krum"]),
+    "bench_store": (["--sizes", "65536", "--values", "2", "--blocks", "1"], ["put", "get", "replace", "files/key"]),
     "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "3"],
                   ["getRun", "submitOuterGradient", "Mean"]),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
