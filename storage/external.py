@@ -97,8 +97,6 @@ def _is_file_name(entry: str) -> bool:
     return len(entry) == 32 and set(entry) <= _HEX
 
 
-
-
 def encode_ref(name: bytes, size: int) -> bytes:
     """The reference stored under the key: magic, the file's 16-byte name, the value's size."""
     return _REF.pack(REF_MAGIC, name, size)
@@ -126,8 +124,8 @@ def _header(cf: str, key: bytes) -> bytes:
     return FILE_MAGIC + bytes((len(cf_bytes),)) + cf_bytes + struct.pack(">H", len(key)) + key
 
 
-def _parse_header(data: bytes) -> tuple[str, bytes, int] | None:
-    """``(cf, key, header length)`` from a file's first bytes; None if they are not a header."""
+def _parse_header(data: bytes) -> tuple[str, bytes] | None:
+    """``(cf, key)`` from a file's first bytes; None if they are not a header."""
     if not data.startswith(FILE_MAGIC) or len(data) < len(FILE_MAGIC) + 1:
         return None
     at = len(FILE_MAGIC)
@@ -144,7 +142,7 @@ def _parse_header(data: bytes) -> tuple[str, bytes, int] | None:
     at += 2
     if len(data) < at + key_len:
         return None
-    return cf, data[at:at + key_len], at + key_len
+    return cf, data[at:at + key_len]
 
 
 class ExternalValues:
@@ -166,12 +164,15 @@ class ExternalValues:
         self._unpinnable = False  # links refused (another user's files): read in place
         self._lock_fd: int | None = None  # flock'ed while this reader's links are in use
 
-    @property
-    def directory(self) -> str:
-        return self._dir
-
     def _path(self, name: bytes) -> str:
         return os.path.join(self._dir, name.hex())
+
+    def _paths(self, name: bytes) -> list[str]:
+        """Where file ``name`` is read from: this reader's link first, if it made one."""
+        live = self._path(name)
+        if self._pinned is not None and name.hex() in self._linked:
+            return [os.path.join(self._pinned, name.hex()), live]
+        return [live]
 
     def create_directory(self) -> None:
         try:
@@ -234,10 +235,10 @@ class ExternalValues:
     def open(self, cf: str, key: bytes, name: bytes) -> BinaryIO:
         """The file ``name`` of ``cf[key]``, open (a reader's pinned link first). Once open it
         can be read whole even if it is removed meanwhile."""
-        path = self._path(name)
-        if self._pinned is not None and name.hex() in self._linked:
+        *pinned, path = self._paths(name)
+        for link in pinned:
             try:
-                return open(os.path.join(self._pinned, name.hex()), "rb", buffering=0)
+                return open(link, "rb", buffering=0)
             except OSError:
                 pass  # the links are gone (removed by a writer that took this reader for dead)
         try:
@@ -254,10 +255,7 @@ class ExternalValues:
         """Whether file ``name`` is there with the size a value of ``size`` bytes under
         ``cf[key]`` gives it (a stat; the header is not read)."""
         expected = len(_header(cf, key)) + size
-        paths = [self._path(name)]
-        if self._pinned is not None and name.hex() in self._linked:
-            paths.insert(0, os.path.join(self._pinned, name.hex()))
-        for path in paths:
+        for path in self._paths(name):
             try:
                 return os.stat(path).st_size == expected
             except FileNotFoundError:
@@ -406,8 +404,8 @@ class ExternalValues:
             except OSError:
                 pass
 
-    def scan(self) -> Iterator[ExternalFile | str]:
-        """Every value file: an :class:`ExternalFile` when its header reads, else its path (a
+    def scan(self) -> Iterator[ExternalFile | bytes]:
+        """Every value file: an :class:`ExternalFile` when its header reads, else its name (a
         file cut short before its header, by a crash). Names that are not a file's are skipped."""
         try:
             entries = os.listdir(self._dir)
@@ -425,7 +423,7 @@ class ExternalValues:
                     parsed = _parse_header(fh.read(_HEADER_READ))
             except OSError:
                 continue
-            yield ExternalFile(name, parsed[0], parsed[1]) if parsed is not None else path
+            yield ExternalFile(name, *parsed) if parsed is not None else name
 
     def link_into(self, directory: str) -> None:
         """Hard-link (copy across filesystems) every value file into ``directory`` (created):

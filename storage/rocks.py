@@ -340,16 +340,15 @@ class RocksStore(KVStore):
         (the process died between them) or replaced by one whose removals a crash cut short.
         A file is kept exactly when its key holds a reference to it; the header names the key,
         so only a file cut short before its header end needs a scan of the references."""
-        unreadable: list[str] = []
+        unreadable: list[bytes] = []
         for found in self._external.scan():
-            if isinstance(found, str):
+            if isinstance(found, bytes):
                 unreadable.append(found)
             elif not self._names_file(found):
                 self._external.remove([found.name])
         if unreadable:
             referenced = self._referenced_files()
-            self._external.remove([name for path in unreadable
-                                   if (name := bytes.fromhex(os.path.basename(path))) not in referenced])
+            self._external.remove([name for name in unreadable if name not in referenced])
 
     def _names_file(self, found: ExternalFile) -> bool:
         if found.cf not in self._views or not _may_be_external(found.cf, found.key):
