@@ -20,9 +20,10 @@ Usage::
     .venv/bin/python scripts/bench_store.py                  # ~15 s on 2 cores
     .venv/bin/python scripts/bench_store.py --sizes 1048576 --values 32 --blocks 2 --sync
 
-Wall times on a shared machine are noisy, and file writes slow down several times over once a
-few hundred MB were written in quick succession on this VM (its page cache then takes fresh
-pages): the load average is printed, and each block works in a fresh directory.
+Wall times on a shared machine are noisy: the load average is printed, and each block works
+in a fresh directory. Ours takes each file out of the page cache once it is written back
+(docs/storage.md "Large values", "Page cache"), so its gets of the values it has just put
+read them from the disk; the baseline's come from memory.
 """
 
 from __future__ import annotations

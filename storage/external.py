@@ -26,6 +26,10 @@ it opens the database, checks that every file its view names is linked (the stor
 view otherwise) and reads from there first: a file its view names cannot disappear under it.
 RocksDB's own blob files, tried first, had exactly that failure (docs/storage.md "Large values").
 
+Written files are taken out of the page cache once written back (:meth:`ExternalValues._drop_cached`):
+they are seldom read, and new page-cache pages are what made large writes slow on a VM that hands
+its free memory back to its host.
+
 File format: :data:`FILE_MAGIC`, the column family's name (u8 length + UTF-8), the key (u16
 big-endian length + bytes), then the value. The header lets an open find files that no key
 names (a writer killed between its file and its batch, a removal a crash cut short) without
@@ -34,12 +38,16 @@ scanning the store, and lets a read refuse a file that is not the key's.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
+import queue
 import secrets
 import shutil
 import struct
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
@@ -119,6 +127,67 @@ class ExternalFile:
     key: bytes
 
 
+DROP_LAG: Final = 8
+"""Files written since, before a written file's pages are asked out of the page cache again."""
+
+MAX_DROP_BACKLOG: Final = 64
+"""Files waiting for the dropping thread, past which a writer closes its file itself (its pages,
+still dirty, then stay cached): each waiting file holds a descriptor."""
+
+
+def advise(fd: int) -> None:
+    """``POSIX_FADV_DONTNEED`` on all of ``fd``: starts writing back its dirty pages and drops
+    its clean ones. Advice only: a failure (a filesystem that takes none) changes nothing."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+
+
+def _drop_and_close(fd: int) -> None:
+    """Advise ``fd`` out of the cache and close it. Its file was written (and fsynced where
+    that was asked) before its batch: a close's error changes nothing that was acknowledged."""
+    advise(fd)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+class _Dropper:
+    """A thread that takes written files out of the page cache (:meth:`ExternalValues._drop_cached`),
+    so that the writer pays only its ``writev``: starting a file's writeback (ext4 allocates
+    its blocks then) cost the service thread ~0.15 ms per MiB. Holds no reference to its
+    store, so a store dropped without its close is still collected (its finalizer stops this)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tenzro-value-files", daemon=True)
+        self._thread.start()
+
+    def put(self, fd: int) -> None:
+        if self._queue.qsize() >= MAX_DROP_BACKLOG:
+            _drop_and_close(fd)
+        else:
+            self._queue.put(fd)
+
+    def stop(self) -> None:
+        """Drop and close every file handed over so far, then end the thread."""
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        held: collections.deque[int] = collections.deque()
+        while (fd := self._queue.get()) is not None:
+            advise(fd)  # starts its writeback
+            held.append(fd)
+            if len(held) > DROP_LAG:
+                _drop_and_close(held.popleft())  # written back by now: its pages go
+        for fd in held:
+            _drop_and_close(fd)
+
+
 def _header(cf: str, key: bytes) -> bytes:
     cf_bytes = cf.encode()
     return FILE_MAGIC + bytes((len(cf_bytes),)) + cf_bytes + struct.pack(">H", len(key)) + key
@@ -163,6 +232,8 @@ class ExternalValues:
         self._seen = False  # a listing found a value file (linked or gone by then)
         self._unpinnable = False  # links refused (another user's files): read in place
         self._lock_fd: int | None = None  # flock'ed while this reader's links are in use
+        self._dropper: _Dropper | None = None  # started at the first file written
+        self._dropper_lock = threading.Lock()
 
     def _path(self, name: bytes) -> str:
         return os.path.join(self._dir, name.hex())
@@ -210,14 +281,44 @@ class ExternalValues:
                         parts[0] = parts[0][written:]
                 if self._sync or durable:
                     os.fsync(fd)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._drop_cached(fd)
         except BaseException as error:
             self.remove([name])
             if isinstance(error, OSError):
                 raise StorageError(f"cannot write value file {path!r}: {error.strerror or error}") from None
             raise
         return name
+
+    def _drop_cached(self, fd: int) -> None:
+        """Hand a file just written (``fd``) to the store's :class:`_Dropper`, which takes its
+        pages out of the page cache once the kernel has written them: it asks at once, which
+        starts their writeback, and asks again and closes the file once :data:`DROP_LAG` more
+        files were written (dirty pages, and pages still under writeback, stay where they are;
+        the second ask finds them clean).
+
+        Why: a value file is written once and seldom read (a node holds what its open rounds
+        need in its payload and model caches), so its pages only push others out of the cache,
+        and writing into fresh page-cache pages is what made large writes slow on a VM whose
+        free memory goes back to its host (virtio-balloon free page reporting, as on this
+        project's machines): 1 MiB took ~2.6 ms into fresh pages, ~0.3-0.5 ms into pages the
+        kernel had just freed, and a ~100 MB model snapshot ~0.25 s more than it needed.
+        Dropped pages are what the next files are written into, as PostgreSQL's ring buffers
+        recycle a bulk write's pages (docs/storage.md "Large values")."""
+        with self._dropper_lock:
+            if self._dropper is None:
+                self._dropper = _Dropper()
+                weakref.finalize(self, self._dropper.stop)
+            self._dropper.put(fd)
+
+    def release_cached(self) -> None:
+        """Drop and close every file handed to the dropper, and stop it (the store's close)."""
+        with self._dropper_lock:
+            dropper, self._dropper = self._dropper, None
+        if dropper is not None:
+            dropper.stop()
 
     def sync_directory(self, *, force: bool = False) -> None:
         """Make the names of the files written so far durable (with ``sync``, or ``force``)."""

@@ -663,6 +663,7 @@ class RocksStore(KVStore):
             except Exception:
                 unneeded = []  # left for the next open's sweep
         self._external.remove(unneeded)
+        self._external.release_cached()
         self._external.unpin()
         views, self._views = self._views, {}
         self._handles = {}

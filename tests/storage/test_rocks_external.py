@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -640,3 +642,183 @@ def test_a_checkpoint_makes_its_value_files_durable(tmp_path: Path, monkeypatch:
         store.create_checkpoint(tmp_path / "copy")
         monkeypatch.undo()
     assert set(files(tmp_path / "db")) <= set(synced)
+
+
+# --- the page cache: written files are dropped from it once written back ---------------------------
+
+
+def _open_fds_under(directory: Path) -> int:
+    """How many of this process's file descriptors are open on a file in ``directory``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory) + os.sep)
+        except OSError:
+            pass  # the descriptor listdir itself used
+    return count
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of ``path`` in the page cache (mincore(2) over a shared read-only mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vector.raw)
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def _filesystem_of(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point above it)."""
+    best, kind = "", ""
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
+def test_each_written_file_is_advised_out_of_the_page_cache_now_and_again_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage.external import DROP_LAG
+
+    advised: list[str] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        assert (offset, length, advice) == (0, 0, os.POSIX_FADV_DONTNEED)
+        advised.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    path = tmp_path / "db"
+    names = []
+    with RocksStore(path) as store:
+        for i in range(DROP_LAG + 3):
+            put(store, CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG)
+            ref = stored_ref(store, CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32))
+            assert ref is not None
+            names.append(ref[0].hex())
+        # The first three were asked twice (DROP_LAG files later) and closed; the rest once,
+        # and they stay open until then (on the store's dropping thread: waited for).
+        expected = [2] * 3 + [1] * DROP_LAG
+        deadline = time.monotonic() + 10
+        while [advised.count(n) for n in names] != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [advised.count(n) for n in names] == expected
+        assert _open_fds_under(path / DIRECTORY) == DROP_LAG
+        assert store.get(CF_SUBMISSIONS, payload_key("task-1", b"\x00" * 32)) == BIG
+    assert [advised.count(n) for n in names] == [2] * len(names)  # the close asks for the rest
+    assert _open_fds_under(path / DIRECTORY) == 0
+
+
+def test_files_no_longer_in_the_page_cache_read_back_whole(tmp_path: Path) -> None:
+    if _filesystem_of(tmp_path) in ("tmpfs", "ramfs", ""):
+        pytest.skip(f"{tmp_path} is on a filesystem whose pages are its only copy ({_filesystem_of(tmp_path)!r})")
+    from storage.external import DROP_LAG
+
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG)
+        put(store, CF_MODEL_STATE, FRAGMENT, BIG[::-1])  # replacing: fsynced, so dropped at once
+        ref = stored_ref(store, CF_MODEL_STATE, FRAGMENT)
+        assert ref is not None
+        deadline = time.monotonic() + 10
+        while _resident_pages(path / DIRECTORY / ref[0].hex()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _resident_pages(path / DIRECTORY / ref[0].hex()) == 0
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)  # fresh: its writeback started, pages kept for now
+        payload = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+        assert payload is not None
+        os.sync()  # written back; the next ask, DROP_LAG files later, drops it
+        for i in range(DROP_LAG):
+            put(store, CF_SUBMISSIONS, payload_key("task-2", bytes([i]) * 32), BIG[:EXTERNAL_VALUE_BYTES])
+        deadline = time.monotonic() + 10  # the store's dropping thread asks
+        while _resident_pages(path / DIRECTORY / payload[0].hex()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _resident_pages(path / DIRECTORY / payload[0].hex()) == 0
+        assert store.get(CF_MODEL_STATE, FRAGMENT) == BIG[::-1]
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+
+
+def test_a_filesystem_refusing_the_advice_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(fd: int, offset: int, length: int, advice: int) -> None:
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        for i in range(12):
+            put(store, CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG)
+        assert store.get(CF_SUBMISSIONS, payload_key("task-1", b"\x05" * 32)) == BIG
+    assert _open_fds_under(path / DIRECTORY) == 0
+    with RocksStore(path, read_only=True) as store:
+        assert len(list(store.keys(CF_SUBMISSIONS))) == 12
+
+
+def test_value_files_held_for_the_cache_are_closed_when_their_owner_is_dropped_unclosed(tmp_path: Path) -> None:
+    import gc
+
+    from storage.external import ExternalValues
+
+    directory = tmp_path / "values"
+    values = ExternalValues(str(directory), sync=False)
+    values.create_directory()
+    for i in range(3):
+        values.write(CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG)
+    assert _open_fds_under(directory) == 3  # handed to the dropping thread, held
+    threads = threading.active_count()
+    del values
+    gc.collect()
+    assert _open_fds_under(directory) == 0
+    assert threading.active_count() == threads - 1
+
+
+def test_a_writer_closes_its_files_itself_past_the_dropping_threads_backlog(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    gate = threading.Event()
+    real = external.advise
+
+    def slow(fd: int) -> None:  # the dropping thread stalls on its first file
+        if threading.current_thread().name == "tenzro-value-files":
+            gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(external, "MAX_DROP_BACKLOG", 4)
+    monkeypatch.setattr(external, "advise", slow)
+    directory = tmp_path / "values"
+    values = external.ExternalValues(str(directory), sync=False)
+    values.create_directory()
+    try:
+        values.write(CF_SUBMISSIONS, payload_key("task-1", b"\xff" * 32), BIG[:1000])
+        deadline = time.monotonic() + 10
+        while not values._dropper._queue.empty() and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.001)  # until the thread has taken it, and stalls
+        for i in range(11):
+            values.write(CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG[:1000])
+        # One taken by the stalled thread, 4 waiting: the writer closed the other 7 itself.
+        assert _open_fds_under(directory) == 1 + 4
+    finally:
+        gate.set()
+        values.release_cached()
+    assert _open_fds_under(directory) == 0
