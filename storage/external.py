@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import logging
 import os
 import queue
 import secrets
@@ -54,6 +55,8 @@ from typing import BinaryIO, Final
 
 from storage.files import fsync_directory
 from storage.interface import StorageError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DIRECTORY",
@@ -135,11 +138,17 @@ MAX_DROP_BACKLOG: Final = 64
 still dirty, then stay cached): each waiting file holds a descriptor."""
 
 
+_FADVISE: Final = getattr(os, "posix_fadvise", None)
+"""None where the platform has no posix_fadvise (macOS): files are then closed at once."""
+
+
 def advise(fd: int) -> None:
     """``POSIX_FADV_DONTNEED`` on all of ``fd``: starts writing back its dirty pages and drops
     its clean ones. Advice only: a failure (a filesystem that takes none) changes nothing."""
+    if _FADVISE is None:
+        return
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        _FADVISE(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
         pass
 
@@ -147,11 +156,13 @@ def advise(fd: int) -> None:
 def _drop_and_close(fd: int) -> None:
     """Advise ``fd`` out of the cache and close it. Its file was written (and fsynced where
     that was asked) before its batch: a close's error changes nothing that was acknowledged."""
-    advise(fd)
     try:
-        os.close(fd)
-    except OSError:
-        pass
+        advise(fd)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class _Dropper:
@@ -180,12 +191,18 @@ class _Dropper:
     def _run(self) -> None:
         held: collections.deque[int] = collections.deque()
         while (fd := self._queue.get()) is not None:
-            advise(fd)  # starts its writeback
             held.append(fd)
-            if len(held) > DROP_LAG:
-                _drop_and_close(held.popleft())  # written back by now: its pages go
+            try:
+                advise(fd)  # starts its writeback
+                if len(held) > DROP_LAG:
+                    _drop_and_close(held.popleft())  # written back by now: its pages go
+            except Exception:  # nothing expected; the thread must live on to close the rest
+                log.exception("dropping a value file from the page cache failed")
         for fd in held:
-            _drop_and_close(fd)
+            try:
+                _drop_and_close(fd)
+            except Exception:
+                log.exception("dropping a value file from the page cache failed")
 
 
 def _header(cf: str, key: bytes) -> bytes:
@@ -234,6 +251,7 @@ class ExternalValues:
         self._lock_fd: int | None = None  # flock'ed while this reader's links are in use
         self._dropper: _Dropper | None = None  # started at the first file written
         self._dropper_lock = threading.Lock()
+        self._released = False  # release_cached ran: no new dropper
 
     def _path(self, name: bytes) -> str:
         return os.path.join(self._dir, name.hex())
@@ -306,17 +324,28 @@ class ExternalValues:
         project's machines): 1 MiB took ~2.6 ms into fresh pages, ~0.3-0.5 ms into pages the
         kernel had just freed, and a ~100 MB model snapshot ~0.25 s more than it needed.
         Dropped pages are what the next files are written into, as PostgreSQL's ring buffers
-        recycle a bulk write's pages (docs/storage.md "Large values")."""
-        with self._dropper_lock:
-            if self._dropper is None:
-                self._dropper = _Dropper()
-                weakref.finalize(self, self._dropper.stop)
-            self._dropper.put(fd)
+        recycle a bulk write's pages (docs/storage.md "Large values").
+
+        Without ``posix_fadvise`` (macOS), after :meth:`release_cached`, or when no thread can
+        be started, the file is closed here at once: never an error for a write that was made."""
+        try:
+            with self._dropper_lock:
+                if _FADVISE is not None and not self._released:
+                    if self._dropper is None:
+                        self._dropper = _Dropper()
+                        weakref.finalize(self, self._dropper.stop)
+                    self._dropper.put(fd)
+                    return
+        except Exception:  # no thread to be had (a thread limit): the write itself stands
+            log.warning("cannot hand a value file to the page-cache thread", exc_info=True)
+        _drop_and_close(fd)
 
     def release_cached(self) -> None:
-        """Drop and close every file handed to the dropper, and stop it (the store's close)."""
+        """Drop and close every file handed to the dropper, and stop it (the store's close); a
+        file written after this (a write racing the close) is closed by its writer."""
         with self._dropper_lock:
             dropper, self._dropper = self._dropper, None
+            self._released = True
         if dropper is not None:
             dropper.stop()
 

@@ -698,6 +698,7 @@ def _filesystem_of(path: Path) -> str:
 
 def test_each_written_file_is_advised_out_of_the_page_cache_now_and_again_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
     from storage.external import DROP_LAG
 
     advised: list[str] = []
@@ -708,7 +709,7 @@ def test_each_written_file_is_advised_out_of_the_page_cache_now_and_again_later(
         advised.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
         real(fd, offset, length, advice)
 
-    monkeypatch.setattr(os, "posix_fadvise", spy)
+    monkeypatch.setattr(external, "_FADVISE", spy)
     path = tmp_path / "db"
     names = []
     with RocksStore(path) as store:
@@ -721,7 +722,8 @@ def test_each_written_file_is_advised_out_of_the_page_cache_now_and_again_later(
         # and they stay open until then (on the store's dropping thread: waited for).
         expected = [2] * 3 + [1] * DROP_LAG
         deadline = time.monotonic() + 10
-        while [advised.count(n) for n in names] != expected and time.monotonic() < deadline:
+        while (([advised.count(n) for n in names], _open_fds_under(path / DIRECTORY)) != (expected, DROP_LAG)
+               and time.monotonic() < deadline):
             time.sleep(0.01)
         assert [advised.count(n) for n in names] == expected
         assert _open_fds_under(path / DIRECTORY) == DROP_LAG
@@ -760,10 +762,12 @@ def test_files_no_longer_in_the_page_cache_read_back_whole(tmp_path: Path) -> No
 
 
 def test_a_filesystem_refusing_the_advice_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
     def refuse(fd: int, offset: int, length: int, advice: int) -> None:
         raise OSError(22, "Invalid argument")
 
-    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    monkeypatch.setattr(external, "_FADVISE", refuse)
     path = tmp_path / "db"
     with RocksStore(path) as store:
         for i in range(12):
@@ -785,11 +789,11 @@ def test_value_files_held_for_the_cache_are_closed_when_their_owner_is_dropped_u
     for i in range(3):
         values.write(CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG)
     assert _open_fds_under(directory) == 3  # handed to the dropping thread, held
-    threads = threading.active_count()
+    thread = values._dropper._thread  # type: ignore[union-attr]
     del values
     gc.collect()
     assert _open_fds_under(directory) == 0
-    assert threading.active_count() == threads - 1
+    assert not thread.is_alive()
 
 
 def test_a_writer_closes_its_files_itself_past_the_dropping_threads_backlog(tmp_path: Path,
@@ -822,3 +826,67 @@ def test_a_writer_closes_its_files_itself_past_the_dropping_threads_backlog(tmp_
         gate.set()
         values.release_cached()
     assert _open_fds_under(directory) == 0
+
+
+def _write_some(values: object, count: int) -> None:
+    for i in range(count):
+        values.write(CF_SUBMISSIONS, payload_key("task-1", bytes([i]) * 32), BIG[:1000])  # type: ignore[attr-defined]
+
+
+def test_without_posix_fadvise_each_file_is_closed_at_once_and_no_thread_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    monkeypatch.setattr(external, "_FADVISE", None)  # macOS has none
+    values = external.ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    _write_some(values, 80)  # more than DROP_LAG + MAX_DROP_BACKLOG
+    assert values._dropper is None
+    assert _open_fds_under(tmp_path / "values") == 0
+
+
+def test_a_write_racing_the_close_closes_its_own_file(tmp_path: Path) -> None:
+    from storage.external import ExternalValues
+
+    values = ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    _write_some(values, 3)
+    values.release_cached()
+    _write_some(values, 3)  # after the close's release: no new thread to hold them
+    assert values._dropper is None
+    assert _open_fds_under(tmp_path / "values") == 0
+
+
+def test_a_thread_that_cannot_start_costs_the_cache_not_the_write(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    def refuse() -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(external, "_Dropper", refuse)
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+        assert _open_fds_under(path / DIRECTORY) == 0
+
+
+def test_the_dropping_thread_outlives_an_unexpected_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    real = external.advise
+    failed: list[int] = []
+
+    def fail_once(fd: int) -> None:
+        if not failed and threading.current_thread().name == "tenzro-value-files":
+            failed.append(fd)
+            raise ValueError("unexpected")
+        real(fd)
+
+    monkeypatch.setattr(external, "advise", fail_once)
+    values = external.ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    _write_some(values, 12)
+    values.release_cached()
+    assert failed and _open_fds_under(tmp_path / "values") == 0
