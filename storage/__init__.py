@@ -20,6 +20,7 @@ from storage.interface import (
     SchemaVersionError,
     StorageError,
 )
+from storage.external import EXTERNAL_VALUE_BYTES
 from storage.memory import MemoryStore
 
 __all__ = [
@@ -41,19 +42,17 @@ def open_store(
     read_only: bool = False,
     wal_recovery: str = "strict",
     upgrade_schema: bool = True,
-    external_value_bytes: int | None = None,
+    external_value_bytes: int = EXTERNAL_VALUE_BYTES,
 ) -> KVStore:
     """Open the node's store: a :class:`~storage.rocks.RocksStore` in directory ``path``, or a
     fresh :class:`MemoryStore` when ``path`` is None (the other arguments then do nothing).
     ``read_only``: an existing store, read beside whoever has it open (RocksStore).
     ``wal_recovery``: one of :data:`storage.interface.WAL_RECOVERY_MODES`.
-    ``upgrade_schema``, ``external_value_bytes`` (None: its default): see
-    :class:`~storage.rocks.RocksStore`."""
+    ``upgrade_schema``, ``external_value_bytes``: see :class:`~storage.rocks.RocksStore`."""
     if path is None:
         return MemoryStore()
     # Imported here so that using the memory store never loads the RocksDB extension.
     from storage.rocks import RocksStore
 
-    extra = {} if external_value_bytes is None else {"external_value_bytes": external_value_bytes}
     return RocksStore(path, sync=sync, create=create, read_only=read_only, wal_recovery=wal_recovery,
-                      upgrade_schema=upgrade_schema, **extra)
+                      upgrade_schema=upgrade_schema, external_value_bytes=external_value_bytes)

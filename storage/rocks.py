@@ -568,19 +568,28 @@ class RocksStore(KVStore):
             if not self._unneeded or any(c.resolves for c in list(self._cursors)):
                 return
             unneeded, self._unneeded = self._unneeded, []
-        if not self._sync:
-            try:
-                self._db.flush_wal(True)
-            except Exception:
-                # The batch is written and stays acknowledged: its files wait for a later sync
-                # (or the next open's sweep). A failing disk fails the next write anyway.
-                with self._files_lock:
-                    self._unneeded += unneeded
-                return
+        if not self._log_synced_for_removal():
+            # The batch is written and stays acknowledged: its files wait for a later sync
+            # (or the next open's sweep). A failing disk fails the next write anyway.
+            with self._files_lock:
+                self._unneeded += unneeded
+            return
         self._external.remove(unneeded)
         if time.monotonic() - self._readers_swept > _READER_SWEEP_S:
             self._readers_swept = time.monotonic()
             self._external.remove_dead_readers()
+
+    def _log_synced_for_removal(self) -> bool:
+        """Whether the batches written so far are durable, so that the files they replaced may
+        be removed (:meth:`_remove_files`): with ``sync`` they are; without it the log is
+        synced here, and False means that failed."""
+        if self._sync:
+            return True
+        try:
+            self._db.flush_wal(True)
+        except Exception:
+            return False
+        return True
 
     def _separate(self, ops: list[Operation]) -> tuple[list[Operation], list[bytes]]:
         """``ops`` with each large value of an external keyspace written to its file and put as
@@ -657,11 +666,8 @@ class RocksStore(KVStore):
             cursor.release()
         self._cursors = weakref.WeakSet()
         unneeded, self._unneeded = self._unneeded, []
-        if unneeded and not self._sync and self._db is not None:
-            try:
-                self._db.flush_wal(True)  # see _remove_files
-            except Exception:
-                unneeded = []  # left for the next open's sweep
+        if unneeded and self._db is not None and not self._log_synced_for_removal():
+            unneeded = []  # left for the next open's sweep
         self._external.remove(unneeded)
         self._external.release_cached()
         self._external.unpin()
