@@ -180,10 +180,11 @@ def _payload(value: object, decode: Callable[[str], bytes] = _b64_decode) -> byt
     if len(value) % 4:
         raise InvalidParams("payload", "not strict base64 (length not a multiple of 4)")
     # At most two pad characters: binascii's strict mode also takes "AAAA====" (pybase64 does
-    # not), and the two decoders must agree on what one payload is.
-    pad = len(value) - len(value.rstrip("="))
-    if pad > 2:
+    # not), and the two decoders must agree on what one payload is. Counted with endswith:
+    # rstrip copied the whole string (~1.4 MB for a 1 MiB payload, ~0.05 ms) when it was padded.
+    if value.endswith("==="):
         raise InvalidParams("payload", "not strict base64 (more than two '=')")
+    pad = 2 if value.endswith("==") else 1 if value.endswith("=") else 0
     try:
         raw = decode(value)
     except (binascii.Error, ValueError):

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Union
 from eth_account import Account
 from eth_account.messages import SignableMessage, encode_typed_data
 from eth_hash.auto import keccak
+from eth_keys import keys as eth_keys
 from eth_keys.exceptions import BadSignature, ValidationError
 
 from tenzro_training.addresses import (
@@ -74,6 +75,7 @@ __all__ = [
     "compute_digest",
     "compute_signable",
     "recover_signer",
+    "recover_signer_address",
     "sign_message",
     "validate_signer",
 ]
@@ -470,14 +472,24 @@ def recover_signer(msg: SignedMessageType, signature: bytes, chain_id: int = DEF
     value, another chain id) recovers to some *other* address: callers must compare with
     :func:`validate_signer`.
     """
+    return format_address(recover_signer_address(msg, signature, chain_id))
+
+
+def recover_signer_address(msg: SignedMessageType, signature: bytes, chain_id: int = DEFAULT_CHAIN_ID) -> Address:
+    """:func:`recover_signer` as the address's 20 bytes, with the same checks and errors.
+
+    What the node compares and stores. Why it exists: going through the EIP-55 text (eth-account's
+    ``_recover_hash``, then parsing the text back) costs two more Keccak-256 and the checksum
+    formatting: ~0.11 ms per recovery against ~0.05 ms for the bytes (2026-11-27, 2-core VM)."""
     v, r, s = _split_signature(signature)
     digest = compute_digest(msg, chain_id)
     try:
-        return str(Account._recover_hash(digest, vrs=(v, r, s)))
+        public_key = eth_keys.Signature(vrs=(v - 27, r, s)).recover_public_key_from_msg_hash(digest)
     except (BadSignature, ValidationError) as exc:
         # r passed the range check but is not the x-coordinate of a curve point (or the point
         # recovers to infinity): there is no signer.
         raise SignatureInvalid(f"public key not recoverable ({type(exc).__name__})") from None
+    return Address(public_key.to_canonical_address())
 
 
 def _expected_address_bytes(expected_address: object) -> Address:
@@ -499,7 +511,6 @@ def validate_signer(
     Raises :class:`SignatureInvalid` or :class:`WrongSigner` (carrying both addresses).
     """
     expected = _expected_address_bytes(expected_address)
-    actual_text = recover_signer(msg, signature, chain_id)
-    actual = parse_address(actual_text)
+    actual = recover_signer_address(msg, signature, chain_id)
     if actual != expected:
         raise WrongSigner(expected=format_address(expected), actual=format_address(actual))

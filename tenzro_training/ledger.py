@@ -489,6 +489,10 @@ class LedgerChanges:
 
 def compute_changes(before: Ledger, after: Ledger) -> LedgerChanges:
     """The entries of ``after`` that differ from ``before`` (plus both supply counters)."""
+    if before is after:
+        # Most transitions (every submission) hand the same ledger on; comparing it entry by
+        # entry cost ~0.07 ms per submission with nine runs' escrows and bonds, and grows with them.
+        return LedgerChanges(balances=(), escrows=(), bonds=(), minted=after.minted, burned=after.burned)
     balances = tuple(
         (address, after.accounts.get(address, 0))
         for address in sorted(before.accounts.keys() | after.accounts.keys())

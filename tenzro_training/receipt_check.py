@@ -57,7 +57,7 @@ from tenzro_training.jsonfields import (
     encode_hex,
 )
 from tenzro_training import auth
-from tenzro_training.addresses import Address, format_address, parse_address
+from tenzro_training.addresses import Address, format_address
 from tenzro_training.election import RankedCandidate, compute_election_seed, rank_candidates, validate_ticket
 from tenzro_training.errors import EncodingError, TenzroError
 from tenzro_training.merkle import run_root as compute_run_root
@@ -442,7 +442,7 @@ def _require(condition: bool, detail: str) -> None:
 def _recovers_to(msg: auth.SignedMessageType, signature: bytes, expected: Address, chain_id: int) -> str | None:
     """None if ``signature`` over ``msg`` recovers to ``expected``; else why not."""
     try:
-        signer = parse_address(auth.recover_signer(msg, signature, chain_id))
+        signer = auth.recover_signer_address(msg, signature, chain_id)
     except TenzroError as exc:
         return f"invalid signature ({exc})"
     if signer != expected:

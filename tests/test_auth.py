@@ -29,6 +29,7 @@ from tenzro_training.auth import (
     compute_canonical_signature,
     compute_digest,
     recover_signer,
+    recover_signer_address,
     sign_message,
     validate_signer,
 )
@@ -436,6 +437,41 @@ def test_validate_signer_rejects_malformed_expected_address() -> None:
         validate_signer(MESSAGES[3], GOOD, "0xnot-an-address")
     with pytest.raises(AddressError):
         validate_signer(MESSAGES[3], GOOD, bytes(19))
+
+
+@settings(max_examples=40, deadline=None)
+@given(key=st.binary(min_size=32, max_size=32), index=st.integers(min_value=0, max_value=len(MESSAGES) - 1))
+def test_recover_signer_address_is_the_signer_and_agrees_with_eth_account(key: bytes, index: int) -> None:
+    """The bytes route (what the node uses) against eth-account's own, independent one: the
+    signer's address for its signature, and the same *other* address for a tampered message."""
+    secret = int.from_bytes(key, "big")
+    if not 1 <= secret < SECP256K1_N:
+        return
+    msg = MESSAGES[index]
+    signature = sign_message(msg, key)
+    assert recover_signer_address(msg, signature) == parse_address(Account.from_key(key).address)
+    v, r, s = signature[64], int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:64], "big")
+    for other in _tampered(msg):
+        try:
+            ours = recover_signer_address(other, signature)
+        except SignatureInvalid:
+            continue
+        assert ours == parse_address(Account._recover_hash(compute_digest(other), vrs=(v, r, s)))
+        assert recover_signer(other, signature) == format_address(ours)
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [b"", bytes(64), GOOD[:64] + bytes([29]), _join(5, _parts(GOOD)[1], _parts(GOOD)[2]),
+     _join(_parts(GOOD)[0], SECP256K1_N - _parts(GOOD)[1], 55 - _parts(GOOD)[2]), _join(0, 1, 27)],
+    ids=["empty", "short", "v29", "unrecoverable-r", "high-s", "r-zero"],
+)
+def test_recover_signer_address_refuses_what_recover_signer_refuses(signature: bytes) -> None:
+    with pytest.raises(SignatureInvalid) as text_error:
+        recover_signer(MESSAGES[3], signature)
+    with pytest.raises(SignatureInvalid) as bytes_error:
+        recover_signer_address(MESSAGES[3], signature)
+    assert bytes_error.value.reason == text_error.value.reason
 
 
 def test_format_of_recovered_address_is_eip55() -> None:

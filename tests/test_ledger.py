@@ -638,3 +638,19 @@ def test_operation_sequences_conserve_supply_and_match_model(ops: list[tuple]) -
         assert all(0 < x < UINT256_LIMIT for _, x in after.balances())
         assert apply_changes(ledger, after) == after
         ledger = after
+
+
+def test_changes_of_a_ledger_handed_on_unchanged_are_none_but_the_counters() -> None:
+    """The node's every submission passes the same ledger object on: no entry is written, and
+    an equal ledger built apart gives the same (empty) answer by the entry-by-entry route."""
+    ledger = Ledger()
+    for raw_op in GENESIS:
+        ledger = apply_real(ledger, resolve(raw_op, ledger), None)
+    assert ledger.accounts  # a ledger with entries, so an empty answer means something
+    same = compute_changes(ledger, ledger)
+    assert (same.balances, same.escrows, same.bonds) == ((), (), ())
+    assert (same.minted, same.burned) == (ledger.minted, ledger.burned)
+    rebuilt = Ledger(accounts=ledger.accounts, escrows=ledger.escrows, bonds=ledger.bonds,
+                     minted=ledger.minted, burned=ledger.burned)
+    assert rebuilt is not ledger
+    assert compute_changes(ledger, rebuilt) == same

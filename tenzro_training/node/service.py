@@ -58,7 +58,7 @@ from tenzro_training.auth import (
     PostTask,
     SignedMessageType,
     SubmitOuterGradient,
-    recover_signer,
+    recover_signer_address,
     validate_signer,
 )
 from tenzro_training.election import ExclusionReason, TicketRejected, make_ticket
@@ -518,7 +518,7 @@ class NodeService:
             self._records_json.pop(old, None)
 
     def _recover(self, msg: SignedMessageType, signature: bytes) -> Address:
-        return parse_address(recover_signer(msg, signature, self._config.chain_id))
+        return recover_signer_address(msg, signature, self._config.chain_id)
 
     def _model(self, task_id: str) -> ModelLayout:
         model = self._models.get(task_id)

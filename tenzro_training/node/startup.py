@@ -25,8 +25,8 @@ from typing import Any
 
 from storage import schema
 from storage.interface import BatchOp, KVStore, Operation, StorageError
-from tenzro_training.addresses import format_address, parse_address
-from tenzro_training.auth import SubmitOuterGradient, recover_signer
+from tenzro_training.addresses import format_address
+from tenzro_training.auth import SubmitOuterGradient, recover_signer_address
 from tenzro_training.errors import TenzroError
 from tenzro_training.ledger import Ledger, credit
 from tenzro_training.node import persistence
@@ -140,7 +140,7 @@ def check_submission_chain(key: bytes, raw: bytes, chain_id: int) -> None:
     msg = SubmitOuterGradient(task_id=sub.task_id, round=sub.round, fragment=sub.fragment,
                               payload_hash=record.payload_hash)
     try:
-        signer: bytes | None = parse_address(recover_signer(msg, record.signature, chain_id))
+        signer: bytes | None = recover_signer_address(msg, record.signature, chain_id)
     except TenzroError:
         signer = None
     if signer != sub.trainer:

@@ -332,6 +332,16 @@ def test_b64_decoders_agree_and_accept_only_canonical(text: str) -> None:
 
 
 @pytest.mark.parametrize("decoder", sorted(params_module.B64_DECODERS))
+def test_payload_padding_is_counted_from_the_end(decoder: str) -> None:
+    """Zero, one or two '=' decode; three or more are refused as such, whatever comes before."""
+    for text, data in (("QUJD", b"ABC"), ("QUI=", b"AB"), ("QQ==", b"A"), ("QUJDQQ==", b"ABCA")):
+        assert params_module._payload(text, params_module.B64_DECODERS[decoder]) == data
+    for bad in ("AAAA====", "QUJD====", "Q===", "========"):
+        with pytest.raises(InvalidParams, match="more than two '='"):
+            params_module._payload(bad, params_module.B64_DECODERS[decoder])
+
+
+@pytest.mark.parametrize("decoder", sorted(params_module.B64_DECODERS))
 def test_invalid_payload_base64_with_any_unused_bit_set(decoder: str) -> None:
     """One '=' leaves 2 unused bits, two '=' leave 4: every one of them must be zero."""
     for text, data in (("QQ==", b"A"), ("QUI=", b"AB")):
