@@ -20,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from rpc import server as server_module
 from rpc.server import RunningServer, create_app, run_server, start_server
 from tests.rpc.conformance import FakeService, RpcConformance, get_run, req
 
@@ -369,6 +372,60 @@ def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
     assert b" 500 " not in reply
     status, _h, body = small.request("GET", "/")
     assert status == 200
+
+
+LARGE = 600_000  # over rpc.server.SMALL_BODY_BYTES: read into one buffer of its Content-Length
+
+
+def _padded(obj: Any, size: int = LARGE, lead: bytes = b"") -> bytes:
+    raw = lead + json.dumps(obj).encode()
+    return raw + b" " * (size - len(raw))
+
+
+def test_a_large_body_is_read_whole_in_any_slices(live: LiveServer) -> None:
+    """Bodies over SMALL_BODY_BYTES go through the server's own read (one buffer of their
+    length): a call, a batch after leading whitespace (its answer is a list), and the same call
+    arriving in odd slices over several writes all get the answers a small body gets."""
+    live.service.reset()
+    status, body = live.post(_padded(get_run()))
+    assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
+    status, body = live.post(_padded([get_run(), get_run()], lead=b" \r\n\t"))
+    assert status == 200 and [a["result"]["task_id"] for a in json.loads(body)] == ["t1", "t1"]
+    raw = _padded(get_run())
+    with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(raw))
+        for start, end in ((0, 1), (1, 70_000), (70_000, 70_001), (70_001, 333_333), (333_333, len(raw))):
+            sock.sendall(raw[start:end])
+            time.sleep(0.01)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
+                _split_reply(reply)[1].get("content-length", "1")):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status, _headers, answer = _split_reply(reply)
+    assert status == 200 and json.loads(answer)["result"]["task_id"] == "t1"
+    assert [name for name, _ in live.service.calls] == ["get_run"] * 4
+
+
+def test_invalid_large_body_shorter_than_its_length_runs_nothing(live: LiveServer) -> None:
+    live.service.reset()
+    raw = _padded(get_run())
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (len(raw) + 1000)
+    reply = _raw_exchange(live.port, head + raw)
+    assert b" 500 " not in reply
+    assert live.service.calls == []
+    assert live.post(json.dumps(get_run()).encode())[0] == 200
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=12).map(lambda b: b.replace(b"\x00", b" ")) | st.sampled_from(
+    [b"", b" ", b"\x0b\x0c[", b"\t\n\r {", b"  x", b"\xa0["]))
+def test_first_byte_is_lstrip_without_the_copy(body: bytes) -> None:
+    expected = body.lstrip()[:1]
+    assert server_module._first_byte(body) == expected
+    assert server_module._first_byte(bytearray(body)) == expected
 
 
 # --- Content-Encoding ------------------------------------------------------------------------------
