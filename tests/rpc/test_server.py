@@ -14,6 +14,7 @@ import random
 import socket
 import threading
 import time
+import tracemalloc
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -417,6 +418,21 @@ def test_invalid_large_body_shorter_than_its_length_runs_nothing(live: LiveServe
     assert b" 500 " not in reply
     assert live.service.calls == []
     assert live.post(json.dumps(get_run()).encode())[0] == 200
+
+
+def test_a_large_body_head_alone_allocates_nothing_for_its_length(live: LiveServer) -> None:
+    """A head claiming a large body, with none of it sent, costs the node no buffer of that
+    length: a client could otherwise have it allocate (and zero-fill) max_body_bytes per head."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        with socket.create_connection(("127.0.0.1", live.port), timeout=10) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+            time.sleep(0.5)  # the handler is waiting for the body by now
+            grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 300_000, grown
 
 
 @settings(max_examples=300, deadline=None)
