@@ -133,13 +133,13 @@ _DECODER: Final = json.JSONDecoder(
 )
 
 
-def _check_nesting(raw: bytes | bytearray) -> None:
+def _check_nesting(raw: bytes) -> None:
     """Raise ParseError when ``raw`` could nest deeper than :data:`MAX_NESTING` (see jsontext)."""
     if not is_json_depth_ok(raw, MAX_NESTING):
         raise ParseError(f"nesting deeper than {MAX_NESTING} levels")
 
 
-def parse_json(raw: bytes | bytearray | str) -> Any:
+def parse_json(raw: bytes | str) -> Any:
     """Parse one strict JSON value; raise :class:`ParseError` for anything else.
 
     Bytes must be UTF-8 (no BOM). Duplicate object keys, ``NaN``/``Infinity``, numbers that
@@ -147,8 +147,7 @@ def parse_json(raw: bytes | bytearray | str) -> Any:
     :data:`MAX_VALUES` values and nesting deeper than :data:`MAX_NESTING` are all parse errors.
     """
     if isinstance(raw, (bytes, bytearray, memoryview)):
-        # A bytearray (the server reads a large body into one) is read in place, not copied.
-        data = raw if isinstance(raw, (bytes, bytearray)) else bytes(raw)
+        data = bytes(raw)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -306,7 +305,7 @@ class Dispatcher:
             raise ValueError(f"max_batch_seconds must be a positive number, got {max_batch_seconds!r}")
         self._max_batch_seconds = max_batch_seconds
 
-    def handle(self, raw: bytes | bytearray | str, max_answer_bytes: int | None = None) -> bytes | None:
+    def handle(self, raw: bytes | str, max_answer_bytes: int | None = None) -> bytes | None:
         """Answer one request body; ``None`` when nothing must be sent (notifications only).
 
         A batch's answer is built element by element; once it holds more than

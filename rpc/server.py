@@ -495,14 +495,14 @@ def _busy(app: web.Application) -> web.Response:
     return response
 
 
-def _first_byte(body: bytes | bytearray) -> bytes:
-    """``body.lstrip()[:1]`` without copying the body (``lstrip`` copies a bytearray whole, and
-    bytes that start with whitespace)."""
+def _first_byte(body: bytes) -> bytes:
+    """``body.lstrip()[:1]`` without copying the body (``lstrip`` copies a body that starts
+    with whitespace)."""
     at = _LEADING_SPACE.match(body).end()  # type: ignore[union-attr]  # "*" always matches
-    return bytes(body[at : at + 1])
+    return body[at : at + 1]
 
 
-def _answer_room(limits: ServerLimits, budget: _ByteBudget, body: bytes | bytearray) -> int:
+def _answer_room(limits: ServerLimits, budget: _ByteBudget, body: bytes) -> int:
     """Room held for the answer to ``body``, and so its batch answer's cap: a batch's is
     ``max_answer_bytes``, a single call's ``SINGLE_ANSWER_BYTES`` (a larger single answer, a
     huge getRun, takes its excess without waiting); either at most an eighth of the budget, so
@@ -526,7 +526,7 @@ async def _run_to_end(executor: Executor, fn: Callable[..., T], *args: Any) -> T
         raise
 
 
-async def _answer(request: web.Request, encoding: str, body: bytes | bytearray | None, hold: list[int | None],
+async def _answer(request: web.Request, encoding: str, body: bytes | None, hold: list[int | None],
                   client: object) -> web.StreamResponse:
     """Read (unless done), decode and dispatch the body, and write the answer. ``hold[0]``: the
     bytes of the budget this request holds (kept current: the caller releases them)."""

@@ -24,7 +24,7 @@ _SCAN_CHUNK: Final = 1 << 20
 """Bytes per step of the slow path's scan: its scratch is ~14 bytes per byte of one chunk."""
 
 
-def compute_json_depth_bound(raw: bytes | bytearray | str) -> int:
+def compute_json_depth_bound(raw: bytes | str) -> int:
     """An upper bound on the array/object nesting depth a JSON parser would reach on ``raw``.
 
     Brackets inside strings do not count; the running depth of the others is computed with
@@ -44,7 +44,7 @@ def compute_json_depth_bound(raw: bytes | bytearray | str) -> int:
     return _scan_depth(data)
 
 
-def _scan_depth(data: bytes | bytearray) -> int:
+def _scan_depth(data: bytes) -> int:
     """The running bracket depth's maximum, brackets inside strings left out, in memory that
     does not grow with the input: one chunk's scratch (:data:`_SCAN_CHUNK`) and the text less
     its escaped backslashes and quotes.
@@ -77,7 +77,7 @@ def _scan_depth(data: bytes | bytearray) -> int:
     return max(0, peak)
 
 
-def _utf8_as_parsed(raw: bytes | bytearray | str) -> bytes | bytearray:
+def _utf8_as_parsed(raw: bytes | str) -> bytes:
     """``raw`` as UTF-8 bytes of the text ``json.loads(raw)`` would parse.
 
     ``json.loads`` of bytes also reads UTF-16 and UTF-32, which it recognises by their zero
@@ -90,7 +90,7 @@ def _utf8_as_parsed(raw: bytes | bytearray | str) -> bytes | bytearray:
     """
     if isinstance(raw, str):
         return raw.encode("utf-8", "surrogatepass")
-    data = raw if isinstance(raw, (bytes, bytearray)) else bytes(raw)  # a bytearray is scanned in place
+    data = bytes(raw)
     encoding = json.detect_encoding(data)
     if encoding in ("utf-8", "utf-8-sig"):  # the BOM holds no quote or bracket
         return data
@@ -100,7 +100,7 @@ def _utf8_as_parsed(raw: bytes | bytearray | str) -> bytes | bytearray:
         return data  # json.loads cannot decode it either: it parses nothing
 
 
-def _count_openers(data: bytes | bytearray, stop: int) -> int:
+def _count_openers(data: bytes, stop: int) -> int:
     """How many ``[`` and ``{`` bytes ``data`` holds, counting no further than ``stop``."""
     count = 0
     for opener in (b"[", b"{"):
@@ -113,7 +113,7 @@ def _count_openers(data: bytes | bytearray, stop: int) -> int:
     return count
 
 
-def compute_json_values_bound(raw: bytes | bytearray | str) -> int:
+def compute_json_values_bound(raw: bytes | str) -> int:
     """An upper bound on the number of values (and object keys) a JSON parser would build from
     ``raw``: every one but the first follows a ``,``, ``:``, ``[`` or ``{`` (counted inside
     strings too, which only over-estimates). Why: parsed objects cost 50-100x the bytes of
@@ -122,7 +122,7 @@ def compute_json_values_bound(raw: bytes | bytearray | str) -> int:
     return 1 + sum(data.count(c) for c in (b",", b":", b"[", b"{"))
 
 
-def is_json_depth_ok(raw: bytes | bytearray | str, limit: int = MAX_JSON_NESTING) -> bool:
+def is_json_depth_ok(raw: bytes | str, limit: int = MAX_JSON_NESTING) -> bool:
     """True when ``raw`` cannot nest deeper than ``limit``."""
     return compute_json_depth_bound(raw) <= limit
 
