@@ -53,7 +53,7 @@ def _dir_bytes(path: Path) -> int:
 
 def run(rounds: int, window: int, workdir: Path) -> dict[str, float]:
     from storage import schema
-    from tenzro_training.cli import compute_layouts_from_view
+    from tenzro_training.cli.layouts import compute_layouts_from_view
     from tenzro_training.spec import TrainingTaskSpec
 
     bench = Bench(workdir, store="rocksdb")

@@ -148,7 +148,7 @@ class Bench:
 
     def start_run(self, spec: dict[str, Any]) -> tuple[Any, ...]:
         """Post, elect, enroll every trainer; return the layouts (Training, round 0)."""
-        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.cli.layouts import compute_layouts_from_view
         from tenzro_training.spec import TrainingTaskSpec
 
         svc = self.service
@@ -166,7 +166,7 @@ class Bench:
         return compute_layouts_from_view(view)
 
     def payload(self, task_id: str, layout: Any, round_: int, who: str) -> bytes:
-        from tenzro_training.cli import compute_random_gradient
+        from tenzro_training.cli.layouts import compute_random_gradient
         from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
 
         flat = compute_random_gradient(layout, 0, f"{task_id}/{who}", round_, 1e-3)

@@ -37,7 +37,7 @@ import torch
 
 from tenzro_training import auth
 from tenzro_training.addresses import parse_address
-from tenzro_training.cli import RpcClient
+from tenzro_training.cli.client import RpcClient
 from tenzro_training.global_model import compute_full_state, compute_initial_model, compute_round_update
 from tenzro_training.merkle import inclusion_proof, merkle_root, run_root, verify_inclusion
 from tenzro_training.outer import compute_initial_momentum

@@ -34,7 +34,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def write_spec(path: Path, **changes: Any) -> Path:
     """The shipped dev spec with the tiny model and ``changes`` (top-level keys)."""
-    doc = json.loads((Path(cli.__file__).parent / "data" / "dev-task.json").read_text())
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
     doc["architecture"]["metadata"] = dict(TINY_METADATA)
     doc.update(changes)
     path.write_text(json.dumps(doc))

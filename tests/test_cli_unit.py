@@ -25,6 +25,9 @@ import pytest
 
 from tenzro_training import auth, cli
 from tenzro_training.cli import EXIT_OK, EXIT_RPC_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, CliError
+from tenzro_training.cli import client as cli_client, files as cli_files, keys as cli_keys, layouts as cli_layouts
+from tenzro_training.cli import model_commands, operator_commands, run_commands, spec_commands
+from tenzro_training.cli import parser as cli_parser
 
 KEY = bytes.fromhex("4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318")
 KEY_ADDRESS = "0x2c7536E3605D9C16a7a3D7b1898e529396a65c23"
@@ -109,37 +112,37 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_parser_keeps_the_seed_commands_and_flags() -> None:
     parser = cli.build_parser()
     a = parser.parse_args(["train", "post-task", "--spec", "s.json"])
-    assert a.func is cli.cmd_post_task and a.spec == "s.json" and a.rpc == cli.DEFAULT_RPC
+    assert a.func is run_commands.cmd_post_task and a.spec == "s.json" and a.rpc == cli.DEFAULT_RPC
     a = parser.parse_args(["train", "list-runs"])
-    assert a.func is cli.cmd_list_runs and (a.offset, a.limit, a.status) == (0, 50, None)
+    assert a.func is run_commands.cmd_list_runs and (a.offset, a.limit, a.status) == (0, 50, None)
     a = parser.parse_args(["train", "get-run", "--task-id", "t1"])
-    assert a.func is cli.cmd_get_run and a.task_id == "t1"
+    assert a.func is run_commands.cmd_get_run and a.task_id == "t1"
     a = parser.parse_args(["train", "get-receipt", "--task-id", "t1"])
-    assert a.func is cli.cmd_get_receipt and a.out is None
+    assert a.func is run_commands.cmd_get_receipt and a.out is None
     a = parser.parse_args(["train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:x", "--stake", "5"])
-    assert a.func is cli.cmd_enroll and a.stake == "5"
+    assert a.func is run_commands.cmd_enroll and a.stake == "5"
     a = parser.parse_args(
         ["train", "submit-gradient", "--task-id", "t", "--round", "3", "--fragment", "1", "--payload", "p"]
     )
-    assert a.func is cli.cmd_submit_gradient and (a.round, a.fragment) == (3, 1)
+    assert a.func is run_commands.cmd_submit_gradient and (a.round, a.fragment) == (3, 1)
     a = parser.parse_args(["train", "finalize-round", "--task-id", "t"])
-    assert a.func is cli.cmd_finalize and a.round is None
+    assert a.func is run_commands.cmd_finalize and a.round is None
     a = parser.parse_args(["train", "cancel-task", "--task-id", "t", "--json"])
-    assert a.func is cli.cmd_cancel and a.json
+    assert a.func is run_commands.cmd_cancel and a.json
     a = parser.parse_args(["train", "address", "--key-file", "k", "--account", "trainer:2"])
-    assert a.func is cli.cmd_address and a.account == "trainer:2"
+    assert a.func is run_commands.cmd_address and a.account == "trainer:2"
 
 
 def test_parser_node_syncer_and_helpers() -> None:
     parser = cli.build_parser()
     a = parser.parse_args(["node", "--data-dir", "d", "--dev", "--rpc-port", "0"])
-    assert a.func is cli.cmd_node and a.dev and a.rpc_port == 0 and a.rpc_host is None and a.config is None
+    assert a.func is operator_commands.cmd_node and a.dev and a.rpc_port == 0 and a.rpc_host is None and a.config is None
     a = parser.parse_args(["syncer", "run", "--key-file", "k", "--once", "--poll-interval", "0.2"])
-    assert a.func is cli.cmd_syncer_run and a.once and a.poll_interval == 0.2
+    assert a.func is operator_commands.cmd_syncer_run and a.once and a.poll_interval == 0.2
     a = parser.parse_args(["train", "make-gradient", "--round", "0", "--fragment", "1", "--spec", "s", "--out", "o"])
-    assert a.func is cli.cmd_make_gradient and a.random_seed == 0 and a.dtype == "float32"
+    assert a.func is spec_commands.cmd_make_gradient and a.random_seed == 0 and a.dtype == "float32"
     a = parser.parse_args(["train", "export-model", "--task-id", "t", "--data-dir", "d", "--out", "o"])
-    assert a.func is cli.cmd_export_model and not a.check_receipt
+    assert a.func is model_commands.cmd_export_model and not a.check_receipt
 
 
 def test_rpc_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,28 +171,28 @@ def test_invalid_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[st
 
 
 def test_key_from_hex_file_json_and_env(tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert cli.load_private_key(str(key_file)) == KEY
+    assert cli_keys.load_private_key(str(key_file)) == KEY
     bare = tmp_path / "bare"
     bare.write_text(KEY.hex())
-    assert cli.load_private_key(str(bare)) == KEY
+    assert cli_keys.load_private_key(str(bare)) == KEY
     js = tmp_path / "k.json"
     js.write_text(json.dumps({"private_key": "0x" + KEY.hex()}))
-    assert cli.load_private_key(str(js)) == KEY
+    assert cli_keys.load_private_key(str(js)) == KEY
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + KEY.hex())
-    assert cli.load_private_key(None) == KEY
+    assert cli_keys.load_private_key(None) == KEY
     monkeypatch.setenv("TENZRO_PRIVATE_KEY", "  0x" + KEY.hex() + "\n")  # surrounding space, as in a file
-    assert cli.load_private_key(None) == KEY
-    assert cli.key_address(KEY) == KEY_ADDRESS
+    assert cli_keys.load_private_key(None) == KEY
+    assert cli_keys.key_address(KEY) == KEY_ADDRESS
 
 
 def test_a_key_file_others_can_read_works_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "k"
     path.write_text(KEY.hex())
     path.chmod(0o644)
-    assert cli.load_private_key(str(path)) == KEY
+    assert cli_keys.load_private_key(str(path)) == KEY
     assert "mode 644 allows group/other access (chmod 600 it)" in capsys.readouterr().err
     path.chmod(0o600)
-    assert cli.load_private_key(str(path)) == KEY
+    assert cli_keys.load_private_key(str(path)) == KEY
     assert capsys.readouterr().err == ""
 
 
@@ -198,44 +201,44 @@ def test_key_from_dev_accounts_file(tmp_path: Path) -> None:
     doc = {
         "chain_id": 1337,
         "accounts": [
-            {"role": r, "index": i, "address": cli.key_address(bytes.fromhex(k)), "private_key": "0x" + k}
+            {"role": r, "index": i, "address": cli_keys.key_address(bytes.fromhex(k)), "private_key": "0x" + k}
             for (r, i), k in keys.items()
         ],
     }
     path = tmp_path / "dev-accounts.json"
     path.write_text(json.dumps(doc))
-    assert cli.load_private_key(str(path), "sponsor") == bytes.fromhex("11" * 32)
-    assert cli.load_private_key(str(path), "trainer:1") == bytes.fromhex("33" * 32)
-    assert cli.load_private_key(str(path), "TRAINER:0") == bytes.fromhex("22" * 32)
+    assert cli_keys.load_private_key(str(path), "sponsor") == bytes.fromhex("11" * 32)
+    assert cli_keys.load_private_key(str(path), "trainer:1") == bytes.fromhex("33" * 32)
+    assert cli_keys.load_private_key(str(path), "TRAINER:0") == bytes.fromhex("22" * 32)
     address = doc["accounts"][2]["address"]
-    assert cli.load_private_key(str(path), address.lower()) == bytes.fromhex("33" * 32)
+    assert cli_keys.load_private_key(str(path), address.lower()) == bytes.fromhex("33" * 32)
 
 
 def test_invalid_dev_accounts_selection(tmp_path: Path, key_file: Path) -> None:
     path = tmp_path / "dev-accounts.json"
     one = {"role": "trainer", "index": 0, "private_key": "0x" + "22" * 32}
     path.write_text(json.dumps({"accounts": [one]}))
-    assert cli.load_private_key(str(path)) == bytes.fromhex("22" * 32)  # one entry: nothing to pick
+    assert cli_keys.load_private_key(str(path)) == bytes.fromhex("22" * 32)  # one entry: nothing to pick
     with pytest.raises(CliError, match="no account 'trainer:7'"):
-        cli.load_private_key(str(path), "trainer:7")
+        cli_keys.load_private_key(str(path), "trainer:7")
     path.write_text(json.dumps({"accounts": [one, {**one, "index": 1, "private_key": "0x" + "33" * 32}]}))
     with pytest.raises(CliError) as info:
-        cli.load_private_key(str(path))
+        cli_keys.load_private_key(str(path))
     assert str(info.value).endswith("holds 2 accounts: pick one with --account (trainer:0, trainer:1)")
     path.write_text(json.dumps({"accounts": []}))
     with pytest.raises(CliError, match="accounts list has no entries"):
-        cli.load_private_key(str(path))
+        cli_keys.load_private_key(str(path))
     # A single-key JSON file with --account: refused (the flag used to be ignored silently).
     path.write_text(json.dumps({"private_key": "0x" + "22" * 32}))
     with pytest.raises(CliError, match="--account needs a dev-accounts.json key file"):
-        cli.load_private_key(str(path), "trainer:1")
+        cli_keys.load_private_key(str(path), "trainer:1")
     path.write_text(json.dumps({"private_key": "0x" + "22" * 32, "accounts": [one]}))
     with pytest.raises(CliError, match="both a private_key and an accounts list"):
-        cli.load_private_key(str(path), "trainer:0")
+        cli_keys.load_private_key(str(path), "trainer:0")
     with pytest.raises(CliError, match="dev-accounts.json"):
-        cli.load_private_key(str(key_file), "trainer:0")
+        cli_keys.load_private_key(str(key_file), "trainer:0")
     with pytest.raises(CliError, match="--key-file"):
-        cli.load_private_key(None, "trainer:0")
+        cli_keys.load_private_key(None, "trainer:0")
 
 
 @pytest.mark.parametrize(
@@ -257,7 +260,7 @@ def test_invalid_key_file(tmp_path: Path, content: str, match: str) -> None:
     path = tmp_path / "bad"
     path.write_text(content)
     with pytest.raises(CliError, match=match) as info:
-        cli.load_private_key(str(path))
+        cli_keys.load_private_key(str(path))
     assert info.value.exit_code == EXIT_USAGE
 
 
@@ -274,9 +277,9 @@ def test_invalid_out_of_range_key_exits_2_with_one_line(
 def test_invalid_missing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENZRO_PRIVATE_KEY", raising=False)
     with pytest.raises(CliError, match="no signing key"):
-        cli.load_private_key(None)
+        cli_keys.load_private_key(None)
     with pytest.raises(CliError, match="cannot read key file"):
-        cli.load_private_key(str(tmp_path / "absent"))
+        cli_keys.load_private_key(str(tmp_path / "absent"))
 
 
 def test_address_command(capsys: pytest.CaptureFixture[str], key_file: Path) -> None:
@@ -721,7 +724,7 @@ def test_connect_and_every_send_get_the_time_left(monkeypatch: pytest.MonkeyPatc
     """Review (stop 20): connect, the headers' send and the body's send each had the whole
     timeout, on top of the answer's deadline."""
     now = [100.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(cli_client.time, "monotonic", lambda: now[0])
     events: list[tuple[str, float]] = []
 
     class Sock:
@@ -739,7 +742,7 @@ def test_connect_and_every_send_get_the_time_left(monkeypatch: pytest.MonkeyPatc
         def send(self, data: bytes) -> None:
             events.append(("send", len(data)))
 
-    conn = cli._bound_connection(Connection(), deadline=110.0, response_class=object)
+    conn = cli_client._bound_connection(Connection(), deadline=110.0, response_class=object)
     conn.connect()
     now[0] = 104.0
     conn.send(b"headers")
@@ -899,7 +902,7 @@ def test_invalid_make_gradient_for_a_huge_layout_allocates_nothing(
 
     layouts = compute_fragment_layouts([TensorSpec("w", (1 << 42,), "float32")], 1)
     fake_node.replies["tenzro_training_getRun"] = {"task_id": "t"}
-    monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
+    monkeypatch.setattr(spec_commands, "compute_layouts_from_view", lambda view: layouts)
     code, _, err = run(capsys, "train", "make-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",
                        "--out", str(tmp_path / "g.bin"), "--rpc", fake_node.url)
     assert code == EXIT_RPC_ERROR and "the most submit-gradient reads" in err
@@ -924,7 +927,7 @@ def test_invalid_program_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPat
     def broken(args: Any) -> None:
         raise KeyError("bug")
 
-    monkeypatch.setattr(cli, "cmd_list_runs", broken)
+    monkeypatch.setattr(cli_parser, "cmd_list_runs", broken)
     with pytest.raises(KeyError):
         cli.main(["train", "list-runs"])
 
@@ -958,7 +961,7 @@ def _tiny_spec(tmp_path: Path) -> Path:
     cfg = PatchTransformerConfig(context_len=16, horizon=4, patch_len=8, d_model=8, n_layers=1, n_heads=2, d_ff=8)
     ckpt = tmp_path / "init.safetensors"
     sha = save_checkpoint(create_init_checkpoint(cfg, 0), ckpt)
-    doc = json.loads((Path(cli.__file__).parent / "data" / "timesfm-200m-task.json").read_text())
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "timesfm-200m-task.json").read_text())
     doc["task_id"] = "unit-task"
     doc["architecture"]["fragment_count"] = 3
     doc["architecture"]["metadata"] = {
@@ -985,7 +988,7 @@ def test_make_gradient_writes_a_valid_deterministic_payload(capsys: pytest.Captu
         outs.append(out.read_bytes())
         assert json.loads(text)["fragment"] == 1
     assert outs[0] == outs[1] and outs[0] != outs[2]
-    layouts = cli.compute_task_layouts(cli._read_spec_file(str(spec)))
+    layouts = cli_layouts.compute_task_layouts(cli_files.read_spec_file(str(spec)))
     assert len(layouts) == 3
     expected = PayloadHeader("unit-task", 2, 1, "raw", layouts[1].layout_hash())
     decoded = decode_payload(outs[0], layouts[1], expected=expected, max_bytes=1 << 20)
@@ -1040,7 +1043,7 @@ def test_init_checkpoint_writes_what_the_node_verifies_at_post_task(
     from tenzro_training.spec import TrainingTaskSpec
     from tenzro_training.trainer.model import config_from_spec, count_params
 
-    example = Path(cli.__file__).parent / "data" / "timesfm-200m-task.json"
+    example = Path(cli.__file__).parents[1] / "data" / "timesfm-200m-task.json"
     code, out, err = run(capsys, "train", "init-checkpoint", "--spec", str(example), "--out",
                          str(tmp_path / "a.safetensors"), "--spec-out", str(tmp_path / "spec.json"), "--json")
     assert code == 0, err
@@ -1080,9 +1083,9 @@ def test_out_files_follow_the_umask(tmp_path: Path) -> None:
 
     old = os.umask(0o077)
     try:
-        cli._write_out(str(tmp_path / "private"), b"x")
+        cli_files.write_out(str(tmp_path / "private"), b"x")
         os.umask(0o022)
-        cli._write_out(str(tmp_path / "shared"), b"y")
+        cli_files.write_out(str(tmp_path / "shared"), b"y")
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "private").st_mode) == 0o600
@@ -1509,7 +1512,7 @@ def test_dev_genesis_is_deterministic_and_private(tmp_path: Path) -> None:
     assert roles == [("sponsor", 0)] + [("trainer", i) for i in range(8)] + [("syncer", i) for i in range(3)]
     assert len({a["address"] for a in doc["accounts"]}) == 12
     for a in doc["accounts"]:
-        assert cli.key_address(bytes.fromhex(a["private_key"][2:])) == a["address"]
+        assert cli_keys.key_address(bytes.fromhex(a["private_key"][2:])) == a["address"]
     assert doc["accounts"][1]["private_key"] == "0x" + compute_dev_private_key("trainer", 0).hex()
     assert kwargs["genesis"] == tuple((bytes.fromhex(a["address"][2:]), DEV_BALANCE) for a in doc["accounts"])
     assert kwargs["timings"] == DEV_TIMINGS
@@ -1524,8 +1527,8 @@ def test_dev_genesis_file_is_usable_as_key_file(tmp_path: Path) -> None:
 
     dev_genesis(tmp_path, trainers=2, syncers=1)
     path = str(tmp_path / "dev-accounts.json")
-    assert cli.load_private_key(path, "syncer:0") == compute_dev_private_key("syncer", 0)
-    assert cli.load_private_key(path, "sponsor") == compute_dev_private_key("sponsor", 0)
+    assert cli_keys.load_private_key(path, "syncer:0") == compute_dev_private_key("syncer", 0)
+    assert cli_keys.load_private_key(path, "sponsor") == compute_dev_private_key("sponsor", 0)
 
 
 def test_invalid_dev_account_role() -> None:
@@ -1598,7 +1601,7 @@ def test_invalid_input_that_is_not_a_regular_file_is_refused_at_once(tmp_path: P
         path = str(tmp_path)
     with pytest.raises(NodeStartupError, match=r"cannot read config .*: (not a regular file|cannot open)"):
         load_node_config(tmp_path / "d", config_file=path)
-    for read in (lambda: cli.load_private_key(path), lambda: cli._read_text(path, "spec")):
+    for read in (lambda: cli_keys.load_private_key(path), lambda: cli_files.read_text(path, "spec")):
         with pytest.raises(CliError, match=r"cannot read .*: (not a regular file|cannot open)") as info:
             read()
         assert info.value.exit_code == EXIT_USAGE
@@ -1750,7 +1753,7 @@ def test_parser_trainer_run_round_wait_and_state_dir() -> None:
     parser = cli.build_parser()
     base = ["trainer", "run", "--task-id", "t", "--p2p-key", "k", "--bootstrap", "/ip4/127.0.0.1/tcp/9"]
     a = parser.parse_args(base)
-    assert a.func is cli.cmd_trainer_run and a.max_round_wait == 6 * 3600.0 and a.state_dir is None
+    assert a.func is operator_commands.cmd_trainer_run and a.max_round_wait == 6 * 3600.0 and a.state_dir is None
     a = parser.parse_args(base + ["--max-round-wait", "90", "--state-dir", "st"])
     assert (a.max_round_wait, a.state_dir) == (90.0, "st")
 
@@ -1942,7 +1945,7 @@ def test_example_spec_writes_the_shipped_examples(capsys: pytest.CaptureFixture[
 def test_dataset_hash_is_what_a_trainer_checks(capsys: pytest.CaptureFixture[str]) -> None:
     from tenzro_training.trainer.data import DEFAULT_DATASET_REF, compute_dataset_hash, load_corpus
 
-    assert cli._DEFAULT_DATASET_REF == DEFAULT_DATASET_REF  # repeated in cli.py to keep torch out of the parser
+    assert spec_commands.DEFAULT_DATASET_REF == DEFAULT_DATASET_REF  # repeated in the CLI to keep torch out of the parser
     code, out, _ = run(capsys, "train", "dataset-hash", "--json")
     assert code == 0
     result = json.loads(out)
@@ -2016,7 +2019,7 @@ def test_docs_name_every_cli_flag_and_only_real_ones() -> None:
     (docs probe: this had been checked by hand only)."""
     import re
 
-    docs = Path(cli.__file__).resolve().parents[1] / "docs"
+    docs = Path(cli.__file__).resolve().parents[2] / "docs"
     text = (docs / "cli.md").read_text() + (docs / "trainer-process.md").read_text()
     flags = _long_options(cli.build_parser())
     assert len(flags) > 40

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from storage import schema
 from tenzro_training import cli
+from tenzro_training.cli import artifacts as cli_artifacts, client as cli_client
 from tenzro_training.receipt_check import CHECK_NAMES
 from tenzro_training.run_replay import RUN_CHECK_NAMES
 from tenzro_training.spec import TrainingTaskSpec
@@ -190,8 +191,8 @@ def test_a_busy_node_is_asked_again(
 ) -> None:
     """A 503 (the node's byte budget full, Retry-After) says "later", not "this run is wrong":
     the download is retried; only a node busy past BUSY_RETRIES is a failed check."""
-    monkeypatch.setattr(cli, "BUSY_RETRY_S", 0.0)
-    monkeypatch.setattr(cli, "BUSY_RETRIES", 3)
+    monkeypatch.setattr(cli_artifacts, "BUSY_RETRY_S", 0.0)
+    monkeypatch.setattr(cli_artifacts, "BUSY_RETRIES", 3)
     path, _ = payload_path(node, 1, 0)
     busy = answer(503, error_body(1800, "limit exceeded", "LimitExceeded"))
     left = [2]
@@ -337,13 +338,13 @@ def test_progress_goes_to_a_terminal(
 
 
 def test_artifact_paths_encode_the_task_id() -> None:
-    assert cli._artifact_path("run-1", "payloads", 0, 1, "0xab") == "artifacts/v1/runs/run-1/payloads/0/1/0xab"
-    assert cli._artifact_path(".", "model") == "artifacts/v1/runs/%2E/model"
-    assert cli._artifact_path("..", "model") == "artifacts/v1/runs/%2E%2E/model"
+    assert cli_artifacts.artifact_path("run-1", "payloads", 0, 1, "0xab") == "artifacts/v1/runs/run-1/payloads/0/1/0xab"
+    assert cli_artifacts.artifact_path(".", "model") == "artifacts/v1/runs/%2E/model"
+    assert cli_artifacts.artifact_path("..", "model") == "artifacts/v1/runs/%2E%2E/model"
     import urllib.parse
 
     # Relative to --rpc: the root of a bare node URL, under a proxy's prefix.
-    assert urllib.parse.urljoin("http://h:8545", cli._artifact_path("..", "model")) == "http://h:8545/artifacts/v1/runs/%2E%2E/model"
+    assert urllib.parse.urljoin("http://h:8545", cli_artifacts.artifact_path("..", "model")) == "http://h:8545/artifacts/v1/runs/%2E%2E/model"
     assert urllib.parse.urljoin("http://p/node1/", "artifacts/v1/runs/x/model") == "http://p/node1/artifacts/v1/runs/x/model"
 
 
@@ -429,4 +430,4 @@ def test_invalid_export_model_of_the_right_weights_in_another_file_writes_nothin
     ("https://provider/v1?key=k", "https://provider/v1/artifacts/v1/runs/t/model?key=k"),
 ])
 def test_artifact_urls_are_under_the_rpc_url(rpc: str, url: str) -> None:
-    assert cli.compute_artifact_url(rpc, cli._artifact_path("t", "model")) == url
+    assert cli_client.compute_artifact_url(rpc, cli_artifacts.artifact_path("t", "model")) == url

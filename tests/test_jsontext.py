@@ -230,7 +230,8 @@ def test_a_node_reply_nested_deep_in_utf16_is_refused_not_a_crash() -> None:
 
 def test_the_cli_counts_a_replys_values_before_it_scans_its_depth() -> None:
     """Counting is the cheaper scan: a reply over both limits is refused on its values."""
-    from tenzro_training.cli import MAX_REPLY_VALUES, CliError, RpcClient
+    from tenzro_training.cli.client import MAX_REPLY_VALUES, RpcClient
+    from tenzro_training.cli.exits import CliError
 
     raw = b"[" * (MAX_JSON_NESTING + 1) + b"0," * MAX_REPLY_VALUES
     with pytest.raises(CliError, match=f"more than {MAX_REPLY_VALUES} JSON values"):

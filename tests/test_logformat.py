@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import re
+import sys
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_the_final_stderr_line_follows_the_log_format(monkeypatch: pytest.Monkey
     record = json.loads(logformat.format_stderr_line("tenzro: disk full \u2028"))
     assert (record["level"], record["logger"], record["message"]) == ("ERROR", "tenzro", "tenzro: disk full \u2028")
     err = io.StringIO()
-    monkeypatch.setattr(cli.sys, "stderr", err)
+    monkeypatch.setattr(sys, "stderr", err)
     assert cli.main(["train", "get-run", "--task-id", "t", "--rpc", "http://127.0.0.1:1"]) != 0
     [line] = err.getvalue().splitlines()
     assert json.loads(line)["message"].startswith("tenzro: ")
@@ -133,7 +134,8 @@ def test_the_key_file_warning_follows_the_log_format(monkeypatch: pytest.MonkeyP
     JSON records, although docs/cli.md says every stderr line is JSON."""
     import os
 
-    from tenzro_training import cli, logformat
+    from tenzro_training import logformat
+    from tenzro_training.cli import keys as cli_keys
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
@@ -144,8 +146,8 @@ def test_the_key_file_warning_follows_the_log_format(monkeypatch: pytest.MonkeyP
     key.write_text("11" * 32)
     os.chmod(key, 0o644)
     err = io.StringIO()
-    monkeypatch.setattr(cli.sys, "stderr", err)
-    cli.load_private_key(str(key))
+    monkeypatch.setattr(sys, "stderr", err)
+    cli_keys.load_private_key(str(key))
     [line] = err.getvalue().splitlines()
     record = json.loads(line)
     assert record["level"] == "WARNING" and "allows group/other access" in record["message"]

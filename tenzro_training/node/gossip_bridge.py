@@ -223,7 +223,8 @@ class GossipBridge:
 
     def _read_sizes(self, task_id: str) -> tuple[g.StreamSizes, int] | None:
         """Runs on the service thread: the run's stream sizes from its fragment layouts."""
-        from tenzro_training.cli import CliError, compute_layouts_from_view
+        from tenzro_training.cli.exits import CliError
+        from tenzro_training.cli.layouts import compute_layouts_from_view
 
         try:
             view = self._service.get_run(task_id)

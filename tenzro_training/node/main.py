@@ -655,7 +655,7 @@ async def _backup(service: Any, executor: ThreadPoolExecutor, root: Path) -> Non
 def run_node_from_args(args: argparse.Namespace) -> None:
     """``tenzro node``: returns after a clean shutdown; raises CliError(exit 2) at startup."""
     from storage.interface import StorageError
-    from tenzro_training.cli import CliError
+    from tenzro_training.cli.exits import CliError
 
     configure_logging(getattr(args, "log_level", None) or "INFO", getattr(args, "log_format", None) or "text")
     if hasattr(signal, "SIGUSR1"):

@@ -106,7 +106,7 @@ class SyncerDaemon:
 
     def _training_runs(self, stop: threading.Event | None = None) -> list[tuple[str, str | None]]:
         """``(task_id, syncer or None when not listed)`` of every Training run, page by page."""
-        from tenzro_training.cli import EXIT_RPC_ERROR, CliError
+        from tenzro_training.cli.exits import EXIT_RPC_ERROR, CliError
 
         found: dict[str, str | None] = {}
         offset = 0
@@ -146,7 +146,7 @@ class SyncerDaemon:
         """One pass over the node's runs; returns how many rounds this pass finalized.
 
         Raises the client's CliError when the node is unreachable (the loop retries)."""
-        from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+        from tenzro_training.cli.exits import EXIT_UNREACHABLE, CliError
 
         done = 0
         for task_id, listed_syncer in self._training_runs(stop):
@@ -199,7 +199,7 @@ class SyncerDaemon:
                                             "this daemon will never finalize it")
 
     def _finalize(self, task_id: str, round_: int) -> bool:
-        from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+        from tenzro_training.cli.exits import EXIT_UNREACHABLE, CliError
 
         try:
             sig = auth.sign_message(auth.FinalizeRound(task_id=task_id, round=round_), self.private_key, self.chain_id)
@@ -227,7 +227,7 @@ class SyncerDaemon:
     def run(self, poll_interval: float, once: bool, stop: threading.Event) -> None:
         """Poll until ``stop`` is set (or one pass with ``once``: CliError when the node is
         unreachable or refused a finalize, so a cron job can tell)."""
-        from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_UNREACHABLE, CliError
+        from tenzro_training.cli.exits import EXIT_RPC_ERROR, EXIT_UNREACHABLE, CliError
 
         if once:
             self.emit(f"syncer {self.address}: one pass over {self.client.url}")
@@ -256,7 +256,8 @@ class SyncerDaemon:
 
 def run_syncer_from_args(args: argparse.Namespace) -> None:
     """``tenzro syncer run``: returns (exit 0) on Ctrl-C/SIGTERM or after ``--once``."""
-    from tenzro_training.cli import CliError, signing_client, load_signing_key
+    from tenzro_training.cli.exits import CliError
+    from tenzro_training.cli.keys import load_signing_key, signing_client
 
     # NaN too: it would poll with no pause at all; above TIMEOUT_MAX (~292 years) Event.wait overflows.
     if not 0 < args.poll_interval <= threading.TIMEOUT_MAX:

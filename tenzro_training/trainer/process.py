@@ -493,7 +493,7 @@ class _Trainer:
     def __init__(self, cfg: TrainerProcessConfig, announce: Callable[[str], None]) -> None:
         from eth_account import Account
 
-        from tenzro_training.cli import RpcClient
+        from tenzro_training.cli.client import RpcClient
 
         self.cfg = cfg
         self.say: Callable[[str], None] = lambda line: announce(printable(line))
@@ -530,7 +530,7 @@ class _Trainer:
         it and the run failed at its round timeout (trainer restart probe). Every call is
         replay-safe (the node answers a repeated enrollment or submission as a no-op), so a
         call that reached the node but lost its answer may be sent again."""
-        from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+        from tenzro_training.cli.exits import EXIT_UNREACHABLE, CliError
 
         deadline: float | None = None
         delay = 0.5
@@ -807,7 +807,7 @@ class _Trainer:
         the node says the round is no longer open to this trainer (LateSubmission, RoundMismatch,
         the run left Training): the round is skipped, never fatal. TrainerProcessError when the
         node says this trainer is out (slashed, not enrolled) or refuses otherwise."""
-        from tenzro_training.cli import CliError
+        from tenzro_training.cli.exits import CliError
 
         signed = []
         guard = self.signing_guard()
@@ -979,7 +979,7 @@ class _Trainer:
             os.close(state_lock)
 
     async def _run(self, view: dict[str, Any], stop: asyncio.Event) -> int:
-        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.cli.layouts import compute_layouts_from_view
         from tenzro_training.p2p.host import P2PConfig, P2PHost, get_peer_ids
 
         cfg, g = self.cfg, self.g
@@ -1270,7 +1270,9 @@ async def run_trainer(cfg: TrainerProcessConfig, *, announce: Callable[[str], No
 
 def run_trainer_from_args(args: argparse.Namespace) -> None:
     """``tenzro trainer run``: exit 0 when done or stopped; CliError otherwise."""
-    from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_USAGE, CliError, _parse_amount, load_signing_key
+    from tenzro_training.cli.exits import EXIT_RPC_ERROR, EXIT_USAGE, CliError
+    from tenzro_training.cli.keys import load_signing_key
+    from tenzro_training.cli.values import parse_amount
 
     level = os.environ.get("TENZRO_LOG_LEVEL", "INFO").strip().upper()
     if level not in LOG_LEVELS:
@@ -1286,7 +1288,7 @@ def run_trainer_from_args(args: argparse.Namespace) -> None:
         spec_path=None if args.spec is None else Path(args.spec),
         p2p_key=Path(args.p2p_key), bootstrap=tuple(args.bootstrap or ()),
         listen=tuple(args.p2p_listen or ("/ip4/127.0.0.1/tcp/0",)), chain_id=args.chain_id, rounds=args.rounds,
-        did=args.did, stake=_parse_amount(args.stake, "--stake"), device=args.device, batch_size=args.batch_size,
+        did=args.did, stake=parse_amount(args.stake, "--stake"), device=args.device, batch_size=args.batch_size,
         carry_optimizer_state=args.carry_optimizer_state,
         max_round_wait_s=args.max_round_wait, state_dir=None if args.state_dir is None else Path(args.state_dir),
     )

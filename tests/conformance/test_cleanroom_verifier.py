@@ -92,7 +92,7 @@ def gradient(n: int, trainer: int, rnd: int, fragment: int) -> np.ndarray:
 
 
 def new_run(node: NodeProcess, model: TinyModel, task_id: str, *, dtype: str, fragments: int, **changes: Any) -> Task:
-    from tenzro_training.cli import compute_task_layouts
+    from tenzro_training.cli.layouts import compute_task_layouts
     from tenzro_training.spec import TrainingTaskSpec
 
     accounts = node.accounts

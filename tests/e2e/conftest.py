@@ -363,7 +363,7 @@ class Task:
         return {"task_id": self.task_id, "did": did, "address": self.address(who), "stake": str(stake), "signature": self.sign(msg, who)}
 
     def payload(self, who: str, round_: int, fragment: int, seed: int = 0) -> bytes:
-        from tenzro_training.cli import compute_random_gradient
+        from tenzro_training.cli.layouts import compute_random_gradient
 
         layout = self.layouts[fragment]
         flat = compute_random_gradient(layout, seed, f"{self.task_id}/{who}", round_, 1e-3)
@@ -425,7 +425,7 @@ class Task:
 
 def new_task(model: TinyModel, node: NodeProcess, task_id: str, **changes: Any) -> Task:
     """A Task value (not yet posted) on ``node`` with the tiny spec and the dev accounts."""
-    from tenzro_training.cli import compute_task_layouts
+    from tenzro_training.cli.layouts import compute_task_layouts
     from tenzro_training.spec import TrainingTaskSpec
 
     accounts = node.accounts

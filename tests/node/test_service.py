@@ -385,7 +385,7 @@ class TestWholeRun:
                                                                         checkpoint: tuple[str, str]) -> None:
         """The zero-element tensor is in no fragment but has a record in the model hash: getRun
         lists it apart, and a trainer that rebuilds the model from the view gets the committed hash."""
-        from tenzro_training.cli import compute_layouts_from_view
+        from tenzro_training.cli.layouts import compute_layouts_from_view
         from tenzro_training.fragments import gather_fragment
         from tenzro_training.global_model import ModelLayout, compute_state_model_hash
         from tenzro_training.trainer.process import compute_model_layout_from_view

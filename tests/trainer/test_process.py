@@ -516,7 +516,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     import asyncio
     from types import SimpleNamespace
 
-    import tenzro_training.cli as cli
+    import tenzro_training.cli.layouts as cli_layouts
     import tenzro_training.p2p.host as p2p_host
     import tenzro_training.trainer.data as data
     import tenzro_training.trainer.inner as inner
@@ -538,7 +538,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
 
     layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
     monkeypatch.setattr(p2p_host, "P2PHost", FailingHost)
-    monkeypatch.setattr(cli, "compute_layouts_from_view", lambda view: layouts)
+    monkeypatch.setattr(cli_layouts, "compute_layouts_from_view", lambda view: layouts)
     monkeypatch.setattr(process, "compute_model_layout_from_view",
                         lambda view, lays: SimpleNamespace(specs=(TensorSpec("w", (8,), "float32"),)))
     monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(
