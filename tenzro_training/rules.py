@@ -227,6 +227,46 @@ class AggregationRule:
         for k in range(quorum, min(trainer_count, quorum + 1) + 1):
             self.validate_for_quorum(k)
 
+    def byzantine_tolerance(self, k: int) -> int:
+        """How many of K accepted inputs may be arbitrary with the aggregate still within the
+        honest ones' range (per coordinate for the coordinate-wise rules, per fragment for
+        Krum; docs/aggregation.md "What each rule tolerates"): Mean 0, TrimmedMean the values
+        it trims per side, CoordinateMedian fewer than half, Krum f. Never smaller for a larger
+        K, so a task's weakest round is one that closes at its quorum.
+
+        Raises AggregationError when the rule does not fit K."""
+        self.validate_for_quorum(k)
+        if self.kind is RuleKind.TRIMMED_MEAN:
+            return self.trimmed_per_side(k)
+        if self.kind is RuleKind.COORDINATE_MEDIAN:
+            return (k - 1) // 2
+        if self.kind is RuleKind.KRUM:
+            return self.param
+        return 0
+
+    def describe_no_tolerance(self, quorum: int) -> str | None:
+        """Why a round that closes at ``quorum`` accepted payloads tolerates no Byzantine
+        trainer under this rule, with what would change that; None when it tolerates one.
+        For the sponsor, before posting (Byzantine probe, 2026-11-27: TrimmedMean alpha_bps 2000
+        at quorum 4 trimmed nothing in any round, and one attacker took the model's loss from
+        0.58 to 200)."""
+        if self.byzantine_tolerance(quorum) > 0:
+            return None
+        if self.kind is RuleKind.MEAN:
+            return ("aggregation Mean tolerates no Byzantine trainer: one accepted payload moves every weight; use it "
+                    "only with trusted trainers, or on nodes whose max_gradient_abs is near real outer gradients")
+        if self.kind is RuleKind.TRIMMED_MEAN:
+            least = -(-MAX_ALPHA_BPS // quorum)  # ceil: floor(quorum x alpha / 10000) >= 1
+            fix = (f"alpha_bps >= {least} trims one per side there" if quorum > 2
+                   else "a quorum of 3 or more leaves room to trim one per side")
+            return (f"aggregation TrimmedMean alpha_bps={self.param} trims nothing from a round that closes at the "
+                    f"quorum, {quorum} accepted payloads, which is then a plain Mean; {fix}")
+        if self.kind is RuleKind.KRUM:
+            return ("aggregation Krum f=0 tolerates no Byzantine trainer (it may select any payload); f=1 tolerates "
+                    "one and needs a quorum of 5 or more")
+        return (f"aggregation CoordinateMedian over {quorum} accepted payload(s) (the quorum) tolerates no "
+                "Byzantine trainer; a quorum of 3 or more tolerates one")
+
     def is_valid_for_quorum(self, k: int) -> bool:
         """Predicate form of ``validate_for_quorum``."""
         try:

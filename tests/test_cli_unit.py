@@ -481,6 +481,41 @@ def test_invalid_spec_exits_2_before_any_call(
     assert code == EXIT_USAGE and "cannot read spec" in err
 
 
+@pytest.mark.parametrize("aggregation, quorum, said", [
+    ({"TrimmedMean": {"alpha_bps": 2000}}, 4, "aggregation TrimmedMean alpha_bps=2000 trims nothing from a round that "
+                                              "closes at the quorum, 4 accepted payloads"),
+    ("Mean", 4, "aggregation Mean tolerates no Byzantine trainer"),
+    ("CoordinateMedian", 2, "aggregation CoordinateMedian over 2 accepted payload(s)"),
+    ({"TrimmedMean": {"alpha_bps": 2500}}, 4, None),
+    ("CoordinateMedian", 3, None),
+])
+def test_post_task_notes_a_rule_that_tolerates_no_byzantine_trainer_at_the_quorum(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode, key_file: Path, aggregation: Any,
+    quorum: int, said: str | None,
+) -> None:
+    """Byzantine probe (2026-11-27): a TrimmedMean spec whose rounds at the quorum trim nothing was
+    posted without a word, and one attacker took the model's loss from 0.58 to 200. The post goes
+    ahead (the rule is valid, and the sponsor's choice); the sponsor is told."""
+    from tenzro_training.spec import TrainingTaskSpec
+
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
+    doc.update(sponsor_address=KEY_ADDRESS, aggregation=aggregation, trainer_count=5, quorum=quorum)
+    doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": "file:///nonexistent", "sha256": "0x" + "00" * 32}
+    spec = TrainingTaskSpec.from_dict(doc)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    fake_node.replies["tenzro_training_postTask"] = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(),
+                                                     "status": "Posted"}
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
+                       "--rpc", fake_node.url)
+    assert code == EXIT_OK and [m for m, _ in fake_node.calls] == ["tenzro_training_postTask"]
+    if said is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"tenzro: note: {said}") and err.count("\n") == 1, err
+        assert 'docs/aggregation.md "What each rule tolerates"' in err
+
+
 def test_submit_gradient_missing_payload_exits_2(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
     code, _, err = run(
         capsys, "train", "submit-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenzro_training.errors import AggregationError, SpecError
@@ -340,3 +340,82 @@ def test_property_quorum_check_matches_definition(rule: AggregationRule, k: int)
         assert 1 <= rule.neighbours(k) <= k - 1
     if expected and rule.kind is RuleKind.TRIMMED_MEAN:
         assert k - 2 * rule.trimmed_per_side(k) >= 1
+
+
+# --- Byzantine tolerance at a count -------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule, k, tolerated", [
+    (AggregationRule.mean(), 8, 0),
+    (AggregationRule.trimmed_mean(2000), 4, 0),  # the Byzantine probe's quorum: floor(0.8) = 0
+    (AggregationRule.trimmed_mean(2000), 5, 1),
+    (AggregationRule.trimmed_mean(1250), 8, 1),
+    (AggregationRule.coordinate_median(), 1, 0),
+    (AggregationRule.coordinate_median(), 2, 0),  # the median of two is their mean
+    (AggregationRule.coordinate_median(), 3, 1),
+    (AggregationRule.coordinate_median(), 4, 1),
+    (AggregationRule.coordinate_median(), 5, 2),
+    (AggregationRule.krum(1), 5, 1),
+    (AggregationRule.krum(0), 3, 0),
+])
+def test_byzantine_tolerance(rule: AggregationRule, k: int, tolerated: int) -> None:
+    assert rule.byzantine_tolerance(k) == tolerated
+
+
+def test_invalid_byzantine_tolerance_where_the_rule_does_not_fit() -> None:
+    with pytest.raises(AggregationError, match="Krum f=1 needs K > 2f \\+ 2"):
+        AggregationRule.krum(1).byzantine_tolerance(4)
+
+
+@settings(deadline=None)  # the first example imports torch
+@given(st.sampled_from([AggregationRule.mean(), AggregationRule.coordinate_median()])
+       | st.integers(0, 4999).map(AggregationRule.trimmed_mean), st.integers(1, 9), st.data())
+def test_property_tolerance_is_what_the_coordinate_rules_withstand(rule: AggregationRule, k: int,
+                                                                   data: st.DataObject) -> None:
+    """``byzantine_tolerance(k)`` inputs at +1e30 leave the aggregate inside the honest values'
+    range; one more takes it out (so the figure is exact, not just safe)."""
+    import torch
+
+    from tenzro_training.aggregation import aggregate
+
+    if not rule.is_valid_for_quorum(k):
+        return
+    b = rule.byzantine_tolerance(k)
+    honest = data.draw(st.lists(st.floats(-1, 1, width=32), min_size=k, max_size=k))
+    for bad, inside in ((b, True), (b + 1, False)):
+        if bad > k:
+            continue
+        values = torch.tensor(honest[: k - bad] + [1e30] * bad, dtype=torch.float32).reshape(k, 1)
+        out = float(aggregate(rule, list(values)).tensor[0])
+        within = min(honest[: k - bad], default=0.0) <= out <= max(honest[: k - bad], default=0.0)
+        if inside:
+            assert within, (rule, k, bad, honest, out)
+        elif bad < k:  # all k Byzantine: nothing honest to stay near
+            assert not within, (rule, k, bad, honest, out)
+
+
+@given(st.integers(3, 10_000))
+def test_property_the_suggested_alpha_trims_one_at_the_quorum(quorum: int) -> None:
+    note = AggregationRule.trimmed_mean(0).describe_no_tolerance(quorum)
+    assert note is not None
+    least = int(note.split("alpha_bps >= ")[1].split()[0])
+    assert AggregationRule.trimmed_mean(least).byzantine_tolerance(quorum) == 1
+    assert AggregationRule.trimmed_mean(least - 1).byzantine_tolerance(quorum) == 0
+    AggregationRule.trimmed_mean(least).validate_for_accepted_counts(quorum, quorum + 1)
+
+
+def test_describe_no_tolerance() -> None:
+    assert AggregationRule.coordinate_median().describe_no_tolerance(3) is None
+    assert AggregationRule.krum(1).describe_no_tolerance(5) is None
+    assert AggregationRule.trimmed_mean(2000).describe_no_tolerance(5) is None
+    said = AggregationRule.trimmed_mean(2000).describe_no_tolerance(4)
+    assert said is not None and "trims nothing" in said and "4 accepted payloads" in said
+    assert "alpha_bps >= 2500" in said
+    said = AggregationRule.trimmed_mean(1000).describe_no_tolerance(2)
+    assert said is not None and "a quorum of 3 or more" in said
+    said = AggregationRule.mean().describe_no_tolerance(8)
+    assert said is not None and said.startswith("aggregation Mean tolerates no Byzantine trainer")
+    said = AggregationRule.coordinate_median().describe_no_tolerance(2)
+    assert said is not None and "over 2 accepted payload(s)" in said
+    said = AggregationRule.krum(0).describe_no_tolerance(4)
+    assert said is not None and "f=1 tolerates one" in said

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +12,9 @@ from tenzro_training.cli.artifacts import artifact_path, fetch_when_room, why_un
 from tenzro_training.cli.client import RpcClient
 from tenzro_training.cli.exits import EXIT_RPC_ERROR, CliError
 from tenzro_training.cli.files import MAX_CHECKPOINT_FILE_BYTES, checkpoint_path, read_spec_file, write_out
-from tenzro_training.cli.output import emit, kv
+from tenzro_training.cli.output import emit, kv, note
 from tenzro_training.cli.verify_commands import check_receipt_of
 from tenzro_training.errors import TenzroError
-from tenzro_training.logformat import format_stderr_line
-from tenzro_training.terminal import printable
 
 
 def _export_from_store(data_dir: Path, task_id: str) -> bytes:
@@ -192,8 +188,8 @@ def cmd_evaluate_model(args: argparse.Namespace) -> None:
               **evaluation.to_dict()}
     for entry, (_, file, state, sha256) in zip(result["models"], models):
         entry.update(file=file, sha256=sha256, model_hash="0x" + compute_model_hash(state).hex())
-    for note in notes:
-        print(format_stderr_line(f"tenzro: note: {printable(note)}", logging.WARNING), file=sys.stderr)
+    for line in notes:
+        note(line)
     emit(args, result, _human_evaluation)
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from typing import Any, Callable, Sequence
 
 from tenzro_training.cli.exits import EXIT_RPC_ERROR, CliError
+from tenzro_training.logformat import format_stderr_line
 from tenzro_training.terminal import printable, printable_lines
 
 
@@ -16,6 +19,12 @@ def emit(args: argparse.Namespace, result: Any, human: Callable[[Any], str]) -> 
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         print(printable_lines(human(result)))
+
+
+def note(text: str) -> None:
+    """A ``tenzro: note: ...`` line on stderr (a JSON record under ``--log-format json``): something
+    the user should know that does not stop the command."""
+    print(format_stderr_line(f"tenzro: note: {printable(text)}", logging.WARNING), file=sys.stderr)
 
 
 def kv(result: Any, keys: Sequence[str]) -> str:

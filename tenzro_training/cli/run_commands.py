@@ -14,7 +14,7 @@ from tenzro_training.cli.client import RpcClient
 from tenzro_training.cli.exits import EXIT_RPC_ERROR, CliError
 from tenzro_training.cli.files import MAX_INPUT_FILE_BYTES, read_text, write_out
 from tenzro_training.cli.keys import key_address, load_signing_key, sign, signing_client
-from tenzro_training.cli.output import check_answer, emit, human_run, kv
+from tenzro_training.cli.output import check_answer, emit, human_run, kv, note
 from tenzro_training.cli.values import parse_amount
 from tenzro_training.terminal import printable
 
@@ -23,6 +23,9 @@ def cmd_post_task(args: argparse.Namespace) -> None:
     from tenzro_training.spec import TrainingTaskSpec
 
     spec = TrainingTaskSpec.from_json(read_text(args.spec, "spec"))  # SpecError -> exit 2 with the field path
+    weakness = spec.aggregation.describe_no_tolerance(spec.quorum)
+    if weakness is not None:  # the sponsor's choice, and valid: said, not refused
+        note(f"{weakness} (docs/aggregation.md \"What each rule tolerates\")")
     key = load_signing_key(args)
     sig = sign(auth.PostTask(task_id=spec.task_id, spec_hash=spec.spec_hash()), key, args.chain_id)
     result = signing_client(args, key).call(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from tenzro_training.cli.client import RpcClient
 from tenzro_training.cli.exits import EXIT_RPC_ERROR, EXIT_USAGE, CliError
 from tenzro_training.cli.files import MAX_INPUT_FILE_BYTES, read_spec_file, read_text, write_out
 from tenzro_training.cli.layouts import compute_layouts_from_view, compute_random_gradient, compute_task_layouts
-from tenzro_training.cli.output import emit, kv
+from tenzro_training.cli.output import emit, kv, note
 
 
 DEFAULT_DATASET_REF = "statsmodels:co2,sunspots,nile,elnino,elec_equip,macrodata"
@@ -89,8 +88,8 @@ def cmd_init_checkpoint(args: argparse.Namespace) -> None:
         write_out(args.spec_out, (json.dumps(doc, indent=2) + "\n").encode())
         result["spec_out"] = str(args.spec_out)
     if spec.architecture.param_count != result["param_count"]:
-        print(f"tenzro: note: the spec's architecture.param_count is {spec.architecture.param_count}; "
-              f"the model its metadata describes has {result['param_count']}", file=sys.stderr)
+        note(f"the spec's architecture.param_count is {spec.architecture.param_count}; "
+             f"the model its metadata describes has {result['param_count']}")
     emit(args, result, lambda r: kv(r, ["out", "uri", "sha256", "param_count", "spec_out"]))
 
 

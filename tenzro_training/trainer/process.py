@@ -1132,7 +1132,7 @@ class _Trainer:
 
     async def _rounds(self, stop: asyncio.Event, corpus: Any) -> int:
         from tenzro_training.trainer.data import shard_windows
-        from tenzro_training.trainer.inner import InnerLoopStopped
+        from tenzro_training.trainer.inner import InnerLoopDiverged, InnerLoopStopped
 
         view = await self.wait_training(stop)
         me = next((t for t in view["trainers"] if t["address"].lower() == self.address.lower()), None)
@@ -1174,6 +1174,8 @@ class _Trainer:
                 accepted = await self.submit(r, payloads, stop)
             except InnerLoopStopped:
                 return 0  # told to stop mid-round: nothing of the round was saved or published
+            except InnerLoopDiverged as exc:
+                raise TrainerProcessError(_describe_divergence(r, self.held_hash, exc)) from None
             except SigningRefused as exc:
                 # Nothing is signed for this round; the trainer goes on with the next one
                 # (exiting made a supervisor restart it into the same refusal until the round
@@ -1219,6 +1221,23 @@ class _Trainer:
             raise TrainerProcessError(f"final model {_hex(self.held_hash or b'')} differs from {_hex(final)}")
         self.say(f"sealed final model {_hex(final)} verified")
         return 0
+
+
+def _describe_divergence(round_: int, model_hash: bytes | None, exc: Any) -> str:
+    """The line a trainer stops with when its inner loop's loss is not finite. At step 0 the loss
+    is the global model's own, before this trainer changed anything: the run's model is broken,
+    not this trainer's round, and every trainer of the run stops the same way (Byzantine probe,
+    2026-11-27: one Mean trainer's +1e6 outer gradient, within the node's default bound, moved the
+    weights by 2.7e5 and all five trainers stopped with only "inner step 0: loss is nan")."""
+    model = "the global model" if model_hash is None else f"the global model {_hex(model_hash)}"
+    committed = "at the run's start" if round_ == 0 else f"by round {round_ - 1}"
+    if exc.step == 0:
+        return (f"round {round_}: {model} (committed {committed}) gives a non-finite loss ({exc.loss}) before "
+                "any inner step: the run's model has diverged, there is nothing to train on (an outer "
+                "gradient under an aggregation rule without Byzantine tolerance, such as Mean, can do this: "
+                "docs/aggregation.md); nothing was signed for this round")
+    return (f"round {round_}: the inner loop diverged at inner step {exc.step} (loss {exc.loss}) from {model}: "
+            "its weights are not submitted; nothing was signed for this round")
 
 
 def _model_target(view: dict[str, Any]) -> tuple[int, bytes]:

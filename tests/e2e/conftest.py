@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -472,3 +472,64 @@ def tenzro(*argv: str, timeout: float = 120.0, env: dict[str, str] | None = None
         capture_output=True, text=True, timeout=timeout,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+# --- gossip runs: a node with libp2p on, trainer and syncer processes ------------------------------
+
+
+def start_p2p_node(tmp_path: Path) -> tuple[NodeProcess, str]:
+    """A dev node with gossip on; returns it and its p2p multiaddr (printed before "listening")."""
+    config = write_config(tmp_path / "node.json")
+    node = start_node(tmp_path / "node" / "data", config, extra_args=("--p2p-listen", "/ip4/127.0.0.1/tcp/0"))
+    addrs = [line.split()[3] for line in list(node.stdout_lines) if line.startswith("tenzro node p2p ")]
+    assert addrs, "the node printed no p2p address before listening"
+    return node, addrs[0]
+
+
+class Child:
+    """A CLI subprocess (``python -m module ARGV``, the ``tenzro`` command by default) with stdout
+    and stderr in files."""
+
+    def __init__(self, name: str, argv: list[str], tmp_path: Path, module: str = "tenzro_training.cli",
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.out_path = tmp_path / f"{name}.out"
+        self.err_path = tmp_path / f"{name}.err"
+        out: IO[str] = self.out_path.open("w")
+        err: IO[str] = self.err_path.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *argv], cwd=REPO,
+                                     env={**_child_env(), **(env or {})}, stdout=out, stderr=err, text=True)
+        out.close()
+        err.close()
+
+    def out(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.name} did not finish:\n{self.out()}\n{self.err()[-4000:]}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path | None, who: str, p2p_addr: str, key: Path,
+                 *extra: str) -> list[str]:
+    """``spec_path=None``: the trainer takes the spec getRun serves (checked against spec_hash)."""
+    spec = [] if spec_path is None else ["--spec", str(spec_path)]
+    return ["trainer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"), "--account", who,
+            "--task-id", task_id, *spec, "--rpc", node.url, "--p2p-key", str(key),
+            "--bootstrap", p2p_addr, *extra]

@@ -12,90 +12,29 @@ trainer ends holding the receipt's final model hash.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import IO
 
 import pytest
 import torch
 
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
 from tests.e2e.conftest import (
-    documented_metrics,
-    scrape_metric_families,
-    scrape_metrics,
-    REPO,
-    NodeProcess,
+    Child,
     TinyModel,
-    _child_env,
+    documented_metrics,
     new_task,
     rpc,
-    start_node,
+    scrape_metric_families,
+    scrape_metrics,
+    start_p2p_node,
     tenzro,
-    write_config,
+    trainer_argv,
 )
 
 pytestmark = pytest.mark.slow
 
 DATASET_REF = "statsmodels:co2,nile"
 RUN_TIMEOUT_S = 90.0
-
-
-def start_p2p_node(tmp_path: Path) -> tuple[NodeProcess, str]:
-    """A dev node with gossip on; returns it and its p2p multiaddr (printed before "listening")."""
-    config = write_config(tmp_path / "node.json")
-    node = start_node(tmp_path / "node" / "data", config, extra_args=("--p2p-listen", "/ip4/127.0.0.1/tcp/0"))
-    addrs = [line.split()[3] for line in list(node.stdout_lines) if line.startswith("tenzro node p2p ")]
-    assert addrs, "the node printed no p2p address before listening"
-    return node, addrs[0]
-
-
-class Child:
-    """A CLI subprocess with stdout and stderr in files."""
-
-    def __init__(self, name: str, argv: list[str], tmp_path: Path) -> None:
-        self.name = name
-        self.out_path = tmp_path / f"{name}.out"
-        self.err_path = tmp_path / f"{name}.err"
-        out: IO[str] = self.out_path.open("w")
-        err: IO[str] = self.err_path.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tenzro_training.cli", *argv], cwd=REPO,
-                                     env=_child_env(), stdout=out, stderr=err, text=True)
-        out.close()
-        err.close()
-
-    def out(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    def err(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"{self.name} did not finish:\n{self.out()}\n{self.err()[-4000:]}") from None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path | None, who: str, p2p_addr: str, key: Path,
-                 *extra: str) -> list[str]:
-    """``spec_path=None``: the trainer takes the spec getRun serves (checked against spec_hash)."""
-    spec = [] if spec_path is None else ["--spec", str(spec_path)]
-    return ["trainer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"), "--account", who,
-            "--task-id", task_id, *spec, "--rpc", node.url, "--p2p-key", str(key),
-            "--bootstrap", p2p_addr, *extra]
 
 
 def test_gossip_run_to_sealed_with_a_restarted_trainer(tmp_path: Path, tiny_model: TinyModel) -> None:

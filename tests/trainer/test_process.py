@@ -678,6 +678,50 @@ def test_a_late_trainer_skips_the_round_and_trains_the_next(tmp_path, monkeypatc
     assert not tr.payloads.path(0, 0, BASE).exists()  # round 0 is over: its saved payload is gone
 
 
+@pytest.mark.parametrize("step, said", [
+    (0, "round 1: the global model 0x" + "ab" * 32 + " (committed by round 0) gives a non-finite loss (nan) before "
+        "any inner step: the run's model has diverged"),
+    (3, "round 1: the inner loop diverged at inner step 3 (loss inf) from the global model 0x" + "ab" * 32),
+])
+def test_invalid_loss_stops_the_trainer_with_the_round_and_the_model(tmp_path, monkeypatch, step: int,  # type: ignore[no-untyped-def]
+                                                                     said: str) -> None:
+    """Byzantine probe (2026-11-27): a global model poisoned under Mean stopped every trainer with
+    only "inner step 0: loss is nan", naming neither the round nor that the model was the cause.
+    Nothing is signed or submitted for the round."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.trainer.inner import InnerLoopDiverged
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)
+    tr, _ = _bare_trainer(tmp_path)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
+    tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
+    tr.held_hash = bytes.fromhex("ab" * 32)
+    tr.inbox = _Inbox(TASK, g, 32)
+    calls: list[str] = []
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _round_view(tr, 1)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append(method)
+        return {}
+
+    def train(round_: int) -> list[bytes]:
+        raise InnerLoopDiverged(step, float("nan") if step == 0 else float("inf"))
+
+    tr.wait_training, tr.call, tr.train = wait_training, call, train  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError) as info:
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert str(info.value).startswith(said), str(info.value)
+    assert "nothing was signed for this round" in str(info.value)
+    assert calls == [] and not tr.signing_guard().signed(1, 0) and not tr.payloads.path(1, 0, BASE).exists()
+
+
 # --- the wait for a round follows the node's deadlines (reviewer repro wait_final.py) --------------
 
 
