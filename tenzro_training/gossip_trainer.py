@@ -15,7 +15,7 @@ nothing that a stale view could get wrong:
   that is not (yet) among the run's trainers or ranked syncer candidates, a duplicate.
 
 What the trainer USES is checked again on the whole message (weights against the committed
-model hash, trainer/process.py). The node applies the full rules (gossip.py).
+model hash, trainer/process.py). The node applies the full rules (gossip/validation.py).
 
 Pure core: no I/O. ``TrainerGossipView.from_run_view`` parses the getRun JSON; the trainer's
 shell swaps in a new view each time it polls.

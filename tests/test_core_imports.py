@@ -1,6 +1,7 @@
 """The pure protocol core imports no I/O library (STYLE.md habit 1).
 
-Core = every module directly in ``tenzro_training`` except the shells listed in ``SHELLS``.
+Core = every module of ``tenzro_training`` and of its subpackages except the shells listed in
+``SHELLS``.
 Two checks: a static walk of each core module's import statements, and a dynamic check that
 importing the whole core in a fresh interpreter loads none of the I/O stacks.
 """
@@ -25,8 +26,10 @@ FORBIDDEN = {
 
 
 def core_modules() -> list[Path]:
+    """The package's own modules and those of its subpackages that are not shells (``gossip/``)."""
     return sorted(
-        p for p in PACKAGE_DIR.glob("*.py") if p.stem not in SHELLS and not p.stem.startswith("test")
+        p for p in [*PACKAGE_DIR.glob("*.py"), *PACKAGE_DIR.glob("*/*.py")]
+        if p.stem not in SHELLS and p.parent.name not in SHELLS and not p.stem.startswith("test")
     )
 
 
@@ -55,7 +58,8 @@ def test_core_modules_import_no_io_library() -> None:
 
 
 def test_importing_core_loads_no_io_stack() -> None:
-    mods = [f"tenzro_training.{p.stem}" for p in core_modules() if p.stem != "__init__"]
+    mods = [".".join(["tenzro_training", *p.relative_to(PACKAGE_DIR).with_suffix("").parts]).removesuffix(".__init__")
+            for p in core_modules()]
     probe = (
         "import importlib, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"

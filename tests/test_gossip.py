@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenzro_training import gossip as g
+from tenzro_training.gossip import messages as gossip_messages
 from tenzro_training import vrf
 from tenzro_training.auth import FinalizeRound, SubmitOuterGradient, sign_message
 from tenzro_training.election import make_ticket
@@ -194,7 +195,7 @@ def test_a_field_that_would_encode_otherwise_is_non_canonical(msg: g.GossipMessa
     chunk): a piece that differs from what was parsed, or pieces that cover less or more than
     the message, are refused. No field's parse is lossy today; a future one would be caught."""
     data = g.encode_message(msg)
-    parts = g._encoded_parts(msg)
+    parts = gossip_messages._encoded_parts(msg)
     assert b"".join(parts) == data
     last = parts[-1]
     variants = [
@@ -203,7 +204,7 @@ def test_a_field_that_would_encode_otherwise_is_non_canonical(msg: g.GossipMessa
         [parts[0]] + parts[1:-1] + ([last[:-1]] if last else []),  # shorter
     ]
     for variant in variants:
-        monkeypatch.setattr(g, "_encoded_parts", lambda m, v=variant: v)
+        monkeypatch.setattr(gossip_messages, "_encoded_parts", lambda m, v=variant: v)
         with pytest.raises(GossipReject, match="non-canonical"):
             g.decode_message(data)
 
