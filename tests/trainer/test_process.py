@@ -11,7 +11,8 @@ from tenzro_training import gossip as g
 from tenzro_training.auth import FinalizeRound, sign_message
 from tenzro_training.errors import GossipIgnore, GossipReject
 from tenzro_training.gossip_trainer import find_round_finalized_mismatch
-from tenzro_training.trainer.process import _Inbox, _trainer_validator
+from tenzro_training.trainer.inbox import GossipInbox
+from tenzro_training.trainer.process import _trainer_validator
 from tests.test_gossip import CHAIN_ID, OUTSIDER_KEY, SYNCER_KEYS, SYNCERS, TASK, h, payload_chunks
 
 WEIGHTS = bytes(range(256)) * 4
@@ -27,7 +28,7 @@ def notice(round_: int = 0, *, key: bytes = SYNCER_KEYS[0], syncer: bytes = SYNC
     )
 
 
-def feed(inbox: _Inbox, messages: list[g.GossipMessage]) -> None:
+def feed(inbox: GossipInbox, messages: list[g.GossipMessage]) -> None:
     for m in messages:
         inbox._on_message(g.encode_message(m))
 
@@ -52,7 +53,7 @@ def test_invalid_round_finalized_against_the_record(msg: g.RoundFinalizedMsg, re
 
 
 def test_inbox_reassembles_only_what_it_awaits_for_its_run() -> None:
-    inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
     feed(inbox, notice(0))
     assert inbox.finalized == {}  # no round awaited yet
     inbox.expect_finalized(0)
@@ -80,7 +81,7 @@ def test_inbox_reassembles_only_what_it_awaits_for_its_run() -> None:
 
 
 def test_inbox_keeps_candidate_notices_per_data_hash() -> None:
-    inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
     inbox.expect_finalized(0)
     early = notice(0, key=SYNCER_KEYS[1], syncer=SYNCERS[1], model=h("early"), weights=WEIGHTS[::-1])
     feed(inbox, early)  # held first
@@ -94,7 +95,7 @@ def test_inbox_growth_is_bounded_by_what_is_awaited() -> None:
     # Reviewer repro inbox_growth.py: 40 forged ModelChunk streams were all kept (160 MiB there).
     import os
 
-    inbox = _Inbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
     inbox.expect_model(3)
     for i in range(40):
         feed(inbox, g.compute_model_chunks(task_id=TASK, round=i % 3, model_hash=os.urandom(32), weights=WEIGHTS))
@@ -112,7 +113,7 @@ def test_inbox_forged_model_chunks_do_not_evict_the_genuine_notice() -> None:
     import os
 
     weights = os.urandom(2 * g.MAX_CHUNK_BYTES)
-    inbox = _Inbox(TASK, g, model_bytes=len(weights))
+    inbox = GossipInbox(TASK, g, model_bytes=len(weights))
     inbox.expect_finalized(0)
     real = notice(0, weights=weights)
     feed(inbox, real[:1])
@@ -142,7 +143,7 @@ def _trainer_with_model(tmp_path, model_timeout_s: float = 2.0):  # type: ignore
     tr = _Trainer(cfg, lambda line: None)
     tr.g, tr.layouts, tr.model = g, layouts, model
     nbytes = 4 * sum(lay.numel for lay in layouts)
-    tr.inbox = _Inbox(TASK, g, nbytes, verify=tr.verify_weights)
+    tr.inbox = GossipInbox(TASK, g, nbytes, verify=tr.verify_weights)
     published: list[bytes] = []
 
     class Host:
@@ -419,7 +420,7 @@ def test_a_model_answer_seen_before_asking_does_not_hide_the_next_copy() -> None
     view = make_view(w, max_model_bytes=len(weights))
     seen = SeenCache()
     validate = _trainer_validator(g.TOPIC_TRAINING, lambda: view, seen)
-    inbox = _Inbox(view.task_id, g, model_bytes=len(weights), seen=seen)
+    inbox = GossipInbox(view.task_id, g, model_bytes=len(weights), seen=seen)
     answer = g.compute_model_chunks(task_id=view.task_id, round=0, model_hash=h("m0"), weights=weights)
 
     def deliver() -> None:
@@ -646,7 +647,7 @@ def test_a_late_trainer_skips_the_round_and_trains_the_next(tmp_path, monkeypatc
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
     tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
     tr.held_hash = bytes.fromhex("ab" * 32)
-    tr.inbox = _Inbox(TASK, g, 32)
+    tr.inbox = GossipInbox(TASK, g, 32)
     tr.last_loss = 0.5
     submitted: list[int] = []
     waited: list[int] = []
@@ -701,7 +702,7 @@ def test_invalid_loss_stops_the_trainer_with_the_round_and_the_model(tmp_path, m
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
     tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
     tr.held_hash = bytes.fromhex("ab" * 32)
-    tr.inbox = _Inbox(TASK, g, 32)
+    tr.inbox = GossipInbox(TASK, g, 32)
     calls: list[str] = []
 
     async def wait_training(stop: object) -> dict[str, object]:
@@ -730,7 +731,7 @@ def test_wait_finalized_waits_past_model_timeout_while_the_round_is_open(tmp_pat
     import time
 
     tr, _ = _bare_trainer(tmp_path, model_timeout_s=0.2, poll_interval_s=0.01)
-    tr.inbox = _Inbox(TASK, g, 1024)
+    tr.inbox = GossipInbox(TASK, g, 1024)
     now_ms = int(time.time() * 1000)
     polls: list[float] = []
 
@@ -754,7 +755,7 @@ def test_invalid_round_open_past_the_nodes_deadline_gives_up(tmp_path) -> None: 
     from tenzro_training.trainer.process import TrainerProcessError
 
     tr, _ = _bare_trainer(tmp_path, model_timeout_s=1.0, poll_interval_s=0.01)
-    tr.inbox = _Inbox(TASK, g, 1024)
+    tr.inbox = GossipInbox(TASK, g, 1024)
 
     async def get_run() -> dict[str, object]:  # quorum reached, finalize deadline (after failovers) long past
         return _round_view(tr, 0, now_ms=10_000_000, round_deadline_ms=1, quorum_at_ms=5,
@@ -771,7 +772,7 @@ def test_invalid_round_wait_beyond_the_safety_net_gives_up(tmp_path) -> None:  #
     from tenzro_training.trainer.process import TrainerProcessError
 
     tr, _ = _bare_trainer(tmp_path, max_round_wait_s=0.3, poll_interval_s=0.01)
-    tr.inbox = _Inbox(TASK, g, 1024)
+    tr.inbox = GossipInbox(TASK, g, 1024)
 
     async def get_run() -> dict[str, object]:
         return _round_view(tr, 0, now_ms=0, round_deadline_ms=3_600_000, quorum_at_ms=None, finalize_deadline_ms=None)
@@ -1186,7 +1187,7 @@ def _signing_trainer(tmp_path, monkeypatch, **overrides):  # type: ignore[no-unt
     tr, said = _bare_trainer(tmp_path, **overrides)
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 2)
     tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
-    tr.inbox = _Inbox(TASK, g, 64)
+    tr.inbox = GossipInbox(TASK, g, 64)
     tr.last_loss = 0.5
     signed: dict[tuple[int, int], set[bytes]] = {}
     sign = tr.sign

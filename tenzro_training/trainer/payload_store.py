@@ -1,0 +1,96 @@
+"""The payloads a trainer signed, kept on disk until their round is finalized, so that a restart
+resubmits the same bytes instead of equivocating; and the lock that keeps two processes of one
+account out of one state directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tenzro_training.trainer import TrainerProcessError
+
+__all__ = ["PayloadStore"]
+
+
+class PayloadStore:
+    """This trainer's payloads, kept from before their first submission until their round is
+    finalized, one file per (task, round, fragment, base model) under
+    ``root/task-<task_id>/<address>/``.
+
+    Why: a payload's bytes depend on the torch thread count and the GPU kernels, so a trainer
+    restarted mid-round would NOT recompute the same bytes, and a second payload hash for the
+    same (task, round, fragment) is equivocation (the stake is burned). A restarted trainer
+    resubmits the saved bytes instead: an idempotent replay.
+
+    Each file also names the model hash the payload was trained from (``base``): a run has one
+    starting model per round, so a file of the same task id and round with another base is from
+    another run (a task id reused on another node) and is never submitted. It was, and a
+    gradient of another model was accepted and paid (trainer restart probe)."""
+
+    def __init__(self, root: Path, task_id: str, address: str) -> None:
+        self.dir = root / f"task-{task_id}" / address.lower()
+
+    def path(self, round_: int, fragment: int, base: bytes) -> Path:
+        return self.dir / f"round-{round_}-fragment-{fragment}-{base.hex()}.payload"
+
+    def load(self, round_: int, fragments: int, base: bytes) -> list[bytes | None]:
+        """The saved payload of each fragment of ``round_`` trained from ``base`` (None where
+        none is saved). Saves of that round from another base are left alone: they were signed,
+        and deleting them (as until 2026-11-26) let a node that served the round again with
+        another model have the trainer sign a second payload (the SigningGuard now refuses)."""
+        out: list[bytes | None] = []
+        for f in range(fragments):
+            try:
+                out.append(self.path(round_, f, base).read_bytes())
+            except FileNotFoundError:
+                out.append(None)
+            except OSError as exc:
+                raise TrainerProcessError(f"cannot read saved payload {self.path(round_, f, base)}: {exc.strerror}") from None
+        return out
+
+    def save(self, round_: int, fragment: int, base: bytes, payload: bytes) -> None:
+        from storage.files import write_file_atomically
+
+        path = self.path(round_, fragment, base)
+        try:
+            write_file_atomically(path, payload, mode=0o600)
+        except OSError as exc:
+            raise TrainerProcessError(f"cannot save payload {path}: {exc.strerror}") from None
+
+    def lock(self) -> int:
+        """Claim this (task, account) directory for this process: a descriptor holding an
+        exclusive flock on it (the caller closes it; the kernel does if the process dies).
+        TrainerProcessError when another process holds it.
+
+        Why: two processes of one account (a supervisor and a manual start, two copies of one
+        unit file) train the same round, and their payloads differ (thread counts, kernels): two
+        payload hashes for one (task, round, fragment) are equivocation, and the stake is
+        burned. Only processes sharing this state directory can be stopped here; docs say so."""
+        from tenzro_training.filelock import try_lock_directory
+
+        try:
+            fd = try_lock_directory(self.dir, mode=0o700)
+        except OSError as exc:
+            raise TrainerProcessError(f"cannot use state directory {self.dir}: {exc.strerror or exc}") from None
+        if fd is None:
+            raise TrainerProcessError(
+                f"another trainer process of this account already runs this task from {self.dir} (nothing "
+                f"staked): two would submit different payloads for one round, which is equivocation and "
+                f"burns the stake"
+            )
+        return fd
+
+    def prune(self, before_round: int | None) -> None:
+        """Delete the saved payloads of rounds < ``before_round`` (None: all of them), and the
+        temporary files of saves this trainer's earlier process did not finish (killed)."""
+        from storage.files import remove_temporary_files
+
+        if not self.dir.is_dir():
+            return
+        remove_temporary_files(self.dir)
+        for file in self.dir.glob("round-*-fragment-*.payload"):
+            try:
+                round_ = int(file.name.split("-")[1])
+            except ValueError:
+                continue
+            if before_round is None or round_ < before_round:
+                file.unlink(missing_ok=True)
