@@ -1,4 +1,4 @@
-"""The host's message intake fixes over py-libp2p 0.8.1's Pubsub (p2p/host.py ``_TunedPubsub``),
+"""The host's message intake fixes over py-libp2p 0.8.1's Pubsub (p2p/pubsub.py ``TunedPubsub``),
 each on a Pubsub whose state is set by hand (no network): no validation cache, no message text
 in validation errors, exactly one topic of ours per message. The network behaviour (a restarted
 peer's sequence numbers) is in test_transport.py."""
@@ -20,7 +20,7 @@ from libp2p.crypto import secp256k1
 from libp2p.pubsub.pubsub import Pubsub, TopicValidator
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
 
-from tenzro_training.p2p.host import _TunedPubsub
+from tenzro_training.p2p.pubsub import TunedPubsub
 
 ME = ID(b"\x00\x01me")
 PEER = ID(b"\x00\x01peer")
@@ -29,8 +29,8 @@ ORIGIN_KEYS = secp256k1.create_new_key_pair(bytes(range(1, 33)))
 ORIGIN = ID.from_pubkey(ORIGIN_KEYS.public_key)
 
 
-def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) -> tuple[_TunedPubsub, list[str]]:
-    pubsub = object.__new__(_TunedPubsub)
+def bare_pubsub(validators: dict[str, Any], subscribed: tuple[str, ...] = ()) -> tuple[TunedPubsub, list[str]]:
+    pubsub = object.__new__(TunedPubsub)
     events: list[str] = []
     pubsub.topic_validators = {t: TopicValidator(fn, False) for t, fn in validators.items()}
     pubsub.subscribed_topics_receive = dict.fromkeys(subscribed)  # type: ignore[assignment]
@@ -107,7 +107,7 @@ def test_a_message_whose_libp2p_signature_fails_is_rejected_and_counted(
     host checks the signature first: counted as rejected, one warning, never handed on (no
     validator, no relay, not marked seen). A copy of a message already seen is not verified
     again: py-libp2p drops it as a duplicate."""
-    from tenzro_training.p2p import host
+    from tenzro_training.p2p import pubsub as p2p_pubsub
 
     passed: list[bytes] = []
 
@@ -120,7 +120,7 @@ def test_a_message_whose_libp2p_signature_fails_is_rejected_and_counted(
     assert passed == [b"x"] and events == []
     bad = message("t")
     spoil(bad)
-    with caplog.at_level(logging.WARNING, logger=host.log.name):
+    with caplog.at_level(logging.WARNING, logger=p2p_pubsub.log.name):
         trio.run(pubsub.push_msg, PEER, bad)
     assert passed == [b"x"] and events == ["rejected"]
     assert [r.getMessage() for r in caplog.records] == [
@@ -158,7 +158,7 @@ def test_own_publishes_are_signed_as_py_libp2p_signs_and_not_verified_again(monk
     assert signature_validator(msg)
     msg.ClearField("signature")
     handed_on: list[object] = []
-    pubsub.push_msg = _TunedPubsub.push_msg.__get__(pubsub)  # type: ignore[method-assign]
+    pubsub.push_msg = TunedPubsub.push_msg.__get__(pubsub)  # type: ignore[method-assign]
     monkeypatch.setattr(Pubsub, "push_msg", lambda self, f, m: _done(handed_on.append(m)))
     trio.run(pubsub.push_msg, ORIGIN, msg)  # the own publish: not verified (an unsigned one passes)
     assert handed_on == [msg] and events == []
@@ -203,23 +203,23 @@ def test_a_peer_whose_messages_cannot_be_handled_gets_one_warning_per_interval(
 ) -> None:
     """2,000 signed messages with an undecodable key in one 68 KB RPC wrote 1,025 warnings (p2p
     flood probe); each is still counted as rejected, and the next line says how many were held."""
-    from tenzro_training.p2p import host
+    from tenzro_training.p2p import pubsub as p2p_pubsub
 
     async def base_push(self: Pubsub, forwarder: ID, msg: rpc_pb2.Message) -> None:
         raise ValueError("the key does not decode")
 
     now = [1000.0]
     monkeypatch.setattr(Pubsub, "push_msg", base_push)
-    monkeypatch.setattr(host.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(p2p_pubsub.time, "monotonic", lambda: now[0])
     pubsub, events = bare_pubsub({"t": lambda f, m: True})
 
     async def flood(n: int) -> None:
         for _ in range(n):
             await pubsub.push_msg(PEER, message("t"))
 
-    with caplog.at_level(logging.WARNING, logger=host.log.name):
+    with caplog.at_level(logging.WARNING, logger=p2p_pubsub.log.name):
         trio.run(flood, 2000)
-        now[0] += host.PEER_WARNING_INTERVAL_S
+        now[0] += p2p_pubsub.PEER_WARNING_INTERVAL_S
         trio.run(flood, 1)
     assert events == ["rejected"] * 2001
     lines = [r.getMessage() for r in caplog.records if "could not be handled" in r.getMessage()]
@@ -283,7 +283,7 @@ def test_outbound_queues_are_bounded_by_bytes() -> None:
     counts bytes too."""
     from libp2p.pubsub.rpc_queue import RpcQueue
 
-    from tenzro_training.p2p.host import OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_RPCS, _queue_level, _QueueSizer
+    from tenzro_training.p2p.pubsub import OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_RPCS, _QueueSizer, queue_level
 
     queues = _QueueSizer(8 << 20)
     queues[PEER] = RpcQueue()
@@ -293,7 +293,7 @@ def test_outbound_queues_are_bounded_by_bytes() -> None:
     while q.push(chunk):
         pushed += 1
     assert pushed == OUTBOUND_QUEUE_BYTES // chunk.ByteSize() < OUTBOUND_QUEUE_RPCS
-    assert _queue_level(q) == pytest.approx(4.0, rel=0.01)  # 4x the high-water mark, by bytes
+    assert queue_level(q) == pytest.approx(4.0, rel=0.01)  # 4x the high-water mark, by bytes
     held = q._queue.bytes
     assert held == pushed * chunk.ByteSize()
     assert q._queue.pop() is chunk and q._queue.bytes == held - chunk.ByteSize()
@@ -301,7 +301,7 @@ def test_outbound_queues_are_bounded_by_bytes() -> None:
     small = rpc_pb2.RPC(publish=[message("t")])
     while q._queue.pop() is not None:
         pass
-    assert q._queue.bytes == 0 and _queue_level(q) == 0
+    assert q._queue.bytes == 0 and queue_level(q) == 0
     for _ in range(OUTBOUND_QUEUE_RPCS):
         assert q.push(small)
     assert not q.push(small)  # the count bound still holds
@@ -333,7 +333,7 @@ def test_pyp2p_pending_queue_warnings_are_rate_limited(monkeypatch: pytest.Monke
 
 
 def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> None:
-    """Flood publishing (p2p/host.py ``_TunedGossipSub._get_peers_to_send``): a host's own message
+    """Flood publishing (p2p/pubsub.py ``TunedGossipSub._get_peers_to_send``): a host's own message
     goes to every identified peer subscribed to the topic, not only its mesh (a node's trainers
     dial only it; past D_high its mesh drops some of them); ``publish_skip`` (one run's weights,
     not for the trainers of the node's other runs) removes those peers, mesh members included;
@@ -342,11 +342,11 @@ def test_own_publishes_flood_every_subscribed_peer_except_those_skipped() -> Non
 
     from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 
-    from tenzro_training.p2p.host import _TunedGossipSub
+    from tenzro_training.p2p.pubsub import TunedGossipSub
 
     topic = "t"
     mesh, other, skipped, unidentified = (ID(b"\x00\x01" + bytes([i])) for i in range(4))
-    router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+    router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
                              heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
     router.pubsub = SimpleNamespace(  # type: ignore[assignment]
         my_id=ME, peer_topics={topic: {mesh, other, skipped, unidentified, ME}}, peers={}, topic_ids={topic},
@@ -369,9 +369,9 @@ def test_equivocation_is_told_by_the_signature() -> None:
     """py-libp2p forwards only the first content under one (originator, seqno). The router
     tells contents apart by their libp2p signature (verified before it gets there: push_msg
     refuses unsigned messages, publish signs every one), not by hashing each 1 MiB chunk again."""
-    from tenzro_training.p2p.host import _TunedGossipSub
+    from tenzro_training.p2p.pubsub import TunedGossipSub
 
-    router = object.__new__(_TunedGossipSub)
+    router = object.__new__(TunedGossipSub)
     router.equivocation_detection = {}
     first = message("t", data=b"one")
     assert router._check_equivocation(first) and router._check_equivocation(message("t", data=b"one"))
@@ -389,10 +389,10 @@ def test_a_peer_an_own_publish_skipped_cannot_pull_it_with_iwant() -> None:
     from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
     from libp2p.pubsub.pb import rpc_pb2
 
-    from tenzro_training.p2p.host import _TunedGossipSub
+    from tenzro_training.p2p.pubsub import TunedGossipSub
 
     skipped, other = ID(b"\x00\x01s"), ID(b"\x00\x01o")
-    router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+    router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
                              heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
     router.pubsub = SimpleNamespace(my_id=ME, peer_topics={"t": {skipped, other}})  # type: ignore[assignment]
     router.peer_protocol = {skipped: PROTOCOL_ID_V11, other: PROTOCOL_ID_V11}
@@ -447,7 +447,7 @@ def test_one_rpc_of_many_messages_is_cut_at_the_cap_and_costs_no_quadratic_start
     from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
     from libp2p.tools.anyio_service import background_trio_service
 
-    from tenzro_training.p2p.host import MAX_PUBLISH_PER_RPC, _TunedGossipSub
+    from tenzro_training.p2p.pubsub import MAX_PUBLISH_PER_RPC, TunedGossipSub
 
     extra = 100
     rejects: list[None] = []
@@ -455,9 +455,9 @@ def test_one_rpc_of_many_messages_is_cut_at_the_cap_and_costs_no_quadratic_start
     manager_starts: list[Any] = []
 
     async def scenario() -> None:
-        router = _TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+        router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
                                  heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
-        pubsub = _TunedPubsub(new_host(), router, max_rpc_bytes=8 << 20,
+        pubsub = TunedPubsub(new_host(), router, max_rpc_bytes=8 << 20,
                               on_reject=lambda: rejects.append(None))
 
         async def push_msg(forwarder: ID, msg: rpc_pb2.Message) -> None:
