@@ -1,5 +1,6 @@
-"""Every benchmark script still runs end to end, at toy sizes (timings are not checked here:
-they are what the scripts print, against baselines measured in the same run).
+"""Every benchmark script (and the Byzantine probe) still runs end to end, at toy sizes (timings
+are not checked here: they are what the scripts print, against baselines measured in the same
+run).
 
 A script exits 1 when a target is missed, which toy sizes on a busy CI machine may well do, so
 the check is: it finished (exit 0 or 1), printed its result lines, and raised nothing.
@@ -32,6 +33,9 @@ CASES = {
     "bench_trainer": (["--models", "dev", "--steps", "2", "--cpu-steps", "2", "--rounds", "1"],
                       ["dev: 18,352 parameters", '"trainer_round"']),
     "bench_gossip": (["--repeat", "1"], ['"payload_throughput"', '"libp2p_stream_mib_s"', '"finalize_to_8_trainers"']),
+    "probe_byzantine": (["--rule", '{"TrimmedMean": {"alpha_bps": 3400}}', "--trainers", "3", "--quorum", "3",
+                         "--rounds", "1", "--attackers", "2", "--attack", "signflip"],
+                        ['"status": "Sealed"', '"trimmed_per_side": [\n    1\n  ]', '"verify_run_ok": true', '"final"']),
 }
 
 

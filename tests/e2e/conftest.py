@@ -477,9 +477,9 @@ def tenzro(*argv: str, timeout: float = 120.0, env: dict[str, str] | None = None
 # --- gossip runs: a node with libp2p on, trainer and syncer processes ------------------------------
 
 
-def start_p2p_node(tmp_path: Path) -> tuple[NodeProcess, str]:
+def start_p2p_node(tmp_path: Path, **config_overrides: Any) -> tuple[NodeProcess, str]:
     """A dev node with gossip on; returns it and its p2p multiaddr (printed before "listening")."""
-    config = write_config(tmp_path / "node.json")
+    config = write_config(tmp_path / "node.json", **config_overrides)
     node = start_node(tmp_path / "node" / "data", config, extra_args=("--p2p-listen", "/ip4/127.0.0.1/tcp/0"))
     addrs = [line.split()[3] for line in list(node.stdout_lines) if line.startswith("tenzro node p2p ")]
     assert addrs, "the node printed no p2p address before listening"

@@ -1,0 +1,166 @@
+"""Byzantine probe: one real run in which some trainers attack, and what it did to the model.
+
+A real ``tenzro node --dev`` with gossip on, the syncer daemon and M real ``tenzro trainer run``
+processes carry the shipped dev example (statsmodels data; its rule, trainer count, quorum and
+rounds replaced by the flags) to its end. The trainers named by ``--attackers`` run through
+``tests/e2e/byzantine_trainer.py``: the real trainer with its outer gradients replaced just
+before they are signed (``--attack const|signflip|noise``, ``--value``), so the node accepts
+every payload. Prints one JSON object: the run's status, every trainer's exit status, the
+held-out loss of the initial and the final model (``tenzro train evaluate-model``), what each
+trainer is paid (the receipt's weights, ``ledger.compute_payouts``), per fragment result how
+many values TrimmedMean trimmed and which payload Krum selected, and whether ``verify-run``
+passed. docs/aggregation.md "What each rule tolerates" has the table these runs made.
+
+    .venv/bin/python scripts/probe_byzantine.py --rule '"CoordinateMedian"' --attack signflip --value 10
+    .venv/bin/python scripts/probe_byzantine.py --rule '{"TrimmedMean": {"alpha_bps": 2000}}' --quorum 4
+
+Exit 0 when the run ended (Sealed or not: that is the finding), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tenzro_training.ledger import compute_payouts  # noqa: E402
+from tenzro_training.receipt import TrainingReceipt  # noqa: E402
+from tests.e2e.conftest import Child, rpc, start_p2p_node, tenzro, trainer_argv  # noqa: E402
+
+TASK_ID = "byzantine-probe"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rule", default='"Mean"', help="the spec's aggregation, as JSON (default \"Mean\")")
+    ap.add_argument("--attack", choices=["const", "signflip", "noise"], default="const")
+    ap.add_argument("--value", type=float, default=None,
+                    help="const: every value (default 1e6); signflip: the factor (default 10); noise: sigma (default 1)")
+    ap.add_argument("--attackers", default="4", help="comma-separated trainer indices, or '' for none (default 4)")
+    ap.add_argument("--trainers", type=int, default=5, help="M (default 5)")
+    ap.add_argument("--quorum", type=int, default=5, help="K (default 5)")
+    ap.add_argument("--rounds", type=int, default=10, help="max_rounds (default 10)")
+    ap.add_argument("--grace-ms", type=int, default=5000, help="straggler window (default 5000)")
+    ap.add_argument("--max-gradient-abs", type=float, default=None, help="node config (default: the node's, 1e6)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the trainers (default 900)")
+    args = ap.parse_args(argv)
+    args.attackers = {int(x) for x in args.attackers.split(",") if x.strip()}
+    if not all(0 <= i < args.trainers for i in args.attackers):
+        ap.error(f"--attackers must name trainers 0..{args.trainers - 1}")
+    if args.value is None:
+        args.value = {"const": 1e6, "signflip": 10.0, "noise": 1.0}[args.attack]
+    return args
+
+
+def checked(*argv: str) -> Any:
+    """A ``tenzro ... --json`` call that must succeed."""
+    r = tenzro(*argv, "--json", timeout=600)
+    if r.code != 0:
+        raise SystemExit(f"tenzro {' '.join(argv[:2])} failed ({r.code}): {r.err.strip()}")
+    return r.json()
+
+
+def fragment_results(view: dict[str, Any], rule: Any, names: dict[str, str]) -> dict[str, Any]:
+    """TrimmedMean: the per-side counts trimmed over every fragment result; Krum: whose payload
+    each fragment result selected (the round records' ``trimmed`` and ``selected``)."""
+    fragments = [f for record in view["round_records"] for f in record["fragments"]]
+    if isinstance(rule, dict) and "TrimmedMean" in rule:
+        return {"trimmed_per_side": sorted({f["trimmed"] for f in fragments})}
+    if isinstance(rule, dict) and "Krum" in rule:
+        selected = [names.get(f["accepted"][f["selected"]].lower(), "?") for f in fragments]
+        return {"krum_selected": {name: selected.count(name) for name in sorted(set(selected))}}
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tenzro-byzantine-") as tmp:
+        work = Path(tmp)
+        config = {} if args.max_gradient_abs is None else {"max_gradient_abs": args.max_gradient_abs}
+        node, p2p_addr = start_p2p_node(work, **config)
+        children: list[Child] = []
+        try:
+            keys = str(node.data_dir / "dev-accounts.json")
+            accounts = node.accounts
+            names = {a["address"].lower(): name for name, a in accounts.items()}
+            spec0, spec1, spec = work / "spec0.json", work / "spec1.json", work / "spec.json"
+            checked("train", "example-spec", "--task-id", TASK_ID, "--out", str(spec0))
+            doc = json.loads(spec0.read_text())
+            doc.update(aggregation=json.loads(args.rule), trainer_count=args.trainers, quorum=args.quorum,
+                       max_rounds=args.rounds, grace_window_ms=args.grace_ms)
+            spec1.write_text(json.dumps(doc))
+            checked("train", "init-checkpoint", "--spec", str(spec1), "--out", str(work / "init.safetensors"),
+                    "--spec-out", str(spec))
+            posted = tenzro("train", "post-task", "--spec", str(spec), "--key-file", keys, "--account", "sponsor",
+                            "--rpc", node.url, "--json")
+            if posted.code != 0:
+                raise SystemExit(f"post-task failed: {posted.err.strip()}")
+            deadline = time.monotonic() + 60
+            while (view := rpc(node.url, "tenzro_training_getRun", {"task_id": TASK_ID}))["status"] != "Enrolling":
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the run did not reach Enrolling: {view['status']}")
+                time.sleep(0.1)
+            syncer = names[view["election"]["ranking"][0]["address"].lower()]
+            children.append(Child("syncer", ["syncer", "run", "--key-file", keys, "--account", syncer, "--rpc",
+                                             node.url, "--poll-interval", "0.1"], work))
+            trainers = {}
+            started = time.monotonic()
+            for i in range(args.trainers):
+                argv_i = trainer_argv(node, TASK_ID, spec, f"trainer:{i}", p2p_addr, work / f"t{i}.p2p-key",
+                                      "--device", "cpu")
+                if i in args.attackers:
+                    trainers[i] = Child(f"attacker{i}", argv_i, work, module="tests.e2e.byzantine_trainer",
+                                        env={"TENZRO_BYZANTINE_ATTACK": args.attack,
+                                             "TENZRO_BYZANTINE_VALUE": repr(args.value)})
+                else:
+                    trainers[i] = Child(f"trainer{i}", argv_i, work)
+            children.extend(trainers.values())
+            exits = {f"trainer:{i}": child.wait(args.timeout) for i, child in trainers.items()}
+            view = rpc(node.url, "tenzro_training_getRun", {"task_id": TASK_ID})
+            result: dict[str, Any] = {
+                "rule": json.loads(args.rule), "attack": args.attack if args.attackers else None, "value": args.value,
+                "attackers": [f"trainer:{i}" for i in sorted(args.attackers)], "trainers": args.trainers,
+                "quorum": args.quorum, "rounds": args.rounds, "status": view["status"],
+                "rounds_committed": len(view["round_records"]), "trainer_exit": exits,
+                # Shards follow enrollment order, a race between the processes: an attacker on
+                # another shard changes which honest data is missing, and so the final loss.
+                "shards": dict(sorted((names[t["address"].lower()], t["shard"]) for t in view["trainers"])),
+                "seconds": round(time.monotonic() - started, 1), **fragment_results(view, json.loads(args.rule), names),
+            }
+            last_lines = {f"trainer:{i}": c.err().strip().splitlines()[-1:] for i, c in trainers.items() if exits[f"trainer:{i}"]}
+            if last_lines:
+                result["trainer_last_line"] = last_lines
+            models = ["--with-init"]
+            if view["status"] == "Sealed":
+                final = work / "final.safetensors"
+                checked("train", "export-model", "--task-id", TASK_ID, "--rpc", node.url, "--out", str(final))
+                models += ["--model", str(final)]
+                receipt = TrainingReceipt.from_dict(rpc(node.url, "tenzro_training_getReceipt",
+                                                        {"task_id": TASK_ID})["receipt"])
+                payouts, dust = compute_payouts(receipt.spec.reward_pool,
+                                                {t.address: t.reward_weight for t in receipt.trainers})
+                result["paid_attotnzo"] = dict(sorted((names["0x" + bytes(a).hex()], str(v)) for a, v in payouts.items()))
+                result["paid_back_to_sponsor_attotnzo"] = str(dust)
+                verified = tenzro("train", "verify-run", "--task-id", TASK_ID, "--rpc", node.url, "--json", timeout=600)
+                result["verify_run_ok"] = verified.code == 0
+            evaluation = checked("train", "evaluate-model", "--spec", str(spec), *models)
+            result["validation_loss"] = {("final" if m["name"] != "init_checkpoint" else "init"): m["loss"]
+                                         for m in evaluation["models"]}
+            result["validation_loss"].update({f"baseline {b['name']}": b["loss"] for b in evaluation["baselines"]})
+        finally:
+            for child in children:
+                child.stop()
+            node.stop()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
