@@ -14,7 +14,9 @@ passed. docs/aggregation.md "What each rule tolerates" has the table these runs 
     .venv/bin/python scripts/probe_byzantine.py --rule '"CoordinateMedian"' --attack signflip --value 10
     .venv/bin/python scripts/probe_byzantine.py --rule '{"TrimmedMean": {"alpha_bps": 2000}}' --quorum 4
 
-Exit 0 when the run ended (Sealed or not: that is the finding), 2 for bad flags.
+Exit 0 when the run ended or its trainers stopped (Sealed or not: that is the finding; a trainer
+still running after ``--timeout`` is stopped and reported as "timed out"), 1 when the run could
+not be set up (a CLI step failed: its message is printed), 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def checked(*argv: str) -> Any:
     if r.code != 0:
         raise SystemExit(f"tenzro {' '.join(argv[:2])} failed ({r.code}): {r.err.strip()}")
     return r.json()
+
+
+def wait_or_stop(child: Child, deadline: float) -> int | str:
+    """The trainer's exit status, or "timed out" (it is stopped) once ``deadline`` passed."""
+    try:
+        return child.wait(max(deadline - time.monotonic(), 0.1))
+    except AssertionError:  # Child.wait killed it
+        return "timed out"
 
 
 def fragment_results(view: dict[str, Any], rule: Any, names: dict[str, str]) -> dict[str, Any]:
@@ -122,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     trainers[i] = Child(f"trainer{i}", argv_i, work)
             children.extend(trainers.values())
-            exits = {f"trainer:{i}": child.wait(args.timeout) for i, child in trainers.items()}
+            exits = {f"trainer:{i}": wait_or_stop(child, started + args.timeout) for i, child in trainers.items()}
             view = rpc(node.url, "tenzro_training_getRun", {"task_id": TASK_ID})
             result: dict[str, Any] = {
                 "rule": json.loads(args.rule), "attack": args.attack if args.attackers else None, "value": args.value,
