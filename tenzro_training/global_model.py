@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from tenzro_training.aggregation import AggregationReport, aggregate
+from tenzro_training.compression import PayloadEncoding
 from tenzro_training.errors import FragmentError, TenzroError
 from tenzro_training.fragments import (
     FragmentLayout,
@@ -337,6 +338,7 @@ def compute_round_update(
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)
+    encoding = PayloadEncoding.from_spec(spec)
     if not len(inputs) == len(weights) == len(momentum) == len(model.layouts):
         raise ValueError("one input list, weight and momentum vector per fragment expected")
     sizes = [lay.numel for lay in model.layouts]
@@ -351,7 +353,8 @@ def compute_round_update(
             # No NaN/Inf scan here: aggregate() scans its inputs and raises on any, unless the
             # caller checked them when it accepted them.
             decode_payload(
-                data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True, check_finite=False
+                data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True, check_finite=False,
+                topk_k=encoding.kept(lay.numel),
             ).flat_fp32()
             for _, data in subs
         ]

@@ -42,6 +42,7 @@ from tenzro_training.fragments import (
 
 __all__ = [
     "ENCODING_RAW",
+    "ENCODING_TOPK",
     "ENCODINGS",
     "PAYLOAD_VERSION",
     "SAFETENSORS_DTYPES",
@@ -62,14 +63,19 @@ __all__ = [
     "compute_max_payload_bytes",
     "compute_payload_hash",
     "encode_payload",
+    "encode_topk_payload",
     "decode_payload",
 ]
 
 PAYLOAD_VERSION = "1"
 ENCODING_RAW = "raw"
-# Encodings this implementation decodes. The field exists so compressed encodings (DCT + top-k
-# with error feedback, quantisation) can be added per task without a new format version.
-ENCODINGS: frozenset[str] = frozenset({ENCODING_RAW})
+ENCODING_TOPK = "topk"
+# Encodings this implementation decodes: raw (always accepted) and sparse top-k, which a task
+# selects (compression.PayloadEncoding). Another (DCT, quantisation) can be added per task
+# without a new format version.
+ENCODINGS: frozenset[str] = frozenset({ENCODING_RAW, ENCODING_TOPK})
+# The two tensors of a topk payload, in this order in the data section.
+_TOPK_INDICES, _TOPK_VALUES = "indices", "values"
 # Project dtype name -> safetensors dtype string.
 SAFETENSORS_DTYPES: dict[str, str] = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _FROM_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -181,7 +187,7 @@ class PayloadHeader:
     fragment: int
     """Fragment index, equal to the layout's index."""
     encoding: str
-    """``"raw"`` (uncompressed); other names are reserved for compressed encodings."""
+    """``"raw"`` (uncompressed) or ``"topk"`` (sparse: ascending u32 indices and their values)."""
     layout_hash: bytes
     """``FragmentLayout.layout_hash()`` of the fragment (32 bytes)."""
 
@@ -283,6 +289,9 @@ def encode_payload(
     if not isinstance(header, PayloadHeader) or not isinstance(layout, FragmentLayout):
         raise PayloadError("encode_payload needs a PayloadHeader and a FragmentLayout")
     _check_header_against_layout(header, layout)
+    if header.encoding != ENCODING_RAW:
+        raise PayloadFormatError(f"encode_payload writes encoding {ENCODING_RAW!r}, the header says "
+                                 f"{header.encoding!r} (encode_topk_payload writes topk)")
     if dtype not in DTYPES:
         raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if isinstance(tensors, torch.Tensor):
@@ -305,16 +314,7 @@ def encode_payload(
         first = int((~finite).nonzero()[0, 0])
         raise PayloadNonFinite(_entry_at(layout, first).name, int((~finite).sum()))
 
-    metadata = {
-        _KEY_VERSION: PAYLOAD_VERSION,
-        _KEY_TASK: header.task_id,
-        _KEY_ROUND: str(header.round),
-        _KEY_FRAGMENT: str(header.fragment),
-        _KEY_ENCODING: header.encoding,
-        _KEY_DTYPE: dtype,
-        _KEY_LAYOUT: "0x" + header.layout_hash.hex(),
-    }
-    doc: dict[str, object] = {_META: metadata}
+    doc: dict[str, object] = {}
     itemsize, offset = _ITEMSIZE[dtype], 0
     for entry in layout.entries:
         size = entry.numel * itemsize
@@ -324,9 +324,77 @@ def encode_payload(
             "data_offsets": [offset, offset + size],
         }
         offset += size
-    text = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return b"".join([_header_bytes(header, dtype, doc), compute_raw_le_bytes(cast)])
+
+
+def _header_bytes(header: PayloadHeader, dtype: str, tensors: dict[str, object]) -> bytes:
+    """The length prefix and the padded header JSON (metadata first, then ``tensors``)."""
+    metadata = {
+        _KEY_VERSION: PAYLOAD_VERSION,
+        _KEY_TASK: header.task_id,
+        _KEY_ROUND: str(header.round),
+        _KEY_FRAGMENT: str(header.fragment),
+        _KEY_ENCODING: header.encoding,
+        _KEY_DTYPE: dtype,
+        _KEY_LAYOUT: "0x" + header.layout_hash.hex(),
+    }
+    text = json.dumps({_META: metadata, **tensors}, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     text += b" " * (-len(text) % 8)  # safetensors convention: data starts 8-byte aligned
-    return b"".join([len(text).to_bytes(8, "little"), text, compute_raw_le_bytes(cast)])
+    return len(text).to_bytes(8, "little") + text
+
+
+def encode_topk_payload(
+    header: PayloadHeader,
+    layout: FragmentLayout,
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    dtype: str = "float32",
+) -> bytes:
+    """Encode a sparse outer gradient (``header.encoding == "topk"``; docs/payload.md "topk").
+
+    ``indices``: 1-D integer tensor, strictly ascending, each < ``layout.numel`` (positions in
+    the fragment's flat layout order); ``values``: 1-D floating tensor of the same length, cast
+    to ``dtype`` (round to nearest even). Every other position decodes as 0. The decoder
+    demands exactly the task's k values (``compression.PayloadEncoding.kept``); this encoder
+    does not know the task and takes any length up to ``layout.numel``.
+    """
+    if not isinstance(header, PayloadHeader) or not isinstance(layout, FragmentLayout):
+        raise PayloadError("encode_topk_payload needs a PayloadHeader and a FragmentLayout")
+    if header.encoding != ENCODING_TOPK:
+        raise PayloadFormatError(f"encode_topk_payload writes encoding {ENCODING_TOPK!r}, the header says {header.encoding!r}")
+    _check_header_against_layout(header, layout)
+    if dtype not in DTYPES:
+        raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if not isinstance(indices, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise PayloadError("indices and values must be tensors")
+    if indices.dim() != 1 or indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+        raise PayloadFormatError(f"indices must be a 1-D integer tensor, got {tuple(indices.shape)} {indices.dtype}")
+    if values.dim() != 1 or not values.is_floating_point() or values.numel() != indices.numel():
+        raise PayloadFormatError(
+            f"values must be a 1-D floating tensor of {indices.numel()} values, got {tuple(values.shape)} {values.dtype}"
+        )
+    k = indices.numel()
+    idx = indices.detach().to(device="cpu", dtype=torch.int64)
+    if k > layout.numel or layout.numel > 2**32:
+        raise PayloadLayoutMismatch(f"{k} indices into a fragment of {layout.numel} values (u32 indices)")
+    if k and (int(idx[0]) < 0 or int(idx[-1]) >= layout.numel or (k > 1 and not bool((idx[1:] > idx[:-1]).all()))):
+        raise PayloadFormatError(f"indices must be strictly ascending within 0..{layout.numel - 1}")
+    cast = values.detach().to(device="cpu", dtype=DTYPES[dtype]).contiguous()
+    if not is_all_finite(cast):
+        first = int((~torch.isfinite(cast)).nonzero()[0, 0])
+        raise PayloadNonFinite(_entry_at(layout, int(idx[first])).name, int((~torch.isfinite(cast)).sum()))
+    tensors = _topk_tensor_entries(k, dtype)
+    index_bytes = idx.numpy().astype("<u4").tobytes()
+    return b"".join([_header_bytes(header, dtype, tensors), index_bytes, compute_raw_le_bytes(cast)])
+
+
+def _topk_tensor_entries(k: int, dtype: str) -> dict[str, object]:
+    """The header entries of a k-value topk payload: indices then values, back to back."""
+    end = 4 * k + k * _ITEMSIZE[dtype]
+    return {
+        _TOPK_INDICES: {"dtype": "U32", "shape": [k], "data_offsets": [0, 4 * k]},
+        _TOPK_VALUES: {"dtype": SAFETENSORS_DTYPES[dtype], "shape": [k], "data_offsets": [4 * k, end]},
+    }
 
 
 def _entry_at(layout: FragmentLayout, flat_index: int) -> FragmentEntry:
@@ -412,7 +480,8 @@ def _parse_metadata(doc: dict[str, object], layout: FragmentLayout) -> tuple[Pay
 
 
 def _check_expected(header: PayloadHeader, expected: PayloadHeader) -> None:
-    for name in ("task_id", "round", "fragment", "encoding", "layout_hash"):
+    # Not the encoding: which encodings are accepted is decode_payload's topk_k (raw always).
+    for name in ("task_id", "round", "fragment", "layout_hash"):
         got, want = getattr(header, name), getattr(expected, name)
         if got != want:
             raise PayloadMetadataMismatch(name, got, want)
@@ -552,8 +621,14 @@ def decode_payload(
     zero_copy: bool = False,
     check_finite: bool = True,
     max_abs: float | None = None,
+    topk_k: int | None = None,
 ) -> DecodedPayload:
     """Validate and decode one payload for ``layout`` (docs/payload.md, "Decoding").
+
+    ``topk_k``: a ``topk`` payload is accepted only when given, and must then carry exactly
+    this many values (the task's ``compression.PayloadEncoding.kept(layout.numel)``); it decodes
+    to the dense fp32 vector (zeros elsewhere). A ``raw`` payload is always accepted. Any other
+    case: ``PayloadMetadataMismatch("encoding", ...)``. ``expected.encoding`` is not compared.
 
     ``zero_copy=True`` (only for immutable ``bytes`` input, float32 payloads whose tensors lie
     back to back in layout order, as :func:`encode_payload` writes them): ``flat_fp32()`` is then
@@ -603,6 +678,14 @@ def decode_payload(
         _check_expected(header, expected)
     if allowed_dtypes is not None and dtype not in allowed_dtypes:
         raise PayloadDtypeError(f"dtype {dtype} is not allowed here (allowed: {sorted(allowed_dtypes)})")
+    if header.encoding == ENCODING_TOPK:
+        if topk_k is None:
+            raise PayloadMetadataMismatch("encoding", header.encoding, ENCODING_RAW)
+        if not _is_int(topk_k) or not 0 <= topk_k <= layout.numel:
+            raise PayloadError(f"topk_k must be an integer in 0..{layout.numel}, got {topk_k!r}")
+        _checked_topk_header(raw, layout, dtype, size - 8 - header_len, topk_k)
+        flat = _read_topk(view, 8 + header_len, layout, dtype, topk_k, check_finite, max_abs)
+        return DecodedPayload(header, dtype, flat)
     starts = _checked_tensor_starts(raw, layout, dtype, size - 8 - header_len)
     flat = None
     if zero_copy and isinstance(data, bytes):
@@ -612,6 +695,65 @@ def decode_payload(
     if check_finite or max_abs is not None:
         _check_values(flat, layout, check_finite, max_abs)
     return DecodedPayload(header, dtype, flat)
+
+
+@functools.lru_cache(maxsize=_HEADER_CACHE_SIZE)
+def _checked_topk_header(raw: bytes, layout: FragmentLayout, dtype: str, data_len: int, k: int) -> None:
+    """A topk header names exactly the two tensors, in the one layout :func:`encode_topk_payload`
+    writes (indices at 0, values right after, nothing else): one canonical encoding per vector."""
+    doc = _parse_checked_header(raw, layout)[2]
+    present = doc.keys() - {_META}
+    if present != {_TOPK_INDICES, _TOPK_VALUES}:
+        raise PayloadLayoutMismatch(
+            f"a topk payload holds exactly the tensors {[_TOPK_INDICES, _TOPK_VALUES]}, got {_short(present)}"
+        )
+    for name, info in _topk_tensor_entries(k, dtype).items():
+        got = doc[name]
+        if got != info:
+            if isinstance(got, dict) and isinstance(got.get("shape"), list) and got["shape"] != info["shape"]:  # type: ignore[index]
+                raise PayloadLayoutMismatch(
+                    f"topk tensor {name!r} has shape {got['shape'][:4]}, this task sends {k} values per payload of "
+                    f"fragment {layout.index}"
+                )
+            raise PayloadFormatError(f"topk tensor {name!r} must be {json.dumps(info)}")
+    end = _topk_tensor_entries(k, dtype)[_TOPK_VALUES]["data_offsets"][1]  # type: ignore[index]
+    if end > data_len:
+        raise PayloadTruncated(f"tensor data needs {end} bytes, only {data_len} are present")
+    if end < data_len:
+        raise PayloadTrailingBytes(f"{data_len - end} bytes follow the last tensor")
+
+
+def _read_topk(
+    view: memoryview, base: int, layout: FragmentLayout, dtype: str, k: int, check_finite: bool, max_abs: float | None
+) -> torch.Tensor:
+    indices = np.frombuffer(view, dtype="<u4", count=k, offset=base)
+    if k and (int(indices[-1]) >= layout.numel or (k > 1 and not bool((indices[1:] > indices[:-1]).all()))):
+        raise PayloadFormatError(f"topk indices must be strictly ascending within 0..{layout.numel - 1}")
+    values = torch.empty(k, dtype=torch.float32)
+    values_np = values.numpy()
+    offset = base + 4 * k
+    if dtype == "float32":
+        values_np[:] = np.frombuffer(view, dtype="<f4", count=k, offset=offset)
+    elif dtype == "float16":
+        values_np[:] = np.frombuffer(view, dtype="<f2", count=k, offset=offset)
+    else:
+        bits = values_np.view(np.uint32)
+        bits[:] = np.frombuffer(view, dtype="<u2", count=k, offset=offset)
+        bits <<= 16
+    if k and (check_finite or max_abs is not None):
+        # The k values only: the zeros in between are finite and in range. An error names the
+        # tensor that holds the first culprit's position.
+        low, high = float(values_np.min()), float(values_np.max())
+        if check_finite and not (math.isfinite(low) and math.isfinite(high)):
+            bad = ~torch.isfinite(values)
+            raise PayloadNonFinite(_entry_at(layout, int(indices[int(bad.nonzero()[0, 0])])).name, int(bad.sum()))
+        if max_abs is not None and (-low > max_abs or high > max_abs):
+            bad = values.abs() > max_abs
+            name = _entry_at(layout, int(indices[int(bad.nonzero()[0, 0])])).name
+            raise PayloadValueOutOfRange(name, int(bad.sum()), max_abs)
+    flat = torch.zeros(layout.numel, dtype=torch.float32)
+    flat[torch.from_numpy(indices.astype(np.int64))] = values
+    return flat
 
 
 def _check_values(flat: torch.Tensor, layout: FragmentLayout, check_finite: bool, max_abs: float | None) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tenzro_training.addresses import Address, format_address
+from tenzro_training.compression import PayloadEncoding
 from tenzro_training.election import compute_election_seed, rank_candidates, validate_ticket
 from tenzro_training.errors import (
     ElectionError,
@@ -529,6 +530,7 @@ def process_post_task(
                 "fewer rounds, fragments or trainers, and chain tasks for a longer training",
             )
     OuterConfig.from_spec(spec)  # reject bad outer_lr / outer_momentum overrides at posting
+    PayloadEncoding.from_spec(spec)  # and a bad outer_gradient_encoding
     ledger = escrow_reward(ledger, task_id, signer, spec.reward_pool)
     election = ElectionState(
         seed=compute_election_seed(task_id, spec_hash), deadline_ms=now + timings.election_window_ms

@@ -61,6 +61,7 @@ from tenzro_training.auth import (
     recover_signer_address,
     validate_signer,
 )
+from tenzro_training.compression import PayloadEncoding
 from tenzro_training.election import ExclusionReason, TicketRejected, make_ticket
 from tenzro_training.errors import (
     FragmentError,
@@ -72,6 +73,7 @@ from tenzro_training.errors import (
     TenzroError,
     UnknownTask,
 )
+from tenzro_training.fragments import FragmentLayout
 from tenzro_training.jsontext import serialize_json
 from tenzro_training.node import persistence, startup
 from tenzro_training.node.artifacts import load_payload_artifact, locate_checkpoint
@@ -710,11 +712,13 @@ class NodeService:
             task, allowed_dirs=self._config.allowed_checkpoint_dirs, max_bytes=self._config.max_checkpoint_bytes
         )
         try:
-            return compute_initial_model(state, task.architecture.fragment_count)
+            initial = compute_initial_model(state, task.architecture.fragment_count)
         except FragmentError as exc:
             # A property of the spec against the sponsor's own model (more fragments than
             # elements): a public SpecError naming the field, not a private CheckpointError.
             raise SpecError("architecture.fragment_count", f"cannot split the checkpoint's model: {exc}") from None
+        PayloadEncoding.from_spec(task).check_layouts(initial.model.layouts)
+        return initial
 
     def preload_post_task(self, spec: object, signature: bytes) -> object | None:
         """Read a postTask's init checkpoint ahead of the call, on the caller's thread (the RPC
@@ -888,7 +892,11 @@ class NodeService:
         # Validation only: a view where the layout allows one (the values are scanned, not
         # kept), which spares a submission a fresh 4-bytes-per-value copy and its page faults.
         decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes, zero_copy=True,
-                       max_abs=self._config.max_gradient_abs)
+                       max_abs=self._config.max_gradient_abs, topk_k=self._topk_k(task_id, layout))
+
+    def _topk_k(self, task_id: str, layout: FragmentLayout) -> int | None:
+        """How many values a topk payload of ``layout`` carries in this run (None: raw only)."""
+        return PayloadEncoding.from_spec(self._run(task_id).spec).kept(layout.numel)
 
     def _evidence_ops(
         self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes
@@ -966,7 +974,8 @@ class NodeService:
                 header = PayloadHeader(task_id, current.round, layout.index, ENCODING_RAW, layout.layout_hash())
                 try:
                     decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
-                                   zero_copy=True, max_abs=self._config.max_gradient_abs)
+                                   zero_copy=True, max_abs=self._config.max_gradient_abs,
+                                   topk_k=PayloadEncoding.from_spec(run.spec).kept(layout.numel))
                     break
                 except (PayloadLayoutMismatch, PayloadMetadataMismatch):
                     if len(layouts) == 1:

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from tenzro_training.compression import ErrorFeedback
 from tenzro_training.fragments import FragmentLayout, gather_fragment, scatter_fragment
-from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
+from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
 from tenzro_training.trainer import TrainerError
 from tenzro_training.trainer.data import Shard
 from tenzro_training.trainer.model import get_adapter, load_state
@@ -282,15 +283,28 @@ def compute_outer_gradients(
 
 
 def make_payloads(
-    task_id: str, round: int, layouts: Sequence[FragmentLayout], outer_grads: Sequence[Tensor], dtype: str = "float32"
+    task_id: str,
+    round: int,
+    layouts: Sequence[FragmentLayout],
+    outer_grads: Sequence[Tensor],
+    dtype: str = "float32",
+    feedback: ErrorFeedback | None = None,
 ) -> list[bytes]:
-    """One raw-encoded payload per fragment (``dtype`` is the fragments name, see
-    :data:`PAYLOAD_DTYPES`); errors are the payload codec's PayloadError subclasses."""
+    """One payload per fragment (``dtype`` is the fragments name, see :data:`PAYLOAD_DTYPES`):
+    raw, or with ``feedback`` (the task's topk encoding) each fragment's top-k of the outer
+    gradient plus what earlier rounds left unsent, which ``feedback`` then keeps. Errors are
+    the payload codec's PayloadError subclasses (and CompressionError)."""
     if len(layouts) != len(outer_grads):
         raise TrainerError(f"{len(layouts)} layouts but {len(outer_grads)} outer gradients")
+    if feedback is None:
+        return [
+            encode_payload(PayloadHeader(task_id, round, lay.index, ENCODING_RAW, lay.layout_hash()), lay, grad, dtype)
+            for lay, grad in zip(layouts, outer_grads)
+        ]
+    sparse = feedback.compress(outer_grads, dtype)
     return [
-        encode_payload(PayloadHeader(task_id, round, lay.index, ENCODING_RAW, lay.layout_hash()), lay, grad, dtype)
-        for lay, grad in zip(layouts, outer_grads)
+        encode_topk_payload(PayloadHeader(task_id, round, lay.index, ENCODING_TOPK, lay.layout_hash()), lay, i, v, dtype)
+        for lay, (i, v) in zip(layouts, sparse)
     ]
 
 

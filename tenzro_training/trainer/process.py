@@ -57,6 +57,7 @@ import torch
 
 from rpc.errors import LimitExceeded, get_error_entry
 from tenzro_training import auth
+from tenzro_training.compression import ErrorFeedback, PayloadEncoding
 from tenzro_training.errors import (
     Equivocation,
     InvalidState,
@@ -274,6 +275,11 @@ class _Trainer:
         self.held_hash: bytes | None = None
         self.optimizer_state: dict[str, Any] | None = None
         """AdamW's state after the last round trained (``carry_optimizer_state``), on the device."""
+        self.encoding = PayloadEncoding()
+        """The task's payload encoding (``prepare`` reads it from the spec)."""
+        self.feedback: ErrorFeedback | None = None
+        """What top-k left unsent, per fragment (a topk task only; memory only: a restart
+        starts it from zero)."""
         self.gossip_limits: tuple[int, int] | None = None
         self.gossip_view: TrainerGossipView | None = None
         self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
@@ -530,7 +536,9 @@ class _Trainer:
             self.optimizer_state = res.optimizer_state
         grads = compute_outer_gradients(state, res.state, self.layouts)
         self.last_loss = res.train_loss
-        return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype)
+        if self.encoding.is_sparse and self.feedback is None:
+            self.feedback = ErrorFeedback(self.layouts, self.encoding)
+        return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype, self.feedback)
 
     async def publish_payload(self, round_: int, fragment: int, payload: bytes, signature: bytes) -> None:
         g = self.g
@@ -842,6 +850,7 @@ class _Trainer:
             self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
             self.inner_cfg = InnerConfig.from_spec(spec, batch_size=self.cfg.batch_size)
             self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
+            self.encoding = PayloadEncoding.from_spec(spec)
             corpus = await asyncio.to_thread(load_corpus, spec.dataset_ref)
             validate_dataset_hash(corpus, spec.dataset_hash)
             # The shard index comes only with enrollment, but whether the corpus fills the M

@@ -1,0 +1,162 @@
+"""Tests for tenzro_training.compression: the task's payload encoding (parsing, limits, k per
+fragment) and the trainer's top-k selection with error feedback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenzro_training.compression import (
+    MAX_DENSITY_BPS,
+    CompressionError,
+    ErrorFeedback,
+    PayloadEncoding,
+    select_topk,
+)
+from tenzro_training.errors import SpecError
+from tenzro_training.fragments import compute_fragment_layouts
+from tenzro_training.payload import PayloadHeader, decode_payload, encode_topk_payload
+
+LAYOUTS = compute_fragment_layouts({"w": torch.zeros(30, 7), "b": torch.zeros(11)}, 2)  # 221 values
+
+
+# --- the encoding value ---------------------------------------------------------------------
+
+
+def test_absent_and_raw_mean_raw() -> None:
+    assert PayloadEncoding.from_metadata({}) == PayloadEncoding() == PayloadEncoding.from_json("raw")
+    raw = PayloadEncoding()
+    assert not raw.is_sparse and raw.kept(100) is None and raw.to_json() == "raw" and raw.describe() == "raw"
+
+
+def test_topk_keeps_ceil_of_the_density() -> None:
+    enc = PayloadEncoding.from_json({"topk": {"density_bps": 100}})
+    assert enc.is_sparse and enc.to_json() == {"topk": {"density_bps": 100}} and enc.describe() == "topk 1%"
+    assert [enc.kept(n) for n in (0, 1, 99, 100, 101, 1_000_000)] == [0, 1, 1, 1, 2, 10_000]
+    assert PayloadEncoding("topk", MAX_DENSITY_BPS).kept(7) == 4
+    assert enc.kept_per_fragment(LAYOUTS) == tuple(-(-lay.numel // 100) for lay in LAYOUTS)
+
+
+@pytest.mark.parametrize(
+    "value, path",
+    [
+        ("Raw", "outer_gradient_encoding"),
+        ({"topk": {"density_bps": 0}}, "outer_gradient_encoding.topk.density_bps"),
+        ({"topk": {"density_bps": 5001}}, "outer_gradient_encoding.topk.density_bps"),
+        ({"topk": {"density_bps": 1.5}}, "outer_gradient_encoding.topk.density_bps"),
+        ({"topk": {"density_bps": True}}, "outer_gradient_encoding.topk.density_bps"),
+        ({"topk": {}}, "outer_gradient_encoding.topk"),
+        ({"topk": {"density_bps": 10, "bits": 2}}, "outer_gradient_encoding.topk"),
+        ({"topk": 10}, "outer_gradient_encoding.topk"),
+        ({"topk": {"density_bps": 10}, "raw": {}}, "outer_gradient_encoding"),
+        ({"dct": {"density_bps": 10}}, "outer_gradient_encoding"),
+        (None, "outer_gradient_encoding"),
+    ],
+)
+def test_bad_values_are_spec_errors_naming_the_field(value: object, path: str) -> None:
+    with pytest.raises(SpecError) as info:
+        PayloadEncoding.from_metadata({"outer_gradient_encoding": value})
+    assert info.value.path == f"architecture.metadata.{path}"
+
+
+def test_the_constructor_validates_too() -> None:
+    for name, density in [("raw", 5), ("topk", None), ("dct", 5)]:
+        with pytest.raises(SpecError):
+            PayloadEncoding(name, density)
+
+
+# --- select_topk ----------------------------------------------------------------------------
+
+
+def test_select_topk_takes_the_largest_magnitudes_in_index_order() -> None:
+    x = torch.tensor([0.5, -3.0, 2.0, 0.0, -2.0, 3.0, 1.0])
+    idx, vals, rest = select_topk(x, 3, "float32")
+    assert idx.tolist() == [1, 2, 5]  # |-3| and |3|, then the tie 2.0 / -2.0 goes to the lower index
+    assert vals.tolist() == [-3.0, 2.0, 3.0]
+    assert rest.tolist() == [0.5, 0.0, 0.0, 0.0, -2.0, 0.0, 1.0]
+    assert x.tolist() == [0.5, -3.0, 2.0, 0.0, -2.0, 3.0, 1.0]  # input untouched
+
+
+def test_the_cast_error_stays_in_the_residual() -> None:
+    x = torch.tensor([1.0 + 2**-12, 0.25])
+    idx, vals, rest = select_topk(x, 1, "bfloat16")
+    assert idx.tolist() == [0] and vals.dtype == torch.bfloat16 and vals.float().tolist() == [1.0]
+    assert rest.tolist() == [2**-12, 0.25]
+
+
+def test_select_topk_refuses_bad_inputs() -> None:
+    with pytest.raises(CompressionError):
+        select_topk(torch.zeros(3, 2), 1, "float32")
+    with pytest.raises(CompressionError):
+        select_topk(torch.zeros(3, dtype=torch.float64), 1, "float32")
+    with pytest.raises(CompressionError):
+        select_topk(torch.zeros(3), 4, "float32")
+    with pytest.raises(CompressionError):
+        select_topk(torch.zeros(3), 1, "int8")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=64),
+    frac=st.floats(0, 1),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+)
+def test_sent_plus_residual_is_the_input_and_nothing_larger_is_left(values, frac, dtype) -> None:
+    x = torch.tensor(values, dtype=torch.float32)
+    k = int(frac * len(values))
+    idx, vals, rest = select_topk(x, k, dtype)
+    assert idx.numel() == k and (k < 2 or bool((idx[1:] > idx[:-1]).all()))
+    if dtype == "float32":
+        sent = torch.zeros_like(x)
+        sent[idx] = vals
+        assert torch.equal(sent + rest, x)  # exact: each position is in one of the two
+    unsent = torch.ones(len(values), dtype=torch.bool)
+    unsent[idx] = False
+    if k and bool(unsent.any()):
+        assert float(x[unsent].abs().max()) <= float(x[idx].abs().min())
+
+
+# --- error feedback -------------------------------------------------------------------------
+
+
+def _decode(lay, idx, vals, k):
+    data = encode_topk_payload(PayloadHeader("t", 0, lay.index, "topk", lay.layout_hash()), lay, idx, vals)
+    return decode_payload(data, lay, max_bytes=1 << 20, topk_k=k).flat_fp32()
+
+
+def test_error_feedback_conserves_the_gradient_and_sends_every_coordinate_in_time() -> None:
+    enc = PayloadEncoding("topk", 1000)  # 10%
+    fb = ErrorFeedback(LAYOUTS, enc)
+    gen = torch.Generator().manual_seed(3)
+    total = [torch.zeros(lay.numel) for lay in LAYOUTS]
+    sent = [torch.zeros(lay.numel) for lay in LAYOUTS]
+    ever = [torch.zeros(lay.numel, dtype=torch.bool) for lay in LAYOUTS]
+    for _ in range(40):
+        grads = [torch.rand(lay.numel, generator=gen) + 0.5 for lay in LAYOUTS]  # every coordinate matters
+        for i, ((idx, vals), lay, k) in enumerate(zip(fb.compress(grads, "float32"), LAYOUTS, enc.kept_per_fragment(LAYOUTS))):
+            assert idx.numel() == k
+            dense = _decode(lay, idx, vals, k)
+            sent[i] += dense
+            total[i] += grads[i]
+            ever[i][idx] = True
+    assert all(bool(e.all()) for e in ever)  # without feedback the same large coordinates would win every round
+    # What was sent plus what is still held is what was trained (up to fp32 rounding).
+    held = sum(float((t - s).sum()) for s, t in zip(sent, total))
+    assert held == pytest.approx(sum(float(r.sum()) for r in fb._residual), rel=1e-4)
+    assert fb.residual_norm() > 0
+
+
+def test_error_feedback_checks_every_input_before_changing_anything() -> None:
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 100))
+    good = [torch.ones(lay.numel) for lay in LAYOUTS]
+    fb.compress(good, "float32")
+    before = fb.residual_norm()
+    with pytest.raises(CompressionError):
+        fb.compress([good[0], torch.ones(3)], "float32")
+    with pytest.raises(CompressionError):
+        fb.compress(good[:1], "float32")
+    assert fb.residual_norm() == before
+    with pytest.raises(CompressionError):
+        ErrorFeedback(LAYOUTS, PayloadEncoding())

@@ -1,0 +1,196 @@
+"""Tests for the ``topk`` payload encoding (docs/payload.md "topk"): round trips in every dtype,
+the one canonical byte layout, each rejection, and fuzzing (nothing but PayloadError escapes)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import safetensors.torch
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tenzro_training.errors import PayloadError
+from tenzro_training.fragments import compute_fragment_layouts
+from tenzro_training.payload import (
+    PayloadDtypeError,
+    PayloadFormatError,
+    PayloadHeader,
+    PayloadLayoutMismatch,
+    PayloadMetadataMismatch,
+    PayloadNonFinite,
+    PayloadTrailingBytes,
+    PayloadTruncated,
+    PayloadValueOutOfRange,
+    compute_max_payload_bytes,
+    decode_payload,
+    encode_payload,
+    encode_topk_payload,
+)
+
+STATE = {"enc.weight": torch.zeros(40, 5), "enc.bias": torch.zeros(40), "head.weight": torch.zeros(3, 40)}
+LAYOUTS = compute_fragment_layouts(STATE, 2)  # 360 values: 180 | 180
+LAY = LAYOUTS[1]
+MAX = 1 << 20
+
+
+def header(encoding: str = "topk", **changes) -> PayloadHeader:
+    fields = dict(task_id="t-1", round=3, fragment=LAY.index, encoding=encoding, layout_hash=LAY.layout_hash())
+    fields.update(changes)
+    return PayloadHeader(**fields)
+
+
+IDX = torch.tensor([0, 7, 8, 100, 179])
+VALS = torch.tensor([1.5, -0.0, 3e-3, -2.25, 65504.0])
+
+
+def valid(dtype: str = "float32") -> bytes:
+    return encode_topk_payload(header(), LAY, IDX, VALS, dtype)
+
+
+def split(data: bytes) -> tuple[dict, bytes]:
+    n = struct.unpack("<Q", data[:8])[0]
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def join(doc: dict, body: bytes) -> bytes:
+    raw = json.dumps(doc).encode()
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
+def decode(data: bytes, k: int | None = 5, **kwargs):
+    return decode_payload(data, LAY, max_bytes=MAX, topk_k=k, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_round_trip_scatters_the_cast_values_into_zeros(dtype: str) -> None:
+    decoded = decode(valid(dtype), expected=header("raw"))  # expected.encoding is not compared
+    flat = decoded.flat_fp32()
+    want = torch.zeros(LAY.numel)
+    want[IDX] = VALS.to(getattr(torch, dtype)).float()
+    assert decoded.header.encoding == "topk" and decoded.dtype == dtype
+    assert torch.equal(flat.view(torch.int32), want.view(torch.int32))  # -0.0 kept bit for bit
+
+
+def test_bytes_are_canonical_and_load_in_safetensors() -> None:
+    data = valid("bfloat16")
+    doc, body = split(data)
+    assert list(doc) == ["__metadata__", "indices", "values"]
+    assert doc["indices"] == {"dtype": "U32", "shape": [5], "data_offsets": [0, 20]}
+    assert doc["values"] == {"dtype": "BF16", "shape": [5], "data_offsets": [20, 30]}
+    assert doc["__metadata__"]["tenzro.encoding"] == "topk"
+    assert struct.unpack("<5I", body[:20]) == tuple(IDX.tolist())
+    assert (8 + struct.unpack("<Q", data[:8])[0]) % 8 == 0
+    loaded = safetensors.torch.load(data)
+    assert loaded["indices"].tolist() == IDX.tolist()
+    assert valid("bfloat16") == data  # deterministic
+
+
+def test_topk_payload_fits_the_raw_cap_at_the_densest_encoding() -> None:
+    k = -(-LAY.numel * 5000 // 10000)
+    idx = torch.arange(k)
+    data = encode_topk_payload(header(), LAY, idx, torch.ones(k), "float32")
+    assert len(data) <= compute_max_payload_bytes(LAY)
+    assert torch.equal(decode(data, k).flat_fp32()[:k], torch.ones(k))
+
+
+def test_zero_values_and_empty_payloads_decode() -> None:
+    data = encode_topk_payload(header(), LAY, torch.tensor([], dtype=torch.int64), torch.tensor([]), "float32")
+    assert torch.equal(decode(data, 0).flat_fp32(), torch.zeros(LAY.numel))
+
+
+def test_a_run_without_topk_refuses_a_topk_payload() -> None:
+    with pytest.raises(PayloadMetadataMismatch, match="encoding"):
+        decode(valid(), None)
+
+
+def test_a_topk_run_accepts_raw_payloads() -> None:
+    raw = encode_payload(header("raw"), LAY, torch.ones(LAY.numel))
+    assert torch.equal(decode(raw, 5).flat_fp32(), torch.ones(LAY.numel))
+
+
+def test_the_wrong_number_of_values_is_a_layout_mismatch() -> None:
+    with pytest.raises(PayloadLayoutMismatch, match="sends 6 values"):
+        decode(valid(), 6)
+    with pytest.raises(PayloadError, match="topk_k"):
+        decode(valid(), LAY.numel + 1)
+
+
+@pytest.mark.parametrize(
+    "indices, match",
+    [([3, 2, 9, 10, 11], "ascending"), ([1, 1, 2, 3, 4], "ascending"), ([0, 1, 2, 3, 180], "ascending")],
+)
+def test_invalid_indices_are_refused(indices: list[int], match: str) -> None:
+    doc, body = split(valid())
+    bad = struct.pack("<5I", *indices) + body[20:]
+    with pytest.raises(PayloadFormatError, match=match):
+        decode(join(doc, bad))
+    with pytest.raises(PayloadFormatError, match=match):
+        encode_topk_payload(header(), LAY, torch.tensor(indices), VALS)
+
+
+def test_non_finite_and_out_of_range_values_name_the_tensor_at_their_index() -> None:
+    doc, body = split(valid())
+    nan = body[:20] + struct.pack("<5f", 1.0, 2.0, float("nan"), 4.0, 5.0)
+    with pytest.raises(PayloadNonFinite) as info:
+        decode(join(doc, nan))
+    assert info.value.name == LAY.entries[0].name and info.value.count == 1
+    assert decode(join(doc, nan), check_finite=False).flat_fp32().isnan().sum() == 1
+    with pytest.raises(PayloadValueOutOfRange) as out:
+        decode(valid(), max_abs=100.0)
+    assert out.value.count == 1  # 65504 at index 179
+    with pytest.raises(PayloadNonFinite):
+        encode_topk_payload(header(), LAY, IDX, torch.tensor([1.0, 2.0, 1e6, 4.0, 5.0]), "float16")
+
+
+def test_header_edits_are_refused() -> None:
+    doc, body = split(valid())
+    for edit, error in [
+        (lambda d: d.update({"extra": {"dtype": "F32", "shape": [0], "data_offsets": [40, 40]}}), PayloadLayoutMismatch),
+        (lambda d: d["indices"].update({"dtype": "I32"}), PayloadFormatError),
+        (lambda d: d["values"].update({"dtype": "F16"}), PayloadFormatError),
+        (lambda d: d["values"].update({"data_offsets": [21, 41]}), PayloadFormatError),
+        (lambda d: d.pop("values"), PayloadLayoutMismatch),
+        (lambda d: d["__metadata__"].update({"tenzro.dtype": "float64"}), PayloadDtypeError),
+    ]:
+        changed = json.loads(json.dumps(doc))
+        edit(changed)
+        with pytest.raises(error):
+            decode(join(changed, body))
+    with pytest.raises(PayloadTruncated):
+        decode(join(doc, body[:-1]))
+    with pytest.raises(PayloadTrailingBytes):
+        decode(join(doc, body + b"\0"))
+
+
+def test_encoders_refuse_the_other_encoding_and_bad_inputs() -> None:
+    with pytest.raises(PayloadFormatError, match="encode_topk_payload"):
+        encode_payload(header(), LAY, torch.ones(LAY.numel))
+    with pytest.raises(PayloadFormatError, match="writes encoding 'topk'"):
+        encode_topk_payload(header("raw"), LAY, IDX, VALS)
+    with pytest.raises(PayloadFormatError, match="integer"):
+        encode_topk_payload(header(), LAY, IDX.float(), VALS)
+    with pytest.raises(PayloadFormatError, match="5 values"):
+        encode_topk_payload(header(), LAY, IDX, VALS[:4])
+    with pytest.raises(PayloadLayoutMismatch):
+        encode_topk_payload(header(), LAYOUTS[0], IDX, VALS)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    edits=st.lists(st.tuples(st.integers(0, 2**12), st.integers(0, 255)), min_size=1, max_size=4),
+    k=st.sampled_from([None, 4, 5, 6]),
+)
+def test_fuzz_mutated_topk_payloads_raise_only_payload_error(dtype: str, edits, k) -> None:
+    data = bytearray(valid(dtype))
+    for pos, byte in edits:
+        data[pos % len(data)] = byte
+    try:
+        flat = decode(bytes(data), k).flat_fp32()
+    except PayloadError:
+        return
+    assert flat.shape == (LAY.numel,) and bool(torch.isfinite(flat).all())
+    assert int((flat != 0).sum()) <= 5
