@@ -12,7 +12,8 @@ stands for that third party. Every check names the doc section it follows.
 For every sealed run in a node's RocksDB store it recomputes, and compares with what the node
 committed: the spec hash and election seed; the initial model hash of the fp32-widened
 checkpoint; the fragment layouts; each round's aggregates for Mean, TrimmedMean,
-CoordinateMedian and Krum from the stored payloads, with their aggregate and report hashes; the
+CoordinateMedian and Krum from the stored payloads (raw, and topk where the spec selects it:
+payload.md "Encodings", "topk"), with their aggregate and report hashes; the
 outer Nesterov step and the model hashes; the stored snapshot and final weights; the round
 records, the run root and the audit paths; the ReceiptV1 ABI and the sealed record; the final
 model file, byte for byte; and the payouts and the whole ledger.
@@ -70,6 +71,8 @@ MUTATIONS = {
     "median_f32": "even-K median as fl32(a + b) / 2 (differs only on overflow)",
     "krum_plain_f64": "Krum distances without the 22-bit block quantization",
     "outer_f64": "outer step evaluated in float64 and rounded once",
+    "topk_reversed": "topk payloads: values[k-1-i] written at indices[i] (the scatter order ignored)",
+    "topk_drop_one": "topk payloads: the last value left out (zero at its index)",
 }
 MUTATE = os.environ.get("VERIFY_MUTATE", "")
 
@@ -381,18 +384,66 @@ def payload_tensor_name(e: Entry) -> str:
     return e.name if e.whole else f"{e.name}#{e.start}:{e.stop}"
 
 
-def decode_payload(data: bytes, layout: Layout, *, task_id: str, rnd: int, lh: bytes, max_abs: float = 1e6) -> np.ndarray:
+def payload_encoding(spec: dict[str, Any]) -> int | None:
+    """payload.md "Encodings": ``architecture.metadata.outer_gradient_encoding`` selects the run's
+    encoding: absent or ``"raw"`` (raw only: None), or ``{"topk": {"density_bps": N}}`` with
+    1 <= N <= 5000 (topk and raw: N). Anything else raises ValueError."""
+    md = spec["architecture"]["metadata"]
+    if "outer_gradient_encoding" not in md:
+        return None
+    value = md["outer_gradient_encoding"]
+    if value == "raw":
+        return None
+    if isinstance(value, dict) and list(value) == ["topk"] and isinstance(value["topk"], dict) \
+            and list(value["topk"]) == ["density_bps"]:
+        n = value["topk"]["density_bps"]
+        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 5000:
+            return n
+    raise ValueError(f"outer_gradient_encoding {value!r}")
+
+
+def topk_kept(numel: int, density_bps: int | None) -> int | None:
+    """payload.md "topk": a fragment of ``numel`` values sends k = ceil(numel * density_bps / 10000)."""
+    return None if density_bps is None else -(-numel * density_bps // 10000)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values, telling 0 from 0.0 and 1 from true."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def decode_payload(data: bytes, layout: Layout, *, task_id: str, rnd: int, lh: bytes, topk_k: int | None = None,
+                   max_abs: float = 1e6) -> np.ndarray:
+    """payload.md "Decoding": one payload to the fragment's dense fp32 vector. ``topk_k``: the run's
+    k for this fragment (payload.md "topk"); None means the run accepts raw payloads only."""
     n = struct.unpack("<Q", data[:8])[0]
     if 8 + n > len(data) or data[8:9] != b"{":
         raise ValueError("truncated payload or not a JSON header")
     header = json.loads(data[8:8 + n].decode("utf-8"), object_pairs_hook=reject_duplicate_keys)
     meta = header.pop("__metadata__")
+    encoding = meta.get("tenzro.encoding")
+    if encoding not in ("raw", "topk") or (encoding == "topk" and topk_k is None):
+        # payload.md "Encodings": raw is always accepted, topk only in a run that selects it.
+        raise ValueError(f"payload encoding {encoding!r} in a run that accepts {'raw' if topk_k is None else 'raw, topk'}")
     want = {"tenzro.version": "1", "tenzro.task_id": task_id, "tenzro.round": str(rnd),
-            "tenzro.fragment": str(layout.index), "tenzro.encoding": "raw", "tenzro.layout_hash": hx(lh)}
+            "tenzro.fragment": str(layout.index), "tenzro.encoding": encoding, "tenzro.layout_hash": hx(lh)}
     if set(meta) != set(want) | {"tenzro.dtype"} or any(meta[k] != v for k, v in want.items()):
         raise ValueError(f"payload metadata {meta}")
     dtype = meta["tenzro.dtype"]
     st_name = {v: k for k, v in ST_DTYPE.items()}[dtype]
+    body = data[8 + n:]
+    if encoding == "topk":
+        assert topk_k is not None
+        flat = decode_topk(body, header, layout, dtype, st_name, topk_k)
+    else:
+        flat = decode_raw(body, header, layout, dtype, st_name)
+    if not np.all(np.isfinite(flat)) or (flat.size and float(np.max(np.abs(flat))) > max_abs):
+        raise ValueError("payload value non-finite or out of range")
+    return flat
+
+
+def decode_raw(body: bytes, header: dict[str, Any], layout: Layout, dtype: str, st_name: str) -> np.ndarray:
+    """payload.md "Format" and decoding steps 10-13: one tensor per layout entry, tiling the data."""
     expected = {payload_tensor_name(e): ([*e.shape] if e.whole else [e.stop - e.start], e.stop - e.start)
                 for e in layout.entries}
     if set(header) != set(expected):
@@ -411,16 +462,36 @@ def decode_payload(data: bytes, layout: Layout, *, task_id: str, rnd: int, lh: b
         if b != pos:
             raise ValueError("payload data has a hole or an overlap")
         pos = e
-    if pos != len(data) - 8 - n:
+    if pos != len(body):
         raise ValueError("payload data truncated or trailing bytes")
-    base = 8 + n
     parts = []
     for e in layout.entries:
         b, end = header[payload_tensor_name(e)]["data_offsets"]
-        parts.append(widen_to_fp32(data[base + b:base + end], dtype))
-    flat = np.concatenate(parts).astype(f32) if parts else np.zeros(0, f32)
-    if not np.all(np.isfinite(flat)) or (flat.size and float(np.max(np.abs(flat))) > max_abs):
-        raise ValueError("payload value non-finite or out of range")
+        parts.append(widen_to_fp32(body[b:end], dtype))
+    return np.concatenate(parts).astype(f32) if parts else np.zeros(0, f32)
+
+
+def decode_topk(body: bytes, header: dict[str, Any], layout: Layout, dtype: str, st_name: str, k: int) -> np.ndarray:
+    """payload.md "topk": exactly the tensors ``indices`` (U32, [k], at [0, 4k]) and ``values`` (the
+    declared dtype, [k], right after), nothing else in the data; the indices strictly ascending and
+    below the fragment's element count; then zeros with each value, widened exactly, at its index."""
+    values_end = 4 * k + k * ITEMSIZE[dtype]
+    want = {"indices": {"dtype": "U32", "shape": [k], "data_offsets": [0, 4 * k]},
+            "values": {"dtype": st_name, "shape": [k], "data_offsets": [4 * k, values_end]}}
+    if not same_json(header, want):
+        raise ValueError(f"topk payload tensors {json.dumps(header)[:200]} (want k={k})")
+    if len(body) != values_end:
+        raise ValueError(f"topk payload data is {len(body)} bytes, not {values_end}")
+    indices = np.frombuffer(body[:4 * k], dtype="<u4").astype(np.int64)
+    values = widen_to_fp32(body[4 * k:], dtype)
+    if k and (int(indices[-1]) >= layout.numel or not bool(np.all(indices[1:] > indices[:-1]))):
+        raise ValueError(f"topk indices not strictly ascending within 0..{layout.numel - 1}")
+    if MUTATE == "topk_reversed":
+        values = values[::-1]
+    if MUTATE == "topk_drop_one":
+        indices, values = indices[:-1], values[:-1]
+    flat = np.zeros(layout.numel, f32)
+    flat[indices] = values
     return flat
 
 
@@ -688,6 +759,7 @@ class Run:
     model: State = field(default_factory=dict)
     layouts: list[Layout] = field(default_factory=list)
     layout_hashes: list[bytes] = field(default_factory=list)
+    topk_k: list[int | None] = field(default_factory=list)
     leaves: list[bytes] = field(default_factory=list)
     accepted_counts: dict[bytes, int] = field(default_factory=dict)
     final_hash: bytes = b""
@@ -798,7 +870,7 @@ def round_inputs(run: Run, rnd: int, fragment: int, accepted: list[bytes]) -> li
         if payload is None or sha256(payload) != payload_hash:
             raise ValueError(f"round {rnd} fragment {fragment}: payload of {hx(trainer)} missing or not its hash")
         xs.append(decode_payload(payload, run.layouts[fragment], task_id=run.task_id, rnd=rnd,
-                                 lh=run.layout_hashes[fragment]))
+                                 lh=run.layout_hashes[fragment], topk_k=run.topk_k[fragment]))
         run.accepted_counts[trainer] = run.accepted_counts.get(trainer, 0) + 1
     return xs
 
@@ -828,6 +900,14 @@ def check_rounds(run: Run) -> None:
     kind, param = rule_of(spec["aggregation"])
     md = spec["architecture"]["metadata"]
     lr, mu = f32(md.get("outer_lr", 0.7)), f32(md.get("outer_momentum", 0.9))  # lifecycle.md "Outer step"
+    try:
+        density: int | None = payload_encoding(spec)
+        ok = True
+    except ValueError:
+        density, ok = None, False
+    run.check("payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with 1 <= density_bps <= 5000"
+              + ("" if density is None else f" (topk {density} bps)"), ok, repr(md.get("outer_gradient_encoding")))
+    run.topk_k = [topk_kept(lay.numel, density) for lay in run.layouts]
     weights = [gather(run.model, lay) for lay in run.layouts]
     momentum = [np.zeros(lay.numel, f32) for lay in run.layouts]
     snap = run.store.get("meta", meta_key(run.task_id, b"n"))

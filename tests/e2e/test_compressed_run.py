@@ -1,0 +1,83 @@
+"""A topk run with REAL OS processes on 127.0.0.1: a ``tenzro node --dev`` with gossip on, the
+syncer daemon and three ``tenzro trainer run`` processes carry a Mean run whose spec selects
+``{"topk": {"density_bps": 1000}}`` to Sealed. Every trainer sends top-k payloads with error
+feedback (10% of each fragment's values), the node accepts and aggregates them, and a third
+party's ``verify-run`` recomputes every committed value from the stored topk payloads."""
+
+from __future__ import annotations
+
+import json
+import struct
+import urllib.request
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tenzro_training.compression import PayloadEncoding
+from tenzro_training.receipt import TrainingReceipt, verify_receipt
+from tests.e2e.conftest import Child, TinyModel, new_task, rpc, start_p2p_node, tenzro, trainer_argv
+
+pytestmark = pytest.mark.slow
+
+DATASET_REF = "statsmodels:co2,nile"
+ENCODING = {"topk": {"density_bps": 1000}}
+RUN_TIMEOUT_S = 120.0
+
+
+def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) -> None:
+    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
+
+    node, p2p_addr = start_p2p_node(tmp_path)
+    children: list[Child] = []
+    try:
+        dataset_hash = "0x" + compute_dataset_hash(load_corpus(DATASET_REF)).hex()
+        task = new_task(tiny_model, node, "topk-run", quorum=3, dataset_ref=DATASET_REF, dataset_hash=dataset_hash)
+        task.spec["architecture"]["metadata"]["outer_gradient_encoding"] = ENCODING
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(task.spec))
+        task.post()
+        view = task.wait_status("Enrolling")
+        children.append(Child("syncer", ["syncer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"),
+                                          "--account", task.syncer_by_rank(view, 1), "--rpc", node.url,
+                                          "--poll-interval", "0.1"], tmp_path))
+        trainers = [Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr,
+                                                      tmp_path / f"t{i}.p2p-key", "--device", "cpu"), tmp_path)
+                    for i in range(3)]
+        children.extend(trainers)
+        for child in trainers:
+            assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
+
+        view = task.get()
+        assert view["status"] == "Sealed" and len(view["round_records"]) == 2
+        receipt = TrainingReceipt.from_dict(rpc(node.url, "tenzro_training_getReceipt", {"task_id": task.task_id})["receipt"])
+        assert verify_receipt(receipt)
+        assert sorted(t.accepted_submissions for t in receipt.trainers) == [4, 4, 4]
+
+        # What travelled: topk payloads of exactly k values, a fraction of the raw size.
+        ks = PayloadEncoding.from_json(ENCODING).kept_per_fragment(task.layouts)
+        for record in view["round_records"]:
+            for f, fragment in enumerate(record["fragments"]):
+                for trainer in fragment["accepted"]:
+                    url = f"{node.url.rstrip('/')}/artifacts/v1/runs/{task.task_id}/payloads/{record['round']}/{f}/{trainer}"
+                    with urllib.request.urlopen(url, timeout=30) as answer:
+                        data = answer.read()
+                    n = struct.unpack("<Q", data[:8])[0]
+                    header = json.loads(data[8 : 8 + n])
+                    assert header["__metadata__"]["tenzro.encoding"] == "topk"
+                    assert header["indices"]["shape"] == [ks[f]]
+                    assert len(data) < 8 + n + 4 * task.layouts[f].numel // 4
+
+        # The model moved, and a third party recomputes it all from the node's URL.
+        initial = load_file(str(tiny_model.checkpoint))
+        final = load_file(str(node.data_dir / "models" / f"{task.task_id}.safetensors"))
+        moved = max(float((final[name].float() - initial[name].float()).abs().max()) for name in initial)
+        assert 0 < moved < 1.0, moved
+        checked = tenzro("train", "verify-run", "--task-id", task.task_id, "--rpc", node.url, "--json")
+        assert checked.code == 0 and checked.json()["ok"], checked.out + checked.err
+    finally:
+        for child in children:
+            child.stop()
+        assert node.stop() == 0, node.stderr()[-4000:]
+        for child in children:
+            assert "Traceback" not in child.err(), f"{child.name}:\n{child.err()[-4000:]}"

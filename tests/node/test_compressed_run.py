@@ -1,0 +1,131 @@
+"""A run whose spec selects the topk payload encoding (docs/payload.md "topk"), through the node
+service on every store kind: it seals with the model the core computes from the dense decoded
+gradients, accepts raw payloads too, and refuses topk payloads a run does not take."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tenzro_training.aggregation import aggregate
+from tenzro_training.compression import PayloadEncoding, select_topk
+from tenzro_training.errors import SpecError
+from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
+from tenzro_training.outer import OuterConfig, apply_outer_step
+from tenzro_training.payload import (
+    PayloadHeader,
+    PayloadLayoutMismatch,
+    PayloadMetadataMismatch,
+    PayloadValueOutOfRange,
+    encode_topk_payload,
+)
+from tenzro_training.receipt import TrainingReceipt, verify_receipt
+from tenzro_training.spec import TrainingTaskSpec
+from tests.node.conftest import Net, gradient, initial_state, layouts_for, snapshot, spec_dict
+from tests.node.test_service import canonical, start
+
+TOPK = {"topk": {"density_bps": 2500}}
+
+
+def topk_spec(checkpoint: tuple[str, str], encoding: object = TOPK, **overrides: Any) -> dict[str, Any]:
+    doc = spec_dict(*checkpoint, **overrides)
+    doc["architecture"]["metadata"]["outer_gradient_encoding"] = encoding
+    return doc
+
+
+def post_and_enroll(net: Net, spec: dict[str, Any]) -> None:
+    net.post(spec)
+    net.elect()
+    for i in range(3):
+        net.enroll(i)
+
+
+def sparse(i: int, round_: int, fragment: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lay = layouts_for()[fragment]
+    idx, vals, _ = select_topk(gradient(i, round_, fragment, lay.numel), k, "float32")
+    return idx, vals
+
+
+def topk_payload(net: Net, i: int, round_: int, fragment: int, k: int) -> bytes:
+    lay = net.layouts[fragment]
+    header = PayloadHeader(net.task_id, round_, fragment, "topk", lay.layout_hash())
+    return encode_topk_payload(header, lay, *sparse(i, round_, fragment, k))
+
+
+def dense(i: int, round_: int, fragment: int, k: int | None) -> torch.Tensor:
+    lay = layouts_for()[fragment]
+    if k is None:
+        return gradient(i, round_, fragment, lay.numel)
+    out = torch.zeros(lay.numel)
+    idx, vals = sparse(i, round_, fragment, k)
+    out[idx] = vals
+    return out
+
+
+def test_a_topk_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net, checkpoint: tuple[str, str]) -> None:
+    spec = topk_spec(checkpoint)
+    post_and_enroll(net, spec)
+    ks = PayloadEncoding.from_json(TOPK).kept_per_fragment(net.layouts)
+    assert all(0 < k < lay.numel for k, lay in zip(ks, net.layouts))
+    # trainers 0 and 1 send topk, trainer 2 raw (always accepted)
+    kinds = {0: ks, 1: ks, 2: (None, None)}
+    for r in range(2):
+        for i in range(3):
+            for f in range(2):
+                payload = None if kinds[i][f] is None else topk_payload(net, i, r, f, kinds[i][f])
+                net.submit(i, r, f, payload=payload)
+        last = net.finalize(r)
+    assert last["sealed"]
+
+    task = TrainingTaskSpec.from_dict(spec)
+    cfg = OuterConfig.from_spec(task)
+    state = initial_state()
+    weights = [gather_fragment(state, lay) for lay in net.layouts]
+    momentum = [torch.zeros_like(w) for w in weights]
+    for r in range(2):
+        for f in range(2):
+            grads = [dense(i, r, f, kinds[i][f]) for i in canonical((0, 1, 2))]
+            agg = aggregate(task.aggregation, grads).tensor
+            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
+    for lay, w in zip(net.layouts, weights):
+        scatter_fragment(state, lay, w)
+    receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+    assert verify_receipt(receipt)
+    assert receipt.final_model_hash == compute_model_hash(state)
+    assert [t.accepted_submissions for t in receipt.trainers] == [4, 4, 4]
+
+
+def test_a_raw_run_refuses_topk_payloads_and_stores_nothing(net: Net, checkpoint: tuple[str, str]) -> None:
+    start(net, checkpoint)
+    before = snapshot(net.store)
+    with pytest.raises(PayloadMetadataMismatch, match="encoding"):
+        net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, 2))
+    assert snapshot(net.store) == before
+
+
+def test_a_topk_run_refuses_another_k_and_out_of_range_values(net: Net, checkpoint: tuple[str, str]) -> None:
+    post_and_enroll(net, topk_spec(checkpoint))
+    k = PayloadEncoding.from_json(TOPK).kept(net.layouts[0].numel)
+    before = snapshot(net.store)
+    with pytest.raises(PayloadLayoutMismatch, match="values per payload"):
+        net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, k + 1))
+    lay = net.layouts[0]
+    huge = encode_topk_payload(PayloadHeader(net.task_id, 0, 0, "topk", lay.layout_hash()), lay,
+                               torch.arange(k), torch.full((k,), 1e7))
+    with pytest.raises(PayloadValueOutOfRange):
+        net.submit(0, 0, 0, payload=huge)
+    assert snapshot(net.store) == before
+    assert net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, k))["accepted_count"] == 1
+
+
+@pytest.mark.parametrize("encoding", ["topk", {"topk": {"density_bps": 0}}, {"dct": {}}])
+def test_post_task_refuses_a_bad_encoding_naming_the_field(
+    net: Net, checkpoint: tuple[str, str], encoding: object
+) -> None:
+    before = snapshot(net.store)
+    with pytest.raises(SpecError) as info:
+        net.post(topk_spec(checkpoint, encoding))
+    assert info.value.path.startswith("architecture.metadata.outer_gradient_encoding")
+    assert snapshot(net.store) == before
