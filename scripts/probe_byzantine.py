@@ -13,6 +13,10 @@ passed. docs/aggregation.md "What each rule tolerates" has the table these runs 
 
     .venv/bin/python scripts/probe_byzantine.py --rule '"CoordinateMedian"' --attack signflip --value 10
     .venv/bin/python scripts/probe_byzantine.py --rule '{"TrimmedMean": {"alpha_bps": 2000}}' --quorum 4
+    .venv/bin/python scripts/probe_byzantine.py --attackers '' --encoding '{"topk": {"density_bps": 100}}'
+
+``--encoding`` selects the spec's payload encoding (docs/payload.md "topk"); the output then
+also gives what one trainer sent in round 0 (``payload_bytes_per_trainer_round``).
 
 Exit 0 when the run ended or its trainers stopped (Sealed or not: that is the finding; a trainer
 still running after ``--timeout`` is stopped and reported as "timed out"), 1 when the run could
@@ -51,8 +55,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=10, help="max_rounds (default 10)")
     ap.add_argument("--grace-ms", type=int, default=5000, help="straggler window (default 5000)")
     ap.add_argument("--max-gradient-abs", type=float, default=None, help="node config (default: the node's, 1e6)")
+    ap.add_argument("--encoding", default=None,
+                    help='the spec\'s outer_gradient_encoding, as JSON, e.g. \'{"topk": {"density_bps": 100}}\' '
+                         "(default: none, raw payloads)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the trainers (default 900)")
     args = ap.parse_args(argv)
+    if args.encoding is not None:
+        from tenzro_training.compression import PayloadEncoding
+        from tenzro_training.errors import SpecError
+
+        try:
+            args.encoding = PayloadEncoding.from_json(json.loads(args.encoding)).to_json()
+        except (ValueError, SpecError) as exc:
+            ap.error(f"--encoding: {exc}")
     args.attackers = {int(x) for x in args.attackers.split(",") if x.strip()}
     if not all(0 <= i < args.trainers for i in args.attackers):
         ap.error(f"--attackers must name trainers 0..{args.trainers - 1}")
@@ -89,6 +104,19 @@ def fragment_results(view: dict[str, Any], rule: Any, names: dict[str, str]) -> 
     return {}
 
 
+def payload_bytes(url: str, record: dict[str, Any]) -> int:
+    """What one trainer sent in one round: the sizes of the first accepted trainer's payloads of
+    every fragment of ``record`` (the artifact route serves a committed round's payloads)."""
+    import urllib.request
+
+    total = 0
+    for f, fragment in enumerate(record["fragments"]):
+        route = f"{url.rstrip('/')}/artifacts/v1/runs/{TASK_ID}/payloads/{record['round']}/{f}/{fragment['accepted'][0]}"
+        with urllib.request.urlopen(route, timeout=60) as answer:
+            total += len(answer.read())
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tenzro-byzantine-") as tmp:
@@ -105,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(spec0.read_text())
             doc.update(aggregation=json.loads(args.rule), trainer_count=args.trainers, quorum=args.quorum,
                        max_rounds=args.rounds, grace_window_ms=args.grace_ms)
+            if args.encoding is not None:
+                doc["architecture"]["metadata"]["outer_gradient_encoding"] = args.encoding
             spec1.write_text(json.dumps(doc))
             checked("train", "init-checkpoint", "--spec", str(spec1), "--out", str(work / "init.safetensors"),
                     "--spec-out", str(spec))
@@ -137,13 +167,16 @@ def main(argv: list[str] | None = None) -> int:
             result: dict[str, Any] = {
                 "rule": json.loads(args.rule), "attack": args.attack if args.attackers else None, "value": args.value,
                 "attackers": [f"trainer:{i}" for i in sorted(args.attackers)], "trainers": args.trainers,
-                "quorum": args.quorum, "rounds": args.rounds, "status": view["status"],
+                "quorum": args.quorum, "rounds": args.rounds, "encoding": args.encoding or "raw",
+                "status": view["status"],
                 "rounds_committed": len(view["round_records"]), "trainer_exit": exits,
                 # Shards follow enrollment order, a race between the processes: an attacker on
                 # another shard changes which honest data is missing, and so the final loss.
                 "shards": dict(sorted((names[t["address"].lower()], t["shard"]) for t in view["trainers"])),
                 "seconds": round(time.monotonic() - started, 1), **fragment_results(view, json.loads(args.rule), names),
             }
+            if view["round_records"]:
+                result["payload_bytes_per_trainer_round"] = payload_bytes(node.url, view["round_records"][0])
             last_lines = {f"trainer:{i}": c.err().strip().splitlines()[-1:] for i, c in trainers.items() if exits[f"trainer:{i}"]}
             if last_lines:
                 result["trainer_last_line"] = last_lines

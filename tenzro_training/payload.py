@@ -709,7 +709,9 @@ def _checked_topk_header(raw: bytes, layout: FragmentLayout, dtype: str, data_le
         )
     for name, info in _topk_tensor_entries(k, dtype).items():
         got = doc[name]
-        if got != info:
+        # Compared as JSON text, not with ==, under which 0.0 and true equal 0 and 1: each of
+        # those spellings would be another byte encoding, and payload hash, of the same vector.
+        if json.dumps(got, sort_keys=True) != json.dumps(info, sort_keys=True):
             if isinstance(got, dict) and isinstance(got.get("shape"), list) and got["shape"] != info["shape"]:  # type: ignore[index]
                 raise PayloadLayoutMismatch(
                     f"topk tensor {name!r} has shape {got['shape'][:4]}, this task sends {k} values per payload of "

@@ -782,6 +782,8 @@ class _Trainer:
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
             moments = "carried from round to round" if cfg.carry_optimizer_state else "fresh each round"
             self.say(f"inner loop on {_describe_device(self.device)}, AdamW state {moments}")
+            if self.encoding.is_sparse:
+                self.say(f"outer gradients sent as {self.encoding.describe()} of each fragment, with error feedback")
             seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
             self.inbox = GossipInbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts),
                                 verify=self.verify_weights, seen=seen)
@@ -968,7 +970,7 @@ class _Trainer:
             if accepted:
                 how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"
                 self.say(f"round {r} submitted {len(payloads)} fragments over gossip "
-                         f"({how}, {time.monotonic() - started:.1f}s)")
+                         f"({how}, {sum(map(len, payloads))} bytes, {time.monotonic() - started:.1f}s)")
                 view = await self.wait_finalized(r, stop)
             else:
                 # Skipped (late, or the round moved on): go on with the run's current round; if r

@@ -7,12 +7,18 @@ zeros, subnormals, ties, cancellation), one per aggregation rule:
 - ``cr-trim``: TrimmedMean 2500 bps, a trainer absent in round 1 (t = 1, then t = 0) and a trainer
   that equivocates in round 2 and is slashed mid-run;
 - ``cr-median``: CoordinateMedian with fp16 payloads, K = 3 then K = 4 (odd and even);
-- ``cr-krum``: Krum f = 1 with two identical payloads in round 1 (D = 0, tied scores).
+- ``cr-krum``: Krum f = 1 with two identical payloads in round 1 (D = 0, tied scores);
+- ``cr-topk``: TrimmedMean 2500 bps in a run whose spec selects the topk encoding at 2500 bps
+  (docs/payload.md "topk": k = 245 of 977 values, 244 of 976): three trainers send top-k with
+  error feedback as fp32, bf16 and fp16 topk payloads, the fourth sends raw payloads (always
+  accepted).
 
 The node is stopped, then ``cleanroom_verifier.py`` runs in a subprocess that cannot import the
 project (``python -S`` over a copy of site-packages without it, a cwd outside the repo, the
 verifier copied out of the repo, ``--require-no-project``), and must pass every check. A second
-run with a mutation control (``VERIFY_MUTATE=numpy_mean``) must fail: the test can fail.
+run with a mutation control (``VERIFY_MUTATE=numpy_mean``) must fail: the test can fail. So must
+the topk controls (``topk_reversed``: the values scattered in reverse order; ``topk_drop_one``:
+the last value left out), on ``cr-topk`` alone.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import numpy as np
 import pytest
 import torch
 
-from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
+from tenzro_training.compression import ErrorFeedback, PayloadEncoding
+from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
 from tests.e2e.conftest import NodeProcess, RpcFailure, Task, TinyModel, make_spec, rpc, rpc_reply, start_node, write_config
 
 pytestmark = pytest.mark.slow
@@ -91,17 +98,19 @@ def gradient(n: int, trainer: int, rnd: int, fragment: int) -> np.ndarray:
 # --- one run over JSON-RPC ---------------------------------------------------------------------------
 
 
-def new_run(node: NodeProcess, model: TinyModel, task_id: str, *, dtype: str, fragments: int, **changes: Any) -> Task:
+def new_run(node: NodeProcess, model: TinyModel, task_id: str, *, dtype: str, fragments: int,
+            encoding: Any = None, **changes: Any) -> Task:
+    """``encoding``: the spec's ``architecture.metadata.outer_gradient_encoding`` (None: absent, raw)."""
     from tenzro_training.cli.layouts import compute_task_layouts
     from tenzro_training.spec import TrainingTaskSpec
 
     accounts = node.accounts
     spec = make_spec(model, task_id, accounts["sponsor:0"]["address"], grace_window_ms=300, **changes)
-    spec["architecture"].update(
-        param_count=2929, fragment_count=fragments, dtype=dtype,
-        metadata={"context_len": 16, "horizon": 4, "outer_lr": 0.7, "outer_momentum": 0.9,
-                  "init_checkpoint": {"uri": model.checkpoint.as_uri(), "sha256": model.sha256}},
-    )
+    metadata = {"context_len": 16, "horizon": 4, "outer_lr": 0.7, "outer_momentum": 0.9,
+                "init_checkpoint": {"uri": model.checkpoint.as_uri(), "sha256": model.sha256}}
+    if encoding is not None:
+        metadata["outer_gradient_encoding"] = encoding
+    spec["architecture"].update(param_count=2929, fragment_count=fragments, dtype=dtype, metadata=metadata)
     return Task(node.url, spec, accounts, compute_task_layouts(TrainingTaskSpec.from_dict(spec)))
 
 
@@ -109,6 +118,14 @@ def submit(task: Task, who: str, rnd: int, fragment: int, values: np.ndarray, dt
     layout = task.layouts[fragment]
     header = PayloadHeader(task.task_id, rnd, fragment, ENCODING_RAW, layout.layout_hash())
     payload = encode_payload(header, layout, torch.from_numpy(values), dtype)
+    return rpc_reply(task.url, "tenzro_training_submitOuterGradient", task.submit_params(who, rnd, fragment, payload))
+
+
+def submit_topk(task: Task, who: str, rnd: int, fragment: int, indices: torch.Tensor, values: torch.Tensor,
+                dtype: str) -> dict[str, Any]:
+    layout = task.layouts[fragment]
+    header = PayloadHeader(task.task_id, rnd, fragment, ENCODING_TOPK, layout.layout_hash())
+    payload = encode_topk_payload(header, layout, indices, values, dtype)
     return rpc_reply(task.url, "tenzro_training_submitOuterGradient", task.submit_params(who, rnd, fragment, payload))
 
 
@@ -127,14 +144,22 @@ def finalize(task: Task, rnd: int) -> dict[str, Any]:
 def run_sealed(
     task: Task, out_dir: Path, *, trainers: int, rounds: int, payload_dtype: str,
     absent: frozenset[tuple[int, int]] = frozenset(), copies: dict[tuple[int, int], int] | None = None,
-    equivocate: tuple[int, int] | None = None,
+    equivocate: tuple[int, int] | None = None, topk: dict[int, str] | None = None,
 ) -> None:
     """Post, enroll, submit every round, finalize; save getRun and getReceipt for the verifier.
 
     ``absent``: (round, trainer) pairs that do not submit; ``copies``: (round, trainer) -> the
     trainer whose gradient it sends; ``equivocate``: (round, trainer) that signs two payloads for
-    fragment 0 (the node slashes it; it submits nothing more)."""
+    fragment 0 (the node slashes it; it submits nothing more); ``topk``: trainer -> the dtype of
+    the topk payloads it sends (top-k with error feedback, the spec's density), the others
+    sending raw ``payload_dtype`` payloads."""
     names = [f"trainer:{i}" for i in range(trainers)]
+    if topk:
+        from tenzro_training.spec import TrainingTaskSpec
+
+        encoding = PayloadEncoding.from_spec(TrainingTaskSpec.from_dict(task.spec))
+        assert encoding.is_sparse
+        feedback = {t: ErrorFeedback(task.layouts, encoding) for t in topk}
     task.post()
     task.wait_status("Enrolling")
     for who in names:
@@ -146,6 +171,12 @@ def run_sealed(
             if (rnd, t) in absent or t in slashed:
                 continue
             source = (copies or {}).get((rnd, t), t)
+            if topk and t in topk:
+                grads = [torch.from_numpy(gradient(lay.numel, source, rnd, f)) for f, lay in enumerate(task.layouts)]
+                for f, (indices, values) in enumerate(feedback[t].compress(grads, topk[t])):
+                    assert indices.numel() == encoding.kept(task.layouts[f].numel)
+                    assert "result" in submit_topk(task, who, rnd, f, indices, values, topk[t])
+                continue
             for f, layout in enumerate(task.layouts):
                 values = gradient(layout.numel, source, rnd, f)
                 assert "result" in submit(task, who, rnd, f, values, payload_dtype)
@@ -197,7 +228,8 @@ def summary(output: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
 
 
-RUNS = ("cr-krum", "cr-mean", "cr-median", "cr-trim")
+RUNS = ("cr-krum", "cr-mean", "cr-median", "cr-topk", "cr-trim")
+TOPK_MUTATIONS = ("topk_reversed", "topk_drop_one")
 
 
 def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
@@ -224,6 +256,11 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
         run_sealed(new_run(node, fp32_model, "cr-krum", dtype="fp32", fragments=2, trainer_count=5, quorum=5,
                            aggregation={"Krum": {"f": 1}}),
                    json_dir, trainers=5, rounds=2, payload_dtype="float32", copies={(1, 1): 0})
+        run_sealed(new_run(node, fp32_model, "cr-topk", dtype="fp32", fragments=3, trainer_count=4, quorum=4,
+                           aggregation={"TrimmedMean": {"alpha_bps": 2500}},
+                           encoding={"topk": {"density_bps": 2500}}),
+                   json_dir, trainers=4, rounds=2, payload_dtype="float32",
+                   topk={0: "float32", 1: "bfloat16", 2: "float16"})
     finally:
         code = node.stop()
     assert code == 0, node.stderr()
@@ -250,7 +287,10 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
     assert clean.returncode == 0, clean.stdout[-6000:] + clean.stderr[-3000:]
     counts = summary(clean.stdout)
     assert counts["runs"] == counts["runs_passed"] == len(RUNS), counts
-    assert counts["failed"] == 0 and counts["notes"] == 0 and counts["checks"] > 250, counts
+    assert counts["failed"] == 0 and counts["notes"] == 0 and counts["checks"] > 300, counts
+    topk_lines = [line for line in clean.stdout.splitlines() if "(topk 2500 bps)" in line]
+    assert topk_lines == ["  [OK  ] payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with "
+                          "1 <= density_bps <= 5000 (topk 2500 bps)"], topk_lines
     assert [line.split()[1] for line in clean.stdout.splitlines() if line.startswith("RUN ")] == list(RUNS)
 
     mutated = run_isolated(args, work, {**env, "VERIFY_MUTATE": "numpy_mean"})
@@ -259,5 +299,14 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
     assert counts["failed"] > 0 and counts["runs_passed"] == len(RUNS) - 1, counts
     failures = [line for line in mutated.stdout.splitlines() if line.startswith("FAIL ")]
     assert failures and all(line.startswith("FAIL cr-mean:") and "aggregate hash" in line for line in failures), failures
+
+    for mutation in TOPK_MUTATIONS:  # a wrong topk decoding is caught, on the topk run alone
+        mutated = run_isolated(args, work, {**env, "VERIFY_MUTATE": mutation})
+        assert mutated.returncode == 1, mutation + mutated.stdout[-3000:] + mutated.stderr[-3000:]
+        counts = summary(mutated.stdout)
+        assert counts["failed"] > 0 and counts["runs_passed"] == len(RUNS) - 1, (mutation, counts)
+        failures = [line for line in mutated.stdout.splitlines() if line.startswith("FAIL ")]
+        assert all(line.startswith("FAIL cr-topk:") for line in failures), (mutation, failures)
+        assert sum("aggregate hash" in line for line in failures) == 2 * 3, (mutation, failures)  # every round, fragment
     print(f"produced in {produced - started:.1f}s, verified twice in {time.monotonic() - produced:.1f}s; "
           + next(line for line in clean.stdout.splitlines() if line.startswith("SUMMARY ")))

@@ -47,6 +47,7 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
         children.extend(trainers)
         for child in trainers:
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
+            assert "outer gradients sent as topk 10% of each fragment, with error feedback" in child.out()
 
         view = task.get()
         assert view["status"] == "Sealed" and len(view["round_records"]) == 2
