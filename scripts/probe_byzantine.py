@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--encoding", default=None,
                     help='the spec\'s outer_gradient_encoding, as JSON, e.g. \'{"topk": {"density_bps": 100}}\' '
                          "(default: none, raw payloads)")
+    ap.add_argument("--metadata", default=None,
+                    help='merged into the spec\'s architecture.metadata, as JSON, e.g. \'{"outer_lr": 1.4}\'')
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the trainers (default 900)")
     args = ap.parse_args(argv)
     if args.encoding is not None:
@@ -68,6 +70,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.encoding = PayloadEncoding.from_json(json.loads(args.encoding)).to_json()
         except (ValueError, SpecError) as exc:
             ap.error(f"--encoding: {exc}")
+    if args.metadata is not None:
+        try:
+            args.metadata = json.loads(args.metadata)
+        except ValueError as exc:
+            ap.error(f"--metadata: {exc}")
+        if not isinstance(args.metadata, dict):
+            ap.error("--metadata must be a JSON object")
     args.attackers = {int(x) for x in args.attackers.split(",") if x.strip()}
     if not all(0 <= i < args.trainers for i in args.attackers):
         ap.error(f"--attackers must name trainers 0..{args.trainers - 1}")
@@ -135,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                        max_rounds=args.rounds, grace_window_ms=args.grace_ms)
             if args.encoding is not None:
                 doc["architecture"]["metadata"]["outer_gradient_encoding"] = args.encoding
+            doc["architecture"]["metadata"].update(args.metadata or {})
             spec1.write_text(json.dumps(doc))
             checked("train", "init-checkpoint", "--spec", str(spec1), "--out", str(work / "init.safetensors"),
                     "--spec-out", str(spec))
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rule": json.loads(args.rule), "attack": args.attack if args.attackers else None, "value": args.value,
                 "attackers": [f"trainer:{i}" for i in sorted(args.attackers)], "trainers": args.trainers,
                 "quorum": args.quorum, "rounds": args.rounds, "encoding": args.encoding or "raw",
+                "metadata": args.metadata or {},
                 "status": view["status"],
                 "rounds_committed": len(view["round_records"]), "trainer_exit": exits,
                 # Shards follow enrollment order, a race between the processes: an attacker on

@@ -32,6 +32,7 @@ import torch
 
 from tenzro_training.errors import SpecError, TenzroError
 from tenzro_training.fragments import DTYPES, FragmentLayout
+from tenzro_training.rules import AggregationRule, RuleKind
 
 if TYPE_CHECKING:
     from tenzro_training.spec import TrainingTaskSpec
@@ -43,6 +44,7 @@ __all__ = [
     "CompressionError",
     "ErrorFeedback",
     "PayloadEncoding",
+    "describe_sparse_cost",
     "select_topk",
 ]
 
@@ -139,6 +141,23 @@ class PayloadEncoding:
     def from_spec(cls, spec: TrainingTaskSpec) -> PayloadEncoding:
         """The task's encoding: raw unless ``architecture.metadata`` selects topk."""
         return cls.from_metadata(spec.architecture.metadata)
+
+
+def describe_sparse_cost(encoding: PayloadEncoding, rule: AggregationRule) -> str | None:
+    """What sparse payloads cost under ``rule``, for the sponsor before posting; None for raw
+    and for Mean. The robust rules discard or select whole inputs per coordinate, and sparse
+    inputs are mostly zeros: on the dev example at topk 10% they trained to a held-out loss of
+    0.86-1.02 against 0.55-0.60 with raw payloads (docs/aggregation.md "Sparse inputs")."""
+    if not encoding.is_sparse or rule.kind is RuleKind.MEAN:
+        return None
+    what = {
+        RuleKind.COORDINATE_MEDIAN: "CoordinateMedian leaves every coordinate that fewer than about half of the "
+                                    "accepted trainers sent at zero",
+        RuleKind.TRIMMED_MEAN: "TrimmedMean trims away every coordinate that only the trimmed few trainers sent",
+        RuleKind.KRUM: "Krum applies one trainer's top-k per round",
+    }[rule.kind]
+    return (f"outer gradients travel as {encoding.describe()} of each fragment, and {what}: expect slower training "
+            "than with raw payloads or with Mean")
 
 
 def _short(value: object) -> str:

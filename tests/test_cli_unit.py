@@ -516,6 +516,53 @@ def test_post_task_notes_a_rule_that_tolerates_no_byzantine_trainer_at_the_quoru
         assert 'docs/aggregation.md "What each rule tolerates"' in err
 
 
+@pytest.mark.parametrize("aggregation, said", [
+    ("CoordinateMedian", "CoordinateMedian leaves every coordinate that fewer than about half"),
+    ({"TrimmedMean": {"alpha_bps": 2500}}, "TrimmedMean trims away every coordinate"),
+    ({"Krum": {"f": 1}}, "Krum applies one trainer's top-k per round"),
+    ("Mean", None),
+])
+def test_post_task_notes_what_topk_payloads_cost_a_robust_rule(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode, key_file: Path, aggregation: Any,
+    said: str | None,
+) -> None:
+    """Measured (docs/aggregation.md "Sparse inputs"): the robust rules train slower on topk
+    payloads. The post goes ahead; the sponsor is told, after any tolerance note."""
+    from tenzro_training.spec import TrainingTaskSpec
+
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
+    doc.update(sponsor_address=KEY_ADDRESS, aggregation=aggregation, trainer_count=5, quorum=5)
+    doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": "file:///nonexistent", "sha256": "0x" + "00" * 32}
+    doc["architecture"]["metadata"]["outer_gradient_encoding"] = {"topk": {"density_bps": 1000}}
+    spec = TrainingTaskSpec.from_dict(doc)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    fake_node.replies["tenzro_training_postTask"] = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(),
+                                                     "status": "Posted"}
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
+                       "--rpc", fake_node.url)
+    assert code == EXIT_OK and [m for m, _ in fake_node.calls] == ["tenzro_training_postTask"]
+    lines = [line for line in err.splitlines() if "Sparse inputs" in line]
+    if said is None:
+        assert lines == [], err
+    else:
+        assert len(lines) == 1 and lines[0].startswith("tenzro: note: outer gradients travel as topk 10% of each "
+                                                       "fragment, and " + said), err
+
+
+def test_post_task_refuses_a_bad_encoding_before_signing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode, key_file: Path
+) -> None:
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
+    doc["architecture"]["metadata"]["outer_gradient_encoding"] = {"topk": {"density_bps": 0}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
+                       "--rpc", fake_node.url)
+    assert code == EXIT_USAGE and fake_node.calls == []
+    assert "architecture.metadata.outer_gradient_encoding.topk.density_bps" in err, err
+
+
 def test_submit_gradient_missing_payload_exits_2(capsys: pytest.CaptureFixture[str], key_file: Path, closed_url: str) -> None:
     code, _, err = run(
         capsys, "train", "submit-gradient", "--task-id", "t", "--round", "0", "--fragment", "0",

@@ -23,9 +23,15 @@ def cmd_post_task(args: argparse.Namespace) -> None:
     from tenzro_training.spec import TrainingTaskSpec
 
     spec = TrainingTaskSpec.from_json(read_text(args.spec, "spec"))  # SpecError -> exit 2 with the field path
+    from tenzro_training.compression import PayloadEncoding, describe_sparse_cost
+
+    encoding = PayloadEncoding.from_spec(spec)  # the node refuses a bad one too; say it before signing
     weakness = spec.aggregation.describe_no_tolerance(spec.quorum)
     if weakness is not None:  # the sponsor's choice, and valid: said, not refused
         note(f"{weakness} (docs/aggregation.md \"What each rule tolerates\")")
+    cost = describe_sparse_cost(encoding, spec.aggregation)
+    if cost is not None:
+        note(f"{cost} (docs/aggregation.md \"Sparse inputs\")")
     key = load_signing_key(args)
     sig = sign(auth.PostTask(task_id=spec.task_id, spec_hash=spec.spec_hash()), key, args.chain_id)
     result = signing_client(args, key).call(
