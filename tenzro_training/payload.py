@@ -597,18 +597,22 @@ def _read_flat(view: memoryview, base: int, starts: Sequence[int], layout: Fragm
     out_np = out.numpy()
     pos = 0
     for entry, start in zip(layout.entries, starts):
-        n, offset = entry.numel, base + start
-        dst = out_np[pos : pos + n]
-        if dtype == "float32":
-            dst[:] = np.frombuffer(view, dtype="<f4", count=n, offset=offset)
-        elif dtype == "float16":
-            dst[:] = np.frombuffer(view, dtype="<f2", count=n, offset=offset)
-        else:
-            bits = dst.view(np.uint32)
-            bits[:] = np.frombuffer(view, dtype="<u2", count=n, offset=offset)
-            bits <<= 16
-        pos += n
+        _widen_into(out_np[pos : pos + entry.numel], view, base + start, dtype)
+        pos += entry.numel
     return out
+
+
+def _widen_into(dst: np.ndarray, view: memoryview, offset: int, dtype: str) -> None:
+    """Fill the fp32 array ``dst`` with ``len(dst)`` values of ``dtype`` read at ``offset``."""
+    n = len(dst)
+    if dtype == "float32":
+        dst[:] = np.frombuffer(view, dtype="<f4", count=n, offset=offset)
+    elif dtype == "float16":
+        dst[:] = np.frombuffer(view, dtype="<f2", count=n, offset=offset)
+    else:
+        bits = dst.view(np.uint32)
+        bits[:] = np.frombuffer(view, dtype="<u2", count=n, offset=offset)
+        bits <<= 16
 
 
 def decode_payload(
@@ -732,33 +736,21 @@ def _read_topk(
     if k and (int(indices[-1]) >= layout.numel or (k > 1 and not bool((indices[1:] > indices[:-1]).all()))):
         raise PayloadFormatError(f"topk indices must be strictly ascending within 0..{layout.numel - 1}")
     values = torch.empty(k, dtype=torch.float32)
-    values_np = values.numpy()
-    offset = base + 4 * k
-    if dtype == "float32":
-        values_np[:] = np.frombuffer(view, dtype="<f4", count=k, offset=offset)
-    elif dtype == "float16":
-        values_np[:] = np.frombuffer(view, dtype="<f2", count=k, offset=offset)
-    else:
-        bits = values_np.view(np.uint32)
-        bits[:] = np.frombuffer(view, dtype="<u2", count=k, offset=offset)
-        bits <<= 16
-    if k and (check_finite or max_abs is not None):
-        # The k values only: the zeros in between are finite and in range. An error names the
-        # tensor that holds the first culprit's position.
-        low, high = float(values_np.min()), float(values_np.max())
-        if check_finite and not (math.isfinite(low) and math.isfinite(high)):
-            bad = ~torch.isfinite(values)
-            raise PayloadNonFinite(_entry_at(layout, int(indices[int(bad.nonzero()[0, 0])])).name, int(bad.sum()))
-        if max_abs is not None and (-low > max_abs or high > max_abs):
-            bad = values.abs() > max_abs
-            name = _entry_at(layout, int(indices[int(bad.nonzero()[0, 0])])).name
-            raise PayloadValueOutOfRange(name, int(bad.sum()), max_abs)
+    _widen_into(values.numpy(), view, base + 4 * k, dtype)
+    if check_finite or max_abs is not None:
+        # The k values only: the zeros in between are finite and in range.
+        _check_values(values, layout, check_finite, max_abs, positions=indices)
     flat = torch.zeros(layout.numel, dtype=torch.float32)
     flat[torch.from_numpy(indices.astype(np.int64))] = values
     return flat
 
 
-def _check_values(flat: torch.Tensor, layout: FragmentLayout, check_finite: bool, max_abs: float | None) -> None:
+def _check_values(
+    flat: torch.Tensor, layout: FragmentLayout, check_finite: bool, max_abs: float | None,
+    positions: np.ndarray | None = None,
+) -> None:
+    """``positions``: each value's index in the fragment's flat layout (a topk payload's values),
+    so that an error names the tensor holding the first culprit; None: ``flat`` is the fragment."""
     if flat.numel() == 0:
         return
     # One read-only pass each (min and max propagate NaN; any +-Inf is the min or the max); the
@@ -769,7 +761,12 @@ def _check_values(flat: torch.Tensor, layout: FragmentLayout, check_finite: bool
     low, high = float(values.min()), float(values.max())
     if check_finite and not (math.isfinite(low) and math.isfinite(high)):
         bad = ~torch.isfinite(flat)
-        raise PayloadNonFinite(_entry_at(layout, int(bad.nonzero()[0, 0])).name, int(bad.sum()))
+        raise PayloadNonFinite(_culprit(layout, bad, positions), int(bad.sum()))
     if max_abs is not None and (-low > max_abs or high > max_abs):
         bad = flat.abs() > max_abs
-        raise PayloadValueOutOfRange(_entry_at(layout, int(bad.nonzero()[0, 0])).name, int(bad.sum()), max_abs)
+        raise PayloadValueOutOfRange(_culprit(layout, bad, positions), int(bad.sum()), max_abs)
+
+
+def _culprit(layout: FragmentLayout, bad: torch.Tensor, positions: np.ndarray | None) -> str:
+    first = int(bad.nonzero()[0, 0])
+    return _entry_at(layout, first if positions is None else int(positions[first])).name

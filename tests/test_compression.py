@@ -160,3 +160,23 @@ def test_error_feedback_checks_every_input_before_changing_anything() -> None:
     assert fb.residual_norm() == before
     with pytest.raises(CompressionError):
         ErrorFeedback(LAYOUTS, PayloadEncoding())
+
+
+def test_a_fragment_beyond_u32_indices_is_refused_for_topk_only() -> None:
+    huge = compute_fragment_layouts({"w": torch.empty(2**32 + 1, device="meta")}, 1)
+    fits = compute_fragment_layouts({"w": torch.empty(2**32, device="meta")}, 1)
+    with pytest.raises(SpecError, match="at most 2"):
+        PayloadEncoding("topk", 10).check_layouts(huge)
+    PayloadEncoding("topk", 10).check_layouts(fits)
+    PayloadEncoding().check_layouts(huge)
+
+
+def test_describe_sparse_cost_names_the_rule_and_is_silent_for_mean_and_raw() -> None:
+    from tenzro_training.compression import describe_sparse_cost
+    from tenzro_training.rules import AggregationRule
+
+    topk = PayloadEncoding("topk", 100)
+    assert describe_sparse_cost(topk, AggregationRule.from_spec("Mean")) is None
+    assert describe_sparse_cost(PayloadEncoding(), AggregationRule.from_spec("CoordinateMedian")) is None
+    said = describe_sparse_cost(topk, AggregationRule.from_spec({"Krum": {"f": 1}}))
+    assert said is not None and said.startswith("outer gradients travel as topk 1% of each fragment, and Krum")
