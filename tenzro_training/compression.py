@@ -183,15 +183,26 @@ def select_topk(compensated: torch.Tensor, k: int, dtype: str) -> tuple[torch.Te
     if dtype not in DTYPES:
         raise CompressionError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     flat = compensated.detach().to("cpu")
-    # A stable sort on -|x| puts equal magnitudes in index order; topk's order among ties is
-    # unspecified. Sorting n values costs O(n log n), a few ms per 1M-value fragment: the
-    # round's H inner steps cost far more.
-    order = torch.sort(flat.abs().neg(), stable=True).indices[:k]
-    indices = torch.sort(order).values
+    if not bool(torch.isfinite(flat).all()):
+        raise CompressionError("the vector to compress holds NaN or Inf")
+    indices = _largest_magnitudes(flat, k)
     values = flat[indices].to(DTYPES[dtype])
     residual = flat.clone()
     residual[indices] -= values.to(torch.float32)
     return indices, values, residual
+
+
+def _largest_magnitudes(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest |values|, ascending, ties at the k-th magnitude to the lowest
+    indices: the order a stable sort on -|x| gives, at topk's cost (a full sort of 1M values took
+    ~130 ms against ~25 ms; a trainer compresses every fragment every round)."""
+    if k == 0:
+        return torch.empty(0, dtype=torch.int64)
+    magnitude = flat.abs()
+    threshold = torch.topk(magnitude, k, sorted=False).values.min()
+    above = (magnitude > threshold).nonzero().flatten()  # fewer than k, ascending
+    ties = (magnitude == threshold).nonzero().flatten()[: k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
 
 
 class ErrorFeedback:

@@ -740,9 +740,10 @@ def _read_topk(
     if check_finite or max_abs is not None:
         # The k values only: the zeros in between are finite and in range.
         _check_values(values, layout, check_finite, max_abs, positions=indices)
-    flat = torch.zeros(layout.numel, dtype=torch.float32)
-    flat[torch.from_numpy(indices.astype(np.int64))] = values
-    return flat
+    # numpy's fancy assignment: torch's index_put took ~9 ms for 10% of 2^20 values, this ~0.4 ms.
+    flat = np.zeros(layout.numel, dtype=np.float32)
+    flat[indices] = values.numpy()
+    return torch.from_numpy(flat)
 
 
 def _check_values(

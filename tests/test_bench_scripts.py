@@ -27,6 +27,8 @@ CASES = {
     "bench_store": (["--sizes", "65536", "--values", "2", "--blocks", "1"], ["put", "get", "replace", "files/key"]),
     "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "3"],
                   ["getRun", "submitOuterGradient", "Mean"]),
+    "bench_compression": (["--params", "65536", "--densities", "100,5000", "--reps", "2"],
+                          ["topk 1%: k 656", "break-even upload", '"node_decode_ratio"']),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
     "bench_gossip_finalize": (["--trainers", "2", "--params", "20000", "--rounds", "1"], ["trainers verified"]),
     "bench_long_run": (["--rounds", "8", "--window", "2"], ["seconds per round", "store growth/round", "sealing round", "node memory, sealed run"]),

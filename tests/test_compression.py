@@ -79,6 +79,27 @@ def test_select_topk_takes_the_largest_magnitudes_in_index_order() -> None:
     assert x.tolist() == [0.5, -3.0, 2.0, 0.0, -2.0, 3.0, 1.0]  # input untouched
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, 3.0]) | st.floats(-4, 4, width=32),
+                    min_size=0, max_size=48),
+    frac=st.floats(0, 1),
+)
+def test_the_choice_is_a_stable_sort_on_minus_the_magnitude(values, frac) -> None:
+    """The selection equals the obvious definition (a stable sort, so ties to the lower index),
+    on inputs full of ties, zeros of both signs included."""
+    x = torch.tensor(values, dtype=torch.float32)
+    k = int(frac * len(values))
+    want = torch.sort(torch.sort(x.abs().neg(), stable=True).indices[:k]).values
+    assert select_topk(x, k, "float32")[0].tolist() == want.tolist()
+
+
+def test_non_finite_inputs_are_refused() -> None:
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(CompressionError, match="NaN or Inf"):
+            select_topk(torch.tensor([1.0, bad]), 1, "float32")
+
+
 def test_the_cast_error_stays_in_the_residual() -> None:
     x = torch.tensor([1.0 + 2**-12, 0.25])
     idx, vals, rest = select_topk(x, 1, "bfloat16")

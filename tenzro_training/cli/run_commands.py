@@ -20,11 +20,10 @@ from tenzro_training.terminal import printable
 
 
 def cmd_post_task(args: argparse.Namespace) -> None:
+    from tenzro_training.compression import PayloadEncoding, describe_sparse_cost
     from tenzro_training.spec import TrainingTaskSpec
 
     spec = TrainingTaskSpec.from_json(read_text(args.spec, "spec"))  # SpecError -> exit 2 with the field path
-    from tenzro_training.compression import PayloadEncoding, describe_sparse_cost
-
     encoding = PayloadEncoding.from_spec(spec)  # the node refuses a bad one too; say it before signing
     weakness = spec.aggregation.describe_no_tolerance(spec.quorum)
     if weakness is not None:  # the sponsor's choice, and valid: said, not refused

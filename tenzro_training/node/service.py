@@ -975,7 +975,7 @@ class NodeService:
                 try:
                     decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
                                    zero_copy=True, max_abs=self._config.max_gradient_abs,
-                                   topk_k=PayloadEncoding.from_spec(run.spec).kept(layout.numel))
+                                   topk_k=self._topk_k(task_id, layout))
                     break
                 except (PayloadLayoutMismatch, PayloadMetadataMismatch):
                     if len(layouts) == 1:

@@ -1,0 +1,125 @@
+"""Benchmark the topk payload encoding against raw payloads of the same fragment, in the same run.
+
+For one fragment of ``--params`` fp32 values (default 2^20, the size of ``bench_rpc.py``'s
+fragments) and each density in ``--densities`` (basis points), prints:
+
+- ``bytes``: the topk payload's size over the raw fp32 payload's (what a trainer uploads and
+  the node stores);
+- ``trainer``: the trainer's CPU time to make the payload, error feedback and top-k selection
+  included (``ErrorFeedback.compress`` + ``encode_topk_payload``), over ``encode_payload`` of
+  the raw vector;
+- ``node decode``: ``decode_payload`` of the topk payload (validation, scatter into the dense
+  fp32 vector) over that of the raw payload, both as the node's submission check calls it
+  (``zero_copy=True``, ``max_abs``);
+- ``break-even``: the upload speed below which the topk payload reaches the node sooner than the
+  raw one, the trainer's extra CPU time included (bytes saved / extra seconds); none when it
+  saves no bytes, "any" when it is made no slower.
+
+Times are the best of ``--reps`` (the machine is noisy; the best is the least disturbed). There
+is no target: the figures tell a sponsor what a density costs a trainer and a node.
+docs/trainer.md "Compressed outer gradients" has what it does to training.
+
+Usage::
+
+    .venv/bin/python scripts/bench_compression.py
+    .venv/bin/python scripts/bench_compression.py --params 65536 --densities 100 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from tenzro_training.compression import ErrorFeedback, PayloadEncoding  # noqa: E402
+from tenzro_training.fragments import compute_fragment_layouts  # noqa: E402
+from tenzro_training.payload import (  # noqa: E402
+    ENCODING_RAW,
+    ENCODING_TOPK,
+    PayloadHeader,
+    compute_max_payload_bytes,
+    decode_payload,
+    encode_payload,
+    encode_topk_payload,
+)
+
+MAX_ABS = 1e6  # the node's default max_gradient_abs
+
+
+def best_of(reps: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=int, default=1 << 20, help="values in the fragment (default 2^20)")
+    ap.add_argument("--densities", default="100,1000,5000", help="basis points, comma-separated (default 100,1000,5000)")
+    ap.add_argument("--reps", type=int, default=7, help="repetitions, the best is kept (default 7)")
+    args = ap.parse_args(argv)
+    try:
+        densities = [PayloadEncoding("topk", int(d)) for d in args.densities.split(",")]
+    except ValueError as exc:
+        ap.error(f"--densities: {exc}")
+    if args.params < 1 or args.reps < 1:
+        ap.error("--params and --reps must be positive")
+
+    layout = compute_fragment_layouts({"w": torch.zeros(args.params)}, 1)[0]
+    gen = torch.Generator().manual_seed(0)
+    grad = torch.randn(args.params, generator=gen) * 1e-3  # a real outer gradient's scale (dev example: ~8e-3 max)
+    raw_header = PayloadHeader("bench", 0, 0, ENCODING_RAW, layout.layout_hash())
+    raw = encode_payload(raw_header, layout, grad)
+    raw_encode = best_of(args.reps, lambda: encode_payload(raw_header, layout, grad))
+    limit = compute_max_payload_bytes(layout)
+    raw_decode = best_of(args.reps, lambda: decode_payload(raw, layout, max_bytes=limit, zero_copy=True,
+                                                           max_abs=MAX_ABS))
+    print(f"fragment: {args.params:,} fp32 values; raw payload {len(raw):,} bytes, encode {raw_encode * 1e3:.2f} ms, "
+          f"node decode {raw_decode * 1e3:.2f} ms (the baselines)")
+    rows = []
+    header = PayloadHeader("bench", 0, 0, ENCODING_TOPK, layout.layout_hash())
+    for encoding in densities:
+        k = encoding.kept(args.params)
+        assert k is not None
+        feedback = ErrorFeedback([layout], encoding)
+
+        def make() -> bytes:
+            (indices, values), = feedback.compress([grad], "float32")
+            return encode_topk_payload(header, layout, indices, values)
+
+        payload = make()
+        trainer = best_of(args.reps, make)
+        decode = best_of(args.reps, lambda: decode_payload(payload, layout, max_bytes=limit, topk_k=k,
+                                                           zero_copy=True, max_abs=MAX_ABS))
+        row = {"encoding": encoding.describe(), "k": k, "bytes": len(payload), "bytes_ratio": round(len(payload) / len(raw), 4),
+               "trainer_ms": round(trainer * 1e3, 2), "trainer_ratio": round(trainer / raw_encode, 2),
+               "node_decode_ms": round(decode * 1e3, 2), "node_decode_ratio": round(decode / raw_decode, 2),
+               "break_even_mbit_s": None}
+        saved, extra = len(raw) - len(payload), trainer - raw_encode
+        if saved > 0:
+            # "any": smaller and made no slower than the raw payload
+            row["break_even_mbit_s"] = round(saved * 8 / 1e6 / extra, 1) if extra > 0 else "any"
+        even = row["break_even_mbit_s"]
+        below = ("none: no bytes saved" if even is None else "any speed" if even == "any"
+                 else f"{even:,} Mbit/s")
+        rows.append(row)
+        print(f"{encoding.describe():>9}: k {k:,}; bytes {row['bytes_ratio']:.4f}x raw; trainer {row['trainer_ms']:.2f} ms "
+              f"= {row['trainer_ratio']:.2f}x raw encode; node decode {row['node_decode_ms']:.2f} ms = "
+              f"{row['node_decode_ratio']:.2f}x raw decode; break-even upload {below}")
+    print(json.dumps({"compression": {"params": args.params, "raw_bytes": len(raw), "raw_encode_ms": round(raw_encode * 1e3, 2),
+                                      "raw_decode_ms": round(raw_decode * 1e3, 2), "rows": rows}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
