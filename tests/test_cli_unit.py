@@ -481,6 +481,27 @@ def test_invalid_spec_exits_2_before_any_call(
     assert code == EXIT_USAGE and "cannot read spec" in err
 
 
+def post_dev_spec(capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode, key_file: Path, *,
+                  aggregation: Any, quorum: int, metadata: dict[str, Any] | None = None) -> str:
+    """Post the shipped dev spec with these changes (M = 5) to the fake node; it must succeed.
+    Returns stderr."""
+    from tenzro_training.spec import TrainingTaskSpec
+
+    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
+    doc.update(sponsor_address=KEY_ADDRESS, aggregation=aggregation, trainer_count=5, quorum=quorum)
+    doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": "file:///nonexistent", "sha256": "0x" + "00" * 32}
+    doc["architecture"]["metadata"].update(metadata or {})
+    spec = TrainingTaskSpec.from_dict(doc)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(doc))
+    fake_node.replies["tenzro_training_postTask"] = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(),
+                                                     "status": "Posted"}
+    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
+                       "--rpc", fake_node.url)
+    assert code == EXIT_OK and [m for m, _ in fake_node.calls] == ["tenzro_training_postTask"]
+    return err
+
+
 @pytest.mark.parametrize("aggregation, quorum, said", [
     ({"TrimmedMean": {"alpha_bps": 2000}}, 4, "aggregation TrimmedMean alpha_bps=2000 trims nothing from a round that "
                                               "closes at the quorum, 4 accepted payloads"),
@@ -496,19 +517,7 @@ def test_post_task_notes_a_rule_that_tolerates_no_byzantine_trainer_at_the_quoru
     """Byzantine probe (2026-11-27): a TrimmedMean spec whose rounds at the quorum trim nothing was
     posted without a word, and one attacker took the model's loss from 0.58 to 200. The post goes
     ahead (the rule is valid, and the sponsor's choice); the sponsor is told."""
-    from tenzro_training.spec import TrainingTaskSpec
-
-    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
-    doc.update(sponsor_address=KEY_ADDRESS, aggregation=aggregation, trainer_count=5, quorum=quorum)
-    doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": "file:///nonexistent", "sha256": "0x" + "00" * 32}
-    spec = TrainingTaskSpec.from_dict(doc)
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(doc))
-    fake_node.replies["tenzro_training_postTask"] = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(),
-                                                     "status": "Posted"}
-    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
-                       "--rpc", fake_node.url)
-    assert code == EXIT_OK and [m for m, _ in fake_node.calls] == ["tenzro_training_postTask"]
+    err = post_dev_spec(capsys, tmp_path, fake_node, key_file, aggregation=aggregation, quorum=quorum)
     if said is None:
         assert err == ""
     else:
@@ -528,20 +537,8 @@ def test_post_task_notes_what_topk_payloads_cost_a_robust_rule(
 ) -> None:
     """Measured (docs/aggregation.md "Sparse inputs"): the robust rules train slower on topk
     payloads. The post goes ahead; the sponsor is told, after any tolerance note."""
-    from tenzro_training.spec import TrainingTaskSpec
-
-    doc = json.loads((Path(cli.__file__).parents[1] / "data" / "dev-task.json").read_text())
-    doc.update(sponsor_address=KEY_ADDRESS, aggregation=aggregation, trainer_count=5, quorum=5)
-    doc["architecture"]["metadata"]["init_checkpoint"] = {"uri": "file:///nonexistent", "sha256": "0x" + "00" * 32}
-    doc["architecture"]["metadata"]["outer_gradient_encoding"] = {"topk": {"density_bps": 1000}}
-    spec = TrainingTaskSpec.from_dict(doc)
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(doc))
-    fake_node.replies["tenzro_training_postTask"] = {"task_id": spec.task_id, "spec_hash": "0x" + spec.spec_hash().hex(),
-                                                     "status": "Posted"}
-    code, _, err = run(capsys, "train", "post-task", "--spec", str(path), "--key-file", str(key_file),
-                       "--rpc", fake_node.url)
-    assert code == EXIT_OK and [m for m, _ in fake_node.calls] == ["tenzro_training_postTask"]
+    err = post_dev_spec(capsys, tmp_path, fake_node, key_file, aggregation=aggregation, quorum=5,
+                        metadata={"outer_gradient_encoding": {"topk": {"density_bps": 1000}}})
     lines = [line for line in err.splitlines() if "Sparse inputs" in line]
     if said is None:
         assert lines == [], err

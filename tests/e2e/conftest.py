@@ -533,3 +533,45 @@ def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path | None, who: s
     return ["trainer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"), "--account", who,
             "--task-id", task_id, *spec, "--rpc", node.url, "--p2p-key", str(key),
             "--bootstrap", p2p_addr, *extra]
+
+
+def start_gossip_run(tmp_path: Path, tiny_model: TinyModel, task_id: str, children: list[Child], *,
+                     aggregation: Any = "Mean", metadata: dict[str, Any] | None = None,
+                     attacker_env: dict[str, str] | None = None,
+                     dataset_ref: str = "statsmodels:co2,nile") -> tuple[NodeProcess, Task, list[Child]]:
+    """A node with gossip on, the task posted (the tiny model on real data, M = K = 3, 2 rounds;
+    ``metadata`` merged into ``architecture.metadata``), the rank-1 syncer daemon and three
+    trainer processes, all started. With ``attacker_env``, ``trainer:2`` is
+    ``tests/e2e/byzantine_trainer.py`` run with that environment. Every process started but the
+    node is appended to ``children`` as it starts (the caller stops them, then the node; if this
+    raises, it has stopped them all)."""
+    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
+
+    node, p2p_addr = start_p2p_node(tmp_path)
+    try:
+        dataset_hash = "0x" + compute_dataset_hash(load_corpus(dataset_ref)).hex()
+        task = new_task(tiny_model, node, task_id, aggregation=aggregation, quorum=3, dataset_ref=dataset_ref,
+                        dataset_hash=dataset_hash)
+        task.spec["architecture"]["metadata"].update(metadata or {})
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(task.spec))
+        task.post()
+        view = task.wait_status("Enrolling")
+        children.append(Child("syncer", ["syncer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"),
+                                          "--account", task.syncer_by_rank(view, 1), "--rpc", node.url,
+                                          "--poll-interval", "0.1"], tmp_path))
+        trainers = []
+        for i in range(3):
+            argv = trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, tmp_path / f"t{i}.p2p-key",
+                                "--device", "cpu")
+            if i == 2 and attacker_env is not None:
+                trainers.append(Child("attacker", argv, tmp_path, module="tests.e2e.byzantine_trainer", env=attacker_env))
+            else:
+                trainers.append(Child(f"trainer{i}", argv, tmp_path))
+            children.append(trainers[-1])
+    except BaseException:
+        for child in children:
+            child.stop()
+        node.stop()
+        raise
+    return node, task, trainers

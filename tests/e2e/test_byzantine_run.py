@@ -13,7 +13,6 @@ and the honest ones decide.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,10 @@ import pytest
 from safetensors.torch import load_file
 
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
-from tests.e2e.conftest import Child, NodeProcess, Task, TinyModel, new_task, rpc, start_p2p_node, tenzro, trainer_argv
+from tests.e2e.conftest import Child, NodeProcess, Task, TinyModel, rpc, start_gossip_run, tenzro
 
 pytestmark = pytest.mark.slow
 
-DATASET_REF = "statsmodels:co2,nile"
 ATTACK_VALUE = 1e6
 RUN_TIMEOUT_S = 120.0
 
@@ -34,30 +32,8 @@ def start_run(tmp_path: Path, tiny_model: TinyModel, aggregation: Any, task_id: 
               children: list[Child]) -> tuple[NodeProcess, Task, list[Child]]:
     """The node, the posted task and its three trainers (the last one the attacker), all started;
     every process started is in ``children`` (the node is not: the caller stops it)."""
-    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
-
-    node, p2p_addr = start_p2p_node(tmp_path)
-    dataset_hash = "0x" + compute_dataset_hash(load_corpus(DATASET_REF)).hex()
-    task = new_task(tiny_model, node, task_id, aggregation=aggregation, quorum=3, dataset_ref=DATASET_REF,
-                    dataset_hash=dataset_hash)
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(task.spec))
-    task.post()
-    view = task.wait_status("Enrolling")
-    children.append(Child("syncer", ["syncer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"),
-                                      "--account", task.syncer_by_rank(view, 1), "--rpc", node.url,
-                                      "--poll-interval", "0.1"], tmp_path))
-    trainers = []
-    for i in range(3):
-        argv = trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, tmp_path / f"t{i}.p2p-key",
-                            "--device", "cpu")
-        if i == 2:
-            trainers.append(Child("attacker", argv, tmp_path, module="tests.e2e.byzantine_trainer",
-                                  env={"TENZRO_BYZANTINE_VALUE": repr(ATTACK_VALUE)}))
-        else:
-            trainers.append(Child(f"trainer{i}", argv, tmp_path))
-    children.extend(trainers)
-    return node, task, trainers
+    return start_gossip_run(tmp_path, tiny_model, task_id, children, aggregation=aggregation,
+                            attacker_env={"TENZRO_BYZANTINE_VALUE": repr(ATTACK_VALUE)})
 
 
 def stop_all(node: NodeProcess, children: list[Child]) -> None:

@@ -16,35 +16,19 @@ from safetensors.torch import load_file
 
 from tenzro_training.compression import PayloadEncoding
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
-from tests.e2e.conftest import Child, TinyModel, new_task, rpc, start_p2p_node, tenzro, trainer_argv
+from tests.e2e.conftest import Child, TinyModel, rpc, start_gossip_run, tenzro
 
 pytestmark = pytest.mark.slow
 
-DATASET_REF = "statsmodels:co2,nile"
 ENCODING = {"topk": {"density_bps": 1000}}
 RUN_TIMEOUT_S = 120.0
 
 
 def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) -> None:
-    from tenzro_training.trainer.data import compute_dataset_hash, load_corpus
-
-    node, p2p_addr = start_p2p_node(tmp_path)
     children: list[Child] = []
+    node, task, trainers = start_gossip_run(tmp_path, tiny_model, "topk-run", children,
+                                            metadata={"outer_gradient_encoding": ENCODING})
     try:
-        dataset_hash = "0x" + compute_dataset_hash(load_corpus(DATASET_REF)).hex()
-        task = new_task(tiny_model, node, "topk-run", quorum=3, dataset_ref=DATASET_REF, dataset_hash=dataset_hash)
-        task.spec["architecture"]["metadata"]["outer_gradient_encoding"] = ENCODING
-        spec_path = tmp_path / "spec.json"
-        spec_path.write_text(json.dumps(task.spec))
-        task.post()
-        view = task.wait_status("Enrolling")
-        children.append(Child("syncer", ["syncer", "run", "--key-file", str(node.data_dir / "dev-accounts.json"),
-                                          "--account", task.syncer_by_rank(view, 1), "--rpc", node.url,
-                                          "--poll-interval", "0.1"], tmp_path))
-        trainers = [Child(f"trainer{i}", trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr,
-                                                      tmp_path / f"t{i}.p2p-key", "--device", "cpu"), tmp_path)
-                    for i in range(3)]
-        children.extend(trainers)
         for child in trainers:
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
             assert "outer gradients sent as topk 10% of each fragment, with error feedback" in child.out()

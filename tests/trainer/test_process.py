@@ -549,8 +549,8 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
     monkeypatch.setattr(data, "check_shardable", lambda *args: None)  # the corpus is a fake
     tr = _trainer_for(tmp_path, None, TASK)
-    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
-                           dataset_hash="h", max_rounds=2, trainer_count=1)
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1, metadata={}),
+                           dataset_ref="r", dataset_hash="h", max_rounds=2, trainer_count=1)
 
     async def get_run() -> dict[str, object]:
         return {}
@@ -957,8 +957,8 @@ def test_invalid_dataset_stops_the_trainer_before_it_enrolls(tmp_path, monkeypat
 
     monkeypatch.setattr(data, "validate_dataset_hash", wrong_hash)
     tr, _ = _bare_trainer(tmp_path, device="cpu")
-    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1), dataset_ref="r",
-                           dataset_hash="h", max_rounds=2)
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1, metadata={}),
+                           dataset_ref="r", dataset_hash="h", max_rounds=2)
     calls: list[str] = []
 
     async def call(method: str, params: dict[str, object]) -> object:
