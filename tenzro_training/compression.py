@@ -217,6 +217,9 @@ class ErrorFeedback:
         self._layouts = tuple(layouts)
         self._k = encoding.kept_per_fragment(self._layouts)
         self._residual: list[torch.Tensor | None] = [None] * len(self._layouts)
+        self._sent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self._layouts)
+        """Per fragment, the last :meth:`compress`'s indices and values as the node decodes them,
+        until :meth:`restore_unsent` puts them back (once)."""
 
     def residual_norm(self) -> float:
         """L2 norm of everything not yet sent (0.0 before the first round)."""
@@ -239,4 +242,20 @@ class ErrorFeedback:
             out.append((idx, vals))
             residuals.append(rest)
         self._residual = residuals
+        self._sent = [(idx, vals.to(torch.float32)) for idx, vals in out]
         return out
+
+    def restore_unsent(self, fragments: Sequence[int]) -> int:
+        """The last round's values of ``fragments`` did not reach the model (the round closed
+        to this trainer, or nothing was signed): add them back to the residual, so that they
+        are sent later instead of lost. Each fragment's values come back at most once; returns
+        how many fragments did."""
+        restored = 0
+        for f in fragments:
+            sent, residual = self._sent[f], self._residual[f]
+            if sent is None or residual is None:
+                continue
+            residual[sent[0]] += sent[1]
+            self._sent[f] = None
+            restored += 1
+        return restored

@@ -201,3 +201,20 @@ def test_describe_sparse_cost_names_the_rule_and_is_silent_for_mean_and_raw() ->
     assert describe_sparse_cost(PayloadEncoding(), AggregationRule.from_spec("CoordinateMedian")) is None
     said = describe_sparse_cost(topk, AggregationRule.from_spec({"Krum": {"f": 1}}))
     assert said is not None and said.startswith("outer gradients travel as topk 1% of each fragment, and Krum")
+
+
+def test_restore_unsent_puts_the_last_rounds_values_back_once() -> None:
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    gen = torch.Generator().manual_seed(5)
+    first = [torch.randn(lay.numel, generator=gen) for lay in LAYOUTS]
+    fb.compress(first, "float32")
+    assert fb.restore_unsent([1]) == 1 and fb.restore_unsent([1]) == 0  # once
+    # fragment 1 holds everything again (fp32: exactly the vector); fragment 0 what it did not send
+    assert torch.equal(fb._residual[1], first[1])
+    assert not torch.equal(fb._residual[0], first[0])
+    assert fb.restore_unsent([0, 1]) == 1 and torch.equal(fb._residual[0], first[0])
+    # the next round compresses the new gradient plus all of it
+    second = [torch.randn(lay.numel, generator=gen) for lay in LAYOUTS]
+    (idx, vals), _ = fb.compress(second, "float32")
+    assert torch.equal(vals, select_topk(second[0] + first[0], idx.numel(), "float32")[1])
+    assert ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000)).restore_unsent([0, 1]) == 0  # nothing made yet

@@ -280,6 +280,8 @@ class _Trainer:
         self.feedback: ErrorFeedback | None = None
         """What top-k left unsent, per fragment (a topk task only; memory only: a restart
         starts it from zero)."""
+        self.feedback_round: int | None = None
+        """The round whose payloads ``feedback`` last made (``unsend`` applies to it only)."""
         self.gossip_limits: tuple[int, int] | None = None
         self.gossip_view: TrainerGossipView | None = None
         self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
@@ -538,7 +540,17 @@ class _Trainer:
         self.last_loss = res.train_loss
         if self.encoding.is_sparse and self.feedback is None:
             self.feedback = ErrorFeedback(self.layouts, self.encoding)
-        return make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype, self.feedback)
+        payloads = make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype, self.feedback)
+        self.feedback_round = round_
+        return payloads
+
+    def unsend(self, round_: int, fragments: range) -> None:
+        """``fragments`` of ``round_`` will not be aggregated: with error feedback, their sent
+        values go back into the residual (only for payloads this process made: those saved before
+        a restart left no record here)."""
+        if self.feedback is not None and self.feedback_round == round_ and len(fragments):
+            self.feedback.restore_unsent(fragments)
+            self.feedback_round = None
 
     async def publish_payload(self, round_: int, fragment: int, payload: bytes, signature: bytes) -> None:
         g = self.g
@@ -582,11 +594,19 @@ class _Trainer:
         signed = []
         guard = self.signing_guard()
         digests = [compute_payload_hash(payload) for payload in payloads]
-        for f, digest in enumerate(digests):  # every fragment first: a round is never half signed, then refused
-            guard.check(round_, f, digest)
+        try:
+            for f, digest in enumerate(digests):  # every fragment first: a round is never half signed, then refused
+                guard.check(round_, f, digest)
+        except SigningRefused:
+            self.unsend(round_, range(len(payloads)))
+            raise
         for f, payload in enumerate(payloads):
             digest = digests[f]
-            guard.record(round_, f, digest)  # durably, BEFORE signing; SigningRefused if it would equivocate
+            try:
+                guard.record(round_, f, digest)  # durably, BEFORE signing; SigningRefused if it would equivocate
+            except SigningRefused:
+                self.unsend(round_, range(f, len(payloads)))
+                raise
             sig = self.sign(auth.SubmitOuterGradient(task_id=self.cfg.task_id, round=round_, fragment=f, payload_hash=digest))
             signed.append((digest, sig))
             await self.publish_payload(round_, f, payload, sig)
@@ -613,6 +633,7 @@ class _Trainer:
                         # was finalized without: no stake is at risk, the next round is open to it.
                         log.warning("round %d fragment %d not accepted, skipping the round: %s", round_, f, exc)
                         self.say(f"round {round_} skipped: {exc}")
+                        self.unsend(round_, range(f, len(payloads)))  # the ones before f were accepted
                         return False
                     if code in _OUT_CODES:
                         raise TrainerProcessError(

@@ -611,6 +611,58 @@ def test_a_round_closed_to_this_trainer_is_skipped_not_fatal(tmp_path, code: int
     assert said == [f"round 0 skipped: error {code} {name}: {TASK}: refused"]
 
 
+def test_a_skipped_rounds_topk_values_go_back_into_the_residual(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Error feedback: fragment 0 was accepted, fragment 1 came late. Fragment 1's sent values never
+    reach the model, so they go back into its residual (sent later, not lost); fragment 0's stay
+    sent. A round whose payloads this process did not make (saved before a restart) restores nothing."""
+    import asyncio
+
+    import torch
+
+    from tenzro_training.compression import ErrorFeedback, PayloadEncoding
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    tr, said = _bare_trainer(tmp_path)
+    layouts = compute_fragment_layouts([TensorSpec("w", (40,), "float32")], 2)
+    tr.feedback = ErrorFeedback(layouts, PayloadEncoding("topk", 1000))
+    grads = [torch.arange(1.0, lay.numel + 1) for lay in layouts]
+    tr.feedback.compress(grads, "float32")
+    tr.feedback_round = 0
+    calls: list[int] = []
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append(int(params["fragment"]))  # type: ignore[call-overload]
+        if params["fragment"] == 1:
+            raise _error(1305, "LateSubmission")
+        return {}
+
+    tr.call = call  # type: ignore[method-assign]
+    assert asyncio.run(tr.submit(0, [b"payload-0", b"payload-1"], asyncio.Event())) is False
+    assert calls == [0, 1] and said == [f"round 0 skipped: error 1305 LateSubmission: {TASK}: refused"]
+    assert torch.equal(tr.feedback._residual[1], grads[1])  # all of it held again
+    assert float(tr.feedback._residual[0].sum()) < float(grads[0].sum())  # the top-k went out
+    assert tr.feedback_round is None and tr.feedback.restore_unsent([0]) == 1  # 0 was left as sent
+
+    tr.feedback.compress(grads, "float32")
+    tr.feedback_round = None  # payloads saved before a restart: nothing of this process's to restore
+    before = [r.clone() for r in tr.feedback._residual]
+    assert asyncio.run(tr.submit(1, [b"payload-2", b"payload-3"], asyncio.Event())) is False
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.feedback._residual))
+
+    # The signing guard refuses round 2 (fragment 1 was signed with other bytes before): nothing
+    # of the round is signed, so every fragment's values come back.
+    from tenzro_training.payload import compute_payload_hash
+    from tenzro_training.trainer.signing_guard import SigningRefused
+
+    compensated = [g + r for g, r in zip(grads, tr.feedback._residual)]
+    tr.feedback.compress(grads, "float32")
+    tr.feedback_round = 2
+    tr.signing_guard().record(2, 1, compute_payload_hash(b"other bytes"))
+    with pytest.raises(SigningRefused):
+        asyncio.run(tr.submit(2, [b"payload-4", b"payload-5"], asyncio.Event()))
+    assert all(torch.equal(r, c) for r, c in zip(tr.feedback._residual, compensated))
+
+
 @pytest.mark.parametrize("code, name, why", [(1306, "NotEnrolled", "no longer"), (1311, "Equivocation", "slashed")])
 def test_invalid_trainer_out_of_the_run_stops_with_a_clear_line(tmp_path, code: int, name: str, why: str) -> None:  # type: ignore[no-untyped-def]
     import asyncio
