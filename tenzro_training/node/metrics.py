@@ -17,6 +17,7 @@ from typing import Any
 
 from rpc.metrics import Counter, Registry
 from tenzro_training import __version__
+from tenzro_training.payload import ENCODINGS
 from tenzro_training.run_events import RunEvent
 from tenzro_training.run_state import RunStatus
 
@@ -69,6 +70,13 @@ class NodeMetrics:
         for kind, name, help_text, stat in _CACHE_METRICS:
             register = registry.gauge_callback if kind == "gauge" else registry.counter_callback
             register(name, help_text, lambda stat=stat: {(): self._cache_stat(stat)})
+        for index, (name, help_text) in enumerate((
+            ("tenzro_node_submissions_accepted_total",
+             "Outer-gradient submissions accepted since start, by payload encoding (raw, topk)."),
+            ("tenzro_node_submission_bytes_total",
+             "Payload bytes of those submissions, by payload encoding: what compression saves in upload and storage."),
+        )):
+            registry.counter_callback(name, help_text, lambda index=index: self._accepted(index), ("encoding",))
         self.tick_failures: Counter = registry.counter(
             "tenzro_tick_failures_total", "Clock ticks that raised (logged; the tick is retried).",
         )
@@ -86,6 +94,10 @@ class NodeMetrics:
 
     def _cache_stat(self, name: str) -> float:
         return 0 if self._service is None else self._service.cache_stats()[name]
+
+    def _accepted(self, index: int) -> dict[tuple[str, ...], float]:
+        stats = {} if self._service is None else self._service.accepted_payload_stats()
+        return {(encoding,): stats.get(encoding, (0, 0))[index] for encoding in sorted({*ENCODINGS, *stats})}
 
     def on_event(self, event: object) -> None:
         self.events.inc(type(event).__name__)

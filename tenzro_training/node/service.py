@@ -309,6 +309,8 @@ class NodeService:
         self._storage_failure: str | None = None  # see storage_failure
         self._model_files = ModelFiles(config.data_dir)
         self._payloads_pruned = 0  # for cache_stats (GET /metrics)
+        self._accepted_by_encoding: dict[str, list[int]] = {}
+        """Submissions accepted since start, and their payload bytes, by payload encoding (GET /metrics)."""
         # Startup (node/startup.py): the store bound to the config, its runs read and checked.
         self._ledger = startup.open_ledger(store, config, self._write)
         self._runs, self._stored_runs, self._ended = startup.load_runs(store)
@@ -863,7 +865,7 @@ class NodeService:
             data = payload if payload is not None else held
             if data is None:
                 raise PayloadUnavailable(task_id, _hex(payload_hash))
-            self._validate_payload(task_id, round, fragment, data)
+            encoding = self._validate_payload(task_id, round, fragment, data)
             if held is None:
                 extra.append((BatchOp.PUT, schema.CF_SUBMISSIONS, key, data))
             record = persistence.SubmissionRecord(payload_hash, signature)
@@ -873,6 +875,9 @@ class NodeService:
         if extra:  # accepted: the payload is in the store and this round's finalize will read it
             assert data is not None
             self._payload_cache.put(task_id, payload_hash, data)
+            counts = self._accepted_by_encoding.setdefault(encoding, [0, 0])
+            counts[0] += 1
+            counts[1] += len(data)
         after = t.run
         current = after.current_round
         return {
@@ -886,13 +891,15 @@ class NodeService:
             "quorum_reached": current is not None and current.round == round and current.quorum_at_ms is not None,
         }
 
-    def _validate_payload(self, task_id: str, round: int, fragment: int, data: bytes) -> None:
+    def _validate_payload(self, task_id: str, round: int, fragment: int, data: bytes) -> str:
+        """Check ``data`` as the payload of (task, round, fragment); returns its encoding."""
         layout = self._model(task_id).layouts[fragment]
         header = PayloadHeader(task_id, round, fragment, ENCODING_RAW, layout.layout_hash())
         # Validation only: a view where the layout allows one (the values are scanned, not
         # kept), which spares a submission a fresh 4-bytes-per-value copy and its page faults.
-        decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes, zero_copy=True,
-                       max_abs=self._config.max_gradient_abs, topk_k=self._topk_k(task_id, layout))
+        return decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes,
+                              zero_copy=True, max_abs=self._config.max_gradient_abs,
+                              topk_k=self._topk_k(task_id, layout)).header.encoding
 
     def _topk_k(self, task_id: str, layout: FragmentLayout) -> int | None:
         """How many values a topk payload of ``layout`` carries in this run (None: raw only)."""
@@ -1251,6 +1258,11 @@ class NodeService:
             "payloads_pruned": self._payloads_pruned,
             "round_buffer_bytes": self._round_buffers.nbytes,
         }
+
+    def accepted_payload_stats(self) -> dict[str, tuple[int, int]]:
+        """Since start, by payload encoding: (submissions accepted, their payload bytes). What a
+        task's topk encoding saves an operator in upload and storage. Safe from any thread."""
+        return {encoding: (n, size) for encoding, (n, size) in list(self._accepted_by_encoding.items())}
 
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:
         self._check_open()

@@ -150,6 +150,8 @@ def test_full_run_to_a_verified_receipt_with_error_cases(node: NodeProcess, tiny
     assert m["tenzro_node_payload_cache_bytes"][()] >= 0 and m["tenzro_node_model_cache_runs"][()] >= 0
     assert m["tenzro_node_model_rebuilds_total"][()] >= 0 and m["tenzro_node_replayed_rounds_total"][()] >= 0
     assert m["tenzro_node_payloads_pruned_total"][()] == 0  # an archive node
+    assert m["tenzro_node_submissions_accepted_total"][(("encoding", "raw"),)] >= ROUNDS * FRAGMENTS * 3
+    assert m["tenzro_node_submission_bytes_total"][(("encoding", "raw"),)] > 0
     assert m["tenzro_run_events_total"][(("event", "RoundFinalized"),)] >= ROUNDS
     requests = m["tenzro_rpc_requests_total"]
     assert requests[(("code", "0"), ("method", "tenzro_training_submitOuterGradient"))] >= ROUNDS * FRAGMENTS * 3

@@ -95,6 +95,10 @@ def test_a_topk_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net
     assert verify_receipt(receipt)
     assert receipt.final_model_hash == compute_model_hash(state)
     assert [t.accepted_submissions for t in receipt.trainers] == [4, 4, 4]
+    # GET /metrics: what the encoding saved (trainer 2's raw payloads against the others' topk ones)
+    topk_bytes = sum(len(topk_payload(net, i, r, f, ks[f])) for i in (0, 1) for r in (0, 1) for f in (0, 1))
+    raw_bytes = sum(len(net.payload(2, r, f)) for r in (0, 1) for f in (0, 1))
+    assert net.service.accepted_payload_stats() == {"topk": (8, topk_bytes), "raw": (4, raw_bytes)}
 
 
 def test_a_raw_run_refuses_topk_payloads_and_stores_nothing(net: Net, checkpoint: tuple[str, str]) -> None:

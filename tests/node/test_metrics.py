@@ -18,6 +18,9 @@ class FakeService:
         return {"model_cache_runs": 1, "model_cache_bytes": 4096, "payload_cache_bytes": 2048, "model_rebuilds": 3, "replayed_rounds": 7,
                 "payloads_pruned": 12, "round_buffer_bytes": 4096}
 
+    def accepted_payload_stats(self) -> dict[str, tuple[int, int]]:
+        return {"topk": (8, 3000)}
+
 
 def samples(registry: Registry) -> dict[str, float]:
     out = {}
@@ -41,6 +44,20 @@ def test_cache_metrics_read_their_own_stat() -> None:
     assert got["tenzro_node_replayed_rounds_total"] == 7
     assert got["tenzro_node_payloads_pruned_total"] == 12
     assert got["tenzro_node_round_buffer_bytes"] == 4096
+
+
+def test_accepted_submissions_by_encoding_list_every_encoding() -> None:
+    registry = Registry()
+    metrics = NodeMetrics(registry, chain_id=1337)
+    text = registry.render().decode()
+    assert 'tenzro_node_submissions_accepted_total{encoding="raw"} 0' in text
+    assert 'tenzro_node_submission_bytes_total{encoding="topk"} 0' in text
+    metrics.attach(FakeService())
+    got = {(s.name, s.labels["encoding"]): s.value
+           for family in text_string_to_metric_families(registry.render().decode())
+           for s in family.samples if "encoding" in s.labels}
+    assert got == {("tenzro_node_submissions_accepted_total", "raw"): 0, ("tenzro_node_submissions_accepted_total", "topk"): 8,
+                   ("tenzro_node_submission_bytes_total", "raw"): 0, ("tenzro_node_submission_bytes_total", "topk"): 3000}
 
 
 class FakeHost:
