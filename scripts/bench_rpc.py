@@ -37,6 +37,11 @@ Usage::
 
     .venv/bin/python scripts/bench_rpc.py                     # everything, < 3 min on 2 cores
     .venv/bin/python scripts/bench_rpc.py --rules Mean --rounds 4 --get-requests 1000
+    .venv/bin/python scripts/bench_rpc.py --skip-throughput --encoding '{"topk": {"density_bps": 1000}}'
+
+``--encoding`` makes the finalize bench's task select that payload encoding (docs/payload.md):
+every trainer then sends its gradient's top-k as a topk payload, which finalize decodes into a
+dense vector (a raw payload is a view of its bytes); the baseline aggregates the same dense inputs.
 
 Wall times on a shared machine are noisy; the load average is printed with the results.
 """
@@ -165,11 +170,17 @@ class Bench:
         assert view["status"] == "Training", view["status"]
         return compute_layouts_from_view(view)
 
-    def payload(self, task_id: str, layout: Any, round_: int, who: str) -> bytes:
+    def payload(self, task_id: str, layout: Any, round_: int, who: str, topk_k: int | None = None) -> bytes:
+        """A raw payload of a random gradient, or with ``topk_k`` its top-k as a topk payload."""
         from tenzro_training.cli.layouts import compute_random_gradient
-        from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
+        from tenzro_training.compression import select_topk
+        from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
 
         flat = compute_random_gradient(layout, 0, f"{task_id}/{who}", round_, 1e-3)
+        if topk_k is not None:
+            indices, values, _ = select_topk(flat, topk_k, "float32")
+            header = PayloadHeader(task_id, round_, layout.index, ENCODING_TOPK, layout.layout_hash())
+            return encode_topk_payload(header, layout, indices, values)
         return encode_payload(PayloadHeader(task_id, round_, layout.index, ENCODING_RAW, layout.layout_hash()), layout, flat)
 
     def submit_signature(self, task_id: str, round_: int, fragment: int, payload: bytes, who: str) -> bytes:
@@ -417,9 +428,9 @@ BENCH_SNAPSHOT_ROUNDS = 2  # the bench's model_snapshot_rounds: rounds 1, 3, ...
 DEFAULT_SNAPSHOT_ROUNDS = 8  # NodeConfig's default, for the mean cost per round
 
 
-def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str) -> dict[str, float]:
+def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str, encoding: Any = None) -> dict[str, float]:
     """Best seconds per kind of finalize (plain, snapshot, seal), of aggregation alone and of
-    decoding alone, for one rule."""
+    decoding alone, for one rule; ``encoding`` (a PayloadEncoding, None: raw) is the task's."""
     from tenzro_training.aggregation import aggregate
     from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
     from tenzro_training.spec import TrainingTaskSpec
@@ -428,8 +439,11 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str) -> di
     try:
         task_id = f"bench-finalize-{rule_name}"
         spec = bench.spec(task_id, FINALIZE_MODEL, FINALIZE_FRAGMENTS, RULES[rule_name], rounds)
+        if encoding is not None:
+            spec["architecture"]["metadata"]["outer_gradient_encoding"] = encoding.to_json()
         rule = TrainingTaskSpec.from_dict(spec).aggregation
         layouts = bench.start_run(spec)
+        ks = [None if encoding is None else encoding.kept(lay.numel) for lay in layouts]
         syncer = bench.syncer(task_id)
         finalize_s: dict[str, list[float]] = {"plain": [], "snapshot": [], "seal": []}
         aggregate_s, unscanned_s, decode_s = [], [], []
@@ -439,7 +453,7 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str) -> di
             trainers = sorted((f"trainer:{i}" for i in range(TRAINERS)), key=lambda w: bytes.fromhex(bench.address(w)[2:]))
             for who in trainers:
                 for lay in layouts:
-                    payload = bench.payload(task_id, lay, round_, who)
+                    payload = bench.payload(task_id, lay, round_, who, ks[lay.index])
                     sig = bench.submit_signature(task_id, round_, lay.index, payload, who)
                     bench.service.submit_outer_gradient(task_id, round_, lay.index, payload, None, sig)
                     per_fragment[lay.index].append(payload)
@@ -461,7 +475,7 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str) -> di
             t0 = time.perf_counter()
             grads = [
                 [decode_payload(p, lay, expected=PayloadHeader(task_id, round_, lay.index, ENCODING_RAW, lay.layout_hash()),
-                                max_bytes=1 << 30).flat_fp32() for p in per_fragment[lay.index]]
+                                max_bytes=1 << 30, topk_k=ks[lay.index]).flat_fp32() for p in per_fragment[lay.index]]
                 for lay in layouts
             ]
             decode_s.append(time.perf_counter() - t0)
@@ -496,11 +510,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="finalized rounds per rule, >= 3 (plain, snapshot and seal rounds; best of each is reported)")
     parser.add_argument("--store", choices=["memory", "rocksdb", "both"], default="both",
                         help="the node's store in both benches: rocksdb is what a node runs; memory isolates the compute")
+    parser.add_argument("--encoding", default=None,
+                        help='finalize only: the task\'s outer_gradient_encoding as JSON, e.g. \'{"topk": {"density_bps": 1000}}\' '
+                             "(default raw); every trainer sends topk payloads, decoded by finalize (docs/payload.md)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-finalize", action="store_true")
     args = parser.parse_args(argv)
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (a plain, a snapshot and a sealing round)")
+    encoding = None
+    if args.encoding is not None:
+        from tenzro_training.compression import PayloadEncoding
+        from tenzro_training.errors import SpecError
+
+        try:
+            encoding = PayloadEncoding.from_json(json.loads(args.encoding))
+        except (ValueError, SpecError) as exc:
+            parser.error(f"--encoding: {exc}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     for r in rules:
         if r not in RULES:
@@ -522,12 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         for store in [] if args.skip_finalize else stores:
             n = DEFAULT_SNAPSHOT_ROUNDS
             print(f"finalizeRound, M=K={TRAINERS}, F={FINALIZE_FRAGMENTS}, ~1.05M params per fragment, "
-                  f"{store} store, {args.rounds} rounds (seconds; 'per round' = ({n - 1} * plain + snapshot) / {n}, "
+                  f"{store} store, {args.rounds} rounds, {'raw' if encoding is None else encoding.describe()} payloads (seconds; 'per round' = ({n - 1} * plain + snapshot) / {n}, "
                   f"the ratio's numerator):", flush=True)
             print(f"  {'rule':<12} {'aggregate':>9} {'(no scan)':>9} {'plain':>7} {'snapshot':>9} {'seal':>7} "
                   f"{'per round':>10} {'ratio':>7} {'(no scan)':>9} {'plain/agg':>10} {'(decode)':>9}  target")
             for i, rule in enumerate(rules):
-                t = bench_finalize(rule, args.rounds, workdir / f"fin-{store}-{i}", store)
+                t = bench_finalize(rule, args.rounds, workdir / f"fin-{store}-{i}", store, encoding)
                 per_round = ((n - 1) * t["plain"] + t["snapshot"]) / n
                 ratio = per_round / t["aggregate"]
                 ok &= ratio <= 1.5

@@ -27,6 +27,9 @@ CASES = {
     "bench_store": (["--sizes", "65536", "--values", "2", "--blocks", "1"], ["put", "get", "replace", "files/key"]),
     "bench_rpc": (["--get-requests", "60", "--submit-requests", "4", "--rules", "Mean", "--rounds", "3"],
                   ["getRun", "submitOuterGradient", "Mean"]),
+    "bench_rpc --encoding": (["--skip-throughput", "--store", "memory", "--rules", "Krum", "--rounds", "3",
+                              "--encoding", '{"topk": {"density_bps": 100}}'],
+                             ["topk 1% payloads", "Krum"]),
     "bench_compression": (["--params", "65536", "--densities", "100,5000", "--reps", "2"],
                           ["topk 1%: k 656", "break-even upload", '"node_decode_ratio"']),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
@@ -44,7 +47,7 @@ CASES = {
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_benchmark_script_runs(script: str) -> None:
     args, expected = CASES[script]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{script}.py"), *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{script.split()[0]}.py"), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode in (0, 1), output[-4000:]
