@@ -140,8 +140,21 @@ class PayloadEncoding:
 
     @classmethod
     def from_spec(cls, spec: TrainingTaskSpec) -> PayloadEncoding:
-        """The task's encoding: raw unless ``architecture.metadata`` selects topk."""
+        """The task's encoding: raw unless ``architecture.metadata`` selects topk. Strict: for
+        posting (postTask, ``tenzro train post-task``); a stored run is read with :meth:`of_run`."""
         return cls.from_metadata(spec.architecture.metadata)
+
+    @classmethod
+    def of_run(cls, spec: TrainingTaskSpec) -> PayloadEncoding:
+        """The encoding a stored run's payloads are decoded by: :meth:`from_spec`, except that a
+        value that does not parse means raw. Until 2026-11-27 the key was free-form metadata, so
+        a run posted before then may carry anything there, and its node decoded raw payloads
+        only: reading such a run strictly would make its rounds impossible to finalize, replay
+        or verify after an upgrade."""
+        try:
+            return cls.from_spec(spec)
+        except SpecError:
+            return cls()
 
 
 def describe_sparse_cost(encoding: PayloadEncoding, rule: AggregationRule) -> str | None:
@@ -188,6 +201,8 @@ def select_topk(compensated: torch.Tensor, k: int, dtype: str) -> tuple[torch.Te
         raise CompressionError("the vector to compress holds NaN or Inf")
     indices = _largest_magnitudes(flat, k)
     values = flat[indices].to(DTYPES[dtype])
+    if not bool(torch.isfinite(values).all()):  # before the caller's residual could take an Inf
+        raise CompressionError(f"a value to send overflows {dtype}")
     residual = flat.clone()
     residual[indices] -= values.to(torch.float32)
     return indices, values, residual

@@ -338,7 +338,7 @@ def compute_round_update(
     """
     rule = spec.aggregation
     cfg = OuterConfig.from_spec(spec)
-    encoding = PayloadEncoding.from_spec(spec)
+    encoding = PayloadEncoding.of_run(spec)
     if not len(inputs) == len(weights) == len(momentum) == len(model.layouts):
         raise ValueError("one input list, weight and momentum vector per fragment expected")
     sizes = [lay.numel for lay in model.layouts]

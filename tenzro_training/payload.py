@@ -360,9 +360,9 @@ def encode_topk_payload(
     """
     if not isinstance(header, PayloadHeader) or not isinstance(layout, FragmentLayout):
         raise PayloadError("encode_topk_payload needs a PayloadHeader and a FragmentLayout")
+    _check_header_against_layout(header, layout)  # an unknown encoding: PayloadUnknownEncoding
     if header.encoding != ENCODING_TOPK:
         raise PayloadFormatError(f"encode_topk_payload writes encoding {ENCODING_TOPK!r}, the header says {header.encoding!r}")
-    _check_header_against_layout(header, layout)
     if dtype not in DTYPES:
         raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if not isinstance(indices, torch.Tensor) or not isinstance(values, torch.Tensor):
@@ -704,7 +704,7 @@ def decode_payload(
 @functools.lru_cache(maxsize=_HEADER_CACHE_SIZE)
 def _checked_topk_header(raw: bytes, layout: FragmentLayout, dtype: str, data_len: int, k: int) -> None:
     """A topk header names exactly the two tensors, in the one layout :func:`encode_topk_payload`
-    writes (indices at 0, values right after, nothing else): one canonical encoding per vector."""
+    writes (indices at 0, values right after, nothing else)."""
     doc = _parse_checked_header(raw, layout)[2]
     present = doc.keys() - {_META}
     if present != {_TOPK_INDICES, _TOPK_VALUES}:
@@ -713,8 +713,8 @@ def _checked_topk_header(raw: bytes, layout: FragmentLayout, dtype: str, data_le
         )
     for name, info in _topk_tensor_entries(k, dtype).items():
         got = doc[name]
-        # Compared as JSON text, not with ==, under which 0.0 and true equal 0 and 1: each of
-        # those spellings would be another byte encoding, and payload hash, of the same vector.
+        # Compared as JSON text, not with ==, under which 0.0 and true equal 0 and 1: shapes and
+        # offsets must be JSON integers, as for raw payloads (docs/payload.md, step 11).
         if json.dumps(got, sort_keys=True) != json.dumps(info, sort_keys=True):
             if isinstance(got, dict) and isinstance(got.get("shape"), list) and got["shape"] != info["shape"]:  # type: ignore[index]
                 raise PayloadLayoutMismatch(

@@ -120,7 +120,7 @@ def test_select_topk_refuses_bad_inputs() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    values=st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=64),
+    values=st.lists(st.floats(-6e4, 6e4, width=32), min_size=1, max_size=64),  # within float16's range
     frac=st.floats(0, 1),
     dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
 )
@@ -218,3 +218,26 @@ def test_restore_unsent_puts_the_last_rounds_values_back_once() -> None:
     (idx, vals), _ = fb.compress(second, "float32")
     assert torch.equal(vals, select_topk(second[0] + first[0], idx.numel(), "float32")[1])
     assert ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000)).restore_unsent([0, 1]) == 0  # nothing made yet
+
+
+def test_a_value_that_overflows_the_payload_dtype_leaves_the_residual_alone() -> None:
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 100))
+    grads = [torch.zeros(lay.numel) for lay in LAYOUTS]
+    grads[1][3] = 70000.0  # above float16's 65504
+    with pytest.raises(CompressionError, match="overflows float16"):
+        fb.compress(grads, "float16")
+    assert fb.residual_norm() == 0.0
+    assert 70000.0 in fb.compress(grads, "float32")[1][1].tolist()
+
+
+def test_a_stored_run_reads_a_value_that_does_not_parse_as_raw() -> None:
+    """Before 2026-11-27 the key was free-form metadata: such a run was decoded raw, and still is;
+    only posting is strict."""
+    from types import SimpleNamespace
+
+    old = SimpleNamespace(architecture=SimpleNamespace(metadata={"outer_gradient_encoding": "none"}))
+    assert PayloadEncoding.of_run(old) == PayloadEncoding()  # type: ignore[arg-type]
+    with pytest.raises(SpecError):
+        PayloadEncoding.from_spec(old)  # type: ignore[arg-type]
+    new = SimpleNamespace(architecture=SimpleNamespace(metadata={"outer_gradient_encoding": {"topk": {"density_bps": 7}}}))
+    assert PayloadEncoding.of_run(new) == PayloadEncoding("topk", 7)  # type: ignore[arg-type]

@@ -233,3 +233,28 @@ def test_final_model_file_is_the_layout_docs_node_md_pins() -> None:
     assert text.index(b'"Emb"') < text.index(b'"__metadata__"') < text.index(b'"empty"')
     loaded = load_safetensors(data)
     assert compute_model_hash(loaded) == init.model_hash
+
+
+def test_a_run_stored_with_an_unparseable_encoding_value_replays_as_raw() -> None:
+    """Before 2026-11-27 ``outer_gradient_encoding`` was free-form metadata, and such a run's node
+    decoded raw payloads only: its rounds still recompute (upgrade review), exactly as without
+    the key; a topk payload in it is refused."""
+    from tenzro_training.payload import PayloadMetadataMismatch, encode_topk_payload
+
+    d = dict(SPEC, trainer_count=3, quorum=3, aggregation="Mean", max_rounds=2)
+    d["architecture"] = dict(SPEC["architecture"], fragment_count=2,
+                             metadata={**SPEC["architecture"]["metadata"], "outer_gradient_encoding": "none"})
+    old = TrainingTaskSpec.from_dict(d)
+    plain = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    inputs = _inputs(plain, initial.model, 0)
+    got = compute_round_update(old, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+    want = compute_round_update(plain, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+    assert got.model_hash == want.model_hash
+    lay = initial.model.layouts[0]
+    topk = encode_topk_payload(PayloadHeader(old.task_id, 0, 0, "topk", lay.layout_hash()), lay,
+                               torch.tensor([0]), torch.tensor([1.0]))
+    inputs[0][0] = (inputs[0][0][0], topk)
+    with pytest.raises(PayloadMetadataMismatch, match="encoding"):
+        compute_round_update(old, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)

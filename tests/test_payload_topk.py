@@ -74,7 +74,7 @@ def test_round_trip_scatters_the_cast_values_into_zeros(dtype: str) -> None:
     assert torch.equal(flat.view(torch.int32), want.view(torch.int32))  # -0.0 kept bit for bit
 
 
-def test_bytes_are_canonical_and_load_in_safetensors() -> None:
+def test_the_encoder_writes_this_layout_and_safetensors_loads_it() -> None:
     data = valid("bfloat16")
     doc, body = split(data)
     assert list(doc) == ["__metadata__", "indices", "values"]
@@ -201,14 +201,35 @@ def test_fuzz_mutated_topk_payloads_raise_only_payload_error(dtype: str, edits, 
     [
         lambda d: d["indices"].update({"data_offsets": [0.0, 20]}),
         lambda d: d["indices"].update({"shape": [5.0]}),
-        lambda d: d["values"].update({"shape": [True * 5]}) or d["values"].update({"shape": [5.0]}),
+        lambda d: d["values"].update({"shape": [5.0]}),
         lambda d: d["indices"].update({"data_offsets": [False, 20]}),
     ],
 )
 def test_numbers_spelled_another_way_are_refused(edit) -> None:
-    """One vector, one encoding: 0.0 or false for 0 would be another payload hash for the same
-    values (found by the clean-room verifier, which refused them while the decoder took them)."""
+    """Shapes and offsets are JSON integers, as for raw payloads: 0.0 or false for 0 was accepted
+    (found by the clean-room verifier, which refused them)."""
     doc, body = split(valid())
     edit(doc)
     with pytest.raises(PayloadFormatError):
         decode(join(doc, body))
+
+
+def test_true_for_a_count_of_one_is_refused() -> None:
+    """k = 1: ``true`` == 1 in Python, so an == comparison took "shape": [true]."""
+    data = encode_topk_payload(header(), LAY, torch.tensor([4]), torch.tensor([1.0]))
+    doc, body = split(data)
+    for name in ("indices", "values"):
+        changed = json.loads(json.dumps(doc))
+        changed[name]["shape"] = [True]
+        with pytest.raises(PayloadFormatError):
+            decode(join(changed, body), 1)
+    assert decode(data, 1).flat_fp32()[4] == 1.0
+
+
+def test_an_unknown_encoding_is_refused_by_both_encoders_alike() -> None:
+    from tenzro_training.payload import PayloadUnknownEncoding
+
+    with pytest.raises(PayloadUnknownEncoding):
+        encode_topk_payload(header("dct"), LAY, IDX, VALS)
+    with pytest.raises(PayloadUnknownEncoding):
+        encode_payload(header("dct"), LAY, torch.ones(LAY.numel))

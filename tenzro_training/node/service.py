@@ -903,7 +903,7 @@ class NodeService:
 
     def _topk_k(self, task_id: str, layout: FragmentLayout) -> int | None:
         """How many values a topk payload of ``layout`` carries in this run (None: raw only)."""
-        return PayloadEncoding.from_spec(self._run(task_id).spec).kept(layout.numel)
+        return PayloadEncoding.of_run(self._run(task_id).spec).kept(layout.numel)
 
     def _evidence_ops(
         self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes

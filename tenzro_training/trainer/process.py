@@ -873,7 +873,7 @@ class _Trainer:
             self.model_cfg = get_adapter(spec.architecture.family).config_from_spec(spec)
             self.inner_cfg = InnerConfig.from_spec(spec, batch_size=self.cfg.batch_size)
             self.payload_dtype = PAYLOAD_DTYPES[spec.architecture.dtype]
-            self.encoding = PayloadEncoding.from_spec(spec)
+            self.encoding = PayloadEncoding.of_run(spec)
             corpus = await asyncio.to_thread(load_corpus, spec.dataset_ref)
             validate_dataset_hash(corpus, spec.dataset_hash)
             # The shard index comes only with enrollment, but whether the corpus fills the M
@@ -988,6 +988,7 @@ class _Trainer:
             trained += 1
             if accepted:
                 progress = time.monotonic()
+                self.feedback_round = None  # aggregated: nothing of it may come back
             if accepted:
                 how = "saved before a restart" if resubmitted else f"train loss {self.last_loss:.4f}"
                 self.say(f"round {r} submitted {len(payloads)} fragments over gossip "

@@ -902,11 +902,14 @@ def check_rounds(run: Run) -> None:
     lr, mu = f32(md.get("outer_lr", 0.7)), f32(md.get("outer_momentum", 0.9))  # lifecycle.md "Outer step"
     try:
         density: int | None = payload_encoding(spec)
-        ok = True
+        run.check("payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with 1 <= density_bps <= 5000"
+                  + ("" if density is None else f" (topk {density} bps)"), True, repr(md.get("outer_gradient_encoding")))
     except ValueError:
-        density, ok = None, False
-    run.check("payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with 1 <= density_bps <= 5000"
-              + ("" if density is None else f" (topk {density} bps)"), ok, repr(md.get("outer_gradient_encoding")))
+        # payload.md "Encodings": a stored run's value that does not parse (posted before the key
+        # existed, when metadata was free-form) means raw only.
+        density = None
+        run.note("payload.md 'Encodings'", f"outer_gradient_encoding {md.get('outer_gradient_encoding')!r} does not "
+                                           "parse: read as raw only (a run posted before the key existed)")
     run.topk_k = [topk_kept(lay.numel, density) for lay in run.layouts]
     weights = [gather(run.model, lay) for lay in run.layouts]
     momentum = [np.zeros(lay.numel, f32) for lay in run.layouts]

@@ -11,6 +11,7 @@ topk run, the mutation controls) are in test_cleanroom_verifier.py.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,9 @@ def test_the_metadata_value_selects_the_encoding() -> None:
             cr.payload_encoding(spec(bad))
         with pytest.raises(SpecError):
             PayloadEncoding.from_metadata(spec(bad)["architecture"]["metadata"])
+        # ...and a stored run with it is read as raw only, by the project as by the verifier
+        stored = SimpleNamespace(architecture=SimpleNamespace(metadata=spec(bad)["architecture"]["metadata"]))
+        assert PayloadEncoding.of_run(stored) == PayloadEncoding()  # type: ignore[arg-type]
 
 
 def split(data: bytes) -> tuple[dict[str, Any], bytes]:
