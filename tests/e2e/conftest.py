@@ -538,10 +538,11 @@ def trainer_argv(node: NodeProcess, task_id: str, spec_path: Path | None, who: s
 def start_gossip_run(tmp_path: Path, tiny_model: TinyModel, task_id: str, children: list[Child], *,
                      aggregation: Any = "Mean", metadata: dict[str, Any] | None = None,
                      attacker_env: dict[str, str] | None = None,
-                     dataset_ref: str = "statsmodels:co2,nile") -> tuple[NodeProcess, Task, list[Child]]:
+                     dataset_ref: str = "statsmodels:co2,nile",
+                     devices: tuple[str, str, str] = ("cpu", "cpu", "cpu")) -> tuple[NodeProcess, Task, list[Child]]:
     """A node with gossip on, the task posted (the tiny model on real data, M = K = 3, 2 rounds;
     ``metadata`` merged into ``architecture.metadata``), the rank-1 syncer daemon and three
-    trainer processes, all started. With ``attacker_env``, ``trainer:2`` is
+    trainer processes (``--device`` from ``devices``), all started. With ``attacker_env``, ``trainer:2`` is
     ``tests/e2e/byzantine_trainer.py`` run with that environment. Every process started but the
     node is appended to ``children`` as it starts (the caller stops them, then the node; if this
     raises, it has stopped them all)."""
@@ -563,7 +564,7 @@ def start_gossip_run(tmp_path: Path, tiny_model: TinyModel, task_id: str, childr
         trainers = []
         for i in range(3):
             argv = trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, tmp_path / f"t{i}.p2p-key",
-                                "--device", "cpu")
+                                "--device", devices[i])
             if i == 2 and attacker_env is not None:
                 trainers.append(Child("attacker", argv, tmp_path, module="tests.e2e.byzantine_trainer", env=attacker_env))
             else:

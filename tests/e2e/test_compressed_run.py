@@ -2,7 +2,8 @@
 syncer daemon and three ``tenzro trainer run`` processes carry a Mean run whose spec selects
 ``{"topk": {"density_bps": 1000}}`` to Sealed. Every trainer sends top-k payloads with error
 feedback (10% of each fragment's values), the node accepts and aggregates them, and a third
-party's ``verify-run`` recomputes every committed value from the stored topk payloads."""
+party's ``verify-run`` recomputes every committed value from the stored topk payloads. Trainer 1
+runs ``--device auto``: on a GPU machine, one run mixes CPU and GPU trainers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from tenzro_training.compression import PayloadEncoding
@@ -27,11 +29,14 @@ RUN_TIMEOUT_S = 120.0
 def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) -> None:
     children: list[Child] = []
     node, task, trainers = start_gossip_run(tmp_path, tiny_model, "topk-run", children,
-                                            metadata={"outer_gradient_encoding": ENCODING})
+                                            metadata={"outer_gradient_encoding": ENCODING},
+                                            devices=("cpu", "auto", "cpu"))
     try:
         for child in trainers:
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
             assert "outer gradients sent as topk 10% of each fragment, with error feedback" in child.out()
+        # Trainer 1 runs --device auto: the GPU where there is one (docs/trainer.md, GPU check).
+        assert f"inner loop on {'cuda' if torch.cuda.is_available() else 'cpu'}" in trainers[1].out()
 
         view = task.get()
         assert view["status"] == "Sealed" and len(view["round_records"]) == 2

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tenzro_training.fragments import compute_fragment_layouts
-from tenzro_training.payload import ENCODING_RAW, PayloadHeader, decode_payload
+from tenzro_training.compression import ErrorFeedback, PayloadEncoding
+from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, decode_payload
 from tenzro_training.trainer import TrainerError
 from tenzro_training.trainer.data import Shard, load_corpus, validation_batch
 from tenzro_training.trainer.inner import (
@@ -139,6 +140,27 @@ def test_payloads_of_a_cuda_round_decode_on_the_node_to_the_same_bits(init: dict
         decoded = decode_payload(data, lay, expected=header, max_bytes=len(data)).flat_fp32()
         want = grad.to(getattr(torch, dtype)).float()  # what the wire dtype keeps
         assert torch.equal(decoded, want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_topk_payloads_of_a_cuda_round_decode_to_what_error_feedback_sent(init: dict, shards: list[Shard],
+                                                                        dtype: str) -> None:
+    """A topk task on a GPU trainer: the outer gradients come back to the CPU, where error
+    feedback selects and keeps the rest; the node decodes exactly k values per fragment, and
+    what it decodes plus what the trainer keeps is the outer gradient, bit for bit."""
+    encoding = PayloadEncoding("topk", 1000)
+    layouts = compute_fragment_layouts(init, F)
+    res = run_inner_loop(init, CFG, MODEL, shards[2], 4, 2, device="cuda")
+    grads = compute_outer_gradients(init, res.state, layouts)
+    feedback = ErrorFeedback(layouts, encoding)
+    payloads = make_payloads("gpu-task", 4, layouts, grads, dtype, feedback)
+    for lay, grad, data, residual in zip(layouts, grads, payloads, feedback._residual):
+        header = PayloadHeader("gpu-task", 4, lay.index, ENCODING_TOPK, lay.layout_hash())
+        k = encoding.kept(lay.numel)
+        assert k is not None
+        decoded = decode_payload(data, lay, expected=header, max_bytes=len(data), topk_k=k).flat_fp32()
+        assert 0 < int(decoded.count_nonzero()) <= k
+        assert residual is not None and torch.equal(decoded + residual, grad)
 
 
 def test_evaluate_on_cuda_matches_the_cpu(init: dict) -> None:
