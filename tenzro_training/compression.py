@@ -23,6 +23,7 @@ of input as for ``raw``), or any I/O.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENCODING_METADATA_KEY",
+    "FEEDBACK_FORMAT",
     "MAX_DENSITY_BPS",
     "MAX_TOPK_NUMEL",
     "CompressionError",
@@ -56,6 +58,9 @@ is already as large as the raw fp32 one (and 1.5x a raw bf16 one: it saves bytes
 ~33% there), and no denser one fits the caps sized for raw payloads (``compute_max_payload_bytes``)."""
 MAX_TOPK_NUMEL = 2**32
 """Indices travel as u32, so a top-k fragment holds at most 2^32 values."""
+
+FEEDBACK_FORMAT = "tenzro-error-feedback/1"
+"""The ``format`` a saved :class:`ErrorFeedback` state names in its safetensors header."""
 
 _PATH = f"architecture.metadata.{ENCODING_METADATA_KEY}"
 _RAW, _TOPK = "raw", "topk"
@@ -223,13 +228,15 @@ def _largest_magnitudes(flat: torch.Tensor, k: int) -> torch.Tensor:
 
 class ErrorFeedback:
     """A trainer's unsent outer-gradient mass, one fp32 vector per fragment, carried across
-    rounds in memory (a restarted trainer starts from zero: it loses at most what it had not
-    yet sent, and the run goes on)."""
+    rounds. The trainer process saves it every round (:meth:`to_bytes`) and a restarted one
+    continues from it (:meth:`from_bytes`): on the k-th of n values per round, the residual
+    holds most of what the trainer computed and has not yet sent."""
 
     def __init__(self, layouts: Sequence[FragmentLayout], encoding: PayloadEncoding) -> None:
         if not encoding.is_sparse:
             raise CompressionError("error feedback is for a sparse encoding")
         self._layouts = tuple(layouts)
+        self._encoding = encoding
         self._k = encoding.kept_per_fragment(self._layouts)
         self._residual: list[torch.Tensor | None] = [None] * len(self._layouts)
         self._sent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self._layouts)
@@ -259,6 +266,75 @@ class ErrorFeedback:
         self._residual = residuals
         self._sent = [(idx, vals.to(torch.float32)) for idx, vals in out]
         return out
+
+    def to_bytes(self, metadata: Mapping[str, str]) -> bytes:
+        """This state (each fragment's residual and the last round's sent values not yet
+        restored) as safetensors bytes, ``metadata`` in the header, for :meth:`from_bytes` in
+        a restarted trainer. Lossless: the restarted trainer continues bit for bit."""
+        from safetensors.torch import save
+
+        tensors: dict[str, torch.Tensor] = {}
+        for f, (residual, sent) in enumerate(zip(self._residual, self._sent)):
+            if residual is not None:
+                tensors[f"residual.{f}"] = residual
+            if sent is not None:
+                tensors[f"sent_indices.{f}"], tensors[f"sent_values.{f}"] = sent
+        header = dict(metadata) | {
+            "format": FEEDBACK_FORMAT,
+            "encoding": json.dumps(self._encoding.to_json(), sort_keys=True),
+            "numels": json.dumps([lay.numel for lay in self._layouts]),
+        }
+        return save(tensors, metadata=header)
+
+    @classmethod
+    def from_bytes(cls, layouts: Sequence[FragmentLayout], encoding: PayloadEncoding,
+                   data: bytes) -> tuple[ErrorFeedback, dict[str, str]]:
+        """The state :meth:`to_bytes` wrote, for these layouts and this encoding, and the
+        header's metadata. CompressionError for anything else: another encoding or model,
+        unknown or missing tensors, non-finite values, sent indices out of order or range."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            n = int.from_bytes(data[:8], "little")
+            metadata = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+            tensors = load(data)
+            if not isinstance(metadata, dict):
+                raise ValueError("its header metadata is not an object")
+        except (SafetensorError, ValueError, AttributeError, RecursionError) as exc:
+            raise CompressionError(f"not a saved error-feedback state: {exc}") from None
+        fb = cls(layouts, encoding)
+        if metadata.get("format") != FEEDBACK_FORMAT:
+            raise CompressionError(f"format is {str(metadata.get('format'))[:40]!r}, not {FEEDBACK_FORMAT!r}")
+        if metadata.get("encoding") != json.dumps(encoding.to_json(), sort_keys=True):
+            raise CompressionError(f"saved for encoding {str(metadata.get('encoding'))[:60]}, the task has "
+                                   f"{encoding.describe()}")
+        if metadata.get("numels") != json.dumps([lay.numel for lay in fb._layouts]):
+            raise CompressionError("saved for fragments of other sizes")
+        names = set(tensors)
+        for f, (lay, k) in enumerate(zip(fb._layouts, fb._k)):
+            residual = tensors.pop(f"residual.{f}", None)
+            indices, values = tensors.pop(f"sent_indices.{f}", None), tensors.pop(f"sent_values.{f}", None)
+            if residual is not None:
+                if residual.dtype != torch.float32 or tuple(residual.shape) != (lay.numel,):
+                    raise CompressionError(f"residual.{f} must be float32 [{lay.numel}]")
+                if not bool(torch.isfinite(residual).all()):
+                    raise CompressionError(f"residual.{f} holds NaN or Inf")
+                fb._residual[f] = residual
+            if indices is None and values is None:
+                continue
+            if indices is None or values is None or residual is None:
+                raise CompressionError(f"fragment {f}: sent indices, sent values and residual go together")
+            if indices.dtype != torch.int64 or tuple(indices.shape) != (k,):
+                raise CompressionError(f"sent_indices.{f} must be int64 [{k}]")
+            if values.dtype != torch.float32 or tuple(values.shape) != (k,) or not bool(torch.isfinite(values).all()):
+                raise CompressionError(f"sent_values.{f} must be finite float32 [{k}]")
+            if k and (int(indices[0]) < 0 or int(indices[-1]) >= lay.numel or not bool((indices[1:] > indices[:-1]).all())):
+                raise CompressionError(f"sent_indices.{f} must ascend strictly within 0..{lay.numel - 1}")
+            fb._sent[f] = (indices, values)
+        if tensors:
+            raise CompressionError(f"unknown tensors {sorted(tensors)[:4]} (of {len(names)})")
+        return fb, {str(key): str(value) for key, value in metadata.items()}
 
     def restore_unsent(self, fragments: Sequence[int]) -> int:
         """The last round's values of ``fragments`` did not reach the model (the round closed

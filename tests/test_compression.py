@@ -241,3 +241,72 @@ def test_a_stored_run_reads_a_value_that_does_not_parse_as_raw() -> None:
         PayloadEncoding.from_spec(old)  # type: ignore[arg-type]
     new = SimpleNamespace(architecture=SimpleNamespace(metadata={"outer_gradient_encoding": {"topk": {"density_bps": 7}}}))
     assert PayloadEncoding.of_run(new) == PayloadEncoding("topk", 7)  # type: ignore[arg-type]
+
+
+# --- the saved state (a restarted trainer) -------------------------------------------------
+
+
+def _saved_state(dtype: str = "bfloat16") -> tuple[ErrorFeedback, bytes]:
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        fb.compress([torch.randn(lay.numel, generator=gen) for lay in LAYOUTS], dtype)
+    return fb, fb.to_bytes({"round": "2"})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_a_saved_state_continues_bit_for_bit(dtype: str) -> None:
+    """What the trainer that never stopped sends and keeps, the restarted one sends and keeps:
+    the residual and the last round's sent values (for restore_unsent) come back exactly."""
+    fb, data = _saved_state(dtype)
+    again, metadata = ErrorFeedback.from_bytes(LAYOUTS, PayloadEncoding("topk", 1000), data)
+    assert metadata["round"] == "2" and metadata["format"] == "tenzro-error-feedback/1"
+    assert fb.restore_unsent([1]) == again.restore_unsent([1]) == 1
+    nxt = [torch.randn(lay.numel, generator=torch.Generator().manual_seed(10)) for lay in LAYOUTS]
+    for (i1, v1), (i2, v2) in zip(fb.compress(nxt, dtype), again.compress(nxt, dtype)):
+        assert torch.equal(i1, i2) and torch.equal(v1, v2)
+    assert all(torch.equal(a, b) for a, b in zip(fb._residual, again._residual))
+    # Before any round: nothing held, nothing to restore.
+    empty = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    fresh, _ = ErrorFeedback.from_bytes(LAYOUTS, PayloadEncoding("topk", 1000), empty.to_bytes({}))
+    assert fresh.residual_norm() == 0.0 and fresh.restore_unsent([0, 1]) == 0
+
+
+def _edit(data: bytes, tensors: dict[str, object] | None = None, **metadata: str) -> bytes:
+    """``data`` (a saved state) with tensors replaced (None: removed) and metadata changed."""
+    import json
+
+    from safetensors.torch import load, save
+
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + n])["__metadata__"] | metadata
+    held = load(data)
+    for name, tensor in (tensors or {}).items():
+        if tensor is None:
+            del held[name]
+        else:
+            held[name] = tensor  # type: ignore[assignment]
+    return save(held, metadata=meta)
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda d: d[:-1], "not a saved error-feedback state"),
+    (lambda d: b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "not a saved error-feedback state"),
+    (lambda d: _edit(d, format="tenzro-error-feedback/2"), "format is"),
+    (lambda d: _edit(d, encoding='{"topk": {"density_bps": 100}}'), "saved for encoding"),
+    (lambda d: _edit(d, numels="[110, 111]"), "fragments of other sizes"),
+    (lambda d: _edit(d, {"residual.0": torch.zeros(110, dtype=torch.float64)}), "residual.0 must be float32"),
+    (lambda d: _edit(d, {"residual.1": torch.full((110,), float("nan"))}), "residual.1 holds NaN"),
+    (lambda d: _edit(d, {"residual.0": None}), "go together"),
+    (lambda d: _edit(d, {"sent_values.0": None}), "go together"),
+    (lambda d: _edit(d, {"sent_indices.1": torch.arange(11, dtype=torch.int32)}), "sent_indices.1 must be int64"),
+    (lambda d: _edit(d, {"sent_indices.1": torch.arange(10, -1, -1)}), "ascend strictly"),
+    (lambda d: _edit(d, {"sent_indices.1": torch.arange(100, 111)}), "ascend strictly within 0..109"),
+    (lambda d: _edit(d, {"sent_values.0": torch.full((12,), float("inf"))}), "sent_values.0 must be finite"),
+    (lambda d: _edit(d, {"extra": torch.zeros(1)}), "unknown tensors \\['extra'\\]"),
+])
+def test_a_saved_state_that_is_not_this_tasks_is_refused(edit, why: str) -> None:  # type: ignore[no-untyped-def]
+    _, data = _saved_state()
+    assert [lay.numel for lay in LAYOUTS] == [111, 110]
+    with pytest.raises(CompressionError, match=why):
+        ErrorFeedback.from_bytes(LAYOUTS, PayloadEncoding("topk", 1000), edit(data))

@@ -28,7 +28,9 @@ before it enrolls, i.e. before it stakes.
 Restart safety: payload bytes depend on the torch thread count and GPU kernels, so a recomputed
 payload may differ, and a second payload for a (task, round, fragment) is equivocation. Payloads
 are saved (``PayloadStore``) before they are first published and a restarted trainer resubmits
-the saved bytes; they are deleted once their round is finalized.
+the saved bytes; they are deleted once their round is finalized. A topk trainer's error
+feedback is saved likewise (``FeedbackStore``), so a restart resumes it instead of starting
+from zero (``resume_feedback``).
 
 What it is NOT: the training math (``trainer/``), the protocol rules or message validation
 (``tenzro_training.gossip``, ``gossip_trainer``), the libp2p host (``p2p/host.py``) or the node side
@@ -79,6 +81,7 @@ from tenzro_training.gossip_trainer import (
 from tenzro_training.payload import compute_max_payload_bytes, compute_payload_hash
 from tenzro_training.terminal import printable
 from tenzro_training.trainer import TrainerError, TrainerProcessError
+from tenzro_training.trainer.feedback_store import FeedbackStore
 from tenzro_training.trainer.inbox import GossipInbox
 from tenzro_training.trainer.payload_store import PayloadStore
 from tenzro_training.trainer.signing_guard import SigningGuard, SigningRefused
@@ -278,14 +281,15 @@ class _Trainer:
         self.encoding = PayloadEncoding()
         """The task's payload encoding (``prepare`` reads it from the spec)."""
         self.feedback: ErrorFeedback | None = None
-        """What top-k left unsent, per fragment (a topk task only; memory only: a restart
-        starts it from zero)."""
+        """What top-k left unsent, per fragment (a topk task only; saved every round in
+        ``feedback_store``, where a restart resumes it: ``resume_feedback``)."""
         self.feedback_round: int | None = None
         """The round whose payloads ``feedback`` last made (``unsend`` applies to it only)."""
         self.gossip_limits: tuple[int, int] | None = None
         self.gossip_view: TrainerGossipView | None = None
         self.payloads = PayloadStore(cfg.state_dir or cfg.p2p_key.parent / "tenzro-trainer-state",
                                      cfg.task_id, self.address)
+        self.feedback_store = FeedbackStore(self.payloads.dir)
         self.guard: SigningGuard | None = None
         """What this account signed for the task (opened with the state directory's lock)."""
         self.max_rounds = 2**64
@@ -542,7 +546,70 @@ class _Trainer:
             self.feedback = ErrorFeedback(self.layouts, self.encoding)
         payloads = make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype, self.feedback)
         self.feedback_round = round_
+        if self.feedback is not None:  # BEFORE the payloads are saved: a resubmission finds it
+            self.feedback_store.save(round_, self.feedback.to_bytes(self._feedback_metadata(round_)))
         return payloads
+
+    def _feedback_metadata(self, round_: int) -> dict[str, str]:
+        """What ties a saved error-feedback state to its run: the task, this trainer, the round
+        and the model it was trained from (a task id reused on another node has other models)."""
+        assert self.held_hash is not None
+        return {"task_id": self.cfg.task_id, "trainer": self.address.lower(), "round": str(round_),
+                "base": _hex(self.held_hash)}
+
+    def resume_feedback(self, round_: int, view: dict[str, Any], *, resubmitting: bool) -> None:
+        """A restarted topk trainer about to submit ``round_``: continue the error feedback
+        from the state saved on disk (FeedbackStore), not from zero.
+
+        Resubmitting ``round_``'s saved payloads: the state that round left, with its sent
+        values held for ``unsend`` (as if this process had made them). Training ``round_``
+        afresh: the newest state of an earlier round q, whose sent values go back into the
+        residual for the fragments round q's committed record did not aggregate from this
+        trainer (late, skipped, refused), exactly what ``unsend`` did in the process that
+        stopped. A state that does not belong to this run and model is left unused (said),
+        never fatal: the run goes on from zero, as before states were saved."""
+        from tenzro_training.compression import CompressionError
+
+        if resubmitting:
+            data = self.feedback_store.load(round_)
+            found = None if data is None else (round_, data)
+        else:
+            found = self.feedback_store.newest_before(round_)
+        if found is None:
+            if resubmitting:
+                self.say(f"error feedback starts from zero: no state was saved with round {round_}'s payloads")
+            return
+        saved_round, data = found
+        records = view.get("round_records") or []
+        try:
+            feedback, metadata = ErrorFeedback.from_bytes(self.layouts, self.encoding, data)
+            if resubmitting:
+                base = self.held_hash
+            elif saved_round < len(records):
+                base = _unhex(view["initial_model_hash"] if saved_round == 0 else records[saved_round - 1]["model_hash"])
+            else:
+                raise CompressionError(f"the run has no record of round {saved_round}")
+            want = {"task_id": self.cfg.task_id, "trainer": self.address.lower(), "round": str(saved_round),
+                    "base": _hex(base) if base is not None else ""}
+            for key, value in want.items():
+                if metadata.get(key) != value:
+                    raise CompressionError(f"it was saved for {key} {str(metadata.get(key))[:80]}, not {value}")
+        except CompressionError as exc:
+            self.say(f"error feedback starts from zero: {self.feedback_store.path(saved_round)} is not "
+                     f"this run's ({exc})")
+            return
+        self.feedback = feedback
+        if resubmitting:
+            self.feedback_round = round_
+            self.say(f"error feedback resumed from the state saved with round {round_}'s payloads")
+            return
+        me = self.address.lower()
+        missed = [f for f, fragment in enumerate(records[saved_round]["fragments"])
+                  if me not in (str(a).lower() for a in fragment["accepted"])]
+        restored = feedback.restore_unsent(missed)
+        self.feedback_round = None
+        self.say(f"error feedback resumed from round {saved_round}'s saved state"
+                 + (f" ({restored} fragments it did not aggregate from this trainer put back)" if restored else ""))
 
     def unsend(self, round_: int, fragments: range) -> None:
         """``fragments`` of ``round_`` will not be aggregated: with error feedback, their sent
@@ -805,6 +872,7 @@ class _Trainer:
             self.say(f"inner loop on {_describe_device(self.device)}, AdamW state {moments}")
             if self.encoding.is_sparse:
                 self.say(f"outer gradients sent as {self.encoding.describe()} of each fragment, with error feedback")
+                self.say(f"error feedback saved each round in {self.feedback_store.dir}")
             seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
             self.inbox = GossipInbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts),
                                 verify=self.verify_weights, seen=seen)
@@ -884,10 +952,11 @@ class _Trainer:
             raise TrainerProcessError(f"cannot train {self.cfg.task_id} (nothing staked): {exc}") from None
         return corpus
 
-    async def get_payloads(self, round_: int) -> tuple[list[bytes], bool]:
+    async def get_payloads(self, round_: int, view: dict[str, Any]) -> tuple[list[bytes], bool]:
         """This round's payloads and whether they are the ones saved before a restart (never
         recomputed then: the bytes could differ, which is equivocation); else they are trained
-        now and saved BEFORE they are first published."""
+        now and saved BEFORE they are first published. ``view``: getRun's answer for the round
+        (a restarted topk trainer resumes its error feedback from it)."""
         base = self.held_hash
         if base is None:
             raise TrainerProcessError("internal: no verified global model to train from")
@@ -908,7 +977,10 @@ class _Trainer:
                            "moved on, or the saved payload was lost")
                 raise SigningRefused(f"round {round_} fragment {f}: this trainer may already have signed a "
                                      f"payload for it, so it signs none (equivocation burns the stake): {why}")
-        if all(p is not None for p in saved):
+        resubmitting = all(p is not None for p in saved)
+        if self.encoding.is_sparse and self.feedback is None:
+            self.resume_feedback(round_, view, resubmitting=resubmitting)
+        if resubmitting:
             return [p for p in saved if p is not None], True
         fresh = await asyncio.to_thread(self.train, round_)
         out = []
@@ -946,9 +1018,11 @@ class _Trainer:
         while not stop.is_set():
             if view["status"] == "Sealed":
                 self.payloads.prune(None)
+                self.feedback_store.prune(None)
                 return await self.finish(view, stop)
             if view["status"] != "Training":
                 self.payloads.prune(None)  # nothing can be submitted any more
+                self.feedback_store.prune(None)
                 raise TrainerProcessError(f"the run ended: {view['status']} ({view.get('end_reason')})")
             if any(t["slashed"] for t in view["trainers"] if t["address"].lower() == self.address.lower()):
                 raise TrainerProcessError("this trainer was slashed")
@@ -964,7 +1038,8 @@ class _Trainer:
             try:
                 if r >= self.max_rounds:  # the spec (hash-checked) has no such round
                     raise SigningRefused(f"the node says round {r}, but the run's spec has {self.max_rounds} rounds")
-                payloads, resubmitted = await self.get_payloads(r)
+                payloads, resubmitted = await self.get_payloads(r, view)
+                self.feedback_store.prune(r)  # round r's state (or none) is what a restart needs now
                 accepted = await self.submit(r, payloads, stop)
             except InnerLoopStopped:
                 return 0  # told to stop mid-round: nothing of the round was saved or published

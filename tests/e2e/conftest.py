@@ -493,6 +493,7 @@ class Child:
     def __init__(self, name: str, argv: list[str], tmp_path: Path, module: str = "tenzro_training.cli",
                  env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.argv = argv
         self.out_path = tmp_path / f"{name}.out"
         self.err_path = tmp_path / f"{name}.err"
         out: IO[str] = self.out_path.open("w")
@@ -539,10 +540,11 @@ def start_gossip_run(tmp_path: Path, tiny_model: TinyModel, task_id: str, childr
                      aggregation: Any = "Mean", metadata: dict[str, Any] | None = None,
                      attacker_env: dict[str, str] | None = None,
                      dataset_ref: str = "statsmodels:co2,nile",
-                     devices: tuple[str, str, str] = ("cpu", "cpu", "cpu")) -> tuple[NodeProcess, Task, list[Child]]:
+                     devices: tuple[str, str, str] = ("cpu", "cpu", "cpu"),
+                     trainer_args: tuple[tuple[str, ...], ...] = ((), (), ())) -> tuple[NodeProcess, Task, list[Child]]:
     """A node with gossip on, the task posted (the tiny model on real data, M = K = 3, 2 rounds;
     ``metadata`` merged into ``architecture.metadata``), the rank-1 syncer daemon and three
-    trainer processes (``--device`` from ``devices``), all started. With ``attacker_env``, ``trainer:2`` is
+    trainer processes (``--device`` from ``devices``, then ``trainer_args``), all started. With ``attacker_env``, ``trainer:2`` is
     ``tests/e2e/byzantine_trainer.py`` run with that environment. Every process started but the
     node is appended to ``children`` as it starts (the caller stops them, then the node; if this
     raises, it has stopped them all)."""
@@ -564,7 +566,7 @@ def start_gossip_run(tmp_path: Path, tiny_model: TinyModel, task_id: str, childr
         trainers = []
         for i in range(3):
             argv = trainer_argv(node, task.task_id, spec_path, f"trainer:{i}", p2p_addr, tmp_path / f"t{i}.p2p-key",
-                                "--device", devices[i])
+                                "--device", devices[i], *trainer_args[i])
             if i == 2 and attacker_env is not None:
                 trainers.append(Child("attacker", argv, tmp_path, module="tests.e2e.byzantine_trainer", env=attacker_env))
             else:

@@ -2,7 +2,8 @@
 syncer daemon and three ``tenzro trainer run`` processes carry a Mean run whose spec selects
 ``{"topk": {"density_bps": 1000}}`` to Sealed. Every trainer sends top-k payloads with error
 feedback (10% of each fragment's values), the node accepts and aggregates them, and a third
-party's ``verify-run`` recomputes every committed value from the stored topk payloads. Trainer 1
+party's ``verify-run`` recomputes every committed value from the stored topk payloads. Trainer 2
+stops after round 0 and is restarted: it resumes its error feedback from its state directory. Trainer 1
 runs ``--device auto``: on a GPU machine, one run mixes CPU and GPU trainers."""
 
 from __future__ import annotations
@@ -30,11 +31,23 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
     children: list[Child] = []
     node, task, trainers = start_gossip_run(tmp_path, tiny_model, "topk-run", children,
                                             metadata={"outer_gradient_encoding": ENCODING},
-                                            devices=("cpu", "auto", "cpu"))
+                                            devices=("cpu", "auto", "cpu"), trainer_args=((), (), ("--rounds", "1")))
     try:
-        for child in trainers:
+        # Trainer 2 trains round 0 only and is restarted: it resumes its error feedback from disk.
+        assert trainers[2].wait(RUN_TIMEOUT_S) == 0, f"{trainers[2].name}:\n{trainers[2].err()[-4000:]}"
+        assert "stopping after 1 rounds" in trainers[2].out()
+        assert trainers[2].argv[-2:] == ["--rounds", "1"]
+        restarted = Child("trainer2-restart", trainers[2].argv[:-2], tmp_path)  # the same command, every round
+        children.append(restarted)
+        for child in (trainers[0], trainers[1], restarted):
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
+        for child in (*trainers, restarted):
             assert "outer gradients sent as topk 10% of each fragment, with error feedback" in child.out()
+        assert "error feedback resumed from round 0's saved state" in restarted.out(), restarted.out()
+        assert "round 1 submitted 2 fragments" in restarted.out()
+        # Sealed: nothing of the run is left in the trainers' state directories.
+        assert not list((tmp_path / "tenzro-trainer-state").glob("task-*/*/feedback-round-*"))
+        assert not list((tmp_path / "tenzro-trainer-state").glob("task-*/*/round-*.payload"))
         # Trainer 1 runs --device auto: the GPU where there is one (docs/trainer.md, GPU check).
         assert f"inner loop on {'cuda' if torch.cuda.is_available() else 'cpu'}" in trainers[1].out()
 

@@ -663,6 +663,137 @@ def test_a_skipped_rounds_topk_values_go_back_into_the_residual(tmp_path) -> Non
     assert all(torch.equal(r, c) for r, c in zip(tr.feedback._residual, compensated))
 
 
+def _topk_trainer(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A bare trainer of a topk 10% task whose ``train`` is the real one over a fake inner loop:
+    round r's outer gradients are a fixed function of r (as if every process trained alike)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import tenzro_training.trainer.inner as inner
+    import tenzro_training.trainer.process as process
+    from tenzro_training.compression import PayloadEncoding
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    def run_inner_loop(state, cfg, model_cfg, shard, round_, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return SimpleNamespace(state={"round": round_}, train_loss=0.5, optimizer_state=None)
+
+    def compute_outer_gradients(state, trained, layouts):  # type: ignore[no-untyped-def]
+        gen = torch.Generator().manual_seed(1000 + trained["round"])
+        return [torch.randn(lay.numel, generator=gen) for lay in layouts]
+
+    monkeypatch.setattr(inner, "run_inner_loop", run_inner_loop)
+    monkeypatch.setattr(inner, "compute_outer_gradients", compute_outer_gradients)
+    monkeypatch.setattr(process, "compute_full_state", lambda model, weights: {})
+    tr, said = _bare_trainer(tmp_path)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (40,), "float32"), TensorSpec("v", (13,), "float32")], 2)
+    tr.encoding, tr.payload_dtype = PayloadEncoding("topk", 1000), "bfloat16"
+    tr.weights, tr.model, tr.inner_cfg, tr.model_cfg, tr.shard, tr.shard_index, tr.device = [], None, None, None, None, 0, "cpu"
+    return tr, said
+
+
+def _topk_view(tr, records: list[tuple[bytes, list[bool]]]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """getRun at round len(records) of a run started from BASE: each record is (the model it made,
+    whether each fragment aggregated this trainer)."""
+    return {"initial_model_hash": "0x" + BASE.hex(), "round_records": [
+        {"round": r, "model_hash": "0x" + model.hex(),
+         "fragments": [{"accepted": [tr.address] if took else ["0x" + "22" * 20]} for took in accepted]}
+        for r, (model, accepted) in enumerate(records)]}
+
+
+def test_a_restarted_topk_trainer_resumes_its_error_feedback_bit_for_bit(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """At 1% the residual holds 99% of what a trainer computed: a restart used to start it from
+    zero. Round 0's fragment 1 came late (its values went back into the residual); the trainer
+    saved round 1's state and then died before saving round 1's payloads. The restarted process
+    resumes from round 0's saved state (round 1's is not the one its retry follows), puts fragment
+    1's values back because round 0's record did not aggregate them, and sends exactly the round 1
+    payloads the process that never stopped sent."""
+    import asyncio
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = BASE
+    asyncio.run(first.get_payloads(0, _topk_view(first, [])))
+    first.unsend(0, range(1, 2))  # fragment 1 late
+    first.held_hash = _B
+    view = _topk_view(first, [(_B, [True, False])])
+    expected, resubmitted = asyncio.run(first.get_payloads(1, view))
+    assert not resubmitted and first.feedback_store.rounds() == [0, 1]
+    for f in range(2):
+        first.payloads.path(1, f, _B).unlink()  # killed before round 1's payloads were saved
+
+    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted.held_hash = _B
+    assert asyncio.run(restarted.get_payloads(1, view)) == (expected, False)
+    assert said == ["error feedback resumed from round 0's saved state (1 fragments it did not aggregate "
+                    "from this trainer put back)"]
+    assert restarted.feedback is not None and first.feedback is not None
+    assert all(torch_equal(a, b) for a, b in zip(restarted.feedback._residual, first.feedback._residual))
+
+    # Had round 0 aggregated both fragments, nothing is put back, and the round differs.
+    for f in range(2):
+        first.payloads.path(1, f, _B).unlink()
+    again, said = _topk_trainer(tmp_path, monkeypatch)
+    again.held_hash = _B
+    payloads, _ = asyncio.run(again.get_payloads(1, _topk_view(first, [(_B, [True, True])])))
+    assert said == ["error feedback resumed from round 0's saved state"] and payloads[1] != expected[1]
+    assert payloads[0] == expected[0]
+
+
+def test_a_restarted_topk_trainer_resubmitting_a_round_holds_its_sent_values(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Resubmitting round 0's saved payloads: the state saved with them, sent values included,
+    so a fragment that then comes late goes back into the residual as in the first process."""
+    import asyncio
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = BASE
+    view = _topk_view(first, [])
+    payloads, _ = asyncio.run(first.get_payloads(0, view))
+    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted.held_hash = BASE
+    assert asyncio.run(restarted.get_payloads(0, view)) == (payloads, True)
+    assert said == ["error feedback resumed from the state saved with round 0's payloads"]
+    first.unsend(0, range(0, 2))
+    restarted.unsend(0, range(0, 2))
+    assert restarted.feedback is not None and first.feedback is not None
+    assert all(torch_equal(a, b) for a, b in zip(restarted.feedback._residual, first.feedback._residual))
+    assert restarted.feedback.residual_norm() > 0
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("another base", "saved for base 0x" + "bb" * 32 + ", not 0x" + "ab" * 32),
+    ("another task", "saved for task_id another-task"),
+    ("another encoding", "saved for encoding"),
+    ("garbage", "not a saved error-feedback state"),
+])
+def test_a_saved_state_not_of_this_run_is_left_unused(tmp_path, monkeypatch, damage: str, why: str) -> None:  # type: ignore[no-untyped-def]
+    """A task id reused on another node, a file of another task or encoding, a damaged file: the
+    trainer says so and starts from zero (the residual is no safety matter; the run goes on)."""
+    import asyncio
+
+    from tenzro_training.compression import PayloadEncoding
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = _B if damage == "another base" else BASE
+    if damage == "another encoding":
+        first.encoding = PayloadEncoding("topk", 100)
+    asyncio.run(first.get_payloads(0, _topk_view(first, [])))
+    if damage == "garbage":
+        first.feedback_store.path(0).write_bytes(b"\x10" + b"\x00" * 7 + b"{not json")
+    if damage == "another task":  # copied in by hand, say
+        first.feedback_store.save(0, first.feedback.to_bytes(first._feedback_metadata(0) | {"task_id": "another-task"}))
+    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted.held_hash = _C
+    asyncio.run(restarted.get_payloads(1, _topk_view(restarted, [(_C, [True, True])])))
+    assert len(said) == 1 and said[0].startswith("error feedback starts from zero: ") and why in said[0], said
+    assert restarted.feedback is not None and restarted.feedback_store.rounds() == [0, 1]
+
+
+def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
+    import torch
+
+    return a is None and b is None or a is not None and b is not None and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("code, name, why", [(1306, "NotEnrolled", "no longer"), (1311, "Equivocation", "slashed")])
 def test_invalid_trainer_out_of_the_run_stops_with_a_clear_line(tmp_path, code: int, name: str, why: str) -> None:  # type: ignore[no-untyped-def]
     import asyncio
@@ -860,7 +991,7 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
     first, _ = _bare_trainer(tmp_path)
     first.layouts, first.held_hash = layouts, BASE
     first.train = lambda round_: [b"four-threads-f0", b"four-threads-f1"]  # type: ignore[method-assign]
-    assert asyncio.run(first.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], False)
+    assert asyncio.run(first.get_payloads(3, {})) == ([b"four-threads-f0", b"four-threads-f1"], False)
 
     restarted, _ = _bare_trainer(tmp_path)  # same key, same p2p key directory
     restarted.layouts, restarted.held_hash = layouts, BASE
@@ -869,7 +1000,7 @@ def test_a_restarted_trainer_resubmits_the_saved_payload_not_a_recomputed_one(tm
         raise AssertionError("a saved round must not be recomputed")
 
     restarted.train = train  # type: ignore[method-assign]
-    assert asyncio.run(restarted.get_payloads(3)) == ([b"four-threads-f0", b"four-threads-f1"], True)
+    assert asyncio.run(restarted.get_payloads(3, {})) == ([b"four-threads-f0", b"four-threads-f1"], True)
 
     restarted.payloads.prune(4)  # round 3 finalized
     assert restarted.payloads.load(3, 2, BASE) == [None, None]
@@ -934,7 +1065,7 @@ def test_a_partially_saved_round_is_trained_again_whole(tmp_path) -> None:  # ty
     tr.signing_guard()  # opened before enrolling, as `run` does: before any save
     tr.payloads.save(0, 0, BASE, b"saved-f0")
     tr.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
-    assert asyncio.run(tr.get_payloads(0)) == ([b"new-f0", b"new-f1"], False)
+    assert asyncio.run(tr.get_payloads(0, {})) == ([b"new-f0", b"new-f1"], False)
     assert tr.payloads.load(0, 2, BASE) == [b"new-f0", b"new-f1"]
     assert tr.payloads.dir.is_relative_to(tmp_path / "state")
 
@@ -944,7 +1075,7 @@ def test_a_partially_saved_round_is_trained_again_whole(tmp_path) -> None:  # ty
     old.payloads.dir.mkdir(parents=True)
     old.payloads.save(0, 0, BASE, b"saved-f0")
     old.train = lambda round_: [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
-    assert asyncio.run(old.get_payloads(0)) == ([b"saved-f0", b"new-f1"], False)
+    assert asyncio.run(old.get_payloads(0, {})) == ([b"saved-f0", b"new-f1"], False)
 
 
 def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -968,7 +1099,7 @@ def test_a_payload_saved_for_another_run_with_the_task_id_is_not_submitted(tmp_p
     trained: list[int] = []
     tr.train = lambda round_: trained.append(round_) or [b"new-f0", b"new-f1"]  # type: ignore[method-assign]
     with pytest.raises(SigningRefused, match="may already have signed a payload for it"):
-        asyncio.run(tr.get_payloads(0))
+        asyncio.run(tr.get_payloads(0, {}))
     assert trained == []
     other_base = "01" * 32
     assert sorted(p.name for p in tr.payloads.dir.glob("*.payload")) == [
@@ -1328,15 +1459,15 @@ def test_a_restarted_trainer_told_another_model_for_its_round_signs_nothing(tmp_
 
     first, _, signed = _signing_trainer(tmp_path, monkeypatch)
     first.held_hash = _A
-    payloads, _ = asyncio.run(first.get_payloads(3))
+    payloads, _ = asyncio.run(first.get_payloads(3, {}))
     assert asyncio.run(first.submit(3, payloads, asyncio.Event()))
     second, _, signed_after = _signing_trainer(tmp_path, monkeypatch)
     second.held_hash = _B
     with pytest.raises(SigningRefused, match="may already have signed a payload for it"):
-        asyncio.run(second.get_payloads(3))
+        asyncio.run(second.get_payloads(3, {}))
     assert signed_after == {}
     second.held_hash = _A  # the true model: the saved bytes are replayed, nothing new signed
-    replay, resubmitted = asyncio.run(second.get_payloads(3))
+    replay, resubmitted = asyncio.run(second.get_payloads(3, {}))
     assert resubmitted and replay == payloads
     assert asyncio.run(second.submit(3, replay, asyncio.Event()))
     assert signed_after == signed
@@ -1350,13 +1481,13 @@ def test_one_view_claiming_a_later_round_does_not_prune_an_open_round(tmp_path, 
 
     tr, _, _ = _signing_trainer(tmp_path, monkeypatch, rounds=1)
     tr.held_hash = _A
-    asyncio.run(tr.get_payloads(3))  # trained and saved, about to be submitted
+    asyncio.run(tr.get_payloads(3, {}))  # trained and saved, about to be submitted
     views = iter([_hostile_view(tr, 4, _A, records=3)])
 
     async def wait_training(stop: object) -> dict[str, object]:
         return next(views)
 
-    async def no_training(round_: int) -> object:
+    async def no_training(round_: int, view: object) -> object:
         raise AssertionError("not reached")
 
     tr.wait_training = wait_training  # type: ignore[method-assign]
