@@ -227,6 +227,29 @@ def _unhex(text: str) -> bytes:
     return bytes.fromhex(text[2:] if text.startswith("0x") else text)
 
 
+def _feedback_round_outcome(view: dict[str, Any], round_: int, address: str, fragments: int) -> tuple[bytes, list[int]]:
+    """From getRun's committed records: the model round ``round_`` was trained from, and the
+    fragments whose aggregate did not take ``address``'s payload. CompressionError where the view
+    does not say (no such record yet, or a malformed one: the answer is the node's, untrusted)."""
+    from tenzro_training.compression import CompressionError
+
+    try:
+        records = view.get("round_records") or []
+        if not 0 <= round_ < len(records):
+            raise CompressionError(f"the run has no record of round {round_}")
+        base = _unhex(view["initial_model_hash"] if round_ == 0 else records[round_ - 1]["model_hash"])
+        outcome = records[round_]["fragments"]
+        if len(outcome) != fragments:
+            raise CompressionError(f"round {round_}'s record has {len(outcome)} fragments, not {fragments}")
+        me = address.lower()
+        missed = [f for f, fragment in enumerate(outcome) if me not in (str(a).lower() for a in fragment["accepted"])]
+    except CompressionError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CompressionError(f"getRun's record of round {round_} is malformed ({type(exc).__name__})") from None
+    return base, missed
+
+
 def get_rpc_error_code(exc: Exception) -> int | None:
     """The JSON-RPC error code a ``CliError`` from ``RpcClient.call`` carries, or None (a
     transport failure, not a node answer)."""
@@ -580,15 +603,12 @@ class _Trainer:
                 self.say(f"error feedback starts from zero: no state was saved with round {round_}'s payloads")
             return
         saved_round, data = found
-        records = view.get("round_records") or []
         try:
             feedback, metadata = ErrorFeedback.from_bytes(self.layouts, self.encoding, data)
             if resubmitting:
-                base = self.held_hash
-            elif saved_round < len(records):
-                base = _unhex(view["initial_model_hash"] if saved_round == 0 else records[saved_round - 1]["model_hash"])
+                base, missed = self.held_hash, []
             else:
-                raise CompressionError(f"the run has no record of round {saved_round}")
+                base, missed = _feedback_round_outcome(view, saved_round, self.address, len(self.layouts))
             want = {"task_id": self.cfg.task_id, "trainer": self.address.lower(), "round": str(saved_round),
                     "base": _hex(base) if base is not None else ""}
             for key, value in want.items():
@@ -603,9 +623,6 @@ class _Trainer:
             self.feedback_round = round_
             self.say(f"error feedback resumed from the state saved with round {round_}'s payloads")
             return
-        me = self.address.lower()
-        missed = [f for f, fragment in enumerate(records[saved_round]["fragments"])
-                  if me not in (str(a).lower() for a in fragment["accepted"])]
         restored = feedback.restore_unsent(missed)
         self.feedback_round = None
         self.say(f"error feedback resumed from round {saved_round}'s saved state"

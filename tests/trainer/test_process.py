@@ -788,6 +788,29 @@ def test_a_saved_state_not_of_this_run_is_left_unused(tmp_path, monkeypatch, dam
     assert restarted.feedback is not None and restarted.feedback_store.rounds() == [0, 1]
 
 
+@pytest.mark.parametrize("view, why", [
+    ({"round_records": []}, "no record of round 0"),
+    ({"round_records": [{"fragments": []}]}, "malformed (KeyError)"),  # no initial_model_hash
+    ({"initial_model_hash": "0xzz", "round_records": [{"fragments": []}]}, "malformed (ValueError)"),
+    ({"initial_model_hash": "0x" + "ab" * 32, "round_records": [{"fragments": [{}]}]}, "1 fragments, not 2"),
+    ({"initial_model_hash": "0x" + "ab" * 32, "round_records": [{"fragments": [None, None]}]}, "malformed (TypeError)"),
+    ({"initial_model_hash": "0x" + "ab" * 32, "round_records": "xx"}, "malformed"),
+])
+def test_a_getrun_view_that_does_not_say_how_round_q_ended_leaves_the_state_unused(tmp_path, monkeypatch, view,  # type: ignore[no-untyped-def]
+                                                                                  why: str) -> None:
+    """getRun's answer is the node's (untrusted): a record that is missing or malformed is no
+    reason to crash the trainer; its saved state goes unused, said once."""
+    import asyncio
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = BASE
+    asyncio.run(first.get_payloads(0, _topk_view(first, [])))
+    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted.held_hash = _C
+    asyncio.run(restarted.get_payloads(1, view))
+    assert len(said) == 1 and said[0].startswith("error feedback starts from zero") and why in said[0], said
+
+
 def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
     import torch
 
