@@ -14,6 +14,11 @@ fragments) and each density in ``--densities`` (basis points), prints:
 - ``break-even``: the upload speed below which the topk payload reaches the node sooner than the
   raw one, the trainer's extra CPU time included (bytes saved / extra seconds); none when it
   saves no bytes, "any" when it is made no slower.
+- ``disk``: what the trainer writes each round for a restart, its topk payload plus its
+  error-feedback state (``ErrorFeedback.to_bytes``), both written atomically and fsynced as
+  ``tenzro trainer run`` writes them (in a temporary directory beside this script's working
+  directory, so on the disk a trainer's state directory would use), over a raw task's trainer's
+  one write of its raw payload: bytes and time.
 
 Times are the best of ``--reps`` (the machine is noisy; the best is the least disturbed). There
 is no target: the figures tell a sponsor what a density costs a trainer and a node.
@@ -23,6 +28,7 @@ Usage::
 
     .venv/bin/python scripts/bench_compression.py
     .venv/bin/python scripts/bench_compression.py --params 65536 --densities 100 --reps 3
+    .venv/bin/python scripts/bench_compression.py --disk-dir /var/lib/tenzro   # the disk a trainer's state uses
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +47,7 @@ import torch  # noqa: E402
 
 from tenzro_training.compression import ErrorFeedback, PayloadEncoding  # noqa: E402
 from tenzro_training.fragments import compute_fragment_layouts  # noqa: E402
+from storage.files import write_file_atomically  # noqa: E402
 from tenzro_training.payload import (  # noqa: E402
     ENCODING_RAW,
     ENCODING_TOPK,
@@ -67,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=int, default=1 << 20, help="values in the fragment (default 2^20)")
     ap.add_argument("--densities", default="100,1000,5000", help="basis points, comma-separated (default 100,1000,5000)")
     ap.add_argument("--reps", type=int, default=7, help="repetitions, the best is kept (default 7)")
+    ap.add_argument("--disk-dir", default=".", help="where the disk column writes (a temporary directory in it, "
+                                                     "removed at the end; default: the current directory)")
     args = ap.parse_args(argv)
     try:
         densities = [PayloadEncoding("topk", int(d)) for d in args.densities.split(",")]
@@ -74,7 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--densities: {exc}")
     if args.params < 1 or args.reps < 1:
         ap.error("--params and --reps must be positive")
+    if not Path(args.disk_dir).is_dir():
+        ap.error(f"--disk-dir {args.disk_dir}: not a directory")
 
+    disk = tempfile.TemporaryDirectory(prefix="bench-compression-", dir=args.disk_dir)
+    try:
+        return _measure(args, densities, Path(disk.name))
+    finally:
+        disk.cleanup()
+
+
+def _measure(args: argparse.Namespace, densities: list[PayloadEncoding], disk: Path) -> int:
     layout = compute_fragment_layouts({"w": torch.zeros(args.params)}, 1)[0]
     gen = torch.Generator().manual_seed(0)
     grad = torch.randn(args.params, generator=gen) * 1e-3  # a real outer gradient's scale (dev example: ~8e-3 max)
@@ -84,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     limit = compute_max_payload_bytes(layout)
     raw_decode = best_of(args.reps, lambda: decode_payload(raw, layout, max_bytes=limit, zero_copy=True,
                                                            max_abs=MAX_ABS))
+    raw_save = best_of(args.reps, lambda: write_file_atomically(disk / "raw.payload", raw, mode=0o600))
     print(f"fragment: {args.params:,} fp32 values; raw payload {len(raw):,} bytes, encode {raw_encode * 1e3:.2f} ms, "
-          f"node decode {raw_decode * 1e3:.2f} ms (the baselines)")
+          f"node decode {raw_decode * 1e3:.2f} ms, saved in {raw_save * 1e3:.2f} ms (the baselines)")
     rows = []
     header = PayloadHeader("bench", 0, 0, ENCODING_TOPK, layout.layout_hash())
     for encoding in densities:
@@ -101,10 +122,19 @@ def main(argv: list[str] | None = None) -> int:
         trainer = best_of(args.reps, make)
         decode = best_of(args.reps, lambda: decode_payload(payload, layout, max_bytes=limit, topk_k=k,
                                                            zero_copy=True, max_abs=MAX_ABS))
+        state = feedback.to_bytes({"round": "0"})
+
+        def save() -> None:
+            write_file_atomically(disk / "feedback.safetensors", feedback.to_bytes({"round": "0"}), mode=0o600)
+            write_file_atomically(disk / "topk.payload", payload, mode=0o600)
+
+        saving = best_of(args.reps, save)
         row = {"encoding": encoding.describe(), "k": k, "bytes": len(payload), "bytes_ratio": round(len(payload) / len(raw), 4),
                "trainer_ms": round(trainer * 1e3, 2), "trainer_ratio": round(trainer / raw_encode, 2),
                "node_decode_ms": round(decode * 1e3, 2), "node_decode_ratio": round(decode / raw_decode, 2),
-               "break_even_mbit_s": None}
+               "break_even_mbit_s": None, "disk_bytes": len(state) + len(payload),
+               "disk_bytes_ratio": round((len(state) + len(payload)) / len(raw), 4),
+               "disk_ms": round(saving * 1e3, 2), "disk_ratio": round(saving / raw_save, 2)}
         saved, extra = len(raw) - len(payload), trainer - raw_encode
         if saved > 0:
             # "any": smaller and made no slower than the raw payload
@@ -115,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{encoding.describe():>9}: k {k:,}; bytes {row['bytes_ratio']:.4f}x raw; trainer {row['trainer_ms']:.2f} ms "
               f"= {row['trainer_ratio']:.2f}x raw encode; node decode {row['node_decode_ms']:.2f} ms = "
-              f"{row['node_decode_ratio']:.2f}x raw decode; break-even upload {below}")
+              f"{row['node_decode_ratio']:.2f}x raw decode; break-even upload {below}; disk per round "
+              f"{row['disk_bytes_ratio']:.4f}x raw bytes, {row['disk_ms']:.2f} ms = {row['disk_ratio']:.2f}x raw save")
     print(json.dumps({"compression": {"params": args.params, "raw_bytes": len(raw), "raw_encode_ms": round(raw_encode * 1e3, 2),
-                                      "raw_decode_ms": round(raw_decode * 1e3, 2), "rows": rows}}))
+                                      "raw_decode_ms": round(raw_decode * 1e3, 2), "raw_save_ms": round(raw_save * 1e3, 2),
+                                      "rows": rows}}))
     return 0
 
 

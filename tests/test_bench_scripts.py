@@ -31,7 +31,7 @@ CASES = {
                               "--encoding", '{"topk": {"density_bps": 100}}'],
                              ["topk 1% payloads", "Krum"]),
     "bench_compression": (["--params", "65536", "--densities", "100,5000", "--reps", "2"],
-                          ["topk 1%: k 656", "break-even upload", '"node_decode_ratio"']),
+                          ["topk 1%: k 656", "break-even upload", "disk per round", '"disk_ratio"']),
     "bench_chain": (["--trainers", "2", "--rounds", "1", "--repeats", "1"], ["precompile gas", "claim gas"]),
     "bench_gossip_finalize": (["--trainers", "2", "--params", "20000", "--rounds", "1"], ["trainers verified"]),
     "bench_long_run": (["--rounds", "8", "--window", "2"], ["seconds per round", "store growth/round", "sealing round", "node memory, sealed run"]),
