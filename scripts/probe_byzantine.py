@@ -18,6 +18,15 @@ passed. docs/aggregation.md "What each rule tolerates" has the table these runs 
 ``--encoding`` selects the spec's payload encoding (docs/payload.md "topk"); the output then
 also gives what one trainer sent in round 0 (``payload_bytes_per_trainer_round``).
 
+``--restart-every N`` runs every trainer with ``--rounds N`` and starts it again (same key and
+state directory) each time it stops, until the run ends: a run of trainers that restart, as on
+preemptible machines. With ``--forget-feedback`` each restart first deletes the trainer's saved
+error-feedback state (``feedback-round-*.safetensors``), so a topk trainer starts its residual
+from zero, as trainers did before the state was saved; the output gives ``restarts``.
+
+    .venv/bin/python scripts/probe_byzantine.py --attackers '' --encoding '{"topk": {"density_bps": 100}}' \
+        --rounds 30 --restart-every 3 [--forget-feedback]
+
 Exit 0 when the run ended or its trainers stopped (Sealed or not: that is the finding; a trainer
 still running after ``--timeout`` is stopped and reported as "timed out"), 1 when the run could
 not be set up (a CLI step failed: its message is printed), 2 for bad flags.
@@ -61,7 +70,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--metadata", default=None,
                     help='merged into the spec\'s architecture.metadata, as JSON, e.g. \'{"outer_lr": 1.4}\'')
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the trainers (default 900)")
+    ap.add_argument("--restart-every", type=int, default=None,
+                    help="each trainer stops after this many rounds and is started again, until the run ends")
+    ap.add_argument("--forget-feedback", action="store_true",
+                    help="with --restart-every: delete the trainer's saved error-feedback state before each restart")
     args = ap.parse_args(argv)
+    if args.restart_every is not None and args.restart_every < 1:
+        ap.error("--restart-every must be positive")
+    if args.forget_feedback and args.restart_every is None:
+        ap.error("--forget-feedback needs --restart-every")
     if args.encoding is not None:
         from tenzro_training.compression import PayloadEncoding
         from tenzro_training.errors import SpecError
@@ -99,6 +116,30 @@ def wait_or_stop(child: Child, deadline: float) -> int | str:
         return child.wait(max(deadline - time.monotonic(), 0.1))
     except AssertionError:  # Child.wait killed it
         return "timed out"
+
+
+def supervise(trainers: dict[int, Child], relaunch: Any, url: str, deadline: float) -> tuple[dict[int, Any], int]:
+    """Wait for every trainer; one that stops with status 0 while the run is still Training is
+    started again (``relaunch(i)`` returns its new process). Returns each trainer's last exit
+    status (or "timed out") and the number of restarts."""
+    exits: dict[int, Any] = {}
+    restarts = 0
+    while len(exits) < len(trainers):
+        for i, child in trainers.items():
+            if i in exits or child.proc.poll() is None:
+                continue
+            code = child.proc.returncode
+            if code == 0 and rpc(url, "tenzro_training_getRun", {"task_id": TASK_ID})["status"] == "Training":
+                trainers[i] = relaunch(i)
+                restarts += 1
+            else:
+                exits[i] = code
+        if time.monotonic() > deadline:
+            for i, child in trainers.items():
+                if i not in exits:
+                    exits[i] = wait_or_stop(child, deadline)
+        time.sleep(0.2)
+    return exits, restarts
 
 
 def fragment_results(view: dict[str, Any], rule: Any, names: dict[str, str]) -> dict[str, Any]:
@@ -160,25 +201,37 @@ def main(argv: list[str] | None = None) -> int:
             syncer = names[view["election"]["ranking"][0]["address"].lower()]
             children.append(Child("syncer", ["syncer", "run", "--key-file", keys, "--account", syncer, "--rpc",
                                              node.url, "--poll-interval", "0.1"], work))
-            trainers = {}
-            started = time.monotonic()
-            for i in range(args.trainers):
+            starts = dict.fromkeys(range(args.trainers), 0)
+
+            def launch(i: int) -> Child:
+                every = [] if args.restart_every is None else ["--rounds", str(args.restart_every)]
                 argv_i = trainer_argv(node, TASK_ID, spec, f"trainer:{i}", p2p_addr, work / f"t{i}.p2p-key",
-                                      "--device", "cpu")
+                                      "--device", "cpu", *every)
+                name = f"{'attacker' if i in args.attackers else 'trainer'}{i}" + (f"-{starts[i]}" if starts[i] else "")
+                if starts[i] and args.forget_feedback:
+                    address = accounts[f"trainer:{i}"]["address"].lower()
+                    for saved in (work / "tenzro-trainer-state" / f"task-{TASK_ID}" / address).glob("feedback-round-*"):
+                        saved.unlink()
+                starts[i] += 1
                 if i in args.attackers:
-                    trainers[i] = Child(f"attacker{i}", argv_i, work, module="tests.e2e.byzantine_trainer",
-                                        env={"TENZRO_BYZANTINE_ATTACK": args.attack,
-                                             "TENZRO_BYZANTINE_VALUE": repr(args.value)})
+                    child = Child(name, argv_i, work, module="tests.e2e.byzantine_trainer",
+                                  env={"TENZRO_BYZANTINE_ATTACK": args.attack, "TENZRO_BYZANTINE_VALUE": repr(args.value)})
                 else:
-                    trainers[i] = Child(f"trainer{i}", argv_i, work)
-            children.extend(trainers.values())
-            exits = {f"trainer:{i}": wait_or_stop(child, started + args.timeout) for i, child in trainers.items()}
+                    child = Child(name, argv_i, work)
+                children.append(child)
+                return child
+
+            started = time.monotonic()
+            trainers = {i: launch(i) for i in range(args.trainers)}
+            ended, restarts = supervise(trainers, launch, node.url, started + args.timeout)
+            exits = {f"trainer:{i}": ended[i] for i in sorted(ended)}
             view = rpc(node.url, "tenzro_training_getRun", {"task_id": TASK_ID})
             result: dict[str, Any] = {
                 "rule": json.loads(args.rule), "attack": args.attack if args.attackers else None, "value": args.value,
                 "attackers": [f"trainer:{i}" for i in sorted(args.attackers)], "trainers": args.trainers,
                 "quorum": args.quorum, "rounds": args.rounds, "encoding": args.encoding or "raw",
                 "metadata": args.metadata or {},
+                "restart_every": args.restart_every, "forget_feedback": args.forget_feedback, "restarts": restarts,
                 "status": view["status"],
                 "rounds_committed": len(view["round_records"]), "trainer_exit": exits,
                 # Shards follow enrollment order, a race between the processes: an attacker on

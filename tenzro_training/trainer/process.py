@@ -630,8 +630,8 @@ class _Trainer:
 
     def unsend(self, round_: int, fragments: range) -> None:
         """``fragments`` of ``round_`` will not be aggregated: with error feedback, their sent
-        values go back into the residual (only for payloads this process made: those saved before
-        a restart left no record here)."""
+        values go back into the residual (for payloads this process made, or resubmits with the
+        state saved with them: ``resume_feedback``)."""
         if self.feedback is not None and self.feedback_round == round_ and len(fragments):
             self.feedback.restore_unsent(fragments)
             self.feedback_round = None
