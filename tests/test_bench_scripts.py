@@ -41,6 +41,11 @@ CASES = {
     "probe_byzantine": (["--rule", '{"TrimmedMean": {"alpha_bps": 3400}}', "--trainers", "3", "--quorum", "3",
                          "--rounds", "1", "--attackers", "2", "--attack", "signflip"],
                         ['"status": "Sealed"', '"trimmed_per_side": [\n    1\n  ]', '"verify_run_ok": true', '"final"']),
+    "probe_byzantine --restart-every": (["--trainers", "3", "--quorum", "3", "--rounds", "2", "--attackers", "",
+                                         "--encoding", '{"topk": {"density_bps": 1000}}', "--restart-every", "1",
+                                         "--forget-feedback"],
+                                        ['"status": "Sealed"', '"restarts": 3', '"forget_feedback": true',
+                                         '"verify_run_ok": true']),
 }
 
 

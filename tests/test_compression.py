@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenzro_training.compression import (
+    DEFAULT_FEEDBACK_DECAY,
     MAX_DENSITY_BPS,
     CompressionError,
     ErrorFeedback,
@@ -48,6 +49,12 @@ def test_topk_keeps_ceil_of_the_density() -> None:
         ({"topk": {"density_bps": 1.5}}, "outer_gradient_encoding.topk.density_bps"),
         ({"topk": {"density_bps": True}}, "outer_gradient_encoding.topk.density_bps"),
         ({"topk": {}}, "outer_gradient_encoding.topk"),
+        ({"topk": {"feedback_decay": 0.9}}, "outer_gradient_encoding.topk"),
+        ({"topk": {"density_bps": 10, "feedback_decay": -0.1}}, "outer_gradient_encoding.topk.feedback_decay"),
+        ({"topk": {"density_bps": 10, "feedback_decay": 1.5}}, "outer_gradient_encoding.topk.feedback_decay"),
+        ({"topk": {"density_bps": 10, "feedback_decay": "0.9"}}, "outer_gradient_encoding.topk.feedback_decay"),
+        ({"topk": {"density_bps": 10, "feedback_decay": True}}, "outer_gradient_encoding.topk.feedback_decay"),
+        ({"topk": {"density_bps": 10, "feedback_decay": None}}, "outer_gradient_encoding.topk.feedback_decay"),
         ({"topk": {"density_bps": 10, "bits": 2}}, "outer_gradient_encoding.topk"),
         ({"topk": 10}, "outer_gradient_encoding.topk"),
         ({"topk": {"density_bps": 10}, "raw": {}}, "outer_gradient_encoding"),
@@ -65,6 +72,46 @@ def test_the_constructor_validates_too() -> None:
     for name, density in [("raw", 5), ("topk", None), ("dct", 5)]:
         with pytest.raises(SpecError):
             PayloadEncoding(name, density)
+    with pytest.raises(SpecError):
+        PayloadEncoding("raw", None, 0.5)
+    with pytest.raises(SpecError, match="feedback_decay"):
+        PayloadEncoding("topk", 100, float("nan"))
+
+
+@pytest.mark.parametrize("decay", [0, 0.5, 0.95, 1])
+def test_a_feedback_decay_is_the_trainers_alone(decay: float) -> None:
+    """It round-trips through JSON, and changes nothing the node reads (k, the wire name)."""
+    enc = PayloadEncoding.from_json({"topk": {"density_bps": 100, "feedback_decay": decay}})
+    assert enc.feedback_decay == decay and enc.to_json() == {"topk": {"density_bps": 100, "feedback_decay": decay}}
+    plain = PayloadEncoding("topk", 100)
+    assert enc.describe() == plain.describe() == "topk 1%" and enc.kept(12345) == plain.kept(12345)
+    assert enc.describe_feedback() == {0: "no error feedback (feedback_decay 0)", 1: "error feedback"}.get(
+        decay, f"error feedback decayed by {decay:g} each round")
+    assert enc.decay == decay and plain.feedback_decay is None and plain.decay == DEFAULT_FEEDBACK_DECAY == 0.95
+    assert plain.describe_feedback() == "error feedback decayed by 0.95 each round"
+    assert PayloadEncoding().decay == 1.0
+
+
+def test_a_decayed_residual_is_multiplied_before_the_new_gradient_is_added() -> None:
+    gen = torch.Generator().manual_seed(3)
+    grads = [[torch.randn(lay.numel, generator=gen) for lay in LAYOUTS] for _ in range(2)]
+    decayed = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 0.5))
+    plain = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 1))
+    decayed.compress(grads[0], "float32")
+    plain.compress(grads[0], "float32")
+    first = [r.clone() for r in decayed._residual]
+    assert all(torch.equal(a, b) for a, b in zip(first, plain._residual))  # nothing to decay in round 0
+    sent = decayed.compress(grads[1], "float32")
+    for (idx, vals), g, r, lay in zip(sent, grads[1], first, LAYOUTS):
+        want = select_topk(g + r * 0.5, idx.numel(), "float32")
+        assert torch.equal(idx, want[0]) and torch.equal(vals, want[1])
+    plain.compress(grads[1], "float32")
+    assert not any(torch.equal(a, b) for a, b in zip(decayed._residual, plain._residual))
+    # Decay 0: plain top-k, nothing carried.
+    none = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 0))
+    none.compress(grads[0], "float32")
+    (idx, vals), _ = none.compress(grads[1], "float32")
+    assert torch.equal(vals, select_topk(grads[1][0], idx.numel(), "float32")[1])
 
 
 # --- select_topk ----------------------------------------------------------------------------
@@ -148,7 +195,7 @@ def _decode(lay, idx, vals, k):
 
 
 def test_error_feedback_conserves_the_gradient_and_sends_every_coordinate_in_time() -> None:
-    enc = PayloadEncoding("topk", 1000)  # 10%
+    enc = PayloadEncoding("topk", 1000, 1)  # 10%, undecayed: nothing is lost, only delayed
     fb = ErrorFeedback(LAYOUTS, enc)
     gen = torch.Generator().manual_seed(3)
     total = [torch.zeros(lay.numel) for lay in LAYOUTS]
@@ -204,7 +251,7 @@ def test_describe_sparse_cost_names_the_rule_and_is_silent_for_mean_and_raw() ->
 
 
 def test_restore_unsent_puts_the_last_rounds_values_back_once() -> None:
-    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 1))
     gen = torch.Generator().manual_seed(5)
     first = [torch.randn(lay.numel, generator=gen) for lay in LAYOUTS]
     fb.compress(first, "float32")

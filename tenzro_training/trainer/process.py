@@ -888,7 +888,8 @@ class _Trainer:
             moments = "carried from round to round" if cfg.carry_optimizer_state else "fresh each round"
             self.say(f"inner loop on {_describe_device(self.device)}, AdamW state {moments}")
             if self.encoding.is_sparse:
-                self.say(f"outer gradients sent as {self.encoding.describe()} of each fragment, with error feedback")
+                self.say(f"outer gradients sent as {self.encoding.describe()} of each fragment, with "
+                         f"{self.encoding.describe_feedback()}")
                 self.say(f"error feedback saved each round in {self.feedback_store.dir}")
             seen = SeenCache()  # both topic validators' (one trio thread); the inbox forgets dropped streams in it
             self.inbox = GossipInbox(cfg.task_id, g, 4 * sum(lay.numel for lay in self.layouts),

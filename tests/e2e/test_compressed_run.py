@@ -42,7 +42,8 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
         for child in (trainers[0], trainers[1], restarted):
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
         for child in (*trainers, restarted):
-            assert "outer gradients sent as topk 10% of each fragment, with error feedback" in child.out()
+            assert ("outer gradients sent as topk 10% of each fragment, with error feedback decayed by 0.95 each round"
+                    in child.out())
         assert "error feedback resumed from round 0's saved state" in restarted.out(), restarted.out()
         assert "round 1 submitted 2 fragments" in restarted.out()
         # Sealed: nothing of the run is left in the trainers' state directories.

@@ -124,7 +124,16 @@ def test_a_topk_run_refuses_another_k_and_out_of_range_values(net: Net, checkpoi
     assert net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, k))["accepted_count"] == 1
 
 
-@pytest.mark.parametrize("encoding", ["topk", {"topk": {"density_bps": 0}}, {"dct": {}}])
+def test_a_feedback_decay_changes_nothing_the_node_checks(net: Net, checkpoint: tuple[str, str]) -> None:
+    """The decay is the trainers' (the node never sees a residual): the same k is taken."""
+    post_and_enroll(net, topk_spec(checkpoint, {"topk": {"density_bps": 2500, "feedback_decay": 0.9}}))
+    k = PayloadEncoding.from_json(TOPK).kept(net.layouts[0].numel)
+    assert k is not None
+    assert net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, k))["accepted_count"] == 1
+
+
+@pytest.mark.parametrize("encoding", ["topk", {"topk": {"density_bps": 0}}, {"dct": {}},
+                                      {"topk": {"density_bps": 100, "feedback_decay": 2}}])
 def test_post_task_refuses_a_bad_encoding_naming_the_field(
     net: Net, checkpoint: tuple[str, str], encoding: object
 ) -> None:

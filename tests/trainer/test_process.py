@@ -624,7 +624,7 @@ def test_a_skipped_rounds_topk_values_go_back_into_the_residual(tmp_path) -> Non
 
     tr, said = _bare_trainer(tmp_path)
     layouts = compute_fragment_layouts([TensorSpec("w", (40,), "float32")], 2)
-    tr.feedback = ErrorFeedback(layouts, PayloadEncoding("topk", 1000))
+    tr.feedback = ErrorFeedback(layouts, PayloadEncoding("topk", 1000, 1))
     grads = [torch.arange(1.0, lay.numel + 1) for lay in layouts]
     tr.feedback.compress(grads, "float32")
     tr.feedback_round = 0
