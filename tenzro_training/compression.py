@@ -206,7 +206,7 @@ def describe_sparse_cost(encoding: PayloadEncoding, rule: AggregationRule) -> st
     """What sparse payloads cost under ``rule``, for the sponsor before posting; None for raw
     and for Mean. The robust rules discard or select whole inputs per coordinate, and sparse
     inputs are mostly zeros: on the dev example at topk 10% they trained to a held-out loss of
-    0.86-1.02 against 0.55-0.60 with raw payloads (docs/aggregation.md "Sparse inputs")."""
+    0.79-1.14 against 0.55-0.60 with raw payloads (docs/aggregation.md "Sparse inputs")."""
     if not encoding.is_sparse or rule.kind is RuleKind.MEAN:
         return None
     what = {
