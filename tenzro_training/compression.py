@@ -172,12 +172,15 @@ class PayloadEncoding:
             return cls()
         if isinstance(value, Mapping) and list(value.keys()) == [_TOPK]:
             inner = value[_TOPK]
-            if not isinstance(inner, Mapping) or "density_bps" not in inner or not set(inner) <= {"density_bps", "feedback_decay"}:
-                raise SpecError(f"{_PATH}.topk", 'must be {"density_bps": N} or {"density_bps": N, "feedback_decay": D}')
-            if "feedback_decay" in inner and inner["feedback_decay"] is None:  # absent is 1; null is no number
+            keys = {"density_bps", "feedback_decay"}
+            if not isinstance(inner, Mapping) or "density_bps" not in inner or not set(inner) <= keys:
+                raise SpecError(f"{_PATH}.topk",
+                                'must be {"density_bps": N} or {"density_bps": N, "feedback_decay": D}')
+            if "feedback_decay" in inner and inner["feedback_decay"] is None:  # absent: the default; null: no number
                 raise SpecError(f"{_PATH}.topk.feedback_decay", "must be a number in 0..1, got null")
             return cls(_TOPK, inner["density_bps"], inner.get("feedback_decay"))
-        raise SpecError(_PATH, f'must be "raw" or {{"topk": {{"density_bps": N[, "feedback_decay": D]}}}}, got {_short(value)}')
+        raise SpecError(_PATH, 'must be "raw" or {"topk": {"density_bps": N[, "feedback_decay": D]}}, got '
+                        + _short(value))
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> PayloadEncoding:
@@ -375,7 +378,8 @@ class ErrorFeedback:
                 raise CompressionError(f"sent_indices.{f} must be int64 [{k}]")
             if values.dtype != torch.float32 or tuple(values.shape) != (k,) or not bool(torch.isfinite(values).all()):
                 raise CompressionError(f"sent_values.{f} must be finite float32 [{k}]")
-            if k and (int(indices[0]) < 0 or int(indices[-1]) >= lay.numel or not bool((indices[1:] > indices[:-1]).all())):
+            ascending = bool((indices[1:] > indices[:-1]).all())
+            if k and (int(indices[0]) < 0 or int(indices[-1]) >= lay.numel or not ascending):
                 raise CompressionError(f"sent_indices.{f} must ascend strictly within 0..{lay.numel - 1}")
             fb._sent[f] = (indices, values)
         if tensors:
