@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tenzro_training.errors import SpecError, TenzroError
-from tenzro_training.fragments import DTYPES, FragmentLayout
+from tenzro_training.fragments import DTYPES, FragmentLayout, is_sparse_index
 from tenzro_training.rules import AggregationRule, RuleKind
 
 if TYPE_CHECKING:
@@ -378,8 +378,7 @@ class ErrorFeedback:
                 raise CompressionError(f"sent_indices.{f} must be int64 [{k}]")
             if values.dtype != torch.float32 or tuple(values.shape) != (k,) or not bool(torch.isfinite(values).all()):
                 raise CompressionError(f"sent_values.{f} must be finite float32 [{k}]")
-            ascending = bool((indices[1:] > indices[:-1]).all())
-            if k and (int(indices[0]) < 0 or int(indices[-1]) >= lay.numel or not ascending):
+            if not is_sparse_index(indices, lay.numel):
                 raise CompressionError(f"sent_indices.{f} must ascend strictly within 0..{lay.numel - 1}")
             fb._sent[f] = (indices, values)
         if tensors:

@@ -53,6 +53,7 @@ __all__ = [
     "compute_raw_le_bytes",
     "get_dtype_name",
     "validate_tensor_name",
+    "is_sparse_index",
 ]
 
 # The dtype vocabulary of the project (TrainingTaskSpec.architecture.dtype spelled as torch does).
@@ -417,6 +418,15 @@ def compute_tensor_hash(name: str, tensor: torch.Tensor) -> bytes:
     h = hashlib.sha256(TENSOR_HASH_DOMAIN)
     _update_tensor_record(h, name, tensor)
     return h.digest()
+
+
+def is_sparse_index(indices: torch.Tensor, numel: int) -> bool:
+    """True when 1-D integer ``indices`` ascend strictly within ``0..numel - 1``: the positions
+    of a sparse (topk) vector in a fragment's flat layout, each once, in canonical order."""
+    if indices.numel() == 0:
+        return True
+    return (int(indices[0]) >= 0 and int(indices[-1]) < numel
+            and (indices.numel() == 1 or bool((indices[1:] > indices[:-1]).all())))
 
 
 def is_all_finite(tensor: torch.Tensor) -> bool:

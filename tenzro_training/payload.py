@@ -38,6 +38,7 @@ from tenzro_training.fragments import (
     FragmentLayout,
     compute_raw_le_bytes,
     gather_fragment,
+    is_sparse_index,
 )
 
 __all__ = [
@@ -377,7 +378,7 @@ def encode_topk_payload(
     idx = indices.detach().to(device="cpu", dtype=torch.int64)
     if k > layout.numel or layout.numel > 2**32:
         raise PayloadLayoutMismatch(f"{k} indices into a fragment of {layout.numel} values (u32 indices)")
-    if k and (int(idx[0]) < 0 or int(idx[-1]) >= layout.numel or (k > 1 and not bool((idx[1:] > idx[:-1]).all()))):
+    if not is_sparse_index(idx, layout.numel):
         raise PayloadFormatError(f"indices must be strictly ascending within 0..{layout.numel - 1}")
     cast = values.detach().to(device="cpu", dtype=DTYPES[dtype]).contiguous()
     if not is_all_finite(cast):

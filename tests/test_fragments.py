@@ -529,3 +529,12 @@ def test_is_all_finite_bf16_overflowing_sum_is_still_finite() -> None:
 
     big = torch.full((64,), 3.0e38, dtype=torch.bfloat16)  # finite values whose fp32 sum overflows
     assert is_all_finite(big)
+
+
+def test_is_sparse_index_wants_strictly_ascending_positions_inside_the_fragment() -> None:
+    from tenzro_training.fragments import is_sparse_index
+
+    assert is_sparse_index(torch.tensor([], dtype=torch.int64), 0)
+    assert is_sparse_index(torch.tensor([0, 3, 9]), 10) and is_sparse_index(torch.tensor([9]), 10)
+    for bad in ([3, 3], [4, 2], [-1, 2], [0, 10], [10]):
+        assert not is_sparse_index(torch.tensor(bad), 10), bad

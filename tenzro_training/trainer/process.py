@@ -606,11 +606,12 @@ class _Trainer:
         try:
             feedback, metadata = ErrorFeedback.from_bytes(self.layouts, self.encoding, data)
             if resubmitting:
+                assert self.held_hash is not None  # get_payloads checked
                 base, missed = self.held_hash, []
             else:
                 base, missed = _feedback_round_outcome(view, saved_round, self.address, len(self.layouts))
             want = {"task_id": self.cfg.task_id, "trainer": self.address.lower(), "round": str(saved_round),
-                    "base": _hex(base) if base is not None else ""}
+                    "base": _hex(base)}
             for key, value in want.items():
                 if metadata.get(key) != value:
                     raise CompressionError(f"it was saved for {key} {str(metadata.get(key))[:80]}, not {value}")
