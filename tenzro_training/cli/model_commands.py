@@ -4,9 +4,11 @@ verified receipt) and evaluate-model (held-out loss beside simple forecasts)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenzro_training.cli.artifacts import artifact_path, fetch_when_room, why_unavailable
 from tenzro_training.cli.client import RpcClient
@@ -16,25 +18,58 @@ from tenzro_training.cli.output import emit, kv, note
 from tenzro_training.cli.verify_commands import check_receipt_of
 from tenzro_training.errors import TenzroError
 
+if TYPE_CHECKING:
+    from storage.interface import KVStore
 
-def _export_from_store(data_dir: Path, task_id: str) -> bytes:
-    """The sealed model of ``task_id`` read from the store, opened read-only: it works beside a
-    running node, and writes nothing (through a node service it had marked an older store for
-    this version, which the old version then refused: upgrade probe)."""
+
+@contextlib.contextmanager
+def _read_only_store(data_dir: Path) -> Iterator[KVStore]:
+    """The node's store opened read-only: it works beside a running node, and writes nothing
+    (through a node service it had marked an older store for this version, which the old
+    version then refused: upgrade probe)."""
     from storage import open_store
     from storage.interface import StorageError
-    from tenzro_training.node.run_store import read_final_model_file
 
     try:
         store = open_store(data_dir / "db", create=False, read_only=True)
     except StorageError as exc:
         raise CliError(str(exc)) from None
     try:
-        return read_final_model_file(store, task_id)
-    except TenzroError as exc:
-        raise CliError(f"cannot export {task_id}: {exc}", EXIT_RPC_ERROR) from None
+        yield store
     finally:
         store.close()
+
+
+def _export_from_store(data_dir: Path, task_id: str) -> bytes:
+    """The sealed model file of ``task_id`` rebuilt from the store's final weights (checked
+    against the run's final_model_hash on the way)."""
+    from tenzro_training.node.run_store import read_final_model_file
+
+    with _read_only_store(data_dir) as store:
+        try:
+            return read_final_model_file(store, task_id)
+        except TenzroError as exc:
+            raise CliError(f"cannot export {task_id}: {exc}", EXIT_RPC_ERROR) from None
+
+
+def _check_model_file_against_store(data_dir: Path, task_id: str, model_file: Path, model_hash: bytes) -> None:
+    """A model file in ``D/models`` is the node's copy of what the store holds; a damaged one (a
+    bad disk, an edit) must not be exported as the run's model. Exit 1 unless its weights hash to
+    the stored run's final_model_hash (docs promised this check; until 2026-11-27 only
+    ``--check-receipt`` compared anything: docs audit)."""
+    from tenzro_training.node.run_store import read_sealed_run
+
+    with _read_only_store(data_dir) as store:
+        try:
+            run = read_sealed_run(store, task_id)
+        except TenzroError as exc:
+            raise CliError(f"cannot export {task_id}: {exc}", EXIT_RPC_ERROR) from None
+    assert run.final_record is not None  # read_sealed_run: a sealed run has its final record
+    expected = run.final_record.final_model_hash
+    if model_hash != expected:
+        raise CliError(f"{model_file} hashes to 0x{model_hash.hex()}, the run's final_model_hash is "
+                       f"0x{expected.hex()}: not written (a damaged file: remove it and export again to rebuild "
+                       "it from the stored weights)", EXIT_RPC_ERROR)
 
 
 def cmd_export_model(args: argparse.Namespace) -> None:
@@ -54,12 +89,14 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         return
     data_dir = Path(args.data_dir)
     model_file = data_dir / "models" / f"{args.task_id}.safetensors"
-    if model_file.exists():
+    has_store = (data_dir / "db").is_dir()
+    from_file = model_file.exists()
+    if from_file:
         try:
             data = read_regular_file(model_file, MAX_CHECKPOINT_FILE_BYTES)
         except NotReadable as exc:
             raise CliError(f"cannot read {model_file}: {exc.reason}") from None
-    elif (data_dir / "db").is_dir():
+    elif has_store:
         data = _export_from_store(data_dir, args.task_id)
     else:
         raise CliError(f"{data_dir} is not a node data directory (no db/)")
@@ -67,6 +104,8 @@ def cmd_export_model(args: argparse.Namespace) -> None:
         model_hash = compute_model_hash(safetensors.torch.load(data))
     except Exception as exc:  # a damaged file: safetensors raises several exception types
         raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
+    if from_file and has_store:
+        _check_model_file_against_store(data_dir, args.task_id, model_file, model_hash)
     result = {"task_id": args.task_id, "out": str(args.out), "bytes": len(data), "model_hash": "0x" + model_hash.hex()}
     if args.check_receipt:
         expected = "0x" + check_receipt_of(RpcClient(args.rpc), args.task_id).final_model_hash.hex()

@@ -37,6 +37,7 @@ __all__ = [
     "read_final_model_file",
     "read_model_layout",
     "read_round_records",
+    "read_sealed_run",
 ]
 
 
@@ -103,12 +104,19 @@ def _check_sealed(run: RunState) -> None:
         raise InvalidState(run.task_id, run.status.value, "export the final model")
 
 
-def read_final_model_file(store: KVStore, task_id: str) -> bytes:
-    """:func:`compute_final_model_file` from the store alone (no node service, nothing written:
-    ``tenzro train export-model`` opens the store read-only). UnknownTask if there is no such run."""
+def read_sealed_run(store: KVStore, task_id: str) -> RunState:
+    """The stored run ``task_id``, which must be Sealed (its final record and run root set):
+    UnknownTask if there is no such run, InvalidState if it is not sealed."""
     run = load_run(store, task_id)
     if run is None:
         raise UnknownTask(task_id)
     _check_sealed(run)
+    return run
+
+
+def read_final_model_file(store: KVStore, task_id: str) -> bytes:
+    """:func:`compute_final_model_file` from the store alone (no node service, nothing written:
+    ``tenzro train export-model`` opens the store read-only). UnknownTask if there is no such run."""
+    run = read_sealed_run(store, task_id)
     model = read_model_layout(store, run)
     return compute_final_model_file(run, model, load_model_fragments(store, task_id, schema.MODEL_FINAL, model))

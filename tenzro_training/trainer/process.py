@@ -856,7 +856,8 @@ class _Trainer:
 
     async def _run(self, view: dict[str, Any], stop: asyncio.Event) -> int:
         from tenzro_training.cli.layouts import compute_layouts_from_view
-        from tenzro_training.p2p.host import P2PConfig, P2PHost, get_peer_ids
+        from tenzro_training.p2p.host import P2PConfig, P2PError, P2PHost, get_peer_ids
+        from tenzro_training.p2p.keys import PeerKeyError
 
         cfg, g = self.cfg, self.g
         # Everything that can refuse this trainer is checked BEFORE it enrolls (stakes): the spec,
@@ -908,6 +909,11 @@ class _Trainer:
             finally:
                 for task in drains:
                     task.cancel()
+        except (P2PError, PeerKeyError) as exc:
+            # The host's own failures (a listen address taken, a peer key in use, unreadable or
+            # open to others, no peer subscribed in time) stop the trainer like any other: exit 1
+            # and their one line (docs/trainer-process.md), not the CLI's exit 2 for bad usage.
+            raise TrainerProcessError(str(exc)) from exc
         finally:
             await self.host.stop()
 

@@ -331,6 +331,31 @@ def test_export_model_reads_the_store_read_only_beside_the_node_and_writes_nothi
     assert "cannot export run-2: run-2: cannot export the final model while the run is Training" in capsys.readouterr().err
 
 
+def test_export_model_refuses_a_model_file_that_is_not_the_stored_runs(
+    node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A model file in D/models is the node's copy of the store's final weights: the docs said it
+    was checked against the run's final_model_hash, but only --check-receipt compared anything,
+    so a damaged file was exported as the run's model (docs audit). Now exit 1, nothing written;
+    with the damaged file removed, the store's weights are exported."""
+    import safetensors.torch
+
+    final = node.service.get_receipt("run-1")["receipt"]["final_model_hash"]
+    out = tmp_path / "final.safetensors"
+    argv = ["train", "export-model", "--task-id", "run-1", "--data-dir", str(node.data), "--out", str(out), "--json"]
+    assert cli.main(argv) == 0 and json.loads(capsys.readouterr().out)["model_hash"] == final  # the file, checked
+    out.unlink()
+    model_file = node.data / "models" / "run-1.safetensors"
+    model = safetensors.torch.load(model_file.read_bytes())
+    model_file.write_bytes(safetensors.torch.save({name: t * 2 for name, t in model.items()}))
+    assert cli.main(argv) == cli.EXIT_RPC_ERROR
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"the run's final_model_hash is {final}: not written" in captured.err
+    assert captured.err.count("\n") == 1 and not out.exists()
+    model_file.unlink()
+    assert cli.main(argv) == 0 and json.loads(capsys.readouterr().out)["model_hash"] == final
+
+
 def test_export_model_check_receipt_refuses_a_receipt_or_a_model_that_does_not_hold(
     node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -362,10 +387,12 @@ def test_export_model_check_receipt_refuses_a_receipt_or_a_model_that_does_not_h
         assert not out.exists()
 
         fake.replies["tenzro_training_getReceipt"] = receipt
-        model_file = node.data / "models" / "run-1.safetensors"
-        model = safetensors.torch.load(model_file.read_bytes())
+        # A data dir of the model file alone (no store to check it against): the receipt catches it.
+        model = safetensors.torch.load((node.data / "models" / "run-1.safetensors").read_bytes())
         model = {name: t + 1 for name, t in model.items()} if model else {"x": torch.ones(1)}
-        model_file.write_bytes(safetensors.torch.save(model))
+        (tmp_path / "copy" / "models").mkdir(parents=True)
+        (tmp_path / "copy" / "models" / "run-1.safetensors").write_bytes(safetensors.torch.save(model))
+        argv[5] = str(tmp_path / "copy")
         assert cli.main(argv) == cli.EXIT_RPC_ERROR
         assert f"differs from the receipt's {receipt['receipt']['final_model_hash']}" in capsys.readouterr().err
         assert not out.exists()

@@ -511,9 +511,28 @@ def test_the_spec_comes_from_the_file_or_the_node_and_must_match_the_run(tmp_pat
         _trainer_for(tmp_path, tmp_path / "missing.json", spec.task_id).load_spec(view)
 
 
-def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def _start_failure(kind: str) -> Exception:
+    import pathlib
+
+    from tenzro_training.p2p.host import P2PError
+    from tenzro_training.p2p.keys import PeerKeyError
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    if kind == "p2p":
+        return P2PError("cannot listen on /ip4/127.0.0.1/tcp/4001: address in use, blew up")
+    if kind == "peer_key":
+        return PeerKeyError(pathlib.Path("k"), "in use by another running host, blew up")
+    return TrainerProcessError("listening, then the bootstrap dial blew up")
+
+
+@pytest.mark.parametrize("kind", ["trainer", "p2p", "peer_key"])
+def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind) -> None:  # type: ignore[no-untyped-def]
     """P7: host.start() ran outside the try/finally that stops the host, so a start that failed
-    (or was cancelled) half-way left the libp2p thread and its socket behind."""
+    (or was cancelled) half-way left the libp2p thread and its socket behind.
+
+    The host's own errors (P2PError, PeerKeyError) come out as TrainerProcessError, so the CLI
+    exits 1 as for every trainer failure (docs/trainer-process.md); they used to reach the CLI
+    as plain TenzroErrors and exit 2, the status for bad usage (docs audit)."""
     import asyncio
     from types import SimpleNamespace
 
@@ -532,7 +551,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch) -> N
             pass
 
         async def start(self) -> None:
-            raise process.TrainerProcessError("listening, then the bootstrap dial blew up")
+            raise _start_failure(kind)
 
         async def stop(self) -> None:
             stopped.append(True)
