@@ -545,9 +545,7 @@ def coordinate_median(xs: list[np.ndarray]) -> Aggregate:
     if MUTATE == "median_f32":
         return Aggregate(plus_zero(((a + b) / f32(2)).astype(f32)))
     total = a.astype(f64) + b.astype(f64)
-    if MUTATE != "no_plus_zero":
-        total = total + 0.0
-    return Aggregate((total * 0.5).astype(f32))
+    return Aggregate(plus_zero((total * 0.5).astype(f32)))
 
 
 def trimmed_mean(xs: list[np.ndarray], alpha_bps: int) -> Aggregate:
