@@ -23,6 +23,7 @@ from tenzro_training.auth import (
     FinalizeRound,
     MalformedMessage,
     PostTask,
+    RequestModel,
     SignatureInvalid,
     SubmitOuterGradient,
     WrongSigner,
@@ -49,6 +50,7 @@ def sample_messages() -> list[Any]:
         SubmitOuterGradient(task_id=TASK, round=12, fragment=3, payload_hash=b"\xab" * 32),
         FinalizeRound(task_id=TASK, round=12),
         CancelTask(task_id=TASK),
+        RequestModel(task_id=TASK, requester=parse_address(ADDR_B), round=12, nonce=2**63 + 5),
     ]
 
 
@@ -66,6 +68,7 @@ TYPE_STRINGS = {
     "SubmitOuterGradient": "SubmitOuterGradient(string taskId,uint64 round,uint32 fragment,bytes32 payloadHash)",
     "FinalizeRound": "FinalizeRound(string taskId,uint64 round)",
     "CancelTask": "CancelTask(string taskId)",
+    "RequestModel": "RequestModel(string taskId,address requester,uint64 round,uint64 nonce)",
 }
 
 
@@ -85,6 +88,8 @@ def _hand_struct_hash(msg: Any) -> bytes:
         enc += _word(msg.round) + _word(msg.fragment) + msg.payload_hash
     elif isinstance(msg, FinalizeRound):
         enc += _word(msg.round)
+    elif isinstance(msg, RequestModel):
+        enc += bytes(12) + msg.requester + _word(msg.round) + _word(msg.nonce)
     return keccak(enc)
 
 
@@ -118,6 +123,7 @@ DOC_TYPE_HASHES = {
     "SubmitOuterGradient": "06524bad63a4762dd7aaa18563030e0c24cdd27100584a68d31a04b64b888f54",
     "FinalizeRound": "4ea781a1ad977b3f7028047b90d28bc75e637820c2cc62f308558d2947b32175",
     "CancelTask": "4e782b7e0eaa8004c6322e61847167e1f09d0b3e56e8ffde1554d6594a01ff33",
+    "RequestModel": "f19276604d058544aa24b09e25f8170116c3043806f74d973f313486b1ddb27d",
 }
 
 
