@@ -15,11 +15,18 @@ its payloads leaves round r-1's state for the retry.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tenzro_training.trainer import TrainerProcessError
 
-__all__ = ["FeedbackStore"]
+__all__ = ["MAX_STATE_FILE_BYTES", "FeedbackStore"]
+
+log = logging.getLogger("tenzro.trainer")
+
+MAX_STATE_FILE_BYTES = 16 << 30
+"""The largest state file read back (a model of ~4G parameters), as for checkpoints: the file is
+read whole, and something else in its place (a device, a growing file) must not fill memory."""
 
 
 class FeedbackStore:
@@ -51,13 +58,20 @@ class FeedbackStore:
         return sorted(out)
 
     def load(self, round_: int) -> bytes | None:
+        """The saved state of ``round_``, None if there is none. TrainerProcessError for one that
+        cannot be read at all (permissions, a directory or FIFO in its place: a FIFO blocked the
+        trainer until a writer came, trainer kill campaign): the operator's to fix, so it is
+        said and the trainer stops, rather than dropping a state a chmod would bring back."""
+        from storage.files import NotReadable, read_regular_file
+
         path = self.path(round_)
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
+        if not path.exists() and not path.is_symlink():
             return None
-        except OSError as exc:
-            raise TrainerProcessError(f"cannot read the error-feedback state {path}: {exc.strerror}") from None
+        try:
+            return read_regular_file(path, MAX_STATE_FILE_BYTES)
+        except NotReadable as exc:
+            raise TrainerProcessError(f"cannot read the error-feedback state {path}: {exc.reason} (fix or "
+                                      "remove it, then restart)") from None
 
     def newest_before(self, round_: int) -> tuple[int, bytes] | None:
         """The newest saved state of a round < ``round_``, with its round."""
@@ -68,7 +82,13 @@ class FeedbackStore:
         return None
 
     def prune(self, before_round: int | None) -> None:
-        """Delete the states of rounds < ``before_round`` (None: all of them)."""
+        """Delete the states of rounds < ``before_round`` (None: all of them). A file that cannot
+        be deleted (a read-only directory) is logged and left: nothing depends on its removal,
+        and it raised out of the trainer as a traceback (trainer kill campaign)."""
         for saved in self.rounds():
             if before_round is None or saved < before_round:
-                self.path(saved).unlink(missing_ok=True)
+                try:
+                    self.path(saved).unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("cannot delete the old error-feedback state %s: %s", self.path(saved),
+                                exc.strerror or exc)

@@ -4,11 +4,20 @@ account out of one state directory."""
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
 from pathlib import Path
 
 from tenzro_training.trainer import TrainerProcessError
 
-__all__ = ["PayloadStore"]
+__all__ = ["MAX_SAVED_PAYLOAD_BYTES", "PayloadStore"]
+
+log = logging.getLogger("tenzro.trainer")
+
+MAX_SAVED_PAYLOAD_BYTES = 1 << 32
+"""The largest saved payload read back: far above any payload a node accepts (docs/node.md
+``max_payload_bytes``, 64 MiB by default); the bound is for what else may be in its place."""
 
 
 class PayloadStore:
@@ -37,14 +46,18 @@ class PayloadStore:
         none is saved). Saves of that round from another base are left alone: they were signed,
         and deleting them (as until 2026-11-26) let a node that served the round again with
         another model have the trainer sign a second payload (the SigningGuard now refuses)."""
+        from storage.files import NotReadable, read_regular_file
+
         out: list[bytes | None] = []
         for f in range(fragments):
-            try:
-                out.append(self.path(round_, f, base).read_bytes())
-            except FileNotFoundError:
+            path = self.path(round_, f, base)
+            if not path.exists() and not path.is_symlink():
                 out.append(None)
-            except OSError as exc:
-                raise TrainerProcessError(f"cannot read saved payload {self.path(round_, f, base)}: {exc.strerror}") from None
+                continue
+            try:  # not read_bytes: a FIFO in its place blocked the trainer (trainer kill campaign)
+                out.append(read_regular_file(path, MAX_SAVED_PAYLOAD_BYTES))
+            except NotReadable as exc:
+                raise TrainerProcessError(f"cannot read saved payload {path}: {exc.reason}") from None
         return out
 
     def save(self, round_: int, fragment: int, base: bytes, payload: bytes) -> None:
@@ -77,6 +90,16 @@ class PayloadStore:
                 f"staked): two would submit different payloads for one round, which is equivocation and "
                 f"burns the stake"
             )
+        try:
+            # Every round writes here (payloads, error feedback, the signing record): a directory
+            # it cannot write stops the trainer now, before it enrolls, not after it staked.
+            probe, name = tempfile.mkstemp(dir=self.dir, prefix=".write-check-")
+            os.close(probe)
+            os.unlink(name)
+        except OSError as exc:
+            os.close(fd)
+            raise TrainerProcessError(f"cannot write in state directory {self.dir}: {exc.strerror or exc} "
+                                      "(nothing staked)") from None
         return fd
 
     def prune(self, before_round: int | None) -> None:
@@ -86,11 +109,17 @@ class PayloadStore:
 
         if not self.dir.is_dir():
             return
-        remove_temporary_files(self.dir)
-        for file in self.dir.glob("round-*-fragment-*.payload"):
-            try:
-                round_ = int(file.name.split("-")[1])
-            except ValueError:
-                continue
-            if before_round is None or round_ < before_round:
-                file.unlink(missing_ok=True)
+        try:
+            remove_temporary_files(self.dir)
+            for file in self.dir.glob("round-*-fragment-*.payload"):
+                try:
+                    round_ = int(file.name.split("-")[1])
+                except ValueError:
+                    continue
+                if before_round is None or round_ < before_round:
+                    file.unlink(missing_ok=True)
+        except OSError as exc:
+            # Housekeeping: nothing depends on the removal (a finalized round's payload is never
+            # submitted again). It raised out of the trainer as a traceback when the directory
+            # was read-only (trainer kill campaign); the next save says what is wrong.
+            log.warning("cannot delete old saved payloads in %s: %s", self.dir, exc.strerror or exc)

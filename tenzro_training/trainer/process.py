@@ -601,6 +601,9 @@ class _Trainer:
         if found is None:
             if resubmitting:
                 self.say(f"error feedback starts from zero: no state was saved with round {round_}'s payloads")
+            elif round_ > 0:
+                self.say(f"error feedback starts from zero: no state was saved before round {round_}")
+            self._start_feedback_from_zero()
             return
         saved_round, data = found
         try:
@@ -618,8 +621,10 @@ class _Trainer:
         except CompressionError as exc:
             self.say(f"error feedback starts from zero: {self.feedback_store.path(saved_round)} is not "
                      f"this run's ({exc})")
+            self._start_feedback_from_zero()
             return
         self.feedback = feedback
+        self.feedback_store.prune(saved_round)  # no later restart reads an older state
         if resubmitting:
             self.feedback_round = round_
             self.say(f"error feedback resumed from the state saved with round {round_}'s payloads")
@@ -628,6 +633,14 @@ class _Trainer:
         self.feedback_round = None
         self.say(f"error feedback resumed from round {saved_round}'s saved state"
                  + (f" ({restored} fragments it did not aggregate from this trainer put back)" if restored else ""))
+
+    def _start_feedback_from_zero(self) -> None:
+        """Hold a zero error-feedback state from here on. Left unset, the next round read the
+        same refused file again and said so twice; or, after resubmitting round r without its
+        state, it resumed from round r-1's, whose residual holds what round r's payloads had
+        already sent (trainer kill campaign)."""
+        self.feedback = ErrorFeedback(self.layouts, self.encoding)
+        self.feedback_round = None
 
     def unsend(self, round_: int, fragments: range) -> None:
         """``fragments`` of ``round_`` will not be aggregated: with error feedback, their sent

@@ -32,3 +32,43 @@ def test_an_unwritable_directory_is_a_trainer_process_error(tmp_path: Path) -> N
     (tmp_path / "file").write_text("")
     with pytest.raises(TrainerProcessError, match="cannot save the error-feedback state"):
         FeedbackStore(tmp_path / "file" / "state").save(0, b"x")
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory"])
+def test_something_else_in_a_state_files_place_stops_the_trainer_with_one_line(tmp_path: Path, what: str) -> None:
+    """A FIFO named like a state file blocked the restarted trainer until a writer came (trainer
+    kill campaign): the file is opened as a regular file or refused at once, with its path."""
+    import os
+
+    store = FeedbackStore(tmp_path / "state")
+    store.dir.mkdir()
+    if what == "fifo":
+        os.mkfifo(store.path(1))
+    else:
+        store.path(1).mkdir()
+    with pytest.raises(TrainerProcessError, match=r"cannot read the error-feedback state .*feedback-round-1.*not a "
+                                                  r"regular file \(fix or remove it, then restart\)"):
+        store.newest_before(2)
+
+
+def test_a_state_that_cannot_be_deleted_is_logged_and_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """In a read-only directory the prune at the run's end raised PermissionError out of the
+    trainer as a traceback, and left the files (trainer kill campaign). Deleting old states is
+    housekeeping: a warning per file, and the trainer goes on."""
+    store = FeedbackStore(tmp_path / "state")
+    for r in (0, 1, 2):
+        store.save(r, b"state")
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "feedback-round-0.safetensors":
+            raise PermissionError(13, "Permission denied")
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with caplog.at_level("WARNING", logger="tenzro.trainer"):
+        store.prune(None)
+    assert store.rounds() == [0]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot delete the old error-feedback state {store.path(0)}: Permission denied"]

@@ -830,6 +830,70 @@ def test_a_getrun_view_that_does_not_say_how_round_q_ended_leaves_the_state_unus
     assert len(said) == 1 and said[0].startswith("error feedback starts from zero") and why in said[0], said
 
 
+def test_a_restart_without_its_saved_state_says_so_and_never_reaches_back_to_an_older_one(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Trainer kill campaign: resubmitting round 1's payloads without round 1's state, the next
+    round resumed from round 0's, whose residual holds what round 1's payloads had already sent;
+    a fresh round with no state at all said nothing, though the docs list the line."""
+    import asyncio
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = BASE
+    asyncio.run(first.get_payloads(0, _topk_view(first, [])))
+    first.held_hash = _B
+    view1 = _topk_view(first, [(_B, [True, True])])
+    sent, _ = asyncio.run(first.get_payloads(1, view1))
+    first.feedback_store.path(1).unlink()  # lost; round 0's is still there
+
+    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted.held_hash = _B
+    assert asyncio.run(restarted.get_payloads(1, view1)) == (sent, True)
+    restarted.held_hash = _C
+    asyncio.run(restarted.get_payloads(2, _topk_view(first, [(_B, [True, True]), (_C, [True, True])])))
+    assert said == ["error feedback starts from zero: no state was saved with round 1's payloads"]
+
+    for r in restarted.feedback_store.rounds():  # nothing saved at all, round 3 trained afresh
+        restarted.feedback_store.path(r).unlink()
+    again, said = _topk_trainer(tmp_path, monkeypatch)
+    again.held_hash = _D
+    asyncio.run(again.get_payloads(3, _topk_view(first, [(_B, [True, True]), (_C, [True, True]), (_D, [True, True])])))
+    assert said == ["error feedback starts from zero: no state was saved before round 3"]
+
+
+def test_a_refused_state_is_said_once_and_a_resumed_one_prunes_the_older(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A damaged state was read again, and refused again, at the next round; and a restart
+    resumed from round q left the states before q until a later round's payloads were saved
+    (5 model-sized files after repeated kills, trainer kill campaign)."""
+    import asyncio
+
+    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first.held_hash = BASE
+    asyncio.run(first.get_payloads(0, _topk_view(first, [])))
+    first.held_hash = _B
+    asyncio.run(first.get_payloads(1, _topk_view(first, [(_B, [True, True])])))
+    for f in range(2):
+        first.payloads.path(1, f, _B).unlink()  # killed after round 1's state, before its payloads
+    assert first.feedback_store.rounds() == [0, 1]
+
+    records = [(_B, [True, True]), (_C, [True, True])]  # the run moved on without it
+    resumed, said = _topk_trainer(tmp_path, monkeypatch)
+    resumed.held_hash = _C
+    asyncio.run(resumed.get_payloads(2, _topk_view(first, records)))
+    assert said == ["error feedback resumed from round 1's saved state"]
+    assert resumed.feedback_store.rounds() == [1, 2]  # round 0's is gone at once
+
+    resumed.feedback_store.path(2).write_bytes(b"damaged")
+    for f in range(2):
+        resumed.payloads.path(2, f, _C).unlink()
+    refused, said = _topk_trainer(tmp_path, monkeypatch)
+    refused.held_hash = _D
+    records.append((_D, [True, True]))
+    asyncio.run(refused.get_payloads(3, _topk_view(first, records)))
+    refused.held_hash = _E
+    records.append((_E, [True, True]))
+    asyncio.run(refused.get_payloads(4, _topk_view(first, records)))
+    assert len(said) == 1 and said[0].startswith("error feedback starts from zero: ") and "round-2" in said[0], said
+
+
 def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
     import torch
 
@@ -1161,6 +1225,57 @@ def test_prune_removes_saved_payloads_and_unfinished_saves(tmp_path) -> None:  #
     assert list(tr.payloads.dir.iterdir()) == []
 
 
+def test_the_payload_store_refuses_a_fifo_and_logs_what_it_cannot_delete(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Trainer kill campaign: a FIFO in a saved payload's place blocked the restarted trainer,
+    and a read-only state directory made the prune raise a traceback (the trainer could never
+    come back, and the run failed its quorum). Now: one line for the FIFO; a warning for what
+    cannot be deleted, and the trainer goes on."""
+    import os
+    from pathlib import Path
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
+    tr.payloads.save(0, 0, BASE, b"p0")
+    os.mkfifo(tr.payloads.path(0, 1, BASE))
+    with pytest.raises(TrainerProcessError, match=r"cannot read saved payload .*fragment-1.*: not a regular file"):
+        tr.payloads.load(0, 2, BASE)
+    tr.payloads.path(0, 1, BASE).unlink()
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with caplog.at_level("WARNING", logger="tenzro.trainer"):
+        tr.payloads.prune(None)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot delete old saved payloads in {tr.payloads.dir}: Permission denied"]
+    assert tr.payloads.load(0, 2, BASE) == [b"p0", None]
+
+
+def test_a_state_directory_it_cannot_write_stops_the_trainer_before_it_enrolls(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every round writes into the state directory; a read-only one was found only after the
+    trainer had enrolled and staked, at its first save or prune (trainer kill campaign)."""
+    import os
+    import tempfile
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "state")
+    os.close(tr.payloads.lock())  # writable: fine, and nothing left behind by the check
+    assert list(tr.payloads.dir.iterdir()) == []
+
+    def mkstemp(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(TrainerProcessError, match=r"cannot write in state directory .*: Permission denied "
+                                                  r"\(nothing staked\)"):
+        tr.payloads.lock()
+    monkeypatch.undo()
+    os.close(tr.payloads.lock())  # the refused lock was released, not leaked: it can be taken again
+
+
 # --- nothing is staked before every check that can refuse the trainer (reviewer repro fake_enroll.py) -
 
 
@@ -1391,7 +1506,7 @@ def test_an_unreachable_bootstrap_peer_stops_the_trainer_before_it_stakes(tmp_pa
 # --- a hostile node cannot make the trainer equivocate (trainer probe, stop 20) --------------------
 
 
-_A, _B, _C = b"\xaa" * 32, b"\xbb" * 32, b"\xcc" * 32
+_A, _B, _C, _D, _E = b"\xaa" * 32, b"\xbb" * 32, b"\xcc" * 32, b"\xdd" * 32, b"\xee" * 32
 
 
 def _hostile_view(tr, round_: int, model_hash: bytes, records: int | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
