@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from torch import Tensor, nn
 
-from storage.files import write_file_atomically
+from storage.files import NotReadable, read_regular_file, write_file_atomically
 from tenzro_training.errors import CheckpointError, SpecError
 from tenzro_training.trainer import TrainerError
 
@@ -76,6 +76,9 @@ __all__ = [
 ]
 
 FAMILY = "timesfm"
+MAX_CHECKPOINT_BYTES = 16 << 30
+"""The largest checkpoint file read (whole, to be hashed and parsed): the CLI's limit for
+checkpoints and models (docs/cli.md)."""
 _METADATA_PATH = "architecture.metadata"
 # Upper bounds on metadata values: a spec is untrusted input and the node may build the model
 # (to count parameters or create a checkpoint); these stop a spec from asking for terabytes.
@@ -424,10 +427,10 @@ def load_checkpoint(path: str | os.PathLike[str], expected_sha256: str | bytes) 
     """
     where = str(path)
     expected = _normalise_digest(where, expected_sha256)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise CheckpointFileError(where, f"cannot read: {exc.strerror or exc}") from exc
+    try:  # a regular file only: a FIFO or a device named as the checkpoint blocks or fills memory
+        data = read_regular_file(path, MAX_CHECKPOINT_BYTES)
+    except NotReadable as exc:
+        raise CheckpointFileError(where, exc.reason) from None
     actual = _sha256_hex(data)
     if actual != expected:
         raise CheckpointHashMismatch(where, expected, actual)

@@ -60,6 +60,9 @@ __all__ = ["RECORD_FILE", "SigningGuard", "SigningRecordError", "SigningRefused"
 
 RECORD_FILE = "signed-payloads.log"
 """The guard's file in the state directory."""
+MAX_RECORD_BYTES = 1 << 30
+"""The largest record read back (~80 bytes per signed payload: millions of rounds x fragments);
+the bound is for what else may be in its place."""
 
 _SIGNED = re.compile(rb"(\d{1,20}) (\d{1,10}) ([0-9a-f]{64})")
 _FLOOR = re.compile(rb"floor (\d{1,20})")
@@ -91,13 +94,15 @@ class SigningGuard:
         self._appended = False
         self.floor = 0
         """No new signature for a round below this one."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        from storage.files import NotReadable, read_regular_file
+
+        if not self.path.exists() and not self.path.is_symlink():
             self._create(directory, floor_if_new)
             return
-        except OSError as exc:
-            raise SigningRecordError(f"cannot read the record of signed payloads {self.path}: {exc.strerror}") from None
+        try:  # a regular file only: a FIFO in its place blocked the trainer (trainer kill campaign)
+            raw = read_regular_file(self.path, MAX_RECORD_BYTES)
+        except NotReadable as exc:
+            raise SigningRecordError(f"cannot read the record of signed payloads {self.path}: {exc.reason}") from None
         *lines, tail = raw.split(b"\n")
         if tail:  # a line a crash cut short (any bytes): its signature was never made; cut it off
             try:
@@ -169,14 +174,20 @@ class SigningGuard:
         from storage.files import write_file_atomically
         from tenzro_training.payload import compute_payload_hash
 
+        from storage.files import NotReadable, read_regular_file
+        from tenzro_training.trainer.payload_store import MAX_SAVED_PAYLOAD_BYTES
+
         saved: dict[tuple[int, int], set[bytes]] = {}
         try:
             for file in sorted(directory.glob("round-*-fragment-*.payload")):
                 m = _SAVED.fullmatch(file.name)
                 if m is not None:
-                    saved.setdefault((int(m[1]), int(m[2])), set()).add(compute_payload_hash(file.read_bytes()))
+                    data = read_regular_file(file, MAX_SAVED_PAYLOAD_BYTES)
+                    saved.setdefault((int(m[1]), int(m[2])), set()).add(compute_payload_hash(data))
         except OSError as exc:
             raise SigningRecordError(f"cannot read the saved payloads in {directory}: {exc.strerror or exc}") from None
+        except NotReadable as exc:
+            raise SigningRecordError(f"cannot read the saved payloads in {directory}: {exc.reason}") from None
         lines = [] if floor is None else [f"floor {floor}"]
         for (r, f), hashes in sorted(saved.items()):
             if len(hashes) == 1:

@@ -286,3 +286,12 @@ def test_invalid_expected_digest(tmp_path: Path, expected: object) -> None:
 def test_invalid_missing_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointFileError):
         load_checkpoint(tmp_path / "absent.safetensors", "0x" + "00" * 32)
+
+
+def test_invalid_checkpoint_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """A spec's file:// checkpoint read with read_bytes blocked on a FIFO until a writer came."""
+    import os
+
+    os.mkfifo(tmp_path / "init.safetensors")
+    with pytest.raises(CheckpointFileError, match="not a regular file"):
+        load_checkpoint(tmp_path / "init.safetensors", "0x" + "00" * 32)

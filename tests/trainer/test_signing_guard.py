@@ -96,6 +96,17 @@ def test_a_new_record_starts_from_the_payloads_saved_before_it(tmp_path: Path) -
     assert SigningGuard(tmp_path).signed(4, 2)  # written down, not seeded again
 
 
+@pytest.mark.parametrize("where", ["record", "saved payload"])
+def test_a_fifo_in_the_state_directory_is_refused_not_waited_on(tmp_path: Path, where: str) -> None:
+    """A FIFO named like the record or a saved payload blocked the trainer's start until a
+    writer came (trainer kill campaign): read as regular files only, refused at once."""
+    import os
+
+    os.mkfifo(tmp_path / (RECORD_FILE if where == "record" else f"round-4-fragment-0-{'ab' * 32}.payload"))
+    with pytest.raises(SigningRecordError, match="not a regular file"):
+        SigningGuard(tmp_path)
+
+
 def test_seeding_that_cannot_read_a_save_refuses_cleanly(tmp_path: Path) -> None:
     (tmp_path / f"round-4-fragment-0-{'ab' * 32}.payload").mkdir()  # not a file
     with pytest.raises(SigningRecordError, match="cannot read the saved payloads"):
