@@ -26,6 +26,7 @@ __all__ = [
     "fsync_directory",
     "open_regular_file",
     "read_regular_file",
+    "read_saved_file",
     "remove_temporary_files",
     "write_file_atomically",
 ]
@@ -160,6 +161,16 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int, *, follow_sy
     if len(data) > max_bytes:
         raise NotReadable(f"file is larger than the limit of {max_bytes} bytes")
     return data
+
+
+def read_saved_file(path: Path, max_bytes: int) -> bytes | None:
+    """:func:`read_regular_file` of a file a process saved for itself (a trainer's payloads and
+    state), None when nothing is at ``path``. Anything else there (a FIFO, a directory, a
+    dangling symlink, a file it may not read) is NotReadable: the operator's to fix, never
+    mistaken for "not saved"."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    return read_regular_file(path, max_bytes)
 
 
 _HASH_CHUNK = 16 << 20

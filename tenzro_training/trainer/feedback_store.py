@@ -62,13 +62,11 @@ class FeedbackStore:
         cannot be read at all (permissions, a directory or FIFO in its place: a FIFO blocked the
         trainer until a writer came, trainer kill campaign): the operator's to fix, so it is
         said and the trainer stops, rather than dropping a state a chmod would bring back."""
-        from storage.files import NotReadable, read_regular_file
+        from storage.files import NotReadable, read_saved_file
 
         path = self.path(round_)
-        if not path.exists() and not path.is_symlink():
-            return None
         try:
-            return read_regular_file(path, MAX_STATE_FILE_BYTES)
+            return read_saved_file(path, MAX_STATE_FILE_BYTES)
         except NotReadable as exc:
             raise TrainerProcessError(f"cannot read the error-feedback state {path}: {exc.reason} (fix or "
                                       "remove it, then restart)") from None

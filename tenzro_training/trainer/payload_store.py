@@ -46,16 +46,13 @@ class PayloadStore:
         none is saved). Saves of that round from another base are left alone: they were signed,
         and deleting them (as until 2026-11-26) let a node that served the round again with
         another model have the trainer sign a second payload (the SigningGuard now refuses)."""
-        from storage.files import NotReadable, read_regular_file
+        from storage.files import NotReadable, read_saved_file
 
         out: list[bytes | None] = []
         for f in range(fragments):
             path = self.path(round_, f, base)
-            if not path.exists() and not path.is_symlink():
-                out.append(None)
-                continue
             try:  # not read_bytes: a FIFO in its place blocked the trainer (trainer kill campaign)
-                out.append(read_regular_file(path, MAX_SAVED_PAYLOAD_BYTES))
+                out.append(read_saved_file(path, MAX_SAVED_PAYLOAD_BYTES))
             except NotReadable as exc:
                 raise TrainerProcessError(f"cannot read saved payload {path}: {exc.reason}") from None
         return out

@@ -94,15 +94,15 @@ class SigningGuard:
         self._appended = False
         self.floor = 0
         """No new signature for a round below this one."""
-        from storage.files import NotReadable, read_regular_file
+        from storage.files import NotReadable, read_saved_file
 
-        if not self.path.exists() and not self.path.is_symlink():
-            self._create(directory, floor_if_new)
-            return
         try:  # a regular file only: a FIFO in its place blocked the trainer (trainer kill campaign)
-            raw = read_regular_file(self.path, MAX_RECORD_BYTES)
+            raw = read_saved_file(self.path, MAX_RECORD_BYTES)
         except NotReadable as exc:
             raise SigningRecordError(f"cannot read the record of signed payloads {self.path}: {exc.reason}") from None
+        if raw is None:
+            self._create(directory, floor_if_new)
+            return
         *lines, tail = raw.split(b"\n")
         if tail:  # a line a crash cut short (any bytes): its signature was never made; cut it off
             try:

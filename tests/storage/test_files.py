@@ -16,6 +16,7 @@ from storage.files import (
     NotReadable,
     open_regular_file,
     read_regular_file,
+    read_saved_file,
     remove_temporary_files,
     write_file_atomically,
 )
@@ -85,6 +86,21 @@ def test_read_regular_file_bounds_and_kinds(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(NotReadable, match="not a regular file"):  # returns at once: no writer needed
         read_regular_file(fifo, 5)
+
+
+def test_read_saved_file_is_none_only_when_nothing_is_there(tmp_path: Path) -> None:
+    """A trainer's saved payloads and state: absent is "not saved"; anything else in the file's
+    place is refused at once (a FIFO blocked a restarted trainer: trainer kill campaign)."""
+    assert read_saved_file(tmp_path / "missing", 5) is None
+    (tmp_path / "f").write_bytes(b"saved")
+    assert read_saved_file(tmp_path / "f", 5) == b"saved"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "fifo")
+    for odd in ("dangling", "fifo"):
+        with pytest.raises(NotReadable):
+            read_saved_file(tmp_path / odd, 5)
+    with pytest.raises(NotReadable, match="not a regular file"):
+        read_saved_file(tmp_path, 5)
 
 
 # --- FileDigests (moved from rpc/artifacts: the node's posts and its checkpoint route share it) ---
