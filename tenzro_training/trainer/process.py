@@ -290,6 +290,9 @@ class _Trainer:
         self.client = RpcClient(cfg.rpc_url, timeout=60.0)
         self.reached_node = False
         """Set by the first answer: before it an unreachable node is a setup error (exit 3)."""
+        self.reconnected_at: float | None = None
+        """When the node last answered again after being unreachable (monotonic): a restart, which
+        may have lost the RoundFinalized of a round it had just committed (``wait_finalized``)."""
         self.stopping = threading.Event()
         """Set with the stop event (SIGINT/SIGTERM): the inner loop, on its own thread, ends
         before its next step instead of finishing the round."""
@@ -351,6 +354,7 @@ class _Trainer:
                 continue
             if deadline is not None:
                 self.say("node reachable again")
+                self.reconnected_at = time.monotonic()
             self.reached_node = True
             return result
 
@@ -708,9 +712,15 @@ class _Trainer:
             sig = self.sign(auth.SubmitOuterGradient(task_id=self.cfg.task_id, round=round_, fragment=f, payload_hash=digest))
             signed.append((digest, sig))
             await self.publish_payload(round_, f, payload, sig)
+        # An earlier fragment of this round had to be sent again: its payload was published with
+        # the others, so theirs were most likely lost too (a node restarted while they travelled).
+        gossip_lost = False
         for f, (digest, sig) in enumerate(signed):
             deadline = time.monotonic() + self.cfg.submit_timeout_s
-            republish_at = time.monotonic() + self.cfg.submit_timeout_s / 4
+            # Each fragment waited its own quarter budget before republishing, one after the
+            # other: ~15 s x F after a node restart (node kill campaign). Once one was lost, the
+            # next is republished at its first "unavailable".
+            republish_at = time.monotonic() + (0.0 if gossip_lost else self.cfg.submit_timeout_s / 4)
             tries = 0
             inline = False
             while True:
@@ -753,11 +763,12 @@ class _Trainer:
                                     round_, f, _hex(digest), tries, self.cfg.submit_timeout_s)
                         self.say(f"round {round_} fragment {f}: gossip did not deliver the payload; sent inline")
                         self.inline_submissions += 1
-                        inline = True
+                        inline = gossip_lost = True
                         continue
                     if now > republish_at:  # gossip may have lost a chunk: send the payload again
                         await self.publish_payload(round_, f, payloads[f], sig)
                         republish_at = deadline + 1
+                        gossip_lost = True
                     await asyncio.sleep(min(0.05 * tries, 0.5))
             log.info("round %d fragment %d accepted after %d tries", round_, f, tries)
         return True
@@ -774,6 +785,7 @@ class _Trainer:
         safety_net = started + self.cfg.max_round_wait_s
         grace_ms = int(self.cfg.model_timeout_s * 1000)
         moved_at: float | None = None
+        seen_open = started  # the last poll that showed the round still open
         last_poll = -1e18
         poll_every = 5 * self.cfg.poll_interval_s
         view: dict[str, Any] | None = None
@@ -827,11 +839,17 @@ class _Trainer:
                     return view  # the run ended (Failed, ...): the main loop says so
                 if moved:
                     moved_at = now if moved_at is None else moved_at
-                    if now - moved_at >= self.cfg.model_timeout_s / 2:
+                    # The round closed while the node was out of reach (it restarted): a node
+                    # killed between committing the round and publishing its RoundFinalized never
+                    # publishes it, and the grace below cost every trainer ~30 s, even on a run
+                    # already Sealed (node kill campaign). Ask for the model at once instead.
+                    restarted = self.reconnected_at is not None and self.reconnected_at > seen_open
+                    if restarted or now - moved_at >= self.cfg.model_timeout_s / 2:
                         # The round closed but its RoundFinalized never arrived: ask for the model.
                         self.inbox.expect_finalized(None)
                         return await self.request_model(view, stop)
                 else:
+                    seen_open = time.monotonic()  # after the poll: a reconnect inside it came before
                     due = compute_round_wait_deadline_ms(view)
                     node_now = view.get("now_ms")
                     if not isinstance(node_now, int):  # an older node: our clock stands in for its

@@ -1015,6 +1015,41 @@ def test_invalid_loss_stops_the_trainer_with_the_round_and_the_model(tmp_path, m
 # --- the wait for a round follows the node's deadlines (reviewer repro wait_final.py) --------------
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_round_that_closed_while_the_node_restarted_asks_for_the_model_at_once(tmp_path, restart: bool) -> None:  # type: ignore[no-untyped-def]
+    """A node killed between committing a round and publishing its RoundFinalized never publishes
+    it; every trainer then waited model_timeout_s / 2 (30 s) before asking for the model, even
+    on a sealed run (node kill campaign). A round seen closed first after a reconnect is asked
+    for at once; without a restart the notice still gets its grace."""
+    import asyncio
+    import time
+
+    tr, _ = _bare_trainer(tmp_path, model_timeout_s=0.4, poll_interval_s=0.01)
+    tr.inbox = GossipInbox(TASK, g, 1024)
+    polls: list[float] = []
+    asked: list[int] = []
+
+    async def get_run() -> dict[str, object]:
+        polls.append(time.monotonic())
+        if len(polls) == 1:
+            return _round_view(tr, 0)  # still open
+        if restart and len(polls) == 2:
+            tr.reconnected_at = time.monotonic()  # what call() records: the node answered again
+        return _round_view(tr, 1, status="Sealed")
+
+    async def request_model(view: dict[str, object], stop: object) -> dict[str, object]:
+        asked.append(len(polls))
+        return view
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    tr.request_model = request_model  # type: ignore[method-assign]
+    assert asyncio.run(tr.wait_finalized(0, asyncio.Event()))["status"] == "Sealed"
+    if restart:
+        assert asked == [2]  # at the first poll that saw the round closed
+    else:  # its RoundFinalized gets model_timeout_s / 2 (polls every 0.05 s here)
+        assert len(asked) == 1 and asked[0] > 2 and polls[-1] - polls[1] >= 0.2
+
+
 def test_wait_finalized_waits_past_model_timeout_while_the_round_is_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
     import time
@@ -1434,6 +1469,34 @@ def test_a_payload_gossip_never_delivered_is_sent_inline(tmp_path) -> None:  # t
     assert base64.b64decode(str(last["payload"])) == b"payload" and "payload_hash" not in last
     assert last["signature"] == sent[0]["signature"]  # the same signed submission
     assert tr.inline_submissions == 1 and said == ["round 0 fragment 0: gossip did not deliver the payload; sent inline"]
+
+
+def test_once_one_fragments_gossip_was_lost_the_next_is_republished_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A node killed while a round's payloads travelled lost all of them; each fragment then
+    waited its own quarter budget before being published again, one after the other: ~15 s per
+    fragment, minutes for a 12-fragment model (node kill campaign). The first fragment still
+    waits (its chunks may only be slow); the later ones go again at their first "unavailable"."""
+    import asyncio
+
+    tr, _ = _bare_trainer(tmp_path, submit_timeout_s=2.0)
+    published: list[int] = []
+    calls: list[int] = []
+
+    async def publish_payload(round_: int, fragment: int, payload: bytes, signature: bytes) -> None:
+        published.append(fragment)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        fragment = int(params["fragment"])  # type: ignore[call-overload]
+        calls.append(fragment)
+        if published.count(fragment) < 2:  # the first publication of every fragment was lost
+            raise _error(1312, "PayloadUnavailable")
+        return {"accepted_count": 1}
+
+    tr.publish_payload = publish_payload  # type: ignore[method-assign]
+    tr.call = call  # type: ignore[method-assign]
+    assert asyncio.run(tr.submit(0, [b"f0", b"f1", b"f2"], asyncio.Event())) is True
+    assert published == [0, 1, 2, 0, 1, 2]
+    assert calls.count(0) > 2 and calls.count(1) == calls.count(2) == 2  # asked, republished, accepted
 
 
 def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: ignore[no-untyped-def]
