@@ -171,10 +171,8 @@ class SigningGuard:
         self.floor = floor
 
     def _create(self, directory: Path, floor: int | None) -> None:
-        from storage.files import write_file_atomically
+        from storage.files import NotReadable, read_regular_file, write_file_atomically
         from tenzro_training.payload import compute_payload_hash
-
-        from storage.files import NotReadable, read_regular_file
         from tenzro_training.trainer.payload_store import MAX_SAVED_PAYLOAD_BYTES
 
         saved: dict[tuple[int, int], set[bytes]] = {}
