@@ -433,6 +433,62 @@ def test_invalid_out_path_exits_2_and_writes_nothing(
     assert [p.name for p in (tmp_path / "new").iterdir()] == ["r.json"]  # no temporary left behind
 
 
+def test_out_goes_through_symlinks_and_into_devices_and_fifos_as_the_shell_does(tmp_path: Path) -> None:
+    """The atomic rename replaced whatever was at --out: a symlink became a regular file (its
+    target unchanged), a FIFO a regular file, and as root /dev/full a 909-byte regular file
+    (CLI probe). A regular file is still written whole or not at all."""
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    (tmp_path / "link.json").symlink_to(target)
+    cli_files.write_out(str(tmp_path / "link.json"), b"new")
+    assert (tmp_path / "link.json").is_symlink() and target.read_bytes() == b"new"
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "made.json")
+    cli_files.write_out(str(tmp_path / "dangling.json"), b"made")
+    assert (tmp_path / "dangling.json").is_symlink() and (tmp_path / "made.json").read_bytes() == b"made"
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    cli_files.write_out(str(fifo), b"x" * 200_000)  # larger than a pipe's buffer
+    reader.join(timeout=30)
+    assert got == [b"x" * 200_000] and stat.S_ISFIFO(os.stat(fifo).st_mode)  # a device goes the same way
+
+    for bad, why in ((str(tmp_path) + "/", "a directory path"), (str(tmp_path), "Is a directory")):
+        with pytest.raises(CliError, match=why):
+            cli_files.write_out(bad, b"x")
+
+
+def test_invalid_amount_of_thousands_of_digits_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """int() of more than 4300 digits raises ValueError: a traceback, exit 1 (CLI probe)."""
+    code, out, err = run(capsys, "keys", "new-vrf", "--address", "0x" + "11" * 20, "--stake", "1" * 5000,
+                         "--out", str(tmp_path / "v"))
+    assert code == EXIT_USAGE and out == "" and err == "tenzro: --stake exceeds uint256\n"
+    assert run(capsys, "keys", "new-vrf", "--address", "0x" + "11" * 20, "--stake", str(2**256),
+               "--out", str(tmp_path / "v"))[0] == EXIT_USAGE
+
+
+def test_invalid_empty_key_file_is_not_the_environment_key(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--key-file '' fell back to TENZRO_PRIVATE_KEY and signed with it (CLI probe)."""
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, "train", "address", "--key-file", "")
+    assert exited.value.code == EXIT_USAGE and "expected a file path" in capsys.readouterr().err
+
+
+def test_invalid_receipt_answer_replaces_no_out_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     fake_node: FakeNode) -> None:
+    """A receipt of the right task whose fields this cannot read was written to --out before the
+    failure, over a good file (CLI probe)."""
+    out = tmp_path / "r.json"
+    out.write_text("good")
+    fake_node.replies["tenzro_training_getReceipt"] = {"receipt": {"task_id": "t1", "transcript": 5}}
+    code, _, err = run(capsys, "train", "get-receipt", "--task-id", "t1", "--rpc", fake_node.url, "--out", str(out))
+    assert code == EXIT_RPC_ERROR and "cannot read the node's answer" in err and out.read_text() == "good"
+
+
 def test_get_run_human_and_json(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
     view = {
         "task_id": "t1", "status": "Training", "round": 1, "syncer": KEY_ADDRESS, "syncer_rank": 1,

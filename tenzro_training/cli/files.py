@@ -30,15 +30,42 @@ def read_text(path: str, what: str) -> str:
 
 
 def write_out(path: str, data: bytes) -> None:
-    """Write an ``--out`` file whole or not at all (a reader never sees half of it), replacing
-    what is there, with the mode a plain create would give (0666 less the umask: a user with
-    umask 077 gets 0600, as from shell redirection)."""
+    """Write an ``--out`` file as shell redirection would, and a regular file whole or not at all.
+
+    A regular file (or a new one) is written atomically (a reader never sees half of it), with
+    the mode a plain create would give (0666 less the umask: a user with umask 077 gets 0600);
+    through a symlink, the link's target is the file replaced, the link stays. A device or a
+    FIFO (``/dev/stdout``, ``/dev/null``, a named pipe) is written into. Missing directories
+    are created (unlike the shell: tested, and documented). Until 2026-11-27 the atomic rename
+    replaced a symlink, a FIFO or even ``/dev/full`` with a regular file (CLI probe)."""
+    import stat
+
     from storage.files import write_file_atomically
 
-    mask = os.umask(0)
-    os.umask(mask)
+    if path.endswith(("/", os.sep)):
+        raise CliError(f"cannot write {path}: a directory path, not a file")
     try:
-        write_file_atomically(path, data, mode=0o666 & ~mask)
+        info: os.stat_result | None = os.stat(path)  # through symlinks
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            raise CliError(f"cannot write {path}: Is a directory")
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            return
+        target = Path(os.path.realpath(path))  # a symlink (even dangling) names the file to write
+        mask = os.umask(0)
+        os.umask(mask)
+        write_file_atomically(target, data, mode=0o666 & ~mask)
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 

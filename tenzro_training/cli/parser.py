@@ -24,7 +24,8 @@ def _client_flags(p: argparse.ArgumentParser, signing: bool, json_output: bool =
     if json_output:
         p.add_argument("--json", action="store_true", help="print the raw JSON result")
     if signing:
-        p.add_argument("--key-file", help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
+        p.add_argument("--key-file", type=values.file_path,
+                       help="file holding the signer's private key (else TENZRO_PRIVATE_KEY)")
         p.add_argument("--account", help="with a dev-accounts.json key file: sponsor, trainer:N, syncer:N or an address")
         p.add_argument("--chain-id", type=values.chain_id, default=auth.DEFAULT_CHAIN_ID,
                        help=f"EIP-712 chain id (default {auth.DEFAULT_CHAIN_ID}, the dev chain's)")

@@ -67,8 +67,6 @@ def cmd_get_receipt(args: argparse.Namespace) -> None:
     if not isinstance(receipt_obj, dict):
         raise CliError("the node's getReceipt answer has no receipt object", EXIT_RPC_ERROR)
     check_answer(receipt_obj, "getReceipt", task_id=args.task_id)
-    if args.out:
-        write_out(args.out, json.dumps(result, indent=2, sort_keys=True).encode())
 
     def human(r: dict[str, Any]) -> str:
         receipt = r["receipt"]
@@ -82,7 +80,10 @@ def cmd_get_receipt(args: argparse.Namespace) -> None:
             lines.append(f"  {t.get('address')}  accepted {t.get('accepted_submissions')}")
         return "\n".join(lines)
 
-    emit(args, result, human)
+    text = human(result)  # before --out: an answer this cannot read must not replace a good file
+    if args.out:
+        write_out(args.out, json.dumps(result, indent=2, sort_keys=True).encode())
+    emit(args, result, lambda r: text)
 
 
 def cmd_enroll(args: argparse.Namespace) -> None:

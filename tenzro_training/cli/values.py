@@ -71,6 +71,8 @@ def parse_amount(text: str, flag: str) -> int:
     # ASCII digits only: str.isdigit() also accepts "²" (int() then raises) and other scripts' digits.
     if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
         raise CliError(f"{flag} must be a decimal integer (attoTNZO)")
+    if len(text) > 78:  # 2^256 has 78 digits; int() of 4301+ digits raised a traceback (CLI probe)
+        raise CliError(f"{flag} exceeds uint256")
     value = int(text)
     if value >= 2**256:
         raise CliError(f"{flag} exceeds uint256")

@@ -71,6 +71,7 @@ __all__ = [
     "get_adapter",
     "load_checkpoint",
     "load_state",
+    "compute_checkpoint_bytes",
     "save_checkpoint",
 ]
 
@@ -392,10 +393,15 @@ def save_checkpoint(
     The bytes depend only on the tensors and metadata (same state -> same file and hash). The
     file is written to a temporary name and renamed, so a reader never sees half a checkpoint.
     """
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
-    data = _sort_metadata(safetensors.torch.save(tensors, metadata=dict(metadata) if metadata else None))
+    data = compute_checkpoint_bytes(state, metadata=metadata)
     write_file_atomically(path, data)
     return _sha256_hex(data)
+
+
+def compute_checkpoint_bytes(state: Mapping[str, Tensor], *, metadata: Mapping[str, str] | None = None) -> bytes:
+    """The bytes :func:`save_checkpoint` writes (for a caller that writes them its own way)."""
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
+    return _sort_metadata(safetensors.torch.save(tensors, metadata=dict(metadata) if metadata else None))
 
 
 def _sort_metadata(data: bytes) -> bytes:
