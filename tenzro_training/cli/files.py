@@ -54,13 +54,8 @@ def write_out(path: str, data: bytes) -> None:
         if info is not None and stat.S_ISDIR(info.st_mode):
             raise CliError(f"cannot write {path}: Is a directory")
         if info is not None and not stat.S_ISREG(info.st_mode):
-            fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
+            with open(path, "wb") as fh:  # as `>` opens it; the buffered writer writes it all
+                fh.write(data)
             return
         target = Path(os.path.realpath(path))  # a symlink (even dangling) names the file to write
         mask = os.umask(0)

@@ -68,10 +68,10 @@ __all__ = [
     "count_params",
     "tensor_shapes",
     "create_init_checkpoint",
+    "compute_checkpoint_bytes",
     "get_adapter",
     "load_checkpoint",
     "load_state",
-    "compute_checkpoint_bytes",
     "save_checkpoint",
 ]
 
