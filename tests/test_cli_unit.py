@@ -1697,6 +1697,31 @@ def test_node_config_precedence(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("content", "flags", "match"),
+    [
+        ('{"rpc_port": "8545"}', {"rpc_port": 9000}, "rpc_port"),
+        ('{"rpc_port": 70000}', {"rpc_port": 9000}, "rpc_port"),
+        ('{"rpc_host": ""}', {"rpc_host": "127.0.0.1"}, "rpc_host"),
+    ],
+)
+def test_a_flag_does_not_hide_a_malformed_value_in_the_config_file(
+    tmp_path: Path, content: str, flags: dict[str, object], match: str
+) -> None:
+    """--rpc-port replaced the file's rpc_port before anything read it, so a malformed one went
+    unnoticed until the first start without the flag."""
+    from tenzro_training.node.main import NodeStartupError, load_node_config
+
+    path = tmp_path / "node.json"
+    path.write_text(content)
+    with pytest.raises(NodeStartupError, match=match):
+        load_node_config(tmp_path / "d", config_file=str(path), **flags)  # type: ignore[arg-type]
+    # A valid file value is replaced by the flag as before.
+    path.write_text('{"rpc_port": 8546, "rpc_host": "localhost"}')
+    cfg = load_node_config(tmp_path / "d", config_file=str(path), **flags)  # type: ignore[arg-type]
+    assert {k: getattr(cfg, k) for k in flags} == flags
+
+
+@pytest.mark.parametrize(
     ("content", "match"),
     [
         ("{bad", "not valid JSON"),

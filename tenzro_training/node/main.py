@@ -135,16 +135,20 @@ def load_node_config(
             obj["timings"] = {**obj["timings"], **timings}  # a partial timings object keeps the rest
         elif has_timings:  # null, a list...: NodeConfig refuses it with the field's path
             obj["timings"] = timings
-    if rpc_host is not None:
-        obj["rpc_host"] = rpc_host
-    if rpc_port is not None:
-        obj["rpc_port"] = rpc_port
-    try:
-        config = NodeConfig.from_dict(obj, data_dir=data_dir)
-    except (TenzroError, ValueError, TypeError, KeyError) as exc:
-        where = f"config {config_file}" if config_file else "config"
-        raise NodeStartupError(f"{where}: {exc}") from None
-    return config
+    where = f"config {config_file}" if config_file else "config"
+
+    def build(values: dict[str, Any]) -> Any:
+        try:
+            return NodeConfig.from_dict(values, data_dir=data_dir)
+        except (TenzroError, ValueError, TypeError, KeyError) as exc:
+            raise NodeStartupError(f"{where}: {exc}") from None
+
+    flags = {k: v for k, v in (("rpc_host", rpc_host), ("rpc_port", rpc_port)) if v is not None}
+    if config_file is not None and flags.keys() & overrides.keys():
+        # The file is checked as written, even where a flag replaces a value: a malformed
+        # rpc_port would otherwise pass unnoticed until the first start without the flag.
+        build(obj)
+    return build({**obj, **flags})
 
 
 def dev_accounts_document(config: Any) -> dict[str, Any]:
