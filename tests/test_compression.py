@@ -68,6 +68,18 @@ def test_bad_values_are_spec_errors_naming_the_field(value: object, path: str) -
     assert info.value.path == f"architecture.metadata.{path}"
 
 
+def test_an_error_quotes_at_most_60_characters_of_a_bad_value() -> None:
+    """The value is the sponsor's, of any size: its repr is cut to 57 characters and "..."."""
+    with pytest.raises(SpecError) as info:
+        PayloadEncoding.from_json("x" * 1000)
+    assert info.value.reason.endswith("got '" + "x" * 56 + "...")
+    with pytest.raises(SpecError) as short:
+        PayloadEncoding.from_json("x" * 58)  # a repr of exactly 60 characters is quoted whole
+    assert short.value.reason.endswith("got '" + "x" * 58 + "'")
+    with pytest.raises(SpecError, match=r"got 'x{56}\.\.\.$"):
+        PayloadEncoding("topk", 100, "x" * 1000)  # type: ignore[arg-type]
+
+
 def test_the_constructor_validates_too() -> None:
     for name, density in [("raw", 5), ("topk", None), ("dct", 5)]:
         with pytest.raises(SpecError):
@@ -112,6 +124,32 @@ def test_a_decayed_residual_is_multiplied_before_the_new_gradient_is_added() -> 
     none.compress(grads[0], "float32")
     (idx, vals), _ = none.compress(grads[1], "float32")
     assert torch.equal(vals, select_topk(grads[1][0], idx.numel(), "float32")[1])
+
+
+def test_the_default_decay_multiplies_the_residual_by_0_95() -> None:
+    """No ``feedback_decay`` in the JSON: round 2 selects from g + 0.95 r, not g + r."""
+    gen = torch.Generator().manual_seed(4)
+    grads = [[torch.randn(lay.numel, generator=gen) for lay in LAYOUTS] for _ in range(2)]
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    fb.compress(grads[0], "float32")
+    first = [r.clone() for r in fb._residual]
+    sent = fb.compress(grads[1], "float32")
+    for (idx, vals), g, r, rest in zip(sent, grads[1], first, fb._residual):
+        want = select_topk(g + r * 0.95, idx.numel(), "float32")
+        assert torch.equal(idx, want[0]) and torch.equal(vals, want[1]) and torch.equal(rest, want[2])
+
+
+def test_decay_0_sends_the_plain_top_k_of_the_gradient_bit_for_bit() -> None:
+    """Nothing of the residual is added, not even as r * 0: -0.0 + 0.0 would turn a gradient's
+    -0.0 into +0.0, and the payload's bits would differ from plain top-k's."""
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 0))
+    fb.compress([torch.ones(lay.numel) for lay in LAYOUTS], "float32")  # leaves a positive residual
+    zeros = [torch.full((lay.numel,), -0.0) for lay in LAYOUTS]
+    sent = fb.compress(zeros, "float32")
+    for (idx, vals), g, r in zip(sent, zeros, fb._residual):
+        want = select_topk(g, idx.numel(), "float32")
+        assert torch.equal(idx, want[0]) and torch.equal(vals.view(torch.int32), want[1].view(torch.int32))
+        assert torch.equal(r.view(torch.int32), want[2].view(torch.int32))  # every -0.0 kept
 
 
 # --- select_topk ----------------------------------------------------------------------------
@@ -165,6 +203,14 @@ def test_select_topk_refuses_bad_inputs() -> None:
         select_topk(torch.zeros(3), 1, "int8")
 
 
+@pytest.mark.parametrize("k", [True, False, 1.0, -1, "1"])
+def test_select_topk_refuses_a_k_that_is_not_a_count(k: object) -> None:
+    """A bool (True == 1), a float or a negative number is refused as the other bad inputs are,
+    not passed on to torch.topk (which takes True as 1, and raises its own errors otherwise)."""
+    with pytest.raises(CompressionError, match="k must be an integer in 0..3"):
+        select_topk(torch.tensor([1.0, -2.0, 3.0]), k, "float32")  # type: ignore[arg-type]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     values=st.lists(st.floats(-6e4, 6e4, width=32), min_size=1, max_size=64),  # within float16's range
@@ -216,6 +262,15 @@ def test_error_feedback_conserves_the_gradient_and_sends_every_coordinate_in_tim
     assert fb.residual_norm() > 0
 
 
+def test_the_residual_norm_is_summed_in_float64_and_does_not_overflow() -> None:
+    """Each unsent 1e20 squares to 1e40, beyond float32's range: the norm is still finite."""
+    import math
+
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 100))  # 2 of 111 and 2 of 110 values sent
+    fb.compress([torch.full((lay.numel,), 1e20) for lay in LAYOUTS], "float32")
+    assert fb.residual_norm() == pytest.approx(math.sqrt(109 + 108) * float(torch.tensor(1e20)), rel=1e-12)
+
+
 def test_error_feedback_checks_every_input_before_changing_anything() -> None:
     fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 100))
     good = [torch.ones(lay.numel) for lay in LAYOUTS]
@@ -228,6 +283,20 @@ def test_error_feedback_checks_every_input_before_changing_anything() -> None:
     assert fb.residual_norm() == before
     with pytest.raises(CompressionError):
         ErrorFeedback(LAYOUTS, PayloadEncoding())
+
+
+@pytest.mark.parametrize("bad", [torch.ones(110, 1), torch.ones(110, dtype=torch.float64), torch.ones(111)])
+def test_compress_names_the_fragment_whose_outer_gradient_is_not_a_float32_vector(bad: torch.Tensor) -> None:
+    """Checked against the layout before any selection: a [110, 1] column (which would broadcast
+    against the residual to [110, 110]) or a float64 vector is refused naming its fragment, as
+    a wrong length is, and nothing changes."""
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000))
+    good = [torch.ones(lay.numel) for lay in LAYOUTS]
+    fb.compress(good, "float32")
+    before = [r.clone() for r in fb._residual]
+    with pytest.raises(CompressionError, match="fragment 1 needs a 1-D float32 vector of 110 values"):
+        fb.compress([good[0], bad], "float32")
+    assert all(torch.equal(a, b) for a, b in zip(fb._residual, before))
 
 
 def test_a_fragment_beyond_u32_indices_is_refused_for_topk_only() -> None:
@@ -265,6 +334,15 @@ def test_restore_unsent_puts_the_last_rounds_values_back_once() -> None:
     (idx, vals), _ = fb.compress(second, "float32")
     assert torch.equal(vals, select_topk(second[0] + first[0], idx.numel(), "float32")[1])
     assert ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000)).restore_unsent([0, 1]) == 0  # nothing made yet
+
+
+def test_restore_unsent_counts_every_fragment_it_restores() -> None:
+    fb = ErrorFeedback(LAYOUTS, PayloadEncoding("topk", 1000, 1))
+    gen = torch.Generator().manual_seed(6)
+    grads = [torch.randn(lay.numel, generator=gen) for lay in LAYOUTS]
+    fb.compress(grads, "float32")
+    assert fb.restore_unsent([1, 0, 1]) == 2 and fb.restore_unsent([0, 1]) == 0
+    assert all(torch.equal(r, g) for r, g in zip(fb._residual, grads))
 
 
 def test_a_value_that_overflows_the_payload_dtype_leaves_the_residual_alone() -> None:
@@ -349,6 +427,12 @@ def _relabel(data: bytes, name: str, dtype: str) -> bytes:
     return len(text).to_bytes(8, "little") + text + data[8 + n :]
 
 
+def _without_metadata(data: bytes) -> bytes:
+    from safetensors.torch import load, save
+
+    return save(load(data))
+
+
 @pytest.mark.parametrize("edit, why", [
     (lambda d: d[:-1], "not a saved error-feedback state"),
     # a dtype safetensors' reader accepts and its torch loader cannot map: a KeyError, which
@@ -359,9 +443,16 @@ def _relabel(data: bytes, name: str, dtype: str) -> bytes:
     (lambda d: _edit(d, encoding='{"topk": {"density_bps": 100}}'), "saved for encoding"),
     (lambda d: _edit(d, numels="[110, 111]"), "fragments of other sizes"),
     (lambda d: _edit(d, {"residual.0": torch.zeros(110, dtype=torch.float64)}), "residual.0 must be float32"),
+    (lambda d: _edit(d, {"residual.0": torch.zeros(111, dtype=torch.float64)}), "residual.0 must be float32"),
+    (lambda d: _edit(d, {"residual.0": torch.zeros(110)}), r"residual.0 must be float32 \[111\]"),
+    (lambda d: _without_metadata(d), "format is 'None'"),  # safetensors' own, no __metadata__ at all
     (lambda d: _edit(d, {"residual.1": torch.full((110,), float("nan"))}), "residual.1 holds NaN"),
     (lambda d: _edit(d, {"residual.0": None}), "go together"),
     (lambda d: _edit(d, {"sent_values.0": None}), "go together"),
+    (lambda d: _edit(d, {"sent_indices.0": None}), "go together"),
+    (lambda d: _edit(d, {"sent_indices.1": torch.arange(10)}), r"sent_indices.1 must be int64 \[11\]"),
+    (lambda d: _edit(d, {"sent_values.0": torch.zeros(12).double()}), "sent_values.0 must be finite float32"),
+    (lambda d: _edit(d, {"sent_values.0": torch.zeros(11)}), r"sent_values.0 must be finite float32 \[12\]"),
     (lambda d: _edit(d, {"sent_indices.1": torch.arange(11, dtype=torch.int32)}), "sent_indices.1 must be int64"),
     (lambda d: _edit(d, {"sent_indices.1": torch.arange(10, -1, -1)}), "ascend strictly"),
     (lambda d: _edit(d, {"sent_indices.1": torch.arange(100, 111)}), "ascend strictly within 0..109"),

@@ -96,6 +96,24 @@ def test_topk_payload_fits_the_raw_cap_at_the_densest_encoding() -> None:
     assert torch.equal(decode(data, k).flat_fp32()[:k], torch.ones(k))
 
 
+def test_every_value_of_a_fragment_fits_and_one_more_index_is_a_layout_mismatch() -> None:
+    every = torch.arange(LAY.numel)
+    data = encode_topk_payload(header(), LAY, every, torch.ones(LAY.numel))
+    assert torch.equal(decode(data, LAY.numel).flat_fp32(), torch.ones(LAY.numel))
+    with pytest.raises(PayloadLayoutMismatch, match=f"{LAY.numel + 1} indices into a fragment of {LAY.numel}"):
+        encode_topk_payload(header(), LAY, torch.arange(LAY.numel + 1), torch.ones(LAY.numel + 1))
+
+
+def test_indices_travel_as_u32_so_a_fragment_holds_at_most_2_to_the_32_values() -> None:
+    fits = compute_fragment_layouts({"w": torch.empty(2**32, device="meta")}, 1)[0]
+    huge = compute_fragment_layouts({"w": torch.empty(2**32 + 1, device="meta")}, 1)[0]
+    last = torch.tensor([0, 2**32 - 1])
+    data = encode_topk_payload(header(fragment=0, layout_hash=fits.layout_hash()), fits, last, torch.ones(2))
+    assert struct.unpack("<2I", split(data)[1][:8]) == (0, 2**32 - 1)
+    with pytest.raises(PayloadLayoutMismatch, match="u32 indices"):
+        encode_topk_payload(header(fragment=0, layout_hash=huge.layout_hash()), huge, last, torch.ones(2))
+
+
 def test_zero_values_and_empty_payloads_decode() -> None:
     data = encode_topk_payload(header(), LAY, torch.tensor([], dtype=torch.int64), torch.tensor([]), "float32")
     assert torch.equal(decode(data, 0).flat_fp32(), torch.zeros(LAY.numel))
@@ -118,9 +136,17 @@ def test_the_wrong_number_of_values_is_a_layout_mismatch() -> None:
         decode(valid(), LAY.numel + 1)
 
 
+@pytest.mark.parametrize("k", [-1, True, 5.0, "5"])
+def test_a_topk_k_that_is_not_a_count_is_refused_before_the_payload_is_read(k: object) -> None:
+    with pytest.raises(PayloadError, match=r"topk_k must be an integer in 0..180, got "):
+        decode(valid(), k)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "indices, match",
-    [([3, 2, 9, 10, 11], "ascending"), ([1, 1, 2, 3, 4], "ascending"), ([0, 1, 2, 3, 180], "ascending")],
+    [([3, 2, 9, 10, 11], "ascending"), ([1, 1, 2, 3, 4], "ascending"), ([0, 1, 2, 3, 180], "ascending"),
+     # u32: as signed 32-bit numbers these would be -5..-1, ascending, and index from the end
+     ([2**32 - 5, 2**32 - 4, 2**32 - 3, 2**32 - 2, 2**32 - 1], "ascending"), ([0, 1, 2, 3, 2**31], "ascending")],
 )
 def test_invalid_indices_are_refused(indices: list[int], match: str) -> None:
     doc, body = split(valid())
@@ -141,8 +167,39 @@ def test_non_finite_and_out_of_range_values_name_the_tensor_at_their_index() -> 
     with pytest.raises(PayloadValueOutOfRange) as out:
         decode(valid(), max_abs=100.0)
     assert out.value.count == 1  # 65504 at index 179
+    with pytest.raises(PayloadValueOutOfRange):  # the bound holds without the NaN scan too
+        decode(valid(), max_abs=100.0, check_finite=False)
+    assert decode(valid(), max_abs=65504.0, check_finite=False).flat_fp32()[179] == 65504.0
     with pytest.raises(PayloadNonFinite):
         encode_topk_payload(header(), LAY, IDX, torch.tensor([1.0, 2.0, 1e6, 4.0, 5.0]), "float16")
+
+
+@pytest.mark.parametrize(
+    "bad_at, name",
+    [((3, 4), "head.weight"), ((1, 3), "enc.weight")],  # IDX[3] = 100 and IDX[4] = 179 lie in head.weight
+)
+def test_the_culprit_named_is_the_tensor_at_the_first_bad_values_index_not_its_position(bad_at, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Fragment 1 is enc.weight[140:200] (positions 0..59) then head.weight (60..179): a value's
+    place in the payload (0..4) is not its place in the fragment."""
+    assert [e.name for e in LAY.entries] == ["enc.weight", "head.weight"]
+    too_big = VALS.clone()
+    too_big[list(bad_at)] = 1e6  # beyond float16
+    with pytest.raises(PayloadNonFinite) as enc:
+        encode_topk_payload(header(), LAY, IDX, too_big, "float16")
+    assert (enc.value.name, enc.value.count) == (name, 2)
+    doc, body = split(valid())
+    nan = list(VALS.tolist())
+    for i in bad_at:
+        nan[i] = float("nan")
+    with pytest.raises(PayloadNonFinite) as dec:
+        decode(join(doc, body[:20] + struct.pack("<5f", *nan)))
+    assert (dec.value.name, dec.value.count) == (name, 2)
+    large = [1.0] * 5
+    for i in bad_at:
+        large[i] = -200.0
+    with pytest.raises(PayloadValueOutOfRange) as out:
+        decode(join(doc, body[:20] + struct.pack("<5f", *large)), max_abs=100.0)
+    assert (out.value.name, out.value.count) == (name, 2)
 
 
 def test_header_edits_are_refused() -> None:
@@ -153,6 +210,8 @@ def test_header_edits_are_refused() -> None:
         (lambda d: d["values"].update({"dtype": "F16"}), PayloadFormatError),
         (lambda d: d["values"].update({"data_offsets": [21, 41]}), PayloadFormatError),
         (lambda d: d.pop("values"), PayloadLayoutMismatch),
+        (lambda d: d.update({"indices": [0, 20]}), PayloadFormatError),  # not an object at all
+        (lambda d: d.update({"values": "F32"}), PayloadFormatError),
         (lambda d: d["__metadata__"].update({"tenzro.dtype": "float64"}), PayloadDtypeError),
     ]:
         changed = json.loads(json.dumps(doc))
@@ -176,6 +235,30 @@ def test_encoders_refuse_the_other_encoding_and_bad_inputs() -> None:
         encode_topk_payload(header(), LAY, IDX, VALS[:4])
     with pytest.raises(PayloadLayoutMismatch):
         encode_topk_payload(header(), LAYOUTS[0], IDX, VALS)
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (("not a header", LAY, IDX, VALS), PayloadError, "needs a PayloadHeader and a FragmentLayout"),
+        ((None, LAY, IDX, VALS), PayloadError, "needs a PayloadHeader and a FragmentLayout"),
+        ((header(), LAY.entries, IDX, VALS), PayloadError, "needs a PayloadHeader and a FragmentLayout"),
+        ((header(), LAY, IDX, VALS, "int8"), PayloadDtypeError, "'int8' is not one of"),
+        ((header(), LAY, IDX, VALS, "float64"), PayloadDtypeError, "'float64' is not one of"),
+        ((header(), LAY, IDX.tolist(), VALS), PayloadError, "must be tensors"),
+        ((header(), LAY, IDX, VALS.tolist()), PayloadError, "must be tensors"),
+        ((header(), LAY, IDX.reshape(5, 1), VALS), PayloadFormatError, "indices must be a 1-D integer tensor"),
+        ((header(), LAY, torch.tensor(True), VALS[:1]), PayloadFormatError, "indices must be a 1-D integer tensor"),
+        ((header(), LAY, torch.tensor([False, True]), VALS[:2]), PayloadFormatError, "1-D integer tensor, got"),
+        ((header(), LAY, IDX.to(torch.complex64), VALS), PayloadFormatError, "1-D integer tensor, got"),
+        ((header(), LAY, IDX, VALS.reshape(5, 1)), PayloadFormatError, "values must be a 1-D floating tensor of 5"),
+        ((header(), LAY, IDX, IDX), PayloadFormatError, "values must be a 1-D floating tensor of 5"),
+        ((header(), LAY, IDX, VALS[:4]), PayloadFormatError, "values must be a 1-D floating tensor of 5"),
+    ],
+)
+def test_encode_topk_payload_refuses_bad_arguments_with_payload_errors(args, error, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=match):
+        encode_topk_payload(*args)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -72,3 +72,29 @@ def test_a_state_that_cannot_be_deleted_is_logged_and_left(tmp_path: Path, monke
     assert store.rounds() == [0]
     assert [r.getMessage() for r in caplog.records] == [
         f"cannot delete the old error-feedback state {store.path(0)}: Permission denied"]
+
+
+def test_rounds_ascend_as_numbers_and_a_large_state_is_read_back_whole(tmp_path: Path) -> None:
+    import os
+
+    store = FeedbackStore(tmp_path / "state")
+    for r in (10, 9, 100, 2):
+        store.save(r, b"state %d" % r)
+    assert store.rounds() == [2, 9, 10, 100]  # not the directory's order, nor "10" < "9"
+    assert store.newest_before(100) == (10, b"state 10")
+    big = os.urandom(3 << 20)  # a model of ~800k parameters
+    store.save(11, big)
+    assert store.load(11) == big and store.newest_before(12) == (11, big)
+
+
+def test_a_state_gone_between_listing_and_reading_is_skipped_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A state listed by rounds() and deleted before it is read (another prune) is no state:
+    the next older one is used, and pruning it is not worth a warning."""
+    store = FeedbackStore(tmp_path / "state")
+    store.save(1, b"state 1")
+    monkeypatch.setattr(store, "rounds", lambda: [1, 2])  # round 2's file is already gone
+    assert store.newest_before(3) == (1, b"state 1")
+    with caplog.at_level("WARNING", logger="tenzro.trainer"):
+        store.prune(None)
+    assert caplog.records == [] and not store.path(1).exists()

@@ -1311,6 +1311,62 @@ def test_a_state_directory_it_cannot_write_stops_the_trainer_before_it_enrolls(t
     os.close(tr.payloads.lock())  # the refused lock was released, not leaked: it can be taken again
 
 
+def test_the_payload_store_keeps_one_private_directory_per_task_and_account(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An address spelled in another case is the same account, so the same directory (and lock);
+    a payload is saved 0600 under a name with its round, fragment and base, and read back whole."""
+    import os
+
+    from tenzro_training.trainer.process import PayloadStore
+
+    store = PayloadStore(tmp_path, "t-1", "0xABcdEF")
+    assert store.dir == tmp_path / "task-t-1" / "0xabcdef" == PayloadStore(tmp_path, "t-1", "0xabcdef").dir
+    assert store.path(3, 1, BASE) == store.dir / f"round-3-fragment-1-{BASE.hex()}.payload"
+    fd = store.lock()
+    try:
+        assert (store.dir.stat().st_mode & 0o077) == 0  # made 0700: payloads and the signing record
+        big = os.urandom(3 << 20)
+        store.save(3, 1, BASE, big)
+        assert store.load(3, 2, BASE) == [None, big] and (store.path(3, 1, BASE).stat().st_mode & 0o777) == 0o600
+    finally:
+        os.close(fd)
+
+
+def test_the_payload_store_says_what_it_cannot_do_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from tenzro_training.trainer.process import PayloadStore, TrainerProcessError
+
+    (tmp_path / "file").write_text("")
+    blocked = PayloadStore(tmp_path / "file", "t-1", "0xab")  # its directory would be under a file
+    with pytest.raises(TrainerProcessError, match=r"cannot use state directory .*/file/task-t-1/0xab: "):
+        blocked.lock()
+    with pytest.raises(TrainerProcessError, match=r"cannot save payload .*round-0-fragment-0-"):
+        blocked.save(0, 0, BASE, b"p")
+    store = PayloadStore(tmp_path / "state", "t-1", "0xab")
+    fd = store.lock()
+    try:
+        with pytest.raises(TrainerProcessError, match="another trainer process of this account already runs"):
+            store.lock()
+    finally:
+        os.close(fd)
+    os.close(store.lock())  # released with its descriptor
+
+
+def test_prune_deletes_saved_payloads_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Files of the state directory that are not saved payloads (a name whose round is no number,
+    the signing record, error-feedback states) are left, and do not stop the pruning."""
+    from tenzro_training.trainer.process import PayloadStore
+
+    store = PayloadStore(tmp_path, "t-1", "0xab")
+    store.save(0, 0, BASE, b"p0")
+    others = ["round-x-fragment-0-ab.payload", "round-0-notes.txt", "signed-payloads.log",
+              "feedback-round-0.safetensors"]
+    for name in others:
+        (store.dir / name).write_bytes(b"other")
+    store.prune(None)
+    assert sorted(p.name for p in store.dir.iterdir()) == sorted(others)
+
+
 # --- nothing is staked before every check that can refuse the trainer (reviewer repro fake_enroll.py) -
 
 
