@@ -246,6 +246,9 @@ def test_compute_chunks_cuts_canonically() -> None:
     assert b"".join(chunks) == data
     with pytest.raises(ValueError):
         g.compute_chunks(b"x", 0)
+    for size in (True, 2.0):  # True is an int subclass, 2.0 equals 2: neither is a chunk size
+        with pytest.raises(ValueError, match="positive int"):
+            g.compute_chunks(b"ab", size)  # type: ignore[arg-type]
 
 
 def _corrupt(data: bytes, offset: int, value: bytes) -> bytes:
@@ -859,6 +862,194 @@ def test_assembler_keeps_streams_with_different_headers_apart() -> None:
     assert asm.add(a) == b"q" * 10
     assert asm.add(b) == b"q" * 10  # another stream (other signature), delivered on its own
     assert g.compute_stream_key(a) != g.compute_stream_key(b)
+
+
+def _other_value(value: Any) -> Any:
+    """A valid value of the same kind as ``value`` that differs from it."""
+    if isinstance(value, bool) or not isinstance(value, (int, str, bytes, tuple)):
+        raise AssertionError(f"no other value for {value!r}")
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-b"
+    if isinstance(value, bytes):
+        return bytes([value[0] ^ 0xFF]) + value[1:]
+    return value + (h("extra"),)
+
+
+def test_stream_key_tells_apart_every_header_field_of_every_chunked_kind() -> None:
+    """The stream key is every header field but seq and data (and the chunk geometry, which a
+    header difference there cannot leave canonical): one field changed is another stream, and
+    the assembler keeps the two apart."""
+    weights = b"\2" * (MAX_CHUNK_BYTES + 8)
+    streams = [
+        payload_chunks(payload=b"p" * (MAX_CHUNK_BYTES + 8)),
+        g.compute_round_finalized_chunks(task_id=TASK, round=0, syncer=SYNCERS[0], syncer_signature=b"\1" * 65,
+                                         aggregate_hashes=(h("a"),), model_hash=h("m"), weights=weights),
+        g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=weights),
+    ]
+    for chunks in streams:
+        first = chunks[0]
+        key = g.compute_stream_key(first)
+        assert g.compute_stream_key(chunks[1]) == key  # seq and data are not in it
+        headers = [f.name for f in dataclasses.fields(first)
+                   if f.name not in ("seq", "data", "total_chunks", "total_size")]
+        assert len(headers) >= 4
+        for name in headers:
+            changed = dataclasses.replace(first, **{name: _other_value(getattr(first, name))})
+            assert g.compute_stream_key(changed) != key, (type(first).__name__, name)
+            asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=4)
+            assert asm.add(first) is None and asm.add(changed) is None
+            assert len(asm) == 2, (type(first).__name__, name)
+
+
+def test_assembler_default_staleness_is_twice_the_larger_bound() -> None:
+    # Counted in chunks: twice max_pending, or twice the whole chunks the byte bound holds.
+    assert ChunkAssembler(max_total_bytes=10 * MAX_CHUNK_BYTES, max_pending=4).stale_after == 20
+    asm = ChunkAssembler(max_total_bytes=MAX_CHUNK_BYTES + 5, max_pending=3)
+    assert asm.stale_after == 6
+    asm.resize(40 * MAX_CHUNK_BYTES, 4)
+    assert asm.stale_after == 80
+    assert ChunkAssembler(max_total_bytes=1, max_pending=1, stale_after=7).stale_after == 7
+
+
+def test_assembler_a_stream_is_stale_only_after_more_than_stale_after_chunks() -> None:
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=2, stale_after=3)
+    idle = payload_chunks(payload=b"i" * (2 * MAX_CHUNK_BYTES))
+    busy = payload_chunks(payload=b"b" * (4 * MAX_CHUNK_BYTES), fragment=1)
+    new = payload_chunks(payload=b"n" * 10, trainer_index=1)
+    asm.add(idle[0])
+    asm.add(busy[0])
+    asm.add(busy[1])
+    assert asm.add(new[0]) is None  # idle's last chunk is exactly 3 chunks back: not yet stale
+    assert asm.refused == 1 and asm.evicted == 0
+    assert asm.add(new[0]) == b"n" * 10  # 4 chunks back now: stale, evicted for the new one
+    assert asm.evicted == 1
+
+
+def test_assembler_staleness_counts_from_a_stream_s_latest_chunk() -> None:
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=2, stale_after=3)
+    a = payload_chunks(payload=b"a" * (3 * MAX_CHUNK_BYTES))
+    b = payload_chunks(payload=b"b" * (3 * MAX_CHUNK_BYTES), fragment=1)
+    new = payload_chunks(payload=b"n" * 10, trainer_index=1)
+    for chunk in (a[0], b[0], a[1], b[1]):
+        asm.add(chunk)
+    assert asm.add(new[0]) is None  # a started 4 chunks back but received one 2 chunks back
+    assert asm.evicted == 0 and asm.refused == 1
+    assert asm.add(a[2]) == b"a" * (3 * MAX_CHUNK_BYTES)
+
+
+def test_assembler_a_stream_is_idle_only_after_more_than_idle_s() -> None:
+    now = [0.0]
+    asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=64, idle_s=30.0, clock=lambda: now[0])
+    stuck = payload_chunks(payload=os.urandom(4 * MAX_CHUNK_BYTES))
+    fresh = payload_chunks(trainer_index=1, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm.add(stuck[0], "slow")
+    now[0] = 20.0
+    asm.add(stuck[1], "slow")  # idleness counts from here
+    now[0] = 50.0
+    assert asm.add(fresh[0], "trainer") is None and asm.refused == 1  # exactly idle_s: not yet idle
+    now[0] = 50.5
+    assert asm.add(fresh[0], "trainer") is None and asm.evicted == 1 and asm.refused == 1
+    assert asm.add(fresh[1], "trainer") == b"".join(c.data for c in fresh)
+
+
+def test_assembler_remembers_the_most_recently_completed_streams() -> None:
+    asm = ChunkAssembler(max_total_bytes=1 << 20, max_pending=2, max_done=2)
+    a, b, c = (payload_chunks(payload=bytes([i]) * 5)[0] for i in range(3))
+    assert [asm.add(x) for x in (a, b, c)] == [bytes([0]) * 5, bytes([1]) * 5, bytes([2]) * 5]
+    assert asm.add(c) is None and asm.add(b) is None  # the two latest are remembered
+    assert asm.add(a) == bytes([0]) * 5  # the oldest was forgotten: a new stream again
+    assert asm.completed == 4
+
+
+def test_assembler_keeps_nothing_of_streams_no_longer_pending() -> None:
+    """A completed or dropped stream leaves no bookkeeping behind: neither its held-bytes count
+    (a later eviction must not look it up) nor its publisher's stream count (one entry per
+    peer ever seen would grow without bound)."""
+    asm = ChunkAssembler(max_total_bytes=2 * MAX_CHUNK_BYTES, max_pending=8)
+    for i in range(5):
+        assert asm.add(payload_chunks(payload=bytes([i]) * 10)[0], f"peer-{i}") == bytes([i]) * 10
+    assert asm._per_source == {} and asm._held == {}
+    big = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    assert asm.add(big[0], "trainer") is None
+    newcomer = payload_chunks(trainer_index=1, payload=os.urandom(MAX_CHUNK_BYTES))
+    assert asm.add(newcomer[0], "other") is None  # no room, and nothing weaker to evict
+    assert asm.refused == 1 and asm.evicted == 0
+    assert asm.add(big[1], "trainer") == b"".join(c.data for c in big)
+    assert asm._per_source == {} and asm._held == {} and asm.pending_bytes == 0
+
+
+def test_assembler_evicts_the_streams_holding_fewest_bytes_first() -> None:
+    dropped: list[object] = []
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=8, on_drop=dropped.append)
+    phantoms = []
+    for i, held in enumerate((5, 1)):
+        phantom = dataclasses.replace(genuine[0], total_size=MAX_CHUNK_BYTES + held, total_chunks=2, seq=1,
+                                      data=b"x" * held)
+        phantoms.append(phantom)
+        assert asm.add(phantom, f"sybil-{i}") is None
+    assert asm.add(genuine[0], "trainer") is None
+    # Evicting one phantom makes room; the one holding 1 byte goes, not the one holding 5.
+    assert asm.evicted == 1 and len(asm) == 2
+    assert dropped == [("sybil-1",) + g.compute_stream_key(phantoms[1])]
+
+
+def test_assembler_evicts_down_to_a_lowered_stream_bound() -> None:
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=3)
+    for i in range(3):
+        phantom = dataclasses.replace(genuine[0], total_size=MAX_CHUNK_BYTES + 1 + i, total_chunks=2, seq=1,
+                                      data=b"x" * (1 + i))
+        asm.add(phantom, f"sybil-{i}")
+    asm.resize(64 * MAX_CHUNK_BYTES, 2)  # three streams held, two now allowed
+    assert asm.add(genuine[0], "trainer") is None
+    assert len(asm) == 2 == asm.max_pending and asm.evicted == 2
+
+
+def test_assembler_a_source_at_its_share_gives_up_its_least_recently_active_stream() -> None:
+    dropped: list[object] = []
+    asm = ChunkAssembler(max_total_bytes=64 * MAX_CHUNK_BYTES, max_pending=8, max_per_source=2,
+                         on_drop=dropped.append)
+    a, b, c = (payload_chunks(fragment=i, payload=os.urandom(2 * MAX_CHUNK_BYTES)) for i in range(3))
+    asm.add(a[0], "peer")
+    asm.add(b[0], "peer")
+    assert asm.add(c[0], "peer") is None
+    assert asm.evicted == 1 and dropped == [("peer",) + g.compute_stream_key(a[0])]
+    assert asm.add(b[1], "peer") == b"".join(x.data for x in b)
+    assert asm.add(c[1], "peer") == b"".join(x.data for x in c)
+
+
+def test_invalid_assembler_stream_larger_than_buffer_is_reported_dropped() -> None:
+    dropped: list[object] = []
+    asm = ChunkAssembler(max_total_bytes=MAX_CHUNK_BYTES, max_pending=2, on_drop=dropped.append)
+    chunk = payload_chunks(payload=b"x" * (MAX_CHUNK_BYTES + 1))[0]
+    with pytest.raises(GossipReject, match="exceeds the buffer"):
+        asm.add(chunk, "peer")
+    assert dropped == [("peer",) + g.compute_stream_key(chunk)]
+
+
+def test_assembler_a_repeated_seq_with_other_bytes_does_not_replace_the_first() -> None:
+    genuine = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    asm = ChunkAssembler(max_total_bytes=4 * MAX_CHUNK_BYTES, max_pending=2)
+    assert asm.add(genuine[0], "trainer") is None
+    assert asm.add(dataclasses.replace(genuine[0], data=os.urandom(MAX_CHUNK_BYTES)), "trainer") is None
+    assert asm.add(genuine[1], "trainer") == b"".join(c.data for c in genuine)
+    assert asm.hash_mismatches == 0
+
+
+def test_assembler_a_stream_holds_every_byte_it_received() -> None:
+    """Held bytes add up over a stream's chunks: one holding a whole chunk and a short last one
+    is not weaker than a newcomer's first whole chunk, whatever order its chunks came in."""
+    held = payload_chunks(payload=os.urandom(2 * MAX_CHUNK_BYTES + 10))
+    asm = ChunkAssembler(max_total_bytes=3 * MAX_CHUNK_BYTES, max_pending=8)
+    asm.add(held[0], "a")
+    asm.add(held[2], "a")  # the short last chunk arrives last
+    newcomer = payload_chunks(trainer_index=1, payload=os.urandom(2 * MAX_CHUNK_BYTES))
+    assert asm.add(newcomer[0], "b") is None
+    assert asm.refused == 1 and asm.evicted == 0
+    assert asm.add(held[1], "a") == b"".join(c.data for c in held)
 
 
 # --- forged streams, dedup shadowing, exact sizes (reviewer repros) ----------------------------------

@@ -148,6 +148,15 @@ def test_slash_burns_the_bond() -> None:
     assert slashed.balance_of(BOB) == 30
 
 
+def test_slash_of_a_zero_bond_removes_it() -> None:
+    # A zero bond records an enrolment; slashing it burns nothing but does end it, as for any bond.
+    ledger = bond_stake(funded(bob=5), TASK, BOB, 0)
+    slashed, amount = slash_stake(ledger, TASK, BOB)
+    assert amount == 0
+    assert slashed.bond_of(TASK, BOB) is None and list(slashed.bonds_of(TASK)) == []
+    assert slashed == funded(bob=5)
+
+
 def test_slash_twice_is_a_no_op() -> None:
     ledger = bond_stake(funded(bob=50), TASK, BOB, 20)
     once, first = slash_stake(ledger, TASK, BOB)
@@ -289,6 +298,7 @@ def test_uint256_upper_bound() -> None:
 @pytest.mark.parametrize("address", [b"", bytes(19), bytes(21), bytearray(20), "0x" + "11" * 20, None])
 def test_invalid_addresses(address: Any) -> None:
     ledger = funded(alice=10)
+    escrowed = escrow_reward(ledger, TASK, ALICE, 10)
     calls = [
         lambda: credit(ledger, address, 1),
         lambda: transfer(ledger, ALICE, address, 1),
@@ -298,6 +308,8 @@ def test_invalid_addresses(address: Any) -> None:
         lambda: unbond_stake(ledger, TASK, address),
         lambda: slash_stake(ledger, TASK, address),
         lambda: ledger.balance_of(address),
+        lambda: ledger.bond_of(TASK, address),
+        lambda: settle_run(escrowed, TASK, {}, address),
     ]
     if not isinstance(address, bytearray):  # a bytearray cannot even be a dict key
         calls.append(lambda: compute_payouts(1, {address: 1}))
@@ -306,7 +318,7 @@ def test_invalid_addresses(address: Any) -> None:
             call()
 
 
-@pytest.mark.parametrize("task_id", ["", None, 7, b"task"])
+@pytest.mark.parametrize("task_id", ["", None, 7, b"task", []])
 def test_invalid_task_ids(task_id: Any) -> None:
     ledger = funded(alice=10)
     calls = [
@@ -333,6 +345,25 @@ def test_invalid_payout_mappings() -> None:
         settle_run(ledger, TASK, {BOB: -1, CAROL: 2}, ALICE)
     with pytest.raises(InvalidLedgerInput):
         compute_payouts(10, [(BOB, 1)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "payouts, field",
+    [
+        ({b"short": 1}, "payouts key"),
+        ({BOB: True}, "payouts value"),
+        ({BOB: -1, CAROL: 2}, "payouts value"),
+    ],
+)
+def test_invalid_payouts_are_refused_by_name(payouts: dict, field: str) -> None:
+    # Each payout entry is checked as a payout, before anything is credited: a bad entry is not
+    # left for the ledger's own account checks to catch (True would even pass those as 1).
+    ledger = escrow_reward(funded(alice=10), TASK, ALICE, 10)
+    before = snapshot(ledger)
+    with pytest.raises(InvalidLedgerInput) as info:
+        settle_run(ledger, TASK, payouts, ALICE)
+    assert info.value.field == field
+    assert snapshot(ledger) == before
 
 
 def test_invalid_weights_total_over_uint256() -> None:
@@ -383,6 +414,32 @@ def test_construct_from_entries_copies_and_freezes() -> None:
 def test_invalid_ledger_construction(kwargs: dict) -> None:
     with pytest.raises(InvalidLedgerInput):
         Ledger(**kwargs)
+
+
+class _NamedKey(tuple):
+    """A tuple subclass: not the plain (task_id, trainer) tuple a bond key must be."""
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        # Each entry is wrong in one way only and the supply adds up, so only the check named
+        # by ``field`` can refuse it.
+        ({"bonds": {("", ALICE): 1}, "minted": 1}, "task_id"),
+        ({"bonds": {(7, ALICE): 1}, "minted": 1}, "task_id"),
+        ({"bonds": {(TASK, b"short"): 1}, "minted": 1}, "bonds key"),
+        ({"bonds": {_NamedKey((TASK, ALICE)): 1}, "minted": 1}, "bonds key"),
+        ({"bonds": {(TASK, ALICE): True}, "minted": 1}, "bonds value"),
+        ({"bonds": {(TASK, ALICE): -1}, "minted": 0, "burned": 1}, "bonds value"),
+        ({"accounts": {ALICE: 1}, "minted": True}, "minted"),
+        ({"accounts": {ALICE: 1}, "minted": 2, "burned": True}, "burned"),
+        ({"accounts": {ALICE: 3}, "minted": 4}, "supply"),  # less held than minted - burned
+    ],
+)
+def test_invalid_ledger_construction_names_the_entry(kwargs: dict, field: str) -> None:
+    with pytest.raises(InvalidLedgerInput) as info:
+        Ledger(**kwargs)
+    assert info.value.field == field
 
 
 @pytest.mark.parametrize("kwargs", [{"sponsor": b"x", "amount": 1}, {"sponsor": ALICE, "amount": -1}])
@@ -654,3 +711,19 @@ def test_changes_of_a_ledger_handed_on_unchanged_are_none_but_the_counters() -> 
                      minted=ledger.minted, burned=ledger.burned)
     assert rebuilt is not ledger
     assert compute_changes(ledger, rebuilt) == same
+
+
+def test_changes_list_entries_in_canonical_key_order() -> None:
+    tasks = [f"task-{c}" for c in "hgfedcba"]
+    before = bond_stake(funded(alice=100, bob=100, carol=5), "kept", CAROL, 5)
+    after = before
+    for task_id in tasks:
+        after = escrow_reward(after, task_id, ALICE, 1)
+        after = bond_stake(after, task_id, BOB, 1)
+    changes = compute_changes(before, after)
+    assert [task_id for task_id, _ in changes.escrows] == sorted(tasks)
+    assert [key for key, _ in changes.bonds] == sorted((t, BOB) for t in tasks)  # not the bond kept
+    assert changes.balances == ((ALICE, 92), (BOB, 92))
+    back = compute_changes(after, before)
+    assert back.escrows == tuple((t, None) for t in sorted(tasks))
+    assert back.bonds == tuple(((t, BOB), None) for t in sorted(tasks))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from storage import schema
 from tenzro_training.addresses import Address, format_address
@@ -290,3 +291,214 @@ def test_a_transport_failure_of_a_source_propagates(sealed: Sealed) -> None:
 
     with pytest.raises(Down):
         verify_run(sealed.document, sealed.sources(payload=down), task_id=sealed.run.task_id)
+
+
+# --- the check list, its stops, and the sources' contracts -------------------------------------
+
+
+def _initial(sealed: Sealed) -> Any:
+    from tenzro_training.run_replay import check_initial_model
+
+    spec = TrainingTaskSpec.from_dict(sealed.view["spec"])
+    result, initial = check_initial_model(spec, parse_checkpoint_bytes(sealed.checkpoint, "test"), sealed.view)
+    assert result.ok and initial is not None
+    return initial
+
+
+def _receipt_and_attestations(sealed: Sealed) -> tuple[TrainingReceipt, Any]:
+    from tenzro_training.receipt_check import Attestations
+
+    return (TrainingReceipt.from_dict(sealed.document["receipt"]),
+            Attestations.from_dict(sealed.document["attestations"]))
+
+
+def test_a_run_check_is_ok_only_with_checks_all_passed_and_none_skipped() -> None:
+    from tenzro_training.receipt_check import CheckResult
+
+    passed, failed = CheckResult("spec", True, "fine"), CheckResult("rounds", False, "not run")
+    assert RunCheck((passed,)).ok
+    assert not RunCheck(()).ok  # nothing checked proves nothing
+    assert not RunCheck((passed,), (failed,)).ok
+    assert RunCheck((passed, CheckResult("payloads", False, "x"))).failed == ("payloads",)
+
+
+@pytest.mark.parametrize("view", [{}, {"spec": 5}, {"spec": None}, {"spec": ["a"]}, {"spec": {"version": 1}}])
+def test_invalid_getrun_answer_without_a_spec_that_parses(sealed: Sealed, view: dict[str, Any]) -> None:
+    result = verify_run(sealed.document, sealed.sources(run_view=lambda: view), task_id=sealed.run.task_id)
+    assert outcome(result) == {"spec": "FAIL", **{n: "skip" for n in RUN_CHECK_NAMES[1:]}}
+    assert "getRun's spec does not parse" in result.get("spec").detail  # type: ignore[union-attr]
+
+
+def test_invalid_getrun_unavailable_fails_the_spec_check_once(sealed: Sealed) -> None:
+    def gone() -> object:
+        raise ArtifactUnavailable("getRun: HTTP 404", 404)
+
+    result = verify_run(sealed.document, sealed.sources(run_view=gone), task_id=sealed.run.task_id)
+    assert [c.name for c in result.checks if c.name in RUN_CHECK_NAMES] == ["spec"]
+    assert result.get("spec").detail == "no getRun answer: getRun: HTTP 404"  # type: ignore[union-attr]
+    assert [c.name for c in result.skipped] == list(RUN_CHECK_NAMES[1:])
+
+
+def test_without_a_model_source_a_stop_skips_no_model_file_check(sealed: Sealed) -> None:
+    other = bytearray(sealed.checkpoint)
+    other[-1] ^= 1
+    result = verify_run(sealed.document, sealed.sources(model_file=None, checkpoint=lambda n: bytes(other)),
+                        task_id=sealed.run.task_id)
+    assert [c.name for c in result.skipped] == list(RUN_CHECK_NAMES[2:-1])
+
+
+def test_invalid_initial_model_view_that_is_not_a_mapping(sealed: Sealed) -> None:
+    from tenzro_training.run_replay import check_initial_model
+
+    spec = TrainingTaskSpec.from_dict(sealed.view["spec"])
+    state = parse_checkpoint_bytes(sealed.checkpoint, "test")
+    for view in (["not", "a", "view"], None):
+        result, initial = check_initial_model(spec, state, view)
+        assert not result.ok and initial is None
+        assert "initial_model_hash" in result.detail
+
+
+def test_sources_are_asked_for_at_most_what_each_artifact_can_be(sealed: Sealed) -> None:
+    from tenzro_training.payload import compute_max_payload_bytes
+
+    bounds = {lay.index: compute_max_payload_bytes(lay) for lay in _initial(sealed).model.layouts}
+    asked: list[tuple[int, int]] = []
+    sizes: list[int] = []
+
+    def payload(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        asked.append((f, max_bytes))
+        return sealed.stored_payload(r, f, t)
+
+    def model_file(size: int) -> bytes:
+        sizes.append(size)
+        return sealed.run.service.export_final_model(sealed.run.task_id)
+
+    result = verify_run(sealed.document, sealed.sources(payload=payload, model_file=model_file),
+                        task_id=sealed.run.task_id)
+    assert result.ok
+    assert asked and all(max_bytes == bounds[f] for f, max_bytes in asked)
+    assert sizes == [len(sealed.run.service.export_final_model(sealed.run.task_id))]
+
+
+def test_invalid_payload_of_exactly_the_bound_is_checked_by_its_hash(sealed: Sealed) -> None:
+    def full(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        return b"\0" * max_bytes  # as large as a payload of the fragment may be: not refused for size
+
+    result = verify_run(sealed.document, sealed.sources(payload=full), task_id=sealed.run.task_id)
+    assert outcome(result)["payloads"] == "FAIL"
+    assert "the bytes served hash to 0x" in result.get("payloads").detail  # type: ignore[union-attr]
+
+
+def test_a_payload_source_error_other_than_unavailable_propagates(sealed: Sealed) -> None:
+    from tenzro_training.errors import EncodingError
+
+    def broken(r: int, f: int, t: Address, max_bytes: int) -> bytes:
+        raise EncodingError("the transport's framing broke")
+
+    with pytest.raises(EncodingError, match="framing"):
+        verify_run(sealed.document, sealed.sources(payload=broken), task_id=sealed.run.task_id)
+
+
+def test_replay_run_leaves_the_initial_model_untouched(sealed: Sealed) -> None:
+    from tenzro_training.run_replay import replay_run
+
+    initial = _initial(sealed)
+    before = [w.clone() for w in initial.weights]
+    receipt, attestations = _receipt_and_attestations(sealed)
+    replay = replay_run(receipt, attestations, initial, lambda r, f, t, n: sealed.stored_payload(r, f, t))
+    assert replay.rounds is not None and replay.rounds.ok and replay.weights is not None
+    assert all(torch.equal(a, b) for a, b in zip(initial.weights, before))
+    assert not all(torch.equal(a, b) for a, b in zip(replay.weights, before))
+
+
+def test_replay_of_a_submission_without_an_attested_hash_downloads_nothing(sealed: Sealed) -> None:
+    from tenzro_training.run_replay import replay_run
+
+    receipt, attestations = _receipt_and_attestations(sealed)
+    first = attestations.rounds[0]
+    missing = first.submissions[0]
+    unattested = dataclasses.replace(attestations, rounds=(
+        dataclasses.replace(first, submissions=first.submissions[1:]), *attestations.rounds[1:]))
+    asked: list[object] = []
+    replay = replay_run(receipt, unattested, _initial(sealed), lambda *job: asked.append(job) or b"")
+    assert not replay.payloads.ok and replay.rounds is None and asked == []
+    assert replay.payloads.detail == (f"round 0 fragment {missing.fragment} trainer {format_address(missing.trainer)}: "
+                                      "no signed payload hash attested")
+
+
+def test_a_replay_stopped_early_says_which_rounds_its_payloads_cover(sealed: Sealed) -> None:
+    def forge(record: RoundRecord) -> RoundRecord:
+        if record.round != 0:
+            return record
+        return dataclasses.replace(record, fragments=(
+            dataclasses.replace(record.fragments[0], aggregate_hash=b"\x07" * 32), *record.fragments[1:]))
+
+    result = verify_run(forged_document(sealed, forge), sealed.sources(), task_id=sealed.run.task_id)
+    assert outcome(result)["rounds"] == "FAIL"
+    round0 = sum(len(o.accepted) for o in sealed.run.receipt.transcript[0].fragments)
+    assert result.get("payloads").detail == (  # type: ignore[union-attr]
+        f"{round0} accepted payload(s) hash to their signed hashes (of rounds 0..0: the replay stopped there)")
+
+
+def test_a_round_whose_signed_payloads_do_not_decode_stops_the_replay(sealed: Sealed) -> None:
+    from tenzro_training.payload import compute_payload_hash
+    from tenzro_training.run_replay import replay_run
+
+    receipt, attestations = _receipt_and_attestations(sealed)
+    junk = b"not a payload"
+    first = attestations.rounds[0]
+    victim = first.submissions[0]
+    signed_junk = dataclasses.replace(attestations, rounds=(
+        dataclasses.replace(first, submissions=(dataclasses.replace(victim, payload_hash=compute_payload_hash(junk)),
+                                                *first.submissions[1:])), *attestations.rounds[1:]))
+
+    def source(r: int, f: int, t: Address, n: int) -> bytes:
+        return junk if (r, f, t) == (0, victim.fragment, victim.trainer) else sealed.stored_payload(r, f, t)
+
+    replay = replay_run(receipt, signed_junk, _initial(sealed), source)
+    assert replay.rounds is not None and not replay.rounds.ok and replay.weights is None
+    assert replay.rounds.detail.startswith("round 0 cannot be recomputed: ")
+    round0 = sum(len(o.accepted) for o in receipt.transcript[0].fragments)
+    assert replay.payloads.ok and replay.payloads.detail == (
+        f"{round0} accepted payload(s) hash to their signed hashes (of rounds 0..0: the replay stopped there)")
+
+
+def test_checkpoint_source_bounds(sealed: Sealed) -> None:
+    size = len(sealed.checkpoint)
+    asked: list[int] = []
+
+    def checkpoint(max_bytes: int) -> bytes:
+        asked.append(max_bytes)
+        return sealed.checkpoint  # a source that ignores its bound
+
+    exact = verify_run(sealed.document, sealed.sources(checkpoint=checkpoint, max_checkpoint_bytes=size),
+                       task_id=sealed.run.task_id)
+    assert exact.ok and asked == [size]  # exactly the limit is within it
+    over = verify_run(sealed.document, sealed.sources(checkpoint=checkpoint, max_checkpoint_bytes=size - 1),
+                      task_id=sealed.run.task_id)
+    assert outcome(over) == {"spec": "ok", "checkpoint": "FAIL", **{n: "skip" for n in RUN_CHECK_NAMES[2:]}}
+    assert over.get("checkpoint").detail == f"{size} bytes, more than {size - 1}"  # type: ignore[union-attr]
+
+
+def test_invalid_checkpoint_or_model_file_unavailable(sealed: Sealed) -> None:
+    def gone(size: int) -> bytes:
+        raise ArtifactUnavailable("not served (HTTP 404)", 404)
+
+    result = verify_run(sealed.document, sealed.sources(checkpoint=gone), task_id=sealed.run.task_id)
+    assert outcome(result)["checkpoint"] == "FAIL"
+    assert result.get("checkpoint").detail == "not served (HTTP 404)"  # type: ignore[union-attr]
+    result = verify_run(sealed.document, sealed.sources(model_file=gone), task_id=sealed.run.task_id)
+    assert outcome(result) == {**ALL_OK, "model_file": "FAIL"}
+    assert result.get("model_file").detail == "not served (HTTP 404)"  # type: ignore[union-attr]
+
+
+def test_invalid_spec_naming_no_init_checkpoint(sealed: Sealed) -> None:
+    from tenzro_training.run_replay import _check_checkpoint
+
+    raw = json.loads(json.dumps(sealed.view["spec"]))
+    raw["architecture"]["metadata"].pop("init_checkpoint")
+    spec = TrainingTaskSpec.from_dict(raw)
+    assert spec.init_checkpoint() is None
+    result, state = _check_checkpoint(spec, sealed.sources())
+    assert not result.ok and state is None
+    assert result.detail == "the spec names no architecture.metadata.init_checkpoint"

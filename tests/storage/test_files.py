@@ -64,6 +64,40 @@ files.write_file_atomically({str(tmp_path / "run-1.safetensors")!r}, b"x" * 4096
     assert remove_temporary_files(tmp_path / "missing") == []
 
 
+def test_write_gives_the_file_its_mode_whatever_the_temporary_had(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    write_file_atomically(target, b"x")
+    assert os.stat(target).st_mode & 0o777 == 0o644  # the default, not mkstemp's 0o600
+    write_file_atomically(target, b"y", mode=0o640)
+    assert os.stat(target).st_mode & 0o777 == 0o640
+
+
+def test_only_temporaries_named_as_a_writer_names_them_are_removed(tmp_path: Path) -> None:
+    ours = sorted(tmp_path / f".run-{i}.safetensors.{i}abc.tmp" for i in range(5))
+    for path in reversed(ours):
+        path.write_bytes(b"left")
+    kept = {
+        "run.tmp": b"no leading dot",
+        ".hidden": b"no .tmp suffix",
+        "..tmp": b"nothing between prefix and suffix",
+    }
+    for name, data in kept.items():
+        (tmp_path / name).write_bytes(data)
+    target = tmp_path / "target"
+    target.write_bytes(b"a file a link points to")
+    (tmp_path / ".link.abc.tmp").symlink_to(target)  # a symlink is not a regular file: kept
+    assert remove_temporary_files(tmp_path) == ours  # sorted
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, ".link.abc.tmp", "target"])
+    assert target.read_bytes() == b"a file a link points to"
+
+
+def test_removing_temporaries_of_a_path_that_is_not_a_directory_fails(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    with pytest.raises(NotADirectoryError):
+        remove_temporary_files(f)  # only a missing directory means "nothing to remove"
+
+
 def test_read_regular_file_bounds_and_kinds(tmp_path: Path) -> None:
     f = tmp_path / "f"
     f.write_bytes(b"12345")
@@ -172,3 +206,89 @@ def test_open_regular_file_refuses_what_is_not_one(tmp_path: Path) -> None:
     os.close(fd)
     with pytest.raises(NotReadable, match="cannot open"):
         open_regular_file(link, follow_symlinks=False)
+
+
+# A regular file whose fstat size (0) is not what a read gives: a file that grew after its fstat.
+GROWN = Path("/proc/self/status")
+
+
+def test_a_file_larger_than_its_fstat_said_is_refused_not_cut(tmp_path: Path) -> None:
+    assert os.stat(GROWN).st_size == 0 < len(GROWN.read_bytes())
+    with pytest.raises(NotReadable, match="larger than the limit of 10 bytes"):
+        read_regular_file(GROWN, 10)
+    fd, info = open_regular_file(GROWN)
+    try:
+        with pytest.raises(NotReadable, match="larger than the limit of 10 bytes"):
+            FileDigests(settled_ns=0).digest(fd, info, 10)
+    finally:
+        os.close(fd)
+
+
+def test_reads_and_refusals_close_their_descriptors(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"12345")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert read_regular_file(f, 5) == b"12345"
+        with pytest.raises(NotReadable):
+            read_regular_file(f, 4)
+        with pytest.raises(NotReadable, match="not a regular file"):
+            open_regular_file(fifo)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_file_rewritten_to_the_same_size_and_mtime_is_hashed_again(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a" * 1000)
+    cache = FileDigests(settled_ns=0)
+    assert _digest(cache, path) == hashlib.sha256(b"a" * 1000).digest()
+    stamp = os.stat(path)
+    path.write_bytes(b"b" * 1000)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # mtime put back; ctime cannot be
+    assert os.stat(path).st_mtime_ns == stamp.st_mtime_ns and os.stat(path).st_size == stamp.st_size
+    assert _digest(cache, path) == hashlib.sha256(b"b" * 1000).digest()
+
+
+def test_the_digest_cache_keeps_the_most_recently_used(tmp_path: Path) -> None:
+    cache = FileDigests(entries=2, settled_ns=0)
+    paths = [tmp_path / str(i) for i in range(3)]
+    for i, path in enumerate(paths):
+        path.write_bytes(bytes([i]))
+    _digest(cache, paths[0])
+    _digest(cache, paths[1])
+    _digest(cache, paths[0])  # used again: now the most recent
+    _digest(cache, paths[2])  # drops paths[1], not paths[0]
+    assert cache.hashed == 3
+    _digest(cache, paths[0])
+    assert cache.hashed == 3
+    _digest(cache, paths[1])
+    assert cache.hashed == 4
+
+
+def test_a_digest_of_a_file_changed_since_its_fstat_is_not_remembered(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a" * 100)
+    stale = os.stat(path)
+    path.write_bytes(b"b" * 200)
+    cache = FileDigests(settled_ns=0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert cache.digest(fd, stale) == hashlib.sha256(b"b" * 200).digest()
+    finally:
+        os.close(fd)
+    assert len(cache) == 0  # not kept under the key of the file as it was
+
+
+def test_a_file_whose_status_changed_just_now_is_not_remembered(tmp_path: Path) -> None:
+    """Settling counts from the later of mtime and ctime: an old mtime set just now (ctime now)
+    does not make a file settled."""
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"a")
+    old = os.stat(path).st_mtime_ns - 3600 * 10**9
+    os.utime(path, ns=(old, old))
+    cache = FileDigests()  # 2 s settling
+    _digest(cache, path)
+    _digest(cache, path)
+    assert cache.hashed == 2 and len(cache) == 0

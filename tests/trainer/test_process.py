@@ -108,6 +108,150 @@ def test_inbox_growth_is_bounded_by_what_is_awaited() -> None:
     assert len(inbox._assembler) == 0
 
 
+def test_inbox_expect_model_keeps_the_candidates_from_that_round_on() -> None:
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox.expect_model(1)
+    answers = {r: g.compute_model_chunks(task_id=TASK, round=r, model_hash=h(f"m{r}"),
+                                         weights=WEIGHTS[r:] + WEIGHTS[:r]) for r in (1, 2, 3)}
+    for chunks in answers.values():
+        feed(inbox, chunks)
+    assert sorted(c[0] for c in inbox.models.values()) == [1, 2, 3]
+    inbox.expect_model(2)  # the round asked for is kept, earlier ones go
+    assert sorted(c[0] for c in inbox.models.values()) == [2, 3]
+    assert answers[2][0].data_hash in inbox.models and inbox.await_model == 2
+
+
+def test_inbox_reassembles_every_candidate_notice_at_once() -> None:
+    # MAX_CANDIDATES multi-chunk notices whose chunks interleave: the buffer holds them all.
+    import os
+
+    weights = [os.urandom(2 * g.MAX_CHUNK_BYTES) for _ in range(GossipInbox.MAX_CANDIDATES)]
+    inbox = GossipInbox(TASK, g, model_bytes=len(weights[0]))
+    inbox.expect_finalized(0)
+    streams = [notice(0, model=h(f"m{i}"), weights=w) for i, w in enumerate(weights)]
+    for seq in range(2):
+        feed(inbox, [s[seq] for s in streams])
+    assert sorted(data for _, data in inbox.finalized.values()) == sorted(weights)
+    assert inbox._assembler.refused == 0 and inbox.counters == {"forged": 0, "unexpected": 0}
+
+
+def test_inbox_a_stream_whose_bytes_fail_their_hash_is_forgotten_in_the_dedup_cache() -> None:
+    import dataclasses
+
+    class Seen:
+        def __init__(self) -> None:
+            self.forgotten: list[tuple[object, ...]] = []
+
+        def forget_stream(self, stream: tuple[object, ...]) -> None:
+            self.forgotten.append(stream)
+
+    seen = Seen()
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS), seen=seen)
+    inbox.expect_finalized(0)
+    forged = dataclasses.replace(notice(0)[0], data=bytes(len(WEIGHTS)))
+    inbox._on_message(g.encode_message(forged), "peer")
+    assert inbox.finalized == {} and inbox.counters == {"forged": 1, "unexpected": 0}
+    assert seen.forgotten == [("peer",) + g.compute_stream_key(forged)]  # the genuine republish gets through
+    inbox._on_message(g.encode_message(notice(0)[0]), "peer")
+    assert [data for _, data in inbox.finalized.values()] == [WEIGHTS]
+
+
+def test_inbox_keeps_what_verify_returns_and_signals_each_candidate() -> None:
+    def verify(data: bytes, model_hash: bytes) -> object:
+        return ("decoded", model_hash, len(data))
+
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS), verify=verify)
+    inbox.expect_finalized(0)
+    inbox.expect_model(0)
+    feed(inbox, notice(0))
+    assert inbox.changed.is_set()
+    assert [w for _, w in inbox.finalized.values()] == [("decoded", h("model"), len(WEIGHTS))]
+    inbox.changed.clear()
+    feed(inbox, g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m0"), weights=WEIGHTS))
+    assert inbox.changed.is_set()
+    assert list(inbox.models.values()) == [(0, h("m0"), ("decoded", h("m0"), len(WEIGHTS)))]
+
+
+def test_inbox_drops_weights_of_another_size_than_the_model() -> None:
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox.expect_finalized(0)
+    inbox.expect_model(0)
+    feed(inbox, notice(0, weights=WEIGHTS + bytes(4)))
+    feed(inbox, g.compute_model_chunks(task_id=TASK, round=0, model_hash=h("m"), weights=WEIGHTS[:-4]))
+    assert inbox.finalized == {} and inbox.models == {}
+    assert inbox.counters["unexpected"] == 2 and len(inbox._assembler) == 0
+
+
+def test_inbox_holds_at_most_max_candidates_notices_and_the_first_of_each_data_hash() -> None:
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox.expect_finalized(0)
+    feed(inbox, notice(0))
+    # The same weights under another syncer's notice: the candidate held is not replaced.
+    feed(inbox, notice(0, key=SYNCER_KEYS[1], syncer=SYNCERS[1]))
+    assert [m.syncer for m, _ in inbox.finalized.values()] == [SYNCERS[0]]
+    assert inbox.counters["unexpected"] == 1
+    for i in range(1, inbox.MAX_CANDIDATES + 2):
+        feed(inbox, notice(0, model=h(f"m{i}"), weights=WEIGHTS[i:] + WEIGHTS[:i]))
+    assert len(inbox.finalized) == inbox.MAX_CANDIDATES
+    assert inbox.counters["unexpected"] == 1 + 2 and len(inbox._assembler) == 0
+
+
+def test_inbox_holds_the_first_model_answer_of_each_data_hash() -> None:
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox.expect_model(1)
+    first = g.compute_model_chunks(task_id=TASK, round=1, model_hash=h("m"), weights=WEIGHTS)
+    feed(inbox, first)
+    feed(inbox, g.compute_model_chunks(task_id=TASK, round=2, model_hash=h("m"), weights=WEIGHTS))
+    assert inbox.models == {first[0].data_hash: (1, h("m"), WEIGHTS)}
+    assert inbox.counters["unexpected"] == 1
+
+
+def test_inbox_signals_the_run_sealed_message() -> None:
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    assert not inbox.changed.is_set()
+    feed(inbox, [g.RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final"))])
+    assert inbox.changed.is_set() and inbox.sealed.final_model_hash == h("final")
+
+
+def test_inbox_drain_drops_a_message_that_raises_and_goes_on() -> None:
+    import asyncio
+    import types
+
+    from tenzro_training.errors import EncodingError
+
+    def verify(data: bytes, model_hash: bytes) -> object:
+        raise EncodingError("weights that do not decode")
+
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS), verify=verify)
+    inbox.expect_finalized(0)
+
+    async def main() -> None:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        for msg in (notice(0)[0], g.RunSealedMsg(task_id=TASK, run_root=h("root"), final_model_hash=h("final"))):
+            queue.put_nowait(types.SimpleNamespace(data=g.encode_message(msg), from_peer="peer"))
+        queue.put_nowait(types.SimpleNamespace(data=b"\xff garbage", from_peer="peer"))
+        task = asyncio.create_task(inbox.drain(queue))
+        for _ in range(100):
+            if queue.empty():
+                break
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not task.done()  # still draining
+        task.cancel()
+
+    asyncio.run(main())
+    assert inbox.finalized == {} and inbox.sealed is not None and inbox.sealed.run_root == h("root")
+
+
+def test_inbox_wait_awaits_a_change_after_it_was_called() -> None:
+    import asyncio
+
+    inbox = GossipInbox(TASK, g, model_bytes=len(WEIGHTS))
+    inbox.changed.set()  # a change the caller already looked at
+    asyncio.run(inbox.wait(0.01))
+    assert not inbox.changed.is_set()  # waited for a new one (none came), not returned on the old
+
+
 def test_inbox_forged_model_chunks_do_not_evict_the_genuine_notice() -> None:
     # Reviewer repro inbox_evict.py: 4 unsigned ModelChunk seq-0s evicted the genuine RoundFinalized.
     import os
