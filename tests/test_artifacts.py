@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tenzro_training.addresses import format_address
 from tenzro_training.artifacts import is_payload_pruned, validate_model_request, validate_payload_request
 from tenzro_training.errors import InvalidState, PayloadNotPublic, PayloadUnavailable
 from tests.test_run import GRACE_MS, TRAINERS, Env
@@ -35,7 +36,9 @@ def test_a_committed_rounds_accepted_payloads_are_public() -> None:
     (1, 0, 0, "the round is not committed"),  # accepted in the open round: never served
     (2, 0, 0, "the round is not committed"),
     (2**64 - 1, 0, 0, "the round is not committed"),
+    (-1, 0, 0, "the round is not committed"),  # never the last record, as a Python index would
     (0, 2, 0, "the run has 2 fragments"),
+    (0, -1, 0, "the run has 2 fragments"),
     (0, 0, 3, "the round did not aggregate this trainer's payload"),
 ])
 def test_invalid_payload_requests(round_: int, fragment: int, trainer: int, reason: str) -> None:
@@ -46,6 +49,17 @@ def test_invalid_payload_requests(round_: int, fragment: int, trainer: int, reas
     assert isinstance(info.value, PayloadUnavailable)  # code 1312
     assert (info.value.round, info.value.fragment, info.value.reason) == (round_, fragment, reason)
     assert info.value.task_id == env.run.task_id
+
+
+def test_a_refusal_names_the_trainer_as_an_address() -> None:
+    env = committed_round_then_open()
+    assert env.run is not None
+    with pytest.raises(PayloadNotPublic) as info:
+        validate_payload_request(env.run, 1, 0, TRAINERS[0])
+    assert info.value.trainer == format_address(TRAINERS[0])  # EIP-55
+    with pytest.raises(PayloadNotPublic) as info:
+        validate_payload_request(env.run, 0, 0, b"\xab" * 19)  # not an address: hex as given
+    assert info.value.trainer == "0x" + "ab" * 19
 
 
 def test_a_trainer_a_later_round_left_out_is_public_only_where_accepted() -> None:

@@ -1292,6 +1292,25 @@ def test_is_round_closed() -> None:
     assert is_round_closed(_view(accepted_set_closed=True)) and not is_round_closed(_view(now_ms=9999, accepted_set_closed=False))
 
 
+@pytest.mark.parametrize("changes", [
+    {"accepted_set_closed": 1},  # only true itself is closed: a node's 1 or "true" is not
+    {"accepted_set_closed": "true"},
+    {"accepted_set_closed": "false", "now_ms": 9999},
+    {"now_ms": 2000},  # the window closes after its deadline, not at it
+    {"quorum_at_ms": None, "now_ms": 9999},  # no quorum yet: the deadline alone does not close it
+    {"straggler_deadline_ms": None, "now_ms": 9999},
+    {"now_ms": None},  # no clock: only every trainer having submitted closes it
+    {"now_ms": "9999"},
+    {"submission_counts": []},
+    {"submission_counts": [3.0, 3.0]},
+    {"submission_counts": [3, "3"]},
+])
+def test_invalid_views_do_not_close_the_round(changes: dict[str, Any]) -> None:
+    from tenzro_training.node.syncer import is_round_closed
+
+    assert is_round_closed(_view(**changes)) is False
+
+
 class FakeClient:
     url = "fake://node"
 
@@ -1381,6 +1400,21 @@ def test_syncer_paging_that_never_ends_stops() -> None:
     stop = threading.Event()
     stop.set()
     assert SyncerDaemon(fresh, KEY, emit=lines.append).poll_once(stop) == 0 and fresh.calls == []  # stop is heard
+
+
+def test_listruns_paging_stops_at_its_bound_of_runs() -> None:
+    """A node naming ever new runs on every page is read up to 100000 runs, not forever."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        assert params["offset"] < 100_000  # the pass stopped at the bound
+        return {"runs": [{"task_id": f"p{params['offset'] + i}", "syncer": "0x" + "11" * 20} for i in range(500)]}
+
+    client = ScriptedClient(list_runs, lambda params: {})
+    lines: list[str] = []
+    runs = SyncerDaemon(client, KEY, emit=lines.append)._training_runs()
+    assert len(runs) == 100_000 and len(client.calls) == 200
+    assert lines == ["listRuns paging stopped making progress at offset 100000 (100000 runs read); using those"]
 
 
 def test_syncer_skips_what_it_cannot_use_with_one_line_each() -> None:
@@ -1526,6 +1560,145 @@ def test_syncer_once_exits_1_when_a_finalize_was_refused(capsys: pytest.CaptureF
         SyncerDaemon(client, KEY, emit=lines.append).run(0.5, True, threading.Event())
     assert info.value.exit_code == EXIT_RPC_ERROR
     assert lines[0] == f"syncer {KEY_ADDRESS}: one pass over fake://node" and "refused" in lines[1]
+
+
+def test_syncer_finalizes_a_run_listed_with_its_own_address_on_a_later_poll() -> None:
+    """listRuns naming this key as the syncer: the run is read every poll (only another key's
+    runs are skipped once their ranking was seen), so a round that closes later is finalized."""
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    views = {"t": _view(round=4)}
+    client = FakeClient(views)
+    client_call = client.call
+
+    def call(method: str, params: dict[str, Any]) -> Any:
+        if method == "tenzro_training_listRuns":
+            return {"runs": [{"task_id": "t", "syncer": KEY_ADDRESS.lower()}]}
+        return client_call(method, params)
+
+    client.call = call  # type: ignore[method-assign]
+    daemon = SyncerDaemon(client, KEY, emit=[].append)
+    assert daemon.poll_once() == 0  # the straggler window is still open
+    views["t"] = _view(round=4, now_ms=5000)
+    assert daemon.poll_once() == 1 and [(t, r) for t, r, _ in client.finalized] == [("t", 4)]
+
+
+def test_syncer_reads_a_run_whose_listed_syncer_is_not_a_string() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    client = ScriptedClient(lambda params: {"runs": [{"task_id": "t", "syncer": 5}]},
+                            lambda params: _view(syncer="0x" + "11" * 20))
+    daemon = SyncerDaemon(client, KEY, emit=[].append)
+    assert daemon.poll_once() == 0 and daemon.poll_once() == 0
+    assert [m for m, _ in client.calls].count("tenzro_training_getRun") == 2  # not listed: read each poll
+
+
+def test_syncer_stops_a_pass_between_runs_once_asked() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    stop = threading.Event()
+
+    def get_run(params: dict[str, Any]) -> Any:
+        stop.set()  # SIGTERM while the first run is read
+        return _view(syncer="0x" + "11" * 20)
+
+    client = ScriptedClient(lambda params: {"runs": [{"task_id": "a"}, {"task_id": "b"}]}, get_run)
+    assert SyncerDaemon(client, KEY, emit=[].append).poll_once(stop) == 0
+    assert client.calls[1:] == [("tenzro_training_getRun", {"task_id": "a"})]
+
+
+def test_syncer_skips_a_negative_round_as_invalid() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    client = FakeClient({"t": _view(round=-1, accepted_set_closed=True)})
+    lines: list[str] = []
+    assert SyncerDaemon(client, KEY, emit=lines.append).poll_once() == 0
+    assert lines == ["getRun t: the node's answer has no valid round; skipped"] and client.finalized == []
+
+
+def test_syncer_says_reachable_again_once() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    answers: list[Any] = [CliError("cannot reach node at fake://node: connection refused", EXIT_UNREACHABLE)]
+    polls: list[int] = []
+    stop = threading.Event()
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        polls.append(1)
+        if len(polls) >= 4:
+            stop.set()
+        if answers:
+            raise answers.pop(0)
+        return {"runs": []}
+
+    lines: list[str] = []
+    SyncerDaemon(ScriptedClient(list_runs), KEY, emit=lines.append).run(0.001, False, stop)
+    assert len(polls) == 4 and lines[1:] == [
+        "cannot reach node at fake://node: connection refused; retrying every 0.001s",
+        "node fake://node reachable again",
+    ]
+
+
+def test_syncer_once_makes_one_pass_and_returns() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    stop = threading.Event()
+    listed: list[int] = []
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        listed.append(1)
+        if len(listed) > 1:
+            stop.set()  # bounded: a second pass ends the loop instead of hanging
+        return {"runs": []}
+
+    lines: list[str] = []
+    SyncerDaemon(ScriptedClient(list_runs), KEY, emit=lines.append).run(0.001, True, stop)
+    assert listed == [1] and lines == [f"syncer {KEY_ADDRESS}: one pass over fake://node"]
+
+
+def test_syncer_poll_failure_is_logged_again_after_a_success() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    failure = CliError("error -32603 InternalError: internal", EXIT_RPC_ERROR)
+    answers: list[Any] = [failure, {"runs": []}, {"runs": []}, failure, {"runs": []}]
+    stop = threading.Event()
+
+    def list_runs(params: dict[str, Any]) -> Any:
+        answer = answers.pop(0)
+        if not answers:
+            stop.set()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    lines: list[str] = []
+    SyncerDaemon(ScriptedClient(list_runs), KEY, emit=lines.append).run(0.001, False, stop)
+    failed = "poll failed: error -32603 InternalError: internal; retrying every 0.001s"
+    assert lines[1:] == [failed, "polls succeed again", failed, "polls succeed again"]
+
+
+def test_syncer_waits_its_poll_interval_between_polls() -> None:
+    from tenzro_training.node.syncer import SyncerDaemon
+
+    class Stop(threading.Event):
+        waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            if len(self.waits) == 2:
+                self.set()
+            return self.is_set()
+
+    stop = Stop()
+    SyncerDaemon(ScriptedClient(lambda params: {"runs": []}), KEY, emit=[].append).run(7.5, False, stop)
+    assert stop.waits == [7.5, 7.5]
+
+
+def test_syncer_once_with_nothing_to_do_exits_0_quietly(capsys: pytest.CaptureFixture[str], fake_node: FakeNode,
+                                                         key_file: Path) -> None:
+    fake_node.replies["tenzro_training_listRuns"] = {"runs": []}
+    code, out, err = run(capsys, "syncer", "run", "--once", "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == 0 and err == "" and out.endswith(f"syncer {KEY_ADDRESS}: one pass over {fake_node.url}\n")
 
 
 def test_syncer_sigterm_ends_a_hung_call_at_once(tmp_path: Path, key_file: Path) -> None:

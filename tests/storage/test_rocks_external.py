@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from storage import StorageError
-from storage.external import DIRECTORY, FILE_MAGIC, REF_MAGIC, REF_SIZE, decode_ref
+from storage.external import DIRECTORY, FILE_MAGIC, REF_MAGIC, REF_SIZE, decode_ref, encode_ref
 from storage.rocks import EXTERNAL_VALUE_BYTES, RocksStore
 from storage.schema import CF_MODEL_STATE, CF_SUBMISSIONS, CF_TRAINING_RUNS, model_key, payload_key
 
@@ -890,3 +890,199 @@ def test_the_dropping_thread_outlives_an_unexpected_error(tmp_path: Path, monkey
     _write_some(values, 12)
     values.release_cached()
     assert failed and _open_fds_under(tmp_path / "values") == 0
+
+
+def test_entries_not_named_as_value_files_are_left_alone(tmp_path: Path) -> None:
+    # Only 32 lowercase hex digits name a value file: an open neither removes nor reads
+    # anything else in values/ (another name's bytes.fromhex would fail the open), and a
+    # checkpoint does not copy it.
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        (name,) = files(path)
+    whole = (path / DIRECTORY / name).read_bytes()
+    strays = ["ab" * 17, "AB" * 16, "g" * 32, name[:-1]]
+    for stray in strays:
+        (path / DIRECTORY / stray).write_bytes(whole)
+    (path / DIRECTORY / ("12" * 16)).mkdir()  # named like a file, but cannot be opened as one
+    (path / DIRECTORY / "other-directory").mkdir()  # not a reader's: no lock to judge it by
+    with RocksStore(path) as store:
+        assert files(path) == sorted([name, "12" * 16, "other-directory", *strays])
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+        (path / DIRECTORY / ("12" * 16)).rmdir()
+        store.create_checkpoint(tmp_path / "copy")
+    assert files(tmp_path / "copy") == [name]
+
+
+def test_a_value_of_a_references_size_without_its_magic_stays_in_the_key(tmp_path: Path) -> None:
+    value = b"\x00" * REF_SIZE
+    with RocksStore(tmp_path / "db") as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, value)
+        assert store._raw_get(CF_SUBMISSIONS, PAYLOAD) == value
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == value
+    assert files(tmp_path / "db") == []
+
+
+def test_decode_ref_reads_only_a_whole_reference() -> None:
+    ref = encode_ref(b"\x11" * 16, 12345)
+    assert len(ref) == REF_SIZE and decode_ref(ref) == (b"\x11" * 16, 12345)
+    assert decode_ref(ref + b"\x00") is None
+    assert decode_ref(ref[:-1]) is None
+    assert decode_ref(REF_MAGIC + b"x") is None
+    assert decode_ref(b"\x00" + ref[1:]) is None
+
+
+def test_the_scan_names_the_files_whose_header_does_not_read(tmp_path: Path) -> None:
+    from storage.external import ExternalFile, ExternalValues
+
+    values = ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    whole = values.write(CF_SUBMISSIONS, PAYLOAD, b"value")
+    header = FILE_MAGIC + bytes((len(CF_SUBMISSIONS),)) + CF_SUBMISSIONS.encode()
+    cut = {
+        "01" * 16: b"TZXV\x00\x02\x00\x00" + header[len(FILE_MAGIC):] + b"\x00\x01k",  # not the magic
+        "02" * 16: header + b"\x00",  # cut inside the key's length
+        "03" * 16: header + b"\x00\x05abc",  # cut inside the key
+        "04" * 16: FILE_MAGIC + b"\x0b" + b"subm",  # cut inside the family's name
+    }
+    for entry, data in cut.items():
+        (tmp_path / "values" / entry).write_bytes(data)
+    found = list(values.scan())
+    assert found == sorted([ExternalFile(whole, CF_SUBMISSIONS, PAYLOAD), *map(bytes.fromhex, cut)],
+                           key=lambda f: f.hex() if isinstance(f, bytes) else f.name.hex())
+    values.release_cached()
+
+
+def test_create_directory_refuses_a_file_in_its_place_and_syncs_its_parent(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StorageError, match="exists and is not a directory"):
+        external.ExternalValues(str(tmp_path / "file"), sync=True).create_directory()
+    synced: list[str] = []
+    monkeypatch.setattr(external, "fsync_directory", synced.append)
+    external.ExternalValues(str(tmp_path / "values"), sync=True).create_directory()
+    external.ExternalValues(str(tmp_path / "values"), sync=True).create_directory()  # there already
+    external.ExternalValues(str(tmp_path / "other"), sync=False).create_directory()
+    assert synced == [str(tmp_path)]
+
+
+def test_a_write_that_writes_nothing_is_a_storage_error_and_leaves_no_file(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage.external import ExternalValues
+
+    values = ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    monkeypatch.setattr(os, "writev", lambda fd, buffers: 0)
+    with pytest.raises(StorageError, match="write returned 0"):
+        values.write(CF_SUBMISSIONS, PAYLOAD, b"value")
+    assert os.listdir(tmp_path / "values") == []
+
+
+def test_a_reader_whose_links_were_removed_reads_the_files_in_place(tmp_path: Path) -> None:
+    # A writer that took the reader for dead removed its links: the files still there read.
+    import shutil
+
+    path = tmp_path / "db"
+    with RocksStore(path) as writer:
+        put(writer, CF_SUBMISSIONS, PAYLOAD, BIG)
+        with RocksStore(path, read_only=True) as reader:
+            (pinned,) = [e for e in os.listdir(path / DIRECTORY) if e.startswith(".reader-")]
+            shutil.rmtree(path / DIRECTORY / pinned)
+            assert reader.holds_value(CF_SUBMISSIONS, PAYLOAD)
+            assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+
+
+def test_a_read_only_open_of_a_store_without_its_values_directory(tmp_path: Path) -> None:
+    # A store an older version wrote has no values/: a reader has nothing to pin, and no error.
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_TRAINING_RUNS, b"run", b"small")
+    (path / DIRECTORY).rmdir()
+    with RocksStore(path, read_only=True) as reader:
+        assert reader.get(CF_TRAINING_RUNS, b"run") == b"small"
+    assert not (path / DIRECTORY).exists()
+
+
+def test_a_reader_that_cannot_pin_fails_its_open_and_leaves_nothing_behind(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    from storage.external import ExternalValues
+
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        (name,) = files(path)
+
+    def too_many_links(*args: object) -> None:
+        raise OSError(errno.EMLINK, "Too many links")
+
+    monkeypatch.setattr(os, "link", too_many_links)
+    with pytest.raises(StorageError, match="cannot pin the value files of a read-only open in .*Too many links"):
+        RocksStore(path, read_only=True)
+    assert os.listdir(path / DIRECTORY) == [name]
+    values = ExternalValues(str(path / DIRECTORY), sync=False)
+    with pytest.raises(StorageError, match="Too many links"):
+        values.pin()  # itself, not only the store's close, removes what it made
+    assert os.listdir(path / DIRECTORY) == [name] and not values.has_files()
+    monkeypatch.undo()
+    monkeypatch.setattr(fcntl, "flock", too_many_links)
+    with pytest.raises(StorageError, match="cannot pin the value files of a read-only open"):
+        RocksStore(path, read_only=True)
+    assert os.listdir(path / DIRECTORY) == [name]
+    monkeypatch.undo()
+    with RocksStore(path, read_only=True) as reader:
+        assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+    assert os.listdir(path / DIRECTORY) == [name] and _open_fds_under(path / DIRECTORY) == 0  # its lock closed
+
+
+def test_a_writer_open_removes_old_pinning_and_lockless_reader_directories(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        (name,) = files(path)
+    old, new, lockless = (path / DIRECTORY / e for e in (".pinning-1-aa", ".pinning-2-bb", ".reader-3-cc"))
+    for directory in (old, new, lockless):
+        directory.mkdir()
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))  # a reader that died making it
+    with RocksStore(path) as store:
+        assert sorted(os.listdir(path / DIRECTORY)) == [".pinning-2-bb", name]  # one making it now stays
+        assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+
+
+def test_value_files_edge_cases_of_a_missing_or_odd_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.external as external
+
+    missing = external.ExternalValues(str(tmp_path / "none"), sync=False)
+    assert list(missing.scan()) == []
+    missing.remove([b"\x00" * 16])  # already gone: skipped
+    synced: list[str] = []
+    monkeypatch.setattr(external, "fsync_directory", synced.append)
+    missing.link_into(str(tmp_path / "copy"))  # a checkpoint of a store with no value file
+    assert os.listdir(tmp_path / "copy") == [] and synced == [str(tmp_path / "copy"), str(tmp_path)]
+    values = external.ExternalValues(str(tmp_path / "values"), sync=False)
+    values.create_directory()
+    (tmp_path / "values" / ("ab" * 16)).mkdir()
+    with pytest.raises(StorageError, match="cannot read value file .*Is a directory"):
+        values.read(CF_SUBMISSIONS, PAYLOAD, b"\xab" * 16, 1)
+
+
+def test_a_file_removed_between_a_listing_and_its_link_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer removed it meanwhile: a reader's pin and a checkpoint go on without it.
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+
+    def gone(*args: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "link", gone)
+    with RocksStore(path, read_only=True) as reader:  # the view it keeps reads the file in place
+        assert reader.get(CF_SUBMISSIONS, PAYLOAD) == BIG
+    with RocksStore(path) as store:
+        store.create_checkpoint(tmp_path / "copy")
+    assert files(tmp_path / "copy") == []
