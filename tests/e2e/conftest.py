@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -185,6 +186,25 @@ def _child_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # two nodes + pytest share 2 cores
     return env
+
+
+@contextmanager
+def sighup_at_default_in_children() -> Iterator[None]:
+    """Processes started inside get SIGHUP at its default disposition, as from a terminal.
+
+    Under ``nohup`` this process ignores SIGHUP and its children inherit that, and a node started
+    ignoring SIGHUP rightly keeps running on one (tests/node/test_main.py): a test of the
+    hangup shutdown would wait out its timeout (a CI run launched with nohup did). A no-op
+    handler is reset to the default by exec in the child, while this process still outlives a
+    hangup; the ignore is put back on exit."""
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def start_node(

@@ -40,6 +40,7 @@ from tests.e2e.conftest import (
     rpc_error,
     run_to_training,
     scrape_metrics,
+    sighup_at_default_in_children,
     start_node,
     tenzro,
     write_config,
@@ -399,7 +400,8 @@ def test_clean_shutdown_and_startup_failures(node_factory: Callable[..., NodePro
     assert re.search(r" p2p=off start=\d+\.\d\ds\n", again.stderr())  # what TimeoutStartSec must cover
     # SIGHUP (the terminal closed): the same, not exit 129 with the store left open. This one
     # logs JSON (--log-format json): every stderr line is one object a log collector can parse.
-    third = node_factory("lifecycle", data_dir=first.data_dir, extra_args=("--log-format", "json"))
+    with sighup_at_default_in_children():  # not ignored, even when this test runs under nohup
+        third = node_factory("lifecycle", data_dir=first.data_dir, extra_args=("--log-format", "json"))
     assert third.stop(signal.SIGHUP) == 0
     logged = [json.loads(line) for line in third.stderr().splitlines()]
     assert [r["message"] for r in logged if r["logger"] == "tenzro.node"][-1] == "shutting down"
