@@ -562,3 +562,545 @@ def test_a_peer_serving_more_runs_than_are_kept_is_never_skipped(
     bridge._note_peer_run("one", "r0")
     assert bridge._skip_peers("r5") == frozenset({"one"})
     assert bridge._skip_peers("elsewhere") == frozenset({"one"})  # "busy" serves every run
+
+
+# --- mutation campaign 5: buffer bounds, tables, lifecycle, tickets, rate limits -----------------
+
+
+def _fake_time(monkeypatch: pytest.MonkeyPatch, start: float = 1000.0) -> list[float]:
+    """The bridge's monotonic clock, set by hand (the bridge module's ``time`` only: asyncio keeps
+    its own clock)."""
+    from types import SimpleNamespace
+
+    now = [start]
+    monkeypatch.setattr(node_gossip_bridge, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def test_the_reassembly_buffer_holds_at_least_four_of_the_largest_payloads(net: Net, checkpoint: tuple[str, str]) -> None:
+    """Before any run is known, and while the runs' trainers need less, the buffer has room for
+    four payloads of max_payload_bytes (at most max_assembly_bytes)."""
+    from tenzro_training.payload import compute_max_payload_bytes
+
+    loop = asyncio.new_event_loop()
+    config = net.service._config
+
+    def buffer_bytes(max_payload: int, cap: int = 1 << 30) -> int:
+        bridge = GossipBridge(net.service, FakeHost(), _inline, chain_id=config.chain_id,
+                              get_candidate=config.get_candidate, max_payload_bytes=max_payload,
+                              clock_ms=net.clock, max_assembly_bytes=cap)
+        loop.run_until_complete(bridge.start())
+        try:
+            return bridge.stream_stats()["buffer_bytes"]
+        finally:
+            loop.run_until_complete(bridge.stop())
+
+    assert buffer_bytes(1000) == 4000  # no run yet
+    start(net, checkpoint)
+    needed = 3 * max(compute_max_payload_bytes(lay) for lay in net.layouts)
+    assert buffer_bytes(needed) == 4 * needed
+    assert buffer_bytes(needed, cap=2 * needed) == 2 * needed
+    loop.close()
+
+
+def test_runs_not_yet_enrolling_take_no_room_in_the_reassembly_buffer(net: Net, checkpoint: tuple[str, str]) -> None:
+    """Only runs in Enrolling or Training have trainers streaming payloads: a posted run whose
+    election is still open is sized (its gossip is checked) but reserves nothing."""
+    from tenzro_training.payload import compute_max_payload_bytes
+    from tests.node.conftest import spec_dict
+
+    start(net, checkpoint)
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    assert net.service.get_run("run-2")["status"] not in ("Enrolling", "Training")
+    loop = asyncio.new_event_loop()
+    config = net.service._config
+    bridge = GossipBridge(net.service, FakeHost(), _inline, chain_id=config.chain_id,
+                          get_candidate=config.get_candidate, max_payload_bytes=16, clock_ms=net.clock)
+    loop.run_until_complete(bridge.start())
+    assert "run-2" in bridge._sizes
+    assert bridge.stream_stats()["buffer_bytes"] == 3 * max(compute_max_payload_bytes(lay) for lay in net.layouts)
+    loop.run_until_complete(bridge.stop())
+    loop.close()
+
+
+def test_the_reassembly_buffer_admits_two_streams_per_trainer_in_training(bridged) -> None:  # type: ignore[no-untyped-def]
+    """A trainer streams its fragments one after the other (one or two streams at a time): the
+    buffer takes 2 x the trainers of the runs in training, at least 64."""
+    net, host, bridge, loop = bridged
+    sizes, count = bridge._sizes[net.task_id]
+    assert count == 3 and bridge._payloads.max_pending == 64
+    bridge._set_sizes(net.task_id, (sizes, 40))  # as for a run of 40 trainers
+    assert bridge._payloads.max_pending == 80
+
+
+def test_the_weights_of_the_newest_models_only_are_held(bridged) -> None:  # type: ignore[no-untyped-def]
+    """The digests of every model the node published (one per round per run) are kept to check
+    copies from other peers: the newest HELD_WEIGHTS models, the oldest forgotten first."""
+    from tenzro_training.node.gossip_bridge import HELD_WEIGHTS
+
+    net, host, bridge, loop = bridged
+
+    def model(i: int) -> bytes:
+        return i.to_bytes(32, "big")
+
+    for i in range(HELD_WEIGHTS + 1):
+        loop.run_until_complete(bridge._hold_weights(net.task_id, model(i), b"weights %d" % i, None))
+    assert bridge._get_held_weights(net.task_id, model(0)) is None
+    assert all(bridge._get_held_weights(net.task_id, model(i)) is not None for i in range(1, HELD_WEIGHTS + 1))
+
+
+def test_the_sizes_of_a_run_first_heard_of_are_read_once_however_many_messages_ask(bridged) -> None:  # type: ignore[no-untyped-def]
+    """Every chunk of a run the bridge has not sized yet asks for its sizes before the
+    background load has run: one service read, not one per chunk."""
+    net, host, bridge, loop = bridged
+    del bridge._sizes[net.task_id]  # as for a run this node has not sized yet
+    reads: list[str] = []
+    real = net.service.get_run
+    net.service.get_run = lambda task_id: reads.append(task_id) or real(task_id)  # type: ignore[method-assign]
+    for _ in range(3):
+        assert bridge._get_sizes(net.task_id) is None  # the validators' lookups (libp2p thread)
+    loop.run_until_complete(settle())
+    assert reads == [net.task_id] and not bridge._loading and not bridge._loaders
+    assert bridge._get_sizes(net.task_id) is not None
+
+
+def test_an_ended_runs_sizes_load_again_each_time_the_service_reads_it_back(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run whose sizes were loaded in the background, forgotten (the service let the ended
+    run go) and read back again loads them again: a load that is over does not count as one
+    in progress. ENDED_RUNS_CACHED = 1 stands for 64 ended runs used in between."""
+    import tenzro_training.node.service as service_module
+    from tests.node.conftest import spec_dict
+    from tests.node.test_service import play_round
+
+    monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 1)
+    net, host, bridge, loop = bridged
+    for r in range(net.service.get_run(net.task_id)["spec"]["max_rounds"]):
+        play_round(net, r)
+    loop.run_until_complete(settle())
+    for other in ("run-2", "run-3"):
+        net.task_id = other
+        net.post(spec_dict(*checkpoint, task_id=other))
+        net.cancel()  # run-1 leaves the service's cache of ended runs
+        loop.run_until_complete(settle())
+        assert net.service.get_run_state("run-1") is None and "run-1" not in bridge._sizes
+        net.service.get_run("run-1")  # read back into the cache
+        assert bridge._get_sizes("run-1") is None
+        loop.run_until_complete(settle())
+        assert "run-1" in bridge._sizes
+
+
+def test_stop_cancels_the_work_in_flight_and_returns(net: Net, checkpoint: tuple[str, str]) -> None:
+    """stop() runs before the host stops: a drain waiting for the service (a payload being
+    stored) and a background sizes load are cancelled, and stop returns once they are."""
+    start(net, checkpoint)
+    loop = asyncio.new_event_loop()
+    host = FakeHost()
+    service_busy = [False]
+
+    async def call(fn: Callable[[], Any]) -> Any:
+        if service_busy[0]:
+            await asyncio.Event().wait()  # the service thread never gets to it
+        return fn()
+
+    config = net.service._config
+    bridge = GossipBridge(net.service, host, call, chain_id=config.chain_id, get_candidate=config.get_candidate,
+                          max_payload_bytes=config.max_payload_bytes, clock_ms=net.clock)
+    loop.run_until_complete(bridge.start())
+    service_busy[0] = True
+    for c in chunks_of(net, 0, 0, 0)[1]:
+        host.deliver(c)
+    bridge._get_sizes("run-unknown")
+    loop.run_until_complete(settle())
+    assert len(bridge._loaders) == 1 and bridge._loading == {"run-unknown"}
+    in_flight = [*bridge._tasks, *bridge._loaders]
+
+    async def stop_then_look() -> list[bool]:
+        await bridge.stop()
+        return [t.done() for t in in_flight]  # at once: the host is stopped right after
+
+    stopping = loop.create_task(stop_then_look())
+    done, _ = loop.run_until_complete(asyncio.wait({stopping}, timeout=10))  # (a guard against a hang)
+    if not done:
+        stopping.cancel()
+        loop.run_until_complete(asyncio.wait({stopping}))
+    assert done, "stop() did not return: a task in flight did not end when cancelled"
+    assert stopping.result() == [True] * len(in_flight)
+    assert not bridge._loading and bridge.counters["payloads_stored"] == 0
+    loop.close()
+
+
+def test_weights_relayed_by_another_node_neither_note_it_nor_fail_the_drain(bridged, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Only a PayloadChunk or a ModelRequest tells which run a peer serves: another node
+    relaying (or publishing) a run's RoundFinalized serves every run and must not be skipped
+    by the others' weights; and such a message is simply not handled further here."""
+    import logging
+
+    from tests.node.test_service import play_round
+
+    net, host, bridge, loop = bridged
+    play_round(net, 0)
+    (notice,) = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg))
+    with caplog.at_level(logging.DEBUG, logger="tenzro.node.gossip"):
+        host.deliver(notice, peer="another-node")
+        loop.run_until_complete(settle())
+    assert "another-node" not in bridge._peer_runs
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert bridge.counters["model_requests_limited"] == 0 and bridge.counters["model_answers"] == 0
+
+
+def test_a_peer_taken_to_serve_every_run_stays_so_when_heard_again_or_a_run_ends(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
+) -> None:
+    from tenzro_training.node.gossip_bridge import RUNS_PER_PEER_KEPT
+
+    net, host, bridge, loop = bridged
+    open_run = net.service.get_run_state(net.task_id)
+    net.service.get_run_state = lambda task_id: open_run  # type: ignore[method-assign]
+    for i in range(RUNS_PER_PEER_KEPT + 1):
+        bridge._note_peer_run("busy", f"r{i}")
+    bridge._note_peer_run("one", "r0")
+    bridge._note_peer_run("busy", "r0")  # heard from again
+    bridge._forget_run_peers("r0")  # r0 ended
+    assert bridge._peer_runs == {"busy": None}
+    assert bridge._skip_peers("r1") == frozenset()
+
+
+def test_the_peers_heard_from_longest_ago_are_forgotten_first(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
+) -> None:
+    """The table of which runs each peer serves keeps PEERS_RUNS_KEPT peers: one heard from
+    again moves to the back, and a new one past the bound takes the place of the least recent."""
+    from tenzro_training.node.gossip_bridge import PEERS_RUNS_KEPT
+
+    net, host, bridge, loop = bridged
+    for i in range(PEERS_RUNS_KEPT):
+        bridge._note_peer_run(f"p{i}", net.task_id)
+    bridge._note_peer_run("p0", net.task_id)
+    bridge._note_peer_run("new", net.task_id)
+    assert len(bridge._peer_runs) == PEERS_RUNS_KEPT
+    assert "p0" in bridge._peer_runs and "new" in bridge._peer_runs and "p1" not in bridge._peer_runs
+
+
+def test_a_peer_known_only_for_runs_that_ended_is_sent_every_runs_weights(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+) -> None:
+    """A trainer whose run ended may serve a run the node has not heard it speak for yet: from
+    the moment its run ends (before its peers are forgotten) it is skipped by no run's weights."""
+    from tests.node.conftest import spec_dict
+
+    net, host, bridge, loop = bridged
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    bridge._note_peer_run("of-run-2", "run-2")
+    assert bridge._skip_peers("run-1") == frozenset({"of-run-2"})
+    net.cancel()  # (the bridge forgets run-2's peers on its loop, later)
+    assert bridge._peer_runs == {"of-run-2": frozenset({"run-2"})}
+    assert bridge._skip_peers("run-1") == frozenset()
+
+
+def test_the_peers_of_a_cancelled_run_are_forgotten(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+) -> None:
+    """As for a sealed run: a peer whose runs all ended is unknown again (and takes no room)."""
+    from tests.node.conftest import spec_dict
+
+    net, host, bridge, loop = bridged
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    bridge._note_peer_run("trainer-a", "run-2")
+    bridge._note_peer_run("trainer-b", "run-2")
+    bridge._note_peer_run("trainer-b", "run-1")
+    net.cancel()
+    loop.run_until_complete(settle())
+    assert bridge._peer_runs == {"trainer-b": frozenset({"run-1"})}
+
+
+def test_refusal_warnings_come_once_per_interval_with_the_exact_count_held_back(bridged, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The first warning holds nothing back; the next one, REFUSAL_LOG_INTERVAL_S later (not
+    more), says how many streams were refused meanwhile; a refused stream is handled without
+    an error of its own."""
+    import dataclasses
+    import logging
+
+    net, host, bridge, loop = bridged
+    now = _fake_time(monkeypatch)
+    _, chunks = chunks_of(net, 0, 0, 0)
+
+    def forge(n: int) -> None:
+        for c in chunks:
+            host.deliver(dataclasses.replace(c, data=bytes([n]) * len(c.data)))
+        loop.run_until_complete(settle())
+
+    with caplog.at_level(logging.WARNING, logger="tenzro.node.gossip"):
+        for n in (1, 2, 3):
+            forge(n)
+        now[0] += node_gossip_bridge.REFUSAL_LOG_INTERVAL_S
+        forge(4)
+    lines = [r.getMessage() for r in caplog.records if "dropped at reassembly" in r.getMessage()]
+    assert len(lines) == 2 and "more since" not in lines[0]
+    assert lines[1].endswith("(a republish is accepted; 2 more since the last such line)")
+    assert bridge.counters["payloads_refused"] == 4
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_peer_holds_four_incomplete_payload_streams_and_a_fifth_takes_its_oldests_place(bridged, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A trainer publishes its fragments one after the other: one peer may hold
+    PAYLOAD_STREAMS_PER_PEER incomplete streams; its next one takes the place of its own
+    least recently active (counted, one warning). An incomplete stream is not handed on."""
+    import logging
+
+    net, host, bridge, loop = bridged
+
+    def first_chunk(i: int) -> g.PayloadChunk:
+        data = bytes([i]) * (g.MAX_CHUNK_BYTES + 1)  # two chunks
+        sig = TRAINERS[0].sign(auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=0,
+                                                        payload_hash=compute_payload_hash(data)))
+        return g.compute_payload_chunks(task_id=net.task_id, round=0, fragment=0, trainer=TRAINERS[0].address,
+                                        signature=sig, payload=data)[0]
+
+    with caplog.at_level(logging.WARNING, logger="tenzro.node.gossip"):
+        for i in range(4):
+            loop.run_until_complete(bridge._on_payload_chunk(first_chunk(i), "trainer"))
+        assert len(bridge._payloads) == 4 and bridge.stream_stats()["evicted"] == 0
+        assert [r for r in caplog.records if "buffer full" in r.getMessage()] == []
+        loop.run_until_complete(bridge._on_payload_chunk(first_chunk(4), "trainer"))
+    assert len(bridge._payloads) == 4 and bridge.stream_stats()["evicted"] == 1
+    assert len([r for r in caplog.records if "buffer full" in r.getMessage()]) == 1
+    assert bridge.counters["payloads_refused"] == 0 and bridge.counters["payloads_stored"] == 0
+
+
+def test_a_reassembled_payload_the_service_refuses_is_counted_refused_not_stored(bridged) -> None:  # type: ignore[no-untyped-def]
+    net, host, bridge, loop = bridged
+    junk = b"not a payload"
+    sig = TRAINERS[0].sign(auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=0,
+                                                    payload_hash=compute_payload_hash(junk)))
+    for c in g.compute_payload_chunks(task_id=net.task_id, round=0, fragment=0, trainer=TRAINERS[0].address,
+                                      signature=sig, payload=junk):
+        loop.run_until_complete(bridge._on_payload_chunk(c, "trainer"))
+    assert bridge.counters["payloads_refused"] == 1 and bridge.counters["payloads_stored"] == 0
+
+
+def test_a_gossiped_election_ticket_reaches_the_service_and_a_refused_one_is_not_counted(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+) -> None:
+    from tenzro_training.election import make_ticket
+    from tests.node.conftest import SYNCERS, VRF_SECRETS, spec_dict
+
+    net, host, bridge, loop = bridged
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    seed = net.service._runs["run-2"].election.seed
+    msg = g.ElectionTicketMsg(task_id="run-2", ticket=make_ticket(VRF_SECRETS[0], SYNCERS[0].address, seed))
+    host.deliver(msg, peer="candidate")
+    loop.run_until_complete(settle())
+    assert bridge.counters["tickets"] == 1
+    net.elect()  # the election closes before the next copy is handled
+    host.queues[g.TOPIC_SYNCER].put_nowait(Item(g.encode_message(msg), "candidate"))
+    loop.run_until_complete(settle())
+    assert bridge.counters["tickets"] == 1
+
+
+def test_model_requests_are_limited_to_one_per_interval_exactly_and_a_limited_one_is_not_queued(bridged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Requests queued the instant a broadcast of their model began share it; a requester is
+    answered again MODEL_REQUEST_INTERVAL_S after its last answered request (not later), and
+    a request limited on arrival is counted once and never queued."""
+    net, host, bridge, loop = bridged
+    now = _fake_time(monkeypatch)
+    host.deliver(model_request(net, 0, nonce=1))
+    host.deliver(model_request(net, 1, nonce=1))
+    loop.run_until_complete(host.wait_for(g.ModelChunk))
+    loop.run_until_complete(settle())
+    assert bridge.counters["model_answers"] == 1 and bridge.counters["model_requests_limited"] == 1
+    now[0] += node_gossip_bridge.MODEL_REQUEST_INTERVAL_S
+    host.deliver(model_request(net, 0, nonce=2))
+    host.deliver(model_request(net, 0, nonce=3))  # at once again: limited
+    loop.run_until_complete(settle())
+    assert bridge.counters["model_answers"] == 2 and bridge.counters["model_requests_limited"] == 2
+
+
+def test_the_tables_of_askers_and_requesters_are_pruned_past_4096_entries(bridged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Both tables grow by one entry per (run, peer) and per (run, requester): past 4096 the
+    askers not heard from for MODEL_ASKER_KEPT_S and the requesters not limited any more are
+    dropped (at 4096 exactly, nothing is)."""
+    from tenzro_training.node.gossip_bridge import MODEL_ASKER_KEPT_S, MODEL_REQUEST_INTERVAL_S
+
+    net, host, bridge, loop = bridged
+    now = _fake_time(monkeypatch)
+    bridge._asking = {(f"t{i}", "p"): now[0] - MODEL_ASKER_KEPT_S - 1 for i in range(4095)}
+    bridge._asked = {(f"t{i}", "r"): now[0] - MODEL_REQUEST_INTERVAL_S for i in range(4095)}
+    host.deliver(model_request(net, 0, nonce=1), peer="a0")
+    loop.run_until_complete(settle())
+    assert len(bridge._asking) == 4096 and len(bridge._asked) == 4096
+    bridge._asking[("edge", "p")] = now[0] - MODEL_ASKER_KEPT_S  # still kept
+    bridge._asked[("recent", "r")] = now[0] - 1
+    host.deliver(model_request(net, 1, nonce=1), peer="a1")
+    loop.run_until_complete(settle())
+    assert set(bridge._asking) == {("edge", "p"), (net.task_id, "a0"), (net.task_id, "a1")}
+    assert set(bridge._asked) == {("recent", "r"), (net.task_id, TRAINERS[0].address), (net.task_id, TRAINERS[1].address)}
+
+
+def test_requests_past_the_queue_are_dropped_counted_and_may_ask_again_at_once(bridged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """MAX_QUEUED_REQUESTS wait for the answering task; one more is dropped and counted, and
+    since it was not answered its requester is not rate-limited for it."""
+    from types import SimpleNamespace
+
+    net, host, bridge, loop = bridged
+    release = asyncio.Event()
+    real_publish = host.publish
+
+    async def slow_publish(topic: str, data: bytes, **kwargs: Any) -> None:
+        await release.wait()
+        await real_publish(topic, data, **kwargs)
+
+    host.publish = slow_publish  # type: ignore[method-assign]
+
+    async def ask(requester: str) -> None:
+        await bridge._on_model_request(SimpleNamespace(task_id=net.task_id, requester=requester), "peer")
+
+    loop.run_until_complete(ask("first"))
+    loop.run_until_complete(settle())  # the answering task took it and waits on the publish
+    for i in range(node_gossip_bridge.MAX_QUEUED_REQUESTS):
+        loop.run_until_complete(ask(f"r{i}"))
+    assert bridge.counters["model_requests_limited"] == 0
+    loop.run_until_complete(ask("one-too-many"))
+    assert bridge.counters["model_requests_limited"] == 1
+    assert (net.task_id, "one-too-many") not in bridge._asked
+    release.set()
+    loop.run_until_complete(settle())
+
+
+def test_a_model_request_the_service_cannot_answer_is_skipped_quietly(bridged, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The weights may be unavailable (a model file gone, a run being rebuilt): the request goes
+    unanswered with an info line, not an error, and the next one is answered."""
+    import logging
+
+    from tenzro_training.errors import TenzroError
+
+    net, host, bridge, loop = bridged
+    monkeypatch.setattr(node_gossip_bridge, "MODEL_ANSWER_INTERVAL_S", 0.0)
+    real = net.service.get_global_weights
+    failures = [TenzroError("the model is not available")]
+
+    def weights(task_id: str):  # type: ignore[no-untyped-def]
+        if failures:
+            raise failures.pop()
+        return real(task_id)
+
+    monkeypatch.setattr(net.service, "get_global_weights", weights)
+    with caplog.at_level(logging.INFO, logger="tenzro.node.gossip"):
+        host.deliver(model_request(net, 0, nonce=1))
+        loop.run_until_complete(settle())
+        assert bridge.counters["model_answers"] == 0
+        host.deliver(model_request(net, 1, nonce=1))
+        loop.run_until_complete(host.wait_for(g.ModelChunk))
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("not answered" in r.getMessage() for r in caplog.records)
+
+
+def test_the_table_of_broadcasts_is_pruned_past_1024_models(bridged, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One entry per (run, model) answered: past 1024 the broadcasts begun 60 s ago or more are
+    forgotten (at 1024 exactly, none is)."""
+    net, host, bridge, loop = bridged
+    now = _fake_time(monkeypatch)
+    bridge._broadcast_at = {(f"t{i}", b"m"): now[0] - 61 for i in range(1023)}
+    host.deliver(model_request(net, 0, nonce=1))
+    first = len(loop.run_until_complete(host.wait_for(g.ModelChunk)))
+    assert len(bridge._broadcast_at) == 1024
+    now[0] += 10.0  # the same requester may ask again, and is answered again
+    bridge._broadcast_at[("edge", b"m")] = now[0] - 60.0
+    bridge._broadcast_at[("recent", b"m")] = now[0] - 59.0
+    host.deliver(model_request(net, 0, nonce=2))
+    loop.run_until_complete(host.wait_for(g.ModelChunk, 2 * first))
+    model = bytes.fromhex(net.service.get_run(net.task_id)["model_hash"][2:])
+    assert set(bridge._broadcast_at) == {("recent", b"m"), (net.task_id, model)}
+
+
+def test_a_peer_that_asked_for_a_runs_model_is_not_skipped_by_its_answer_for_a_while(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop], checkpoint: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer known to serve another open run is skipped by this run's weights, unless it asked
+    for this run's model within MODEL_ASKER_KEPT_S of the answer's publishing (after the
+    weights were read and hashed, which takes time); asking for another run's model does not
+    count."""
+    from tenzro_training.node.gossip_bridge import MODEL_ASKER_KEPT_S
+    from tests.node.conftest import spec_dict
+
+    net, host, bridge, loop = bridged
+    now = _fake_time(monkeypatch)
+    net.task_id = "run-2"
+    net.post(spec_dict(*checkpoint, task_id="run-2"))
+    net.task_id = "run-1"
+    for peer in ("asked-run-1", "asked-run-1-at-the-edge", "asked-run-1-long-ago", "asked-run-2"):
+        bridge._note_peer_run(peer, "run-2")
+    bridge._asking[("run-1", "asked-run-1-long-ago")] = now[0] - MODEL_ASKER_KEPT_S + 0.5  # expires meanwhile
+    bridge._asking[("run-1", "asked-run-1-at-the-edge")] = now[0] + 1.0 - MODEL_ASKER_KEPT_S
+    bridge._asking[("run-1", "asked-run-1")] = now[0] - 1.0
+    bridge._asking[("run-2", "asked-run-2")] = now[0]
+    real_hold = bridge._hold_weights
+
+    async def slow_hold(*args: Any) -> None:
+        now[0] += 1.0  # hashing the weights takes a second
+        await real_hold(*args)
+
+    monkeypatch.setattr(bridge, "_hold_weights", slow_hold)
+    host.deliver(model_request(net, 0, nonce=1), peer="trainer-of-run-1")
+    loop.run_until_complete(host.wait_for(g.ModelChunk))
+    assert host.skipped[-1] == frozenset({"asked-run-1-long-ago", "asked-run-2"})
+
+
+def test_a_round_finalized_whose_weights_moved_on_is_not_published_with_the_newer_ones(bridged, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Two rounds finalized before the publisher ran: the first round's notice would carry the
+    second round's model (the node holds only the current weights), so only the second is
+    published."""
+    import logging
+
+    from tests.node.test_service import play_round
+
+    net, host, bridge, loop = bridged
+    play_round(net, 0)
+    play_round(net, 1)  # before the loop ran the publisher
+    with caplog.at_level(logging.WARNING, logger="tenzro.node.gossip"):
+        notices = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg))
+        loop.run_until_complete(settle())
+    assert [n.round for n in notices] == [1]
+    assert [m.round for _, m in host.published if isinstance(m, g.RoundFinalizedMsg)] == [1]
+    assert bridge.counters["finalized_published"] == 1
+    assert any("the weights moved on" in r.getMessage() for r in caplog.records)
+
+
+def test_a_round_finalized_without_the_syncers_signature_held_is_not_published(bridged, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Receivers check the syncer's FinalizeRound signature on the notice: without it held (a
+    node that did not see the finalization's signed request) nothing is published, with a
+    warning, and the next round's notice still goes out."""
+    import logging
+
+    from tests.node.test_service import play_round
+
+    net, host, bridge, loop = bridged
+    real = net.service.get_finalize_signature
+    monkeypatch.setattr(net.service, "get_finalize_signature",
+                        lambda task_id, round_: None if round_ == 0 else real(task_id, round_))
+    with caplog.at_level(logging.WARNING, logger="tenzro.node.gossip"):
+        play_round(net, 0)
+        loop.run_until_complete(settle())
+        play_round(net, 1)
+        notices = loop.run_until_complete(host.wait_for(g.RoundFinalizedMsg))
+    assert [n.round for n in notices] == [1] and bridge.counters["finalized_published"] == 1
+    assert any("no syncer signature held" in r.getMessage() for r in caplog.records)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_run_the_service_let_go_leaves_the_budget_without_breaking_the_resize(bridged) -> None:  # type: ignore[no-untyped-def]
+    """Sizes read while the service held a run may arrive on the loop after it let the (ended)
+    run go: the run takes no room and its sizes go, and the other runs' budget stands."""
+    net, host, bridge, loop = bridged
+    before = bridge.stream_stats()["buffer_bytes"]
+    sizes, _ = bridge._sizes[net.task_id]
+    bridge._set_sizes("gone", (sizes, 50))
+    assert "gone" not in bridge._budgeted and "gone" not in bridge._sizes
+    assert bridge.stream_stats()["buffer_bytes"] == before

@@ -490,3 +490,206 @@ def test_one_rpc_of_many_messages_is_cut_at_the_cap_and_costs_no_quadratic_start
     assert set(pushed) == {b"a%d" % i for i in range(MAX_PUBLISH_PER_RPC)} | {b"b%d" % i for i in range(MAX_PUBLISH_PER_RPC)}
     assert len(rejects) == extra  # the flood's rest; a topic we do not take is skipped, as before
     assert [fn for fn in manager_starts if getattr(fn, "__name__", "") == "push_msg"] == []  # no O(N) walk each
+
+
+def test_peer_queues_fill_to_their_byte_bound_exactly_and_the_count_high_water_mark_is_a_quarter() -> None:
+    """A peer queue takes RPCs until their bytes reach OUTBOUND_QUEUE_BYTES exactly (not one
+    short), and the publish backpressure level reaches 1.0 at a quarter of OUTBOUND_QUEUE_RPCS
+    queued, whatever their size."""
+    from libp2p.pubsub.rpc_queue import RpcQueue
+
+    from tenzro_training.p2p.pubsub import OUTBOUND_QUEUE_RPCS, _ByteBoundedQueue, _QueueSizer, queue_level
+
+    rpc = rpc_pb2.RPC(publish=[message("t", data=b"\1" * 1000)])
+    exact = _ByteBoundedQueue(10, 2 * rpc.ByteSize())
+    assert exact.push(rpc) and exact.push(rpc) and not exact.push(rpc)
+    assert exact.bytes == 2 * rpc.ByteSize()
+    queues = _QueueSizer(8 << 20)
+    queues[PEER] = RpcQueue()
+    q = queues[PEER]
+    small = rpc_pb2.RPC(publish=[message("t")])
+    for _ in range(OUTBOUND_QUEUE_RPCS // 4):
+        assert q.push(small)
+    assert queue_level(q) == pytest.approx(1.0)
+    assert q.push(small) and queue_level(q) > 1.0
+
+
+def test_a_peer_queue_takes_rpcs_up_to_the_hosts_rpc_size() -> None:
+    """py-libp2p's peer queue drops an RPC over its max_message_size as oversized, 1 MiB by
+    default: every 1 MiB payload chunk (plus its header) would be dropped on the way out. The
+    host's queues take RPCs up to its max_rpc_bytes."""
+    from libp2p.pubsub.rpc_queue import RpcQueue
+
+    from tenzro_training.p2p.pubsub import _QueueSizer
+
+    queues = _QueueSizer(8 << 20)
+    queues[PEER] = RpcQueue()
+    chunk = rpc_pb2.RPC(publish=[message("t", data=b"\1" * (1 << 20))])
+    parts = queues[PEER].split_rpc(chunk)
+    assert [len(p.publish) for p in parts] == [1]
+    assert all(p.ByteSize() <= queues[PEER].max_message_size for p in parts)
+
+
+def test_async_topic_validators_are_awaited_and_their_refusals_count() -> None:
+    pubsub, _ = bare_pubsub({})
+    answers = iter([True, False])
+
+    async def validator(forwarder: ID, msg: Any) -> bool:
+        await trio.sleep(0)
+        return next(answers)
+
+    pubsub.topic_validators = {"t": TopicValidator(validator, True)}
+    trio.run(pubsub.validate_msg, PEER, message("t"))
+    with pytest.raises(ValidationError, match="refused by the topic validator"):
+        trio.run(pubsub.validate_msg, PEER, message("t"))
+
+
+def test_the_table_of_rate_limited_warnings_forgets_lines_not_logged_lately(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry per (peer, line): a node that hears from many peers would keep them all. At
+    4096 entries those not logged within PEER_WARNING_INTERVAL_S are dropped."""
+    from tenzro_training.p2p import pubsub as p2p_pubsub
+
+    now = 1000.0
+    monkeypatch.setattr(p2p_pubsub.time, "monotonic", lambda: now)
+    pubsub, _ = bare_pubsub({})
+    interval = p2p_pubsub.PEER_WARNING_INTERVAL_S
+    pubsub._warned = {(PEER, f"old {i}"): (now - interval - 1, 0) for i in range(4093)}
+    pubsub._warned[(PEER, "just expired")] = (now - interval, 0)
+    pubsub._warned[(PEER, "recent")] = (now - 1, 3)
+    pubsub._warned[(PEER, "recent too")] = (now - interval + 1, 0)
+    assert len(pubsub._warned) == 4096
+    pubsub._warn_limited(PEER, "new")
+    assert set(pubsub._warned) == {(PEER, "recent"), (PEER, "recent too"), (PEER, "new")}
+    assert pubsub._warned[(PEER, "recent")] == (now - 1, 3)
+
+
+def test_a_pubsub_stream_that_sends_garbage_is_reset_and_its_peer_dropped_not_the_host() -> None:
+    """15 bytes of garbage on a pubsub stream stopped a whole py-libp2p host. The stream is now
+    reset, its peer handled as dead, the stream counted as rejected, and no reader is left
+    registered for it."""
+    from libp2p import new_host
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from tenzro_training.p2p.pubsub import TunedGossipSub
+
+    rejects: list[None] = []
+    dead: list[ID] = []
+    resets: list[bool] = []
+
+    class GarbageStream(FrameStream):
+        async def reset(self) -> None:
+            resets.append(True)
+
+    async def scenario() -> TunedPubsub:
+        router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                                 heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+        pubsub = TunedPubsub(new_host(), router, max_rpc_bytes=8 << 20, on_reject=lambda: rejects.append(None))
+        pubsub._handle_dead_peer = dead.append  # type: ignore[method-assign]
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            with trio.fail_after(10):
+                await pubsub.stream_handler(GarbageStream([b"\xff" * 15]))
+        return pubsub
+
+    pubsub = trio.run(scenario)
+    assert rejects == [None] and resets == [True] and dead == [PEER]
+    assert pubsub._intakes == {}
+
+
+def test_a_real_pubsub_signs_its_publishes_with_nanosecond_seqnos_and_verifies_them_nowhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TunedPubsub as the host builds it: its own publish is signed with the host key (the key
+    carried with it), its seqno starts at the clock in nanoseconds (a restarted peer must not
+    reuse message ids), py-libp2p's own signature check is off (no message verified twice) and
+    the publish is delivered to the local subscriber; no write is counted in flight; and the
+    queues of peers it registers are the host's (sized for its RPCs)."""
+    import time
+
+    import libp2p.pubsub.pubsub as pyp2p_pubsub
+    from libp2p import new_host
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.tools.anyio_service import background_trio_service
+
+    from tenzro_training.p2p import pubsub as p2p_pubsub
+    from tenzro_training.p2p.pubsub import TunedGossipSub
+
+    checked: list[object] = []
+    real_validator = pyp2p_pubsub.signature_validator
+    monkeypatch.setattr(pyp2p_pubsub, "signature_validator", lambda m: checked.append(m) or real_validator(m))
+    real_verifies = p2p_pubsub.signature_verifies
+    monkeypatch.setattr(p2p_pubsub, "signature_verifies", lambda m: checked.append(m) or real_verifies(m))
+    before = time.time_ns()
+
+    async def scenario() -> tuple[TunedPubsub, rpc_pb2.Message]:
+        router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                                 heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+        pubsub = TunedPubsub(new_host(key_pair=ORIGIN_KEYS), router, max_rpc_bytes=8 << 20, on_reject=lambda: None)
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            subscription = await pubsub.subscribe("t")
+            with trio.fail_after(10):
+                await pubsub.publish("t", b"payload")
+                got = await subscription.get()
+        return pubsub, got
+
+    pubsub, got = trio.run(scenario)
+    assert got.data == b"payload" and got.from_id == ORIGIN.to_bytes()
+    assert got.key == ORIGIN_KEYS.public_key.serialize() and real_validator(got)
+    assert int.from_bytes(got.seqno, "big") > before
+    assert checked == []
+    assert pubsub.writes_in_flight == 0
+    from libp2p.pubsub.rpc_queue import RpcQueue
+
+    pubsub.peer_queues[PEER] = RpcQueue()  # as py-libp2p registers a new peer's queue
+    assert pubsub.peer_queues[PEER].max_message_size == 8 << 20  # sized for the host's RPCs
+
+
+def test_dropped_outbound_publishes_are_counted_and_dropped_control_is_retried() -> None:
+    """A publish dropped on the way to a peer (its queue full) is counted (dropped_outbound);
+    a dropped RPC of control only counts nothing, and its GRAFT is still retried by py-libp2p."""
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    from tenzro_training.p2p.pubsub import TunedGossipSub
+
+    drops: list[int] = []
+    router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                             heartbeat_interval=1, spam_protection_enabled=False, on_drop=drops.append)
+    router._handle_dropped_rpc(PEER, rpc_pb2.RPC(publish=[message("t"), message("t", data=b"y")]), "queue_full")
+    assert drops == [2]
+    graft = rpc_pb2.ControlMessage(graft=[rpc_pb2.ControlGraft(topicID="t")])
+    router._handle_dropped_rpc(PEER, rpc_pb2.RPC(control=graft), "queue_full")
+    assert drops == [2]
+    assert [g.topicID for g in router._pending_control[PEER].graft] == ["t"]
+
+
+def test_the_skips_of_own_publishes_are_kept_for_the_newest_only_and_not_spent_on_publishes_that_skip_none() -> None:
+    """The message id -> skipped peers table keeps the newest SKIPPED_KEPT own publishes that
+    skipped someone; publishes that skip no peer take no room in it (they would push a
+    skipping publish out, and its skipped peers could then pull it with IWANT)."""
+    from types import SimpleNamespace
+
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    from tenzro_training.p2p.pubsub import SKIPPED_KEPT, TunedGossipSub
+
+    skipped = ID(b"\x00\x01s")
+    router = TunedGossipSub(protocols=[PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+                             heartbeat_interval=1, spam_protection_enabled=False, on_drop=lambda n: None)
+    router.pubsub = SimpleNamespace(my_id=ME, peer_topics={"t": {skipped}})  # type: ignore[assignment]
+    router.peer_protocol = {skipped: PROTOCOL_ID_V11}
+    router.mesh = {"t": set()}
+
+    def publish(msg_id: bytes, skip: frozenset[str]) -> None:
+        router.publish_skip = skip
+        list(router._get_peers_to_send(["t"], msg_forwarder=ME, origin=ME, msg_id=msg_id))
+
+    publish(b"first", frozenset({skipped.to_base58()}))
+    for i in range(SKIPPED_KEPT):
+        publish(b"open %d" % i, frozenset())
+    assert list(router._skipped) == [b"first"]
+    for i in range(SKIPPED_KEPT):
+        publish(b"skip %d" % i, frozenset({skipped.to_base58()}))
+    assert len(router._skipped) == SKIPPED_KEPT
+    assert b"first" not in router._skipped and b"skip %d" % (SKIPPED_KEPT - 1) in router._skipped

@@ -107,3 +107,40 @@ def test_every_spoiled_message_is_refused_as_py_libp2p_refuses_it(kind: str, spo
     except Exception:  # py-libp2p raises on a key that does not decode: a refusal all the same
         theirs = False
     assert theirs is False and signature_verifies(msg) is False
+
+
+@pytest.mark.parametrize("size", [127, 128, 129, 255, 256, 16_383, 16_384, 16_385])
+def test_the_signed_bytes_are_py_libp2ps_at_every_varint_length_boundary(size: int) -> None:
+    """A field length of 128 takes two varint bytes and 16,384 three: one byte off there and
+    no signature this host makes or checks agrees with py-libp2p's."""
+    msg = rpc_pb2.Message(from_id=b"\x01" * size, data=b"\xab" * size, seqno=b"\x02" * size,
+                          topicIDs=["t" * size], signature=b"s", key=b"k")
+    assert compute_signed_bytes(msg) == reference_signed_bytes(msg)
+
+
+@pytest.mark.parametrize("kind", sorted(KEYS))
+def test_a_key_the_peer_id_embeds_is_used_whatever_key_the_message_carries(kind: str) -> None:
+    """secp256k1 and ed25519 peer ids embed their key: a message without the key field, or
+    with another peer's key in it, is checked against the embedded key, as py-libp2p checks it."""
+    for other_key in (None, KEYS["ed25519" if kind == "secp256k1" else "secp256k1"].public_key.serialize()):
+        msg = signed(KEYS[kind])
+        if other_key is None:
+            msg.ClearField("key")
+        else:
+            msg.key = other_key
+        assert signature_validator(msg) and signature_verifies(msg)
+
+
+def test_a_key_too_large_for_the_peer_id_is_taken_from_the_message() -> None:
+    """An RSA peer id is a hash of the key: the message carries the key, which must hash to the
+    id; without it, or with a key of another id, it is refused, as py-libp2p refuses it."""
+    from libp2p.crypto import rsa
+
+    pair = rsa.create_new_key_pair(bits=1024)
+    msg = signed(pair)
+    assert ID(msg.from_id).extract_public_key() is None  # (a hashed id, not an embedded key)
+    assert signature_validator(msg) and signature_verifies(msg)
+    msg.key = SECP.public_key.serialize()
+    assert not signature_validator(msg) and signature_verifies(msg) is False
+    msg.ClearField("key")
+    assert not signature_validator(msg) and signature_verifies(msg) is False
