@@ -195,6 +195,7 @@ def test_check_round_update_names_the_first_difference() -> None:
     with pytest.raises(RecordMismatch, match="round 0 of .* committed model hash") as info:
         check_round_update(spec.task_id, other_hash, update)
     assert info.value.what == "model hash"
+    assert (info.value.task_id, info.value.round) == (spec.task_id, 0)
     first = dataclasses.replace(update.outcomes[0], aggregate_hash=b"\x00" * 32)
     other_outcome = dataclasses.replace(other_hash, fragments=(first, *update.outcomes[1:]))
     with pytest.raises(RecordMismatch) as info:
@@ -258,3 +259,155 @@ def test_a_run_stored_with_an_unparseable_encoding_value_replays_as_raw() -> Non
     inputs[0][0] = (inputs[0][0][0], topk)
     with pytest.raises(PayloadMetadataMismatch, match="encoding"):
         compute_round_update(old, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+
+
+# --- layouts, hashes and inputs the verifier must refuse (mutation campaign 5, part C) ------------
+
+
+def test_model_layout_from_specs_is_the_initial_models_whatever_the_spec_order() -> None:
+    """The node rebuilds its layout from stored specs: any order gives the same name-ordered model."""
+    from tenzro_training.global_model import ModelLayout
+
+    initial = compute_initial_model(_state(), 2)
+    rebuilt = ModelLayout.from_specs(list(initial.model.specs)[::-1], 2)
+    assert rebuilt == initial.model
+    assert compute_state_model_hash(rebuilt, initial.weights) == initial.model_hash
+
+
+def test_only_zero_element_tensors_are_listed_apart_in_the_run_view() -> None:
+    """A scalar or a one-element tensor lies in some fragment: only zero-element ones are listed apart."""
+    state = {"empty": torch.zeros(0, 4), "one": torch.ones(1), "scalar": torch.tensor(2.0), "w": torch.ones(3)}
+    model = compute_initial_model(state, 2).model
+    assert model.to_empty_tensors_view() == [{"name": "empty", "shape": [0, 4]}]
+
+
+def test_model_layout_from_views_refuses_a_listed_empty_tensor_that_is_not_one() -> None:
+    """A trainer rebuilds the model from getRun's layouts and empty tensors: the same model and
+    hash as the node's; an "empty" tensor with elements, or one some fragment slices, is refused."""
+    from tenzro_training.errors import FragmentError
+    from tenzro_training.fragments import TensorSpec
+    from tenzro_training.global_model import ModelLayout
+
+    state = {"b": torch.randn(3), "empty": torch.zeros(0, 4), "w": torch.randn(3, 2)}
+    initial = compute_initial_model(state, 2)
+    empty = TensorSpec("empty", (0, 4), "float32")
+    rebuilt = ModelLayout.from_views(initial.model.layouts, [empty])
+    assert rebuilt == initial.model
+    assert compute_state_model_hash(rebuilt, initial.weights) == initial.model_hash
+    with pytest.raises(FragmentError, match="'x' is listed as an empty tensor"):
+        ModelLayout.from_views(initial.model.layouts, [empty, TensorSpec("x", (2,), "float32")])
+    with pytest.raises(FragmentError, match="'w' is listed as an empty tensor"):
+        ModelLayout.from_views(initial.model.layouts, [TensorSpec("w", (0,), "float32")])
+    with pytest.raises(FragmentError, match="'empty' is listed as an empty tensor"):
+        ModelLayout.from_views(initial.model.layouts, [empty, empty])
+
+
+def test_full_state_and_model_hash_refuse_a_wrong_number_of_fragments() -> None:
+    """A missing fragment is not zeros, an extra one is not ignored: both are refused."""
+    from tenzro_training.global_model import compute_full_state
+
+    initial = compute_initial_model(_state(), 2)
+    extra = [*initial.weights, initial.weights[-1]]
+    for fragments in (initial.weights[:-1], extra):
+        with pytest.raises(ValueError, match=f"{len(fragments)} fragments for 2 layouts"):
+            compute_full_state(initial.model, fragments)
+        with pytest.raises(ValueError, match=f"{len(fragments)} fragments for 2 layouts"):
+            compute_state_model_hash(initial.model, fragments)
+
+
+def test_a_wrong_split_of_the_right_weights_does_not_hash_like_the_right_one() -> None:
+    """The hash stream only counts elements: an element moved across a fragment boundary (same
+    total) must be refused, naming the first fragment whose length is not its layout's."""
+    from tenzro_training.errors import FragmentError
+
+    initial = compute_initial_model(_state(), 2)
+    w0, w1 = initial.weights
+    short_first = [w0[:-1], torch.cat([w0[-1:], w1])]
+    long_first = [torch.cat([w0, w1[:1]]), w1[1:]]
+    for fragments in (short_first, long_first):
+        with pytest.raises(FragmentError, match=f"fragment 0 has {fragments[0].numel()} elements, its layout "
+                                                f"{w0.numel()}"):
+            compute_state_model_hash(initial.model, fragments)
+    with pytest.raises(FragmentError, match="fragment 0 has list elements"):
+        compute_state_model_hash(initial.model, [w0.tolist(), w1])
+
+
+def test_round_buffers_of_exactly_the_held_size_reuse_the_memory() -> None:
+    """A node takes the same sizes every round: that must reuse the held memory, not regrow it."""
+    from tenzro_training.global_model import RoundBuffers
+
+    buffers = RoundBuffers()
+    first, _ = buffers.take([3, 5])
+    (again,) = buffers.take([8])
+    assert buffers.nbytes == 32 and again.data_ptr() == first.data_ptr()
+
+
+@pytest.mark.parametrize("short", ["inputs", "weights", "momentum", "all"])
+def test_invalid_round_update_without_one_input_weight_and_momentum_per_fragment(short: str) -> None:
+    spec = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    args = {"inputs": _inputs(spec, initial.model, 0), "weights": list(initial.weights),
+            "momentum": [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]}
+    for name in args:
+        if short in (name, "all"):
+            args[name] = args[name][:-1]
+    with pytest.raises(ValueError, match="one input list, weight and momentum vector per fragment expected"):
+        compute_round_update(spec, initial.model, 0, args["inputs"], args["weights"], args["momentum"],
+                             max_payload_bytes=1 << 20)
+
+
+def test_invalid_round_update_of_a_payload_made_for_another_round_or_task() -> None:
+    """A payload signed for round 1 (or another run) with the right layout is no input of round 0."""
+    from tenzro_training.payload import PayloadMetadataMismatch
+
+    spec = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    lay = initial.model.layouts[0]
+    for header, field in ((PayloadHeader(spec.task_id, 1, 0, "raw", lay.layout_hash()), "round"),
+                          (PayloadHeader("another-run", 0, 0, "raw", lay.layout_hash()), "task_id")):
+        inputs = _inputs(spec, initial.model, 0)
+        inputs[0][1] = (inputs[0][1][0], encode_payload(header, lay, torch.ones(lay.numel)))
+        with pytest.raises(PayloadMetadataMismatch) as info:
+            compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=1 << 20)
+        assert info.value.field == field
+
+
+def test_invalid_round_update_of_a_payload_one_byte_over_the_limit() -> None:
+    from tenzro_training.payload import PayloadTooLarge
+
+    spec = _spec("Mean")
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    inputs = _inputs(spec, initial.model, 0)
+    largest = max(len(data) for subs in inputs for _, data in subs)
+    compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=largest)
+    with pytest.raises(PayloadTooLarge) as info:
+        compute_round_update(spec, initial.model, 0, inputs, initial.weights, momentum, max_payload_bytes=largest - 1)
+    assert (info.value.size, info.value.limit) == (largest, largest - 1)
+
+
+def test_each_fragment_outcome_summarizes_its_aggregation_report() -> None:
+    """TrimmedMean's per-side trim and the report hash in the committed outcome are the report's."""
+    spec = _spec({"TrimmedMean": {"alpha_bps": 3400}})
+    initial = compute_initial_model(_state(), 2)
+    momentum = [compute_initial_momentum(lay.numel) for lay in initial.model.layouts]
+    update = compute_round_update(spec, initial.model, 0, _inputs(spec, initial.model, 0), initial.weights, momentum,
+                                  max_payload_bytes=1 << 20)
+    assert len(update.reports) == len(update.outcomes) == 2
+    for outcome, report in zip(update.outcomes, update.reports):
+        assert outcome.trimmed == report.trimmed_per_side == 1
+        assert outcome.report_hash == report.report_hash() and outcome.selected == 0
+
+
+def test_final_model_file_names_its_run_in_its_metadata() -> None:
+    """evaluate-model and verify-run tell which run a model file is of from its __metadata__."""
+    from tenzro_training.global_model import compute_final_model_file_bytes
+
+    init = compute_initial_model(_state(), 2)
+    data = compute_final_model_file_bytes("run-1", b"\xab" * 32, b"\xcd" * 32, init.model, init.weights)
+    n = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8 : 8 + n])["__metadata__"]
+    assert metadata == {"format": "pt", "tenzro.task_id": "run-1", "tenzro.model_hash": "0x" + "ab" * 32,
+                        "tenzro.run_root": "0x" + "cd" * 32}
+    assert data == compute_model_file_bytes(init.model, init.weights, metadata)

@@ -1130,6 +1130,65 @@ def test_event_dicts_are_json() -> None:
         json.dumps(d)
 
 
+def test_lifecycle_events_carry_each_fact_under_its_own_name() -> None:
+    """Events are built positionally, then logged and gossiped by field name: each field must
+    hold what its name says (two deadlines, an address and a stake, a seed and a deadline)."""
+    from tenzro_training.run import ElectionOpened, RoundStarted, RunPosted, SyncerElected, TicketAccepted
+
+    env = Env()
+    env.post(now=0)
+    env.elect()
+    for i, now in enumerate((200, 210, 220)):
+        env.enroll(i, now)
+    for f in (0, 1):
+        env.submit(0, f, 300)
+        env.submit(1, f, 330)
+    run = env.run
+    assert run is not None
+    by_type: dict[str, list[Any]] = {}
+    for e in env.events:
+        by_type.setdefault(type(e).__name__, []).append(e)
+    (posted,) = by_type["RunPosted"]
+    assert isinstance(posted, RunPosted)
+    assert (posted.sponsor, posted.spec_hash, posted.reward_pool) == (SPONSOR, run.spec.spec_hash(), POOL)
+    (opened,) = by_type["ElectionOpened"]
+    assert isinstance(opened, ElectionOpened)
+    assert (opened.seed, opened.deadline_ms) == (run.election.seed, TIMINGS.election_window_ms)
+    tickets = by_type["TicketAccepted"]
+    assert all(isinstance(t, TicketAccepted) for t in tickets)
+    assert [(t.candidate, t.stake) for t in tickets] == [(SYNCERS[0], 100), (SYNCERS[1], 100)]
+    (elected,) = by_type["SyncerElected"]
+    assert isinstance(elected, SyncerElected)
+    assert (elected.syncer, elected.ranked, elected.enrollment_deadline_ms) == (
+        ranked(env)[0], 2, TIMINGS.election_window_ms + TIMINGS.enrollment_window_ms)
+    (started,) = by_type["RoundStarted"]
+    assert isinstance(started, RoundStarted)
+    assert (started.round, started.round_deadline_ms, started.model_hash) == (
+        0, 220 + TIMINGS.round_timeout_ms, INITIAL_MODEL)
+    (quorum,) = by_type["QuorumReached"]
+    assert (quorum.round, quorum.straggler_deadline_ms, quorum.finalize_deadline_ms) == (
+        0, 330 + GRACE_MS, 330 + GRACE_MS + TIMINGS.finalize_window_ms)
+
+
+def test_event_dicts_send_hashes_as_0x_hex_and_unsafe_integers_as_strings() -> None:
+    """Many JSON readers round integers past 2^53: those travel as decimal strings, the largest
+    safe one (2^53 - 1) as a number; 32-byte hashes as 0x hex, 20-byte addresses in EIP-55."""
+    from tenzro_training.addresses import format_address
+
+    sealed = RunSealed("t", 2**53 - 1, h("root"), h("model"), ((TRAINERS[0], 2**53),), 2**53 - 1)
+    assert sealed.to_dict() == {
+        "type": "RunSealed", "task_id": "t", "at_ms": 2**53 - 1, "run_root": "0x" + h("root").hex(),
+        "final_model_hash": "0x" + h("model").hex(), "payouts": [[format_address(TRAINERS[0]), str(2**53)]],
+        "remainder": 2**53 - 1,
+    }
+
+
+def test_invalid_event_field_of_a_type_without_a_json_form() -> None:
+    """A field type to_dict does not define is a bug in the event, refused rather than logged as is."""
+    with pytest.raises(TypeError, match="unexpected event field type float"):
+        RunFailed("t", 0, 1.5).to_dict()  # type: ignore[arg-type]
+
+
 def test_invalid_from_dict_rejects_tampered_state() -> None:
     env = Env()
     env.to_training()

@@ -169,9 +169,12 @@ def test_invalid_a_refused_checkpoint_is_logged_once_per_interval(
             status, headers, body = live.request("GET", f"{RUNS}{net.task_id}/checkpoint")
             error_of(status, headers, body, 404, CODES["CheckpointError"])
         assert len(warnings()) == 1 and "sha256 is now" in warnings()[0]
+        assert "more refusals" not in warnings()[0]  # none held back before the first line
         monkeypatch.setattr(rpc.artifacts, "CHECKPOINT_WARNING_INTERVAL_S", 0.0)
         live.request("GET", f"{RUNS}{net.task_id}/checkpoint")
         assert len(warnings()) == 2 and warnings()[1].endswith("(2 more refusals since the last such line)")
+        live.request("GET", f"{RUNS}{net.task_id}/checkpoint")  # the count restarts after each line
+        assert len(warnings()) == 3 and "more refusals" not in warnings()[2]
 
 
 def test_invalid_an_open_rounds_payload_is_never_served(net: Net, checkpoint: tuple[str, str]) -> None:

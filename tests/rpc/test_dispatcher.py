@@ -294,6 +294,60 @@ def test_error_message_is_cut() -> None:
     assert len(error["message"]) == 512
 
 
+def test_error_data_limits_are_inclusive() -> None:
+    """Each bound of data admits its own size and drops one more: 256 characters, 128 bytes,
+    256 ints; +-(2^53 - 1) are numbers, +-2^53 decimal strings, in a list too."""
+    exc = UnknownTask("t1")
+    exc.s_ok, exc.s_long = "x" * 256, "x" * 257  # type: ignore[attr-defined]
+    exc.b_ok, exc.b_long = b"\x01" * 128, b"\x01" * 129  # type: ignore[attr-defined]
+    exc.seq_ok, exc.seq_long = list(range(256)), tuple(range(257))  # type: ignore[attr-defined]
+    exc.safe, exc.neg_safe = 2**53 - 1, -(2**53 - 1)  # type: ignore[attr-defined]
+    exc.unsafe, exc.neg_unsafe = 2**53, -(2**53)  # type: ignore[attr-defined]
+    exc.amounts = [2**53, -(2**53), 2**53 - 1]  # type: ignore[attr-defined]
+    data = compute_error_object(exc)["data"]
+    assert data == {
+        "type": "UnknownTask", "task_id": "t1", "s_ok": "x" * 256, "b_ok": "0x" + "01" * 128,
+        "seq_ok": list(range(256)), "safe": 2**53 - 1, "neg_safe": -(2**53 - 1), "unsafe": str(2**53),
+        "neg_unsafe": str(-(2**53)), "amounts": [str(2**53), str(-(2**53)), 2**53 - 1],
+    }
+
+
+def test_error_data_never_sends_home_paths_file_uris_or_a_forged_type() -> None:
+    """Any case of a file URI and a home path are dropped like absolute paths; an attribute
+    named ``type`` cannot replace the class name; a list holding anything but ints (a path, a
+    bool) is dropped alone, the other attributes still sent; a bool stays a JSON boolean."""
+    exc = UnknownTask("t1")
+    exc.uri = "FILE:///var/lib/node"  # type: ignore[attr-defined]
+    exc.home = "~/node/data"  # type: ignore[attr-defined]
+    exc.type = "Spoofed"  # type: ignore[attr-defined]
+    exc.names = ["/etc/passwd"]  # type: ignore[attr-defined]
+    exc.flags = (1, True)  # type: ignore[attr-defined]
+    exc.flag = True  # type: ignore[attr-defined]
+    data = compute_error_object(exc)["data"]
+    assert data == {"type": "UnknownTask", "task_id": "t1", "flag": True}
+    assert json.dumps(data["flag"]) == "true"
+
+
+def test_an_exception_outside_the_tree_is_an_anonymous_internal_error() -> None:
+    """Whoever calls compute_error_object, a non-Tenzro exception's class and text stay on the node."""
+    assert compute_error_object(KeyError("/var/lib/node/secret")) == {
+        "code": INTERNAL_ERROR, "message": "internal error", "data": {"type": "InternalError"}}
+    assert compute_error_object(TenzroError("/var/lib/node/secret")) == {
+        "code": 1000, "message": "request failed", "data": {"type": "TenzroError"}}
+
+
+def test_an_empty_public_text_is_answered_with_the_rows_message() -> None:
+    from tenzro_training.auth import AuthError
+
+    assert compute_error_object(AuthError()) == {"code": 1200, "message": "authentication failed",
+                                                 "data": {"type": "AuthError"}}
+
+
+def test_a_parse_error_at_the_first_character_says_where() -> None:
+    assert str(ParseError("invalid JSON", 0)) == "parse error: invalid JSON at character 0"
+    assert compute_error_object(ParseError("invalid JSON", 0))["data"]["position"] == 0
+
+
 def test_docs_list_every_code() -> None:
     text = DOCS.read_text()
     rows = dict(re.findall(r"^\|\s*`?(-?\d+)`?\s*\|\s*`(\w+)`", text, flags=re.MULTILINE))
