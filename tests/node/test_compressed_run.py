@@ -142,3 +142,46 @@ def test_post_task_refuses_a_bad_encoding_naming_the_field(
         net.post(topk_spec(checkpoint, encoding))
     assert info.value.path.startswith("architecture.metadata.outer_gradient_encoding")
     assert snapshot(net.store) == before
+
+
+def test_a_gossiped_topk_payload_is_held_and_named_by_a_hash_only_submission(net: Net, checkpoint: tuple[str, str]) -> None:
+    """store_payload checks a topk run's gossiped payloads with the run's k, as a submission does."""
+    from tenzro_training import auth
+    from tenzro_training.payload import compute_payload_hash
+    from tests.node.conftest import TRAINERS
+
+    post_and_enroll(net, topk_spec(checkpoint))
+    k = PayloadEncoding.from_json(TOPK).kept(net.layouts[1].numel)
+    assert k is not None
+    data = topk_payload(net, 1, 0, 1, k)
+    digest = compute_payload_hash(data)
+    sig = TRAINERS[1].sign(auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=1, payload_hash=digest))
+    assert net.service.store_payload(net.task_id, data, signer=(TRAINERS[1].address, 1, sig)) == digest
+    assert net.submit(1, 0, 1, payload=data, hash_only=True)["accepted_count"] == 1
+    other = topk_payload(net, 2, 0, 1, k)
+    assert net.service.store_payload(net.task_id, other) == compute_payload_hash(other)  # unsigned: any fragment
+    k0 = PayloadEncoding.from_json(TOPK).kept(net.layouts[0].numel)
+    assert k0 is not None
+    bad = topk_payload(net, 2, 0, 0, k0 + 1)
+    bad_sig = TRAINERS[2].sign(auth.SubmitOuterGradient(task_id=net.task_id, round=0, fragment=0,
+                                                        payload_hash=compute_payload_hash(bad)))
+    before = snapshot(net.store)
+    with pytest.raises(PayloadLayoutMismatch, match="values per payload"):
+        net.service.store_payload(net.task_id, bad, signer=(TRAINERS[2].address, 0, bad_sig))
+    assert snapshot(net.store) == before
+
+
+def test_a_topk_post_whose_fragment_outgrows_u32_indices_is_refused(
+    net: Net, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """topk payloads index a fragment's values with u32: a post whose checkpoint splits into a
+    larger fragment is refused naming the encoding (the limit lowered to this tiny model's 9)."""
+    import tenzro_training.compression as compression
+
+    monkeypatch.setattr(compression, "MAX_TOPK_NUMEL", 8)  # fragment 0 holds 9 values
+    before = snapshot(net.store)
+    with pytest.raises(SpecError, match="topk indexes at most") as info:
+        net.post(topk_spec(checkpoint))
+    assert info.value.path == "architecture.metadata.outer_gradient_encoding"
+    assert snapshot(net.store) == before
+    assert net.post(spec_dict(*checkpoint))["status"] == "Electing"  # a raw run takes any fragment size

@@ -286,3 +286,48 @@ def test_a_preloaded_split_error_holds_no_frames(tmp_path: Path, loads: list[str
     assert isinstance(error, SpecError) and error.__traceback__ is None and error.__context__ is None
     with pytest.raises(SpecError, match="cannot split"):
         net.post(spec)
+
+
+def test_a_post_the_ledger_refuses_is_refused_before_its_checkpoint_is_read(tmp_path: Path, loads: list[str]) -> None:
+    """Every refusal the core can make comes before the file is touched: a sponsor without the
+    pool cannot make the node read (up to max_checkpoint_bytes of) a checkpoint."""
+    from tenzro_training.ledger import InsufficientBalance
+
+    uri, sha = write_checkpoint(tmp_path)
+    net = _net(tmp_path)
+    with pytest.raises(InsufficientBalance):
+        net.post(spec_dict(uri, sha, reward_pool=str(10**12)))
+    missing = (tmp_path / "gone.safetensors").as_uri()
+    with pytest.raises(InsufficientBalance):  # not the CheckpointError the read would give
+        net.post(spec_dict(missing, sha, reward_pool=str(10**12)))
+    assert loads == [] and not list(net.store.iterate(schema.CF_TRAINING_RUNS))
+
+
+def test_a_preload_reads_nothing_once_closed_or_for_an_ended_task(tmp_path: Path, loads: list[str]) -> None:
+    uri, sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, sha)
+    net = _net(tmp_path)
+    net.post(spec)
+    net.service.cancel_task("run-1", SPONSOR.sign(auth.CancelTask(task_id="run-1")))
+    assert net.service.preload_post_task(spec, _post_signature(spec)) is None  # ended: the post is a replay
+    closed = _net(tmp_path)
+    closed.service.close()
+    assert closed.service.preload_post_task(spec, _post_signature(spec)) is None
+    assert loads == ["MainThread"] and not net.service._preloaded and not closed.service._preloaded
+
+
+def test_an_ended_request_drops_only_its_own_preloaded_read(tmp_path: Path, loads: list[str]) -> None:
+    """Two requests preloading the same post: the first one's end must not drop what the
+    second read (its post would read the file again on the service thread)."""
+    uri, sha = write_checkpoint(tmp_path)
+    spec = spec_dict(uri, sha)
+    net = _net(tmp_path)
+    first = net.service.preload_post_task(spec, _post_signature(spec))
+    second = net.service.preload_post_task(spec, _post_signature(spec))
+    assert first is not None and second is not None and loads == ["MainThread", "MainThread"]
+    net.service.discard_preloaded(first)
+    assert len(net.service._preloaded) == 1
+    net.post(spec)
+    assert loads == ["MainThread", "MainThread"] and not net.service._preloaded  # the second read served it
+    net.service.discard_preloaded(second)  # its request ends after the post took it: nothing left
+    assert not net.service._preloaded

@@ -1824,3 +1824,658 @@ class TestEndedRuns:
         with pytest.raises(StorageError, match="run-1"):
             NodeService(make_config(data), store, clock=clock)
         store.close()
+
+
+# --- the service's own checks, caches and bookkeeping (fifth mutation campaign) ---------------------
+
+
+def _memory_net(**config: Any) -> Net:
+    from storage.memory import MemoryStore
+
+    clock = FakeClock()
+    return Net(NodeService(make_config(None, **config), MemoryStore(), clock=clock), clock)
+
+
+def count_batches(monkeypatch: pytest.MonkeyPatch, store: KVStore) -> list[int]:
+    """One entry per ``store.atomic_batch()`` opened from now on (until ``monkeypatch.undo()``)."""
+    opened: list[int] = []
+    real = store.atomic_batch
+
+    def counting() -> Any:
+        opened.append(1)
+        return real()
+
+    monkeypatch.setattr(store, "atomic_batch", counting)
+    return opened
+
+
+class TestServiceBookkeeping:
+    def test_a_closed_service_refuses_every_call(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        net.service.close()
+        before = snapshot(net.store)
+        for call in (lambda: net.service.get_run(net.task_id), lambda: net.service.tick(),
+                     lambda: net.submit(0, 0, 0), lambda: net.post(spec_dict(*checkpoint, task_id="run-2")),
+                     lambda: net.service.list_runs(None, 0, 10)):
+            with pytest.raises(StorageError, match="closed"):
+                call()
+        assert snapshot(net.store) == before
+
+    def test_a_clock_before_the_epoch_is_refused(self) -> None:
+        from storage.memory import MemoryStore
+
+        with pytest.raises(TypeError, match="non-negative"):
+            NodeService(make_config(None), MemoryStore(), clock=lambda: -1).tick()
+        assert NodeService(make_config(None), MemoryStore(), clock=lambda: 0).tick() == ()
+
+    def test_a_failing_event_listener_does_not_fail_the_committed_call(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+
+        def listener(event: RunEvent) -> None:
+            raise RuntimeError("a listener's bug")
+
+        net.service.on_event = listener
+        assert net.post(spec_dict(*checkpoint))["status"] == "Electing"
+        assert net.store.get(schema.CF_TRAINING_RUNS, schema.run_key(net.task_id)) is not None
+
+    def test_a_replayed_call_writes_no_batch(self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """docs/node.md: a replayed call answers like the original and writes nothing (with
+        sync_writes every batch is an fsync)."""
+        net = _memory_net()
+        start(net, checkpoint)
+        play_round(net, 0)
+        opened = count_batches(monkeypatch, net.store)
+        net.enroll(1)  # the same enrollment again
+        net.finalize(0)  # the committed round again
+        assert opened == []
+        monkeypatch.undo()
+        net.task_id = "run-2"
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        net.cancel()
+        opened = count_batches(monkeypatch, net.store)
+        assert net.cancel()["status"] == "Cancelled"  # the same cancel again
+        assert opened == []
+
+    def test_an_ended_run_keeps_none_of_an_open_runs_state_and_an_evicted_one_none_of_its_views(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Per-run memory is bounded (soak probe): an ended run leaves the open-run tables and the
+        model cache at once, and its rendered views once it leaves the cache of ended runs."""
+        import tenzro_training.node.service as service_module
+
+        monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 1)
+        net = _memory_net()
+        service = net.service
+        net.post(spec_dict(*checkpoint))
+        service.get_run_json("run-1")  # layout views, the rendered state and records
+        assert "run-1" in list(service._model_cache)  # round 0's model, for the first finalize
+        net.cancel()
+        assert "run-1" not in service._runs and "run-1" not in service._stored_runs
+        assert list(service._model_cache) == [] and service.cache_stats()["model_cache_bytes"] == 0
+        service.get_run_json("run-1")
+        net.task_id = "run-2"
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        net.cancel()  # run-1 leaves the cache of ended runs
+        assert list(service._ended_cache) == ["run-2"]
+        for table in (service._models, service._layout_views, service._run_json, service._records_json):
+            assert "run-1" not in table
+        assert json.loads(service.get_run_json("run-1"))["status"] == "Cancelled"  # read back when asked
+
+    def test_the_cache_of_ended_runs_keeps_the_ones_used_last(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import tenzro_training.node.service as service_module
+
+        monkeypatch.setattr(service_module, "ENDED_RUNS_CACHED", 2)
+        net = _memory_net()
+        for task_id in ("run-a", "run-b", "run-c"):
+            net.task_id = task_id
+            net.post(spec_dict(*checkpoint, task_id=task_id))
+        for task_id in ("run-a", "run-b"):
+            net.task_id = task_id
+            net.cancel()
+        net.service.get_run("run-a")  # used again: now the most recent
+        net.task_id = "run-c"
+        net.cancel()
+        assert list(net.service._ended_cache) == ["run-a", "run-c"]
+
+    def test_an_ended_run_missing_from_the_store_is_a_storage_error_naming_it(self, checkpoint: tuple[str, str]) -> None:
+        from storage.memory import MemoryStore
+
+        store, clock = MemoryStore(), FakeClock()
+        net = Net(NodeService(make_config(None), store, clock=clock), clock)
+        net.post(spec_dict(*checkpoint))
+        net.cancel()
+        net.service.close()
+        again = NodeService(make_config(None), store, clock=clock)  # the ended run is not read at start
+        with store.atomic_batch() as batch:
+            batch.delete(schema.CF_TRAINING_RUNS, schema.run_key("run-1"))
+        with pytest.raises(StorageError, match="the ended run run-1 is missing from the store"):
+            again.get_run("run-1")
+        again.close()
+
+    def test_a_missing_tensor_list_is_a_storage_error_naming_the_run(self, checkpoint: tuple[str, str]) -> None:
+        from storage.memory import MemoryStore
+
+        store, clock = MemoryStore(), FakeClock()
+        net = Net(NodeService(make_config(None), store, clock=clock), clock)
+        net.post(spec_dict(*checkpoint))
+        net.service.close()
+        with store.atomic_batch() as batch:
+            batch.delete(schema.CF_META, schema.tensor_specs_key("run-1"))
+        again = NodeService(make_config(None), store, clock=clock)
+        with pytest.raises(StorageError, match="the tensor list of run 'run-1' is missing"):
+            again.get_run("run-1")
+        again.close()
+
+    def test_runs_are_counted_once_while_one_ends(self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        """GET /metrics counts from other threads: a scrape while a run moves from the open table
+        to the ended one (it is in both for a moment) counts it once, under its new status."""
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint))
+        seen: list[dict[str, int]] = []
+        real = net.service._cache_ended
+
+        def scrape_meanwhile(*args: Any) -> None:
+            seen.append(net.service.count_runs_by_status())
+            real(*args)
+
+        monkeypatch.setattr(net.service, "_cache_ended", scrape_meanwhile)
+        net.cancel()
+        assert seen == [{"Cancelled": 1}]
+
+    def test_the_first_finalize_of_a_posted_run_steps_its_model_without_a_rebuild(self, checkpoint: tuple[str, str]) -> None:
+        """The post keeps its fp32 model in the cache: round 0's finalize does not read the
+        snapshot it just wrote back from the store."""
+        net = _memory_net()
+        start(net, checkpoint)
+        play_round(net, 0)
+        assert net.service.cache_stats()["model_rebuilds"] == 0
+
+    def test_the_global_weights_are_copies_the_next_finalize_does_not_step(self, checkpoint: tuple[str, str]) -> None:
+        """The gossip bridge encodes them on another thread while the next finalize steps the
+        cached state in place."""
+        net = _memory_net()
+        start(net, checkpoint, max_rounds=3)
+        play_round(net, 0)
+        round_, _, weights = net.service.get_global_weights(net.task_id)
+        kept = [w.clone() for w in weights]
+        play_round(net, 1)
+        assert round_ == 1 and all(torch.equal(w, k) for w, k in zip(weights, kept))
+        weights[0].fill_(7.0)  # nor does the caller's use reach the cache
+        assert not torch.equal(net.service.get_global_weights(net.task_id)[2][0], weights[0])
+
+    def test_the_final_model_of_an_unsealed_run_is_refused(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        with pytest.raises(InvalidState):
+            net.service.export_final_model(net.task_id)
+
+
+class TestServiceAnswers:
+    def test_a_replayed_post_answers_its_posting_instant(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        first = net.post(spec_dict(*checkpoint))
+        net.elect()
+        net.enroll(0)  # the run's state moved on since the post
+        again = net.post(spec_dict(*checkpoint))
+        assert again["posted_at_ms"] == first["posted_at_ms"] == T0
+        assert again["election_deadline_ms"] == first["election_deadline_ms"]
+        assert again["status"] == "Enrolling"
+
+    def test_each_enrolled_trainer_is_told_its_shard(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint))
+        net.elect()
+        assert [net.enroll(i)["shard"] for i in range(3)] == [0, 1, 2]
+
+    def test_a_submission_answers_whether_its_round_reached_quorum(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)  # quorum 2 of 3, on every fragment
+        answers = [net.submit(i, 0, f)["quorum_reached"] for i in (0, 1) for f in range(2)]
+        assert answers == [False, False, False, True]
+        assert net.submit(2, 0, 0)["quorum_reached"] is True
+
+    def test_the_sealing_finalize_names_no_next_round(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        assert play_round(net, 0)["next_round"] == 1
+        last = play_round(net, 1)
+        assert last["sealed"] and last["next_round"] is None
+
+    def test_list_runs_refuses_a_negative_offset_and_an_empty_page(self, checkpoint: tuple[str, str]) -> None:
+        from tenzro_training.run import InvalidRunArgument
+
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint))
+        with pytest.raises(InvalidRunArgument, match="offset"):
+            net.service.list_runs(None, -1, 10)
+        with pytest.raises(InvalidRunArgument, match="limit"):
+            net.service.list_runs(None, 0, 0)
+        assert net.service.list_runs(None, 0, 1)["total"] == 1
+
+    def test_round_reports_only_of_finalized_rounds(self, checkpoint: tuple[str, str]) -> None:
+        from tenzro_training.run import InvalidRunArgument
+
+        net = _memory_net()
+        start(net, checkpoint)
+        with pytest.raises(InvalidRunArgument, match="not a finalized round"):
+            net.service.get_round_reports(net.task_id, 0)  # the open round
+        play_round(net, 0)
+        play_round(net, 1)
+        assert net.service.get_round_reports(net.task_id, 1)["round"] == 1
+        for bad in (2, True, -1):
+            with pytest.raises(InvalidRunArgument, match="not a finalized round"):
+                net.service.get_round_reports(net.task_id, bad)  # type: ignore[arg-type]
+
+    def test_get_run_json_keeps_the_runs_asked_for_last(self, checkpoint: tuple[str, str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        import tenzro_training.node.service as service_module
+
+        monkeypatch.setattr(service_module, "RUN_JSON_CACHE_RUNS", 2)
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint, task_id="run-1", reward_pool="10"))
+        net.task_id = "run-2"
+        start(net, checkpoint, task_id="run-2", reward_pool="10")
+        play_round(net, 0)
+        net.post(spec_dict(*checkpoint, task_id="run-3", reward_pool="10"))
+        for task_id in ("run-1", "run-2", "run-1"):
+            net.service.get_run_json(task_id)
+        assert "run-2" in net.service._records_json  # its rendered round record
+        net.service.get_run_json("run-3")
+        assert list(net.service._run_json) == ["run-1", "run-3"]
+        assert "run-2" not in net.service._records_json  # dropped with its state part
+        assert json.loads(net.service.get_run_json("run-2")) == net.service.get_run("run-2")
+
+    def test_get_receipt_json_keeps_the_receipts_asked_for_last_within_its_budget(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import tenzro_training.node.service as service_module
+
+        net = _memory_net()
+        runs = ("run-1", "run-2", "run-3")
+        for task_id in runs:
+            net.task_id = task_id
+            start(net, checkpoint, task_id=task_id, max_rounds=1)
+            play_round(net, 0)
+        sizes = {t: len(serialize(net.service.get_receipt(t))) for t in runs}
+        monkeypatch.setattr(service_module, "RECEIPT_JSON_CACHE_BYTES", sizes["run-1"] + sizes["run-3"])
+        for task_id in ("run-1", "run-2", "run-1", "run-3"):
+            assert json.loads(net.service.get_receipt_json(task_id)) == json.loads(serialize(net.service.get_receipt(task_id)))
+        assert list(net.service._receipt_json) == ["run-1", "run-3"]
+        assert net.service._receipt_json_bytes == sizes["run-1"] + sizes["run-3"]
+        # One receipt above the whole budget is still answered, and kept alone.
+        monkeypatch.setattr(service_module, "RECEIPT_JSON_CACHE_BYTES", 1)
+        assert json.loads(net.service.get_receipt_json("run-2"))["run_root"].startswith("0x")
+        assert list(net.service._receipt_json) == ["run-2"] and net.service._receipt_json_bytes == sizes["run-2"]
+
+
+def serialize(value: Any) -> bytes:
+    from tenzro_training.jsontext import serialize_json
+
+    return serialize_json(value)
+
+
+class TestServiceTime:
+    def test_next_deadline_is_the_earliest_of_every_run(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint))
+        net.clock.advance(50)
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        assert net.service.next_deadline_ms() == T0 + TIMINGS.election_window_ms
+
+    def test_a_posted_run_opens_its_election_at_the_first_tick(self, checkpoint: tuple[str, str]) -> None:
+        """docs/node.md: tick applies a Posted run at once (its deadline is its posting instant)."""
+        from tenzro_training.run_events import ElectionOpened
+
+        net = _memory_net(syncer_identities=())  # no own ticket moves it on at the post
+        assert net.post(spec_dict(*checkpoint))["status"] == "Posted"
+        assert [type(e) for e in net.service.tick()] == [ElectionOpened]
+        assert net.service.get_run(net.task_id)["status"] == "Electing"
+
+    def test_identities_configured_during_an_election_ticket_at_the_next_tick(self, checkpoint: tuple[str, str]) -> None:
+        """A node restarted with syncer identities while a run's election is open tickets them at
+        its next tick, before any deadline is due, and reports the tickets as events."""
+        from storage.memory import MemoryStore
+        from tenzro_training.run_events import TicketAccepted
+
+        store, clock = MemoryStore(), FakeClock()
+        bare = NodeService(make_config(None, syncer_identities=()), store, clock=clock)
+        Net(bare, clock).post(spec_dict(*checkpoint))
+        bare.tick()
+        assert bare.get_run("run-1")["status"] == "Electing" and bare.get_run("run-1")["election"]["tickets"] == []
+        bare.close()
+        clock.advance(10)  # still within the election window
+        service = NodeService(make_config(None), store, clock=clock)
+        events = service.tick()
+        assert [type(e) for e in events] == [TicketAccepted] * 3
+        assert {t["address"] for t in service.get_run("run-1")["election"]["tickets"]} == {s.text for s in SYNCERS}
+        service.close()
+
+    def test_an_own_ticket_the_core_refuses_is_logged_once_and_forgotten_with_its_run(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A refused own ticket is not retried at every tick (the tick runs every 100 ms), and
+        what the node remembers of it goes when its run ends; an identity whose candidate has
+        no stake is not even tried."""
+        import logging
+
+        import tenzro_training.node.service as service_module
+        from tenzro_training.errors import ElectionError
+
+        real = service_module.process_ticket
+
+        def refuse_first(run: Any, ledger: Any, candidate: Any, ticket: Any, now: int) -> Any:
+            if candidate.address == SYNCERS[0].address:
+                raise ElectionError("refused for the test")
+            return real(run, ledger, candidate, ticket, now)
+
+        monkeypatch.setattr(service_module, "process_ticket", refuse_first)
+        net = _memory_net()
+        with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+            net.post(spec_dict(*checkpoint))
+            net.post(spec_dict(*checkpoint, task_id="run-2"))
+            for _ in range(3):
+                net.clock.advance(10)
+                net.service.tick()
+        assert len([r for r in caplog.records if "cannot ticket" in r.getMessage()]) == 2  # once per run
+        failed = {("run-1", SYNCERS[0].address), ("run-2", SYNCERS[0].address)}
+        assert net.service._ticket_failures == failed
+        net.cancel()
+        assert net.service._ticket_failures == {("run-2", SYNCERS[0].address)}
+
+        from tenzro_training.records import Candidate
+
+        monkeypatch.undo()
+        caplog.clear()
+        candidates = make_config().candidates
+        unstaked = (*candidates[:2], Candidate(candidates[2].address, candidates[2].vrf_public_key, 0))
+        other = _memory_net(candidates=unstaked)
+        with caplog.at_level(logging.WARNING, logger="tenzro.node"):
+            other.post(spec_dict(*checkpoint))
+        assert not [r for r in caplog.records if "cannot ticket" in r.getMessage()]
+        assert other.service._ticket_failures == set()
+        assert len(other.service.get_run(other.task_id)["election"]["tickets"]) == 2
+
+    def test_tick_goes_on_past_a_run_whose_tick_fails(self, checkpoint: tuple[str, str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        import tenzro_training.node.service as service_module
+        from tenzro_training.run import InvalidRunArgument
+
+        net = _memory_net()
+        net.post(spec_dict(*checkpoint, task_id="run-a"))
+        net.post(spec_dict(*checkpoint, task_id="run-b"))
+        real = service_module.process_tick
+
+        def broken_a(run: Any, ledger: Any, now: int) -> Any:
+            if run.task_id == "run-a":
+                raise InvalidRunArgument("run-a", "state", "broken for the test")
+            return real(run, ledger, now)
+
+        monkeypatch.setattr(service_module, "process_tick", broken_a)
+        net.clock.advance(TIMINGS.election_window_ms + 1)
+        net.service.tick()
+        assert net.service.get_run("run-b")["status"] == "Enrolling"
+        assert net.service.get_run("run-a")["status"] == "Electing"
+
+    def test_a_replayed_finalize_commits_the_deadline_it_applies(self, checkpoint: tuple[str, str]) -> None:
+        """A replay of a committed round's finalize answers the run's state after the call; a
+        deadline that call applied (here round 1's timeout, which fails the run) is committed
+        with it, as any call's."""
+        net = _memory_net()
+        start(net, checkpoint)
+        first = play_round(net, 0)
+        events: list[RunEvent] = []
+        net.service.on_event = events.append
+        net.clock.advance(TIMINGS.round_timeout_ms + GRACE_MS + 1)
+        again = net.finalize(0)
+        assert again["status"] == "Failed" and again["model_hash"] == first["model_hash"]
+        assert net.service.get_run(net.task_id)["status"] == "Failed"
+        assert [type(e).__name__ for e in events] == ["RunFailed"]
+        raw = net.store.get(schema.CF_TRAINING_RUNS, schema.run_key(net.task_id))
+        assert raw is not None and json.loads(raw)["status"] == "Failed"
+
+    def test_a_clock_set_back_does_not_reopen_a_closed_accepted_set(self, checkpoint: tuple[str, str]) -> None:
+        """The accepted set closes at an instant the run has committed past (here a failover):
+        a wall clock set back behind it neither reopens it in the view nor blocks the finalize."""
+        net = _memory_net()
+        start(net, checkpoint)
+        for i in (0, 1):
+            for f in (0, 1):
+                net.submit(i, 0, f)
+        current = net.service._runs[net.task_id].current_round
+        straggler = current.straggler_deadline_ms
+        net.clock.now = current.finalize_deadline_ms + 1
+        assert [type(e) for e in net.service.tick()] == [SyncerFailover]  # committed after the straggler deadline
+        net.clock.now = straggler - 1  # the wall clock set back
+        assert net.service.get_run(net.task_id)["accepted_set_closed"] is True
+        result = net.finalize(0)
+        assert result["syncer_rank"] == 2 and [len(f["accepted"]) for f in result["fragments"]] == [2, 2]
+
+    def test_a_ticket_refused_after_its_election_closed_stays_refused_after_a_restart(
+        self, checkpoint: tuple[str, str]
+    ) -> None:
+        """The election probe's class of bug for gossiped tickets: a ticket refused because the
+        election deadline had passed (no tick had committed it) was accepted after a restart
+        within a second, which moved that deadline later by the downtime."""
+        from storage.memory import MemoryStore
+        from tenzro_training.election import make_ticket
+        from tenzro_training.node.config import SyncerIdentity
+
+        local = tuple(SyncerIdentity(address=s.address, vrf_secret=v) for s, v in zip(SYNCERS[:2], VRF_SECRETS[:2]))
+        store, clock = MemoryStore(), FakeClock()
+        service = NodeService(make_config(None, syncer_identities=local), store, clock=clock)
+        Net(service, clock).post(spec_dict(*checkpoint))
+        run = service._runs["run-1"]
+        deadline = run.election.deadline_ms
+        ticket = make_ticket(VRF_SECRETS[2], SYNCERS[2].address, run.election.seed)
+        clock.now = deadline - 300
+        service.start_clock()  # the last alive write: 300 ms before the deadline
+        clock.now = deadline + 50
+        with pytest.raises(InvalidState):
+            service.submit_ticket("run-1", ticket)
+        service.close()
+        clock.now = deadline + 60_000
+        again = NodeService(make_config(None, syncer_identities=local), store, clock=clock)
+        again.start_clock()
+        with pytest.raises(InvalidState):
+            again.submit_ticket("run-1", ticket)  # refused before the restart: refused after it
+        assert len(again.get_run("run-1")["election"]["tickets"]) == 2
+        again.close()
+
+    def test_a_pause_without_a_liveness_stamp_starts_at_the_newest_run_update(self, checkpoint: tuple[str, str]) -> None:
+        """A store from before the liveness stamp: the newest run update is the lower bound of
+        the instant the node last served, so the pause counts from there."""
+        from storage.memory import MemoryStore
+
+        store, clock = MemoryStore(), FakeClock()
+        net = Net(NodeService(make_config(None), store, clock=clock), clock)
+        net.post(spec_dict(*checkpoint))
+        clock.advance(50)
+        net.post(spec_dict(*checkpoint, task_id="run-2"))
+        net.service.close()
+        assert store.get(schema.CF_META, schema.NODE_ALIVE_KEY) is None  # its clock was never started
+        clock.now = T0 + 60_000
+        again = NodeService(make_config(None), store, clock=clock)
+        events = again.start_clock()
+        assert [(type(e), e.paused_at_ms, e.by_ms) for e in events] == [(DeadlinesExtended, T0 + 50, 60_000 - 50)] * 2
+        again.close()
+
+    def test_a_failed_liveness_write_does_not_fail_the_call(self, checkpoint: tuple[str, str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        """The periodic alive write is the node's own bookkeeping: when the store refuses it the
+        call is served and the health check reports the failure."""
+        from storage.memory import MemoryStore
+
+        clock = FakeClock()
+        service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: clock.now / 1000)
+        Net(service, clock).post(spec_dict(*checkpoint))
+        service.start_clock()
+
+        def refuse() -> Any:
+            raise StorageError("write failed: IO error: No space left on device")
+
+        monkeypatch.setattr(service._store, "atomic_batch", refuse)
+        clock.advance(2_000)  # past ALIVE_WRITE_MS: the call writes the alive instant first
+        assert service.get_run("run-1")["task_id"] == "run-1"
+        assert "No space left" in (service.storage_failure or "")
+
+    def test_refusals_resting_on_a_passed_deadline_write_the_alive_instant_once_per_ms(
+        self, checkpoint: tuple[str, str]
+    ) -> None:
+        from storage.memory import MemoryStore
+
+        clock = FakeClock()
+        service = NodeService(make_config(None), MemoryStore(), clock=clock, cpu_clock=lambda: clock.now / 1000)
+        net = Net(service, clock)
+        start(net, checkpoint)
+        service.start_clock()
+        writes: list[int] = []
+        real_write = service._write
+
+        def counting_write(ops: Any) -> None:
+            writes.extend(int.from_bytes(op[3], "big") for op in ops if op[2] == schema.NODE_ALIVE_KEY)
+            real_write(ops)
+
+        service._write = counting_write  # type: ignore[method-assign]
+        deadline = service._runs[net.task_id].current_round.round_deadline_ms
+        clock.now = deadline + 1  # the round timed out; no tick committed it
+        with pytest.raises(InvalidState):
+            net.cancel()
+        clock.now = deadline + 2
+        for _ in range(3):
+            with pytest.raises(InvalidState):
+                net.cancel()
+        assert writes == [deadline + 1, deadline + 2]
+
+
+def _gossip(net: Net, i: int, data: bytes, fragment: Any, signer: Party | None = None) -> bytes:
+    """store_payload as the gossip bridge calls it, with trainer i's chunk signature."""
+    digest = compute_payload_hash(data)
+    round_ = net.service.get_run(net.task_id)["round"]
+    msg = auth.SubmitOuterGradient(task_id=net.task_id, round=round_, fragment=int(fragment), payload_hash=digest)
+    sig = (signer or TRAINERS[i]).sign(msg)
+    return net.service.store_payload(net.task_id, data, signer=(TRAINERS[i].address, fragment, sig))
+
+
+class TestServicePayloads:
+    def test_a_hash_only_submission_of_a_gossiped_payload_reads_no_payload_from_the_store(
+        self, checkpoint: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The gossiped bytes are held in memory from store_payload on; neither the submission
+        naming them nor the finalize reads them back."""
+        net = _memory_net()
+        start(net, checkpoint)
+        for i in (0, 1, 2):
+            for f in range(2):
+                _gossip(net, i, net.payload(i, 0, f), f)
+        reads = count_payload_reads(monkeypatch, net.store)
+        for i in (0, 1, 2):
+            for f in range(2):
+                assert net.submit(i, 0, f, hash_only=True)["payload_hash"].startswith("0x")
+        net.finalize(0)
+        assert reads == []
+
+    def test_an_equivocating_submission_stores_its_evidence_under_its_fragment(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        net.submit(0, 0, 1)
+        with pytest.raises(Equivocation):
+            net.submit(0, 0, 1, variant=1)
+        culprit = TRAINERS[0].address
+        raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 1, culprit))
+        assert raw is not None and json.loads(raw)["trainer"] == TRAINERS[0].text
+        assert net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 0, culprit)) is None
+
+    def test_a_gossiped_payload_different_from_the_submitted_one_is_equivocation(self, checkpoint: tuple[str, str]) -> None:
+        """The trainer's accepted submission is the first signed payload even when its bytes never
+        came over gossip (the existing test gossips them first)."""
+        net = _memory_net()
+        start(net, checkpoint)
+        net.submit(2, 0, 1)  # another trainer's submission of the same fragment
+        net.submit(1, 0, 1)
+        second = net.payload(1, 0, 1, variant=1)
+        with pytest.raises(Equivocation):
+            _gossip(net, 1, second, 1)
+        raw = net.store.get(schema.CF_EVIDENCE, schema.evidence_key(net.task_id, 0, 1, TRAINERS[1].address))
+        assert raw is not None
+        hashes = [m["typed_data"]["message"]["payloadHash"] for m in json.loads(raw)["messages"]]
+        assert hashes == ["0x" + compute_payload_hash(d).hex() for d in (net.payload(1, 0, 1), second)]
+        assert [t["slashed"] for t in net.service.get_run(net.task_id)["trainers"]] == [False, True, False]
+
+    def test_a_submission_record_that_differs_from_the_accepted_one_is_a_damaged_store_not_evidence(
+        self, checkpoint: tuple[str, str]
+    ) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        net.submit(1, 0, 1)
+        key = schema.submission_key(net.task_id, 0, 1, TRAINERS[1].address)
+        record = persistence.decode_submission_record(net.store.get(schema.CF_SUBMISSIONS, key))
+        with net.store.atomic_batch() as batch:
+            batch.put(schema.CF_SUBMISSIONS, key, persistence.encode_submission_record(
+                persistence.SubmissionRecord(b"\x01" * 32, record.signature)))
+        before = snapshot(net.store)
+        with pytest.raises(StorageError, match="submission record .* is missing or differs"):
+            _gossip(net, 1, net.payload(1, 0, 1, variant=1), 1)
+        assert snapshot(net.store) == before
+        assert [t["slashed"] for t in net.service.get_run(net.task_id)["trainers"]] == [False, False, False]
+
+    def test_a_gossiped_fragment_index_must_be_a_plain_integer(self, checkpoint: tuple[str, str]) -> None:
+        from tenzro_training.run import InvalidRunArgument
+
+        net = _memory_net()
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        with pytest.raises(InvalidRunArgument, match="fragment"):
+            _gossip(net, 1, net.payload(1, 0, 1), True)
+        assert snapshot(net.store) == before and not net.service._gossip_held
+
+    def test_an_oversized_payload_is_refused_before_its_signature_is_checked(self, checkpoint: tuple[str, str]) -> None:
+        from tenzro_training.payload import PayloadTooLarge
+
+        data = make_payload("run-1", 0, layouts_for()[0], gradient(0, 0, 0, layouts_for()[0].numel))
+        net = _memory_net(max_payload_bytes=len(data) - 1)
+        start(net, checkpoint)
+        before = snapshot(net.store)
+        with pytest.raises(PayloadTooLarge):
+            net.service.submit_outer_gradient(net.task_id, 0, 0, data, None, b"\x00" * 65)
+        with pytest.raises(PayloadTooLarge):
+            net.service.store_payload(net.task_id, data, signer=(TRAINERS[0].address, 0, b"\x00" * 65))
+        assert snapshot(net.store) == before
+
+    def test_payloads_accepted_under_a_larger_limit_still_finalize_after_it_was_lowered(
+        self, checkpoint: tuple[str, str]
+    ) -> None:
+        """max_payload_bytes bounds what the node accepts from now on; payloads it accepted and
+        committed before a restart with a lower limit are still the round's inputs."""
+        from storage.memory import MemoryStore
+
+        spec = spec_dict(*checkpoint)
+        store, clock = MemoryStore(), FakeClock()
+        net = Net(NodeService(make_config(None), store, clock=clock), clock)
+        start(net, checkpoint)
+        for i in (0, 1, 2):
+            for f in range(2):
+                net.submit(i, 0, f)
+        net.service.close()
+        smallest = min(len(net.payload(i, 0, f)) for i in (0, 1, 2) for f in range(2))
+        net = Net(NodeService(make_config(None, max_payload_bytes=smallest - 1), store, clock=clock), clock)
+        assert net.finalize(0)["next_round"] == 1
+        _, model_hash, _ = net.service.get_global_weights(net.task_id)
+        expected = reference_model(spec, 1)
+        assert model_hash == compute_model_hash(expected)
+        net.service.close()
+
+    def test_a_finalize_of_a_later_round_is_a_round_mismatch_once_the_set_closed(self, checkpoint: tuple[str, str]) -> None:
+        net = _memory_net()
+        start(net, checkpoint)
+        for i in (0, 1, 2):
+            for f in range(2):
+                net.submit(i, 0, f)  # all M in: the accepted set is closed
+        assert net.service.get_run(net.task_id)["accepted_set_closed"] is True
+        before = snapshot(net.store)
+        with pytest.raises(RoundMismatch):
+            net.finalize(1)
+        assert snapshot(net.store) == before
+        assert net.finalize(0)["round"] == 0
