@@ -549,17 +549,23 @@ def test_one_runs_weights_skip_peers_known_to_serve_only_other_open_runs(
     assert published("run-1", 1) == {frozenset()}
 
 
-def test_a_peer_serving_more_runs_than_are_kept_is_never_skipped(
-    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
-) -> None:
+def _note_a_busy_peer_and_one_of_run_0(net: Net, bridge: GossipBridge) -> None:
+    """Peer "busy" heard on one run more than a peer's kept runs (so taken to serve every run),
+    peer "one" on run r0 alone; every run id reads as the open run."""
     from tenzro_training.node.gossip_bridge import RUNS_PER_PEER_KEPT
 
-    net, host, bridge, loop = bridged
     open_run = net.service.get_run_state(net.task_id)
     net.service.get_run_state = lambda task_id: open_run  # type: ignore[method-assign]
     for i in range(RUNS_PER_PEER_KEPT + 1):
         bridge._note_peer_run("busy", f"r{i}")
     bridge._note_peer_run("one", "r0")
+
+
+def test_a_peer_serving_more_runs_than_are_kept_is_never_skipped(
+    bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
+) -> None:
+    net, host, bridge, loop = bridged
+    _note_a_busy_peer_and_one_of_run_0(net, bridge)
     assert bridge._skip_peers("r5") == frozenset({"one"})
     assert bridge._skip_peers("elsewhere") == frozenset({"one"})  # "busy" serves every run
 
@@ -755,14 +761,8 @@ def test_weights_relayed_by_another_node_neither_note_it_nor_fail_the_drain(brid
 def test_a_peer_taken_to_serve_every_run_stays_so_when_heard_again_or_a_run_ends(
     bridged: tuple[Net, FakeHost, GossipBridge, asyncio.AbstractEventLoop],
 ) -> None:
-    from tenzro_training.node.gossip_bridge import RUNS_PER_PEER_KEPT
-
     net, host, bridge, loop = bridged
-    open_run = net.service.get_run_state(net.task_id)
-    net.service.get_run_state = lambda task_id: open_run  # type: ignore[method-assign]
-    for i in range(RUNS_PER_PEER_KEPT + 1):
-        bridge._note_peer_run("busy", f"r{i}")
-    bridge._note_peer_run("one", "r0")
+    _note_a_busy_peer_and_one_of_run_0(net, bridge)
     bridge._note_peer_run("busy", "r0")  # heard from again
     bridge._forget_run_peers("r0")  # r0 ended
     assert bridge._peer_runs == {"busy": None}

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,22 @@ class BigPayloads(FakeArtifacts):
         return PayloadArtifact(payload_hash=hashlib.sha256(self.data).digest(), data=self.data)
 
 
+def _hold_hashing(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Holds the artifact routes' SHA-256 until the returned event is set: a test can then act
+    while downloads wait for their hash (what they hold in the byte budget meanwhile)."""
+    import rpc.artifacts as artifacts
+
+    gate = threading.Event()
+    real = artifacts._sha256
+
+    def held_sha256(data: bytes) -> bytes:
+        gate.wait(30)
+        return real(data)
+
+    monkeypatch.setattr(artifacts, "_sha256", held_sha256)
+    return gate
+
+
 def test_payloads_read_past_the_budget_are_refused_before_they_are_hashed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -178,17 +195,9 @@ def test_payloads_read_past_the_budget_are_refused_before_they_are_hashed(
     the share are answered 503 while the first ones still wait for their hash."""
     import threading
 
-    import rpc.artifacts as artifacts
     from rpc.server import ServerLimits
 
-    gate = threading.Event()
-    real = artifacts._sha256
-
-    def held_sha256(data: bytes) -> bytes:
-        gate.wait(30)
-        return real(data)
-
-    monkeypatch.setattr(artifacts, "_sha256", held_sha256)
+    gate = _hold_hashing(monkeypatch)
     service = BigPayloads(tmp_path / "none", os.urandom(8 << 20))
     path = "/artifacts/v1/runs/big/payloads/0/0/0x" + "11" * 20
     results: list[int] = []
@@ -344,16 +353,7 @@ def test_answers_held_in_memory_count_at_their_size_until_sent(tmp_path: Path, m
     and until it is sent; all of it is given back after."""
     import threading
 
-    import rpc.artifacts as artifacts
-
-    gate = threading.Event()
-    real = artifacts._sha256
-
-    def held_sha256(data: bytes) -> bytes:
-        gate.wait(30)
-        return real(data)
-
-    monkeypatch.setattr(artifacts, "_sha256", held_sha256)
+    gate = _hold_hashing(monkeypatch)
     run = Run(tmp_path)
     registry = Registry()
 
@@ -365,7 +365,7 @@ def test_answers_held_in_memory_count_at_their_size_until_sent(tmp_path: Path, m
                     limits=ServerLimits(max_inflight_bytes=8192)) as live:
         for data, path, expected in ((b"p" * 10, PAYLOAD, 1024), (b"p" * 1500, PAYLOAD, 1500),
                                      (b"m" * 1500, "/artifacts/v1/runs/r/model", 1500)):
-            run.payload = PayloadArtifact(payload_hash=real(data), data=data)
+            run.payload = PayloadArtifact(payload_hash=hashlib.sha256(data).digest(), data=data)
             run.model_bytes = data
             gate.clear()
             got: list[tuple[int, bytes]] = []
@@ -554,16 +554,7 @@ def test_busy_refusals_are_counted_and_only_failures_are_logged(
     a 404 is logged not at all."""
     import threading
 
-    import rpc.artifacts as artifacts
-
-    gate = threading.Event()
-    real = artifacts._sha256
-
-    def held_sha256(data: bytes) -> bytes:
-        gate.wait(30)
-        return real(data)
-
-    monkeypatch.setattr(artifacts, "_sha256", held_sha256)
+    gate = _hold_hashing(monkeypatch)
     run = Run(tmp_path, payload=b"p" * 64)  # the whole budget below, once read
     registry = Registry()
     caplog.set_level("WARNING", logger="rpc.artifacts")
@@ -584,7 +575,7 @@ def test_busy_refusals_are_counted_and_only_failures_are_logged(
             gate.set()
             thread.join(30)
         assert first == [200]
-        run.payload = PayloadArtifact(payload_hash=real(b"p" * 65), data=b"p" * 65)  # past the whole budget
+        run.payload = PayloadArtifact(payload_hash=hashlib.sha256(b"p" * 65).digest(), data=b"p" * 65)  # past the whole budget
         status, _h, body = live.request("GET", PAYLOAD)
         assert status == 503 and _error(body)["code"] == 1800
         assert live.request("GET", "/artifacts/v1/runs/nope/checkpoint")[0] == 404
