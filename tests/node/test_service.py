@@ -1913,7 +1913,10 @@ class TestServiceBookkeeping:
         net.cancel()
         assert "run-1" not in service._runs and "run-1" not in service._stored_runs
         assert list(service._model_cache) == [] and service.cache_stats()["model_cache_bytes"] == 0
+        assert "run-1" not in service._models  # no round records: nothing needs its layout now
         service.get_run_json("run-1")
+        service._model("run-1")  # asked for again (a view, an artifact): read back and held
+        assert "run-1" in service._models
         net.task_id = "run-2"
         net.post(spec_dict(*checkpoint, task_id="run-2"))
         net.cancel()  # run-1 leaves the cache of ended runs
