@@ -1904,6 +1904,7 @@ def test_a_flag_does_not_hide_a_malformed_value_in_the_config_file(
         ('{"rpc_port": 0, "rpc_port": 1}', "duplicate key 'rpc_port'"),  # json.loads kept the last, silently
         ('{"max_gradient_abs": NaN}', "NaN is not JSON"),
         ('{"timings": null}', "timings"),  # was dropped silently
+        ('{"a": ' + "[" * 200 + "]" * 200 + "}", "JSON nested too deeply"),
     ],
 )
 def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:
@@ -1911,10 +1912,24 @@ def test_invalid_node_config(tmp_path: Path, content: str, match: str) -> None:
 
     path = tmp_path / "node.json"
     path.write_text(content)
-    with pytest.raises(NodeStartupError, match=match):
+    with pytest.raises(NodeStartupError, match=match) as info:
         load_node_config(tmp_path / "d", config_file=str(path))
+    assert str(info.value).startswith(f"config {path}")  # the operator is told which file
     with pytest.raises(NodeStartupError, match="cannot read config"):
         load_node_config(tmp_path / "d", config_file=str(tmp_path / "absent.json"))
+
+
+def test_a_node_config_over_its_size_limit_is_refused_unread(tmp_path: Path) -> None:
+    """A config file is read whole into memory: one past 16 MiB (a log written to the wrong
+    path) is refused by its size, before a byte of it is read."""
+    from tenzro_training.node.main import NodeStartupError, load_node_config
+
+    path = tmp_path / "node.json"
+    with open(path, "wb") as sparse:
+        sparse.truncate((16 << 20) + 1)
+    with pytest.raises(NodeStartupError) as info:
+        load_node_config(tmp_path / "d", config_file=str(path))
+    assert str(info.value) == f"cannot read config {path}: file is {(16 << 20) + 1} bytes, the limit is {16 << 20}"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
@@ -2011,7 +2026,7 @@ def test_invalid_node_data_dir_exits_2_with_one_line(
         if data_dir == blocker:  # said as it is, not as "File exists" (ops probe)
             assert err == f"tenzro: data dir {data_dir} exists and is not a directory\n"
         else:
-            assert err.startswith(f"tenzro: cannot create data dir {data_dir}: ")
+            assert err == f"tenzro: cannot create data dir {data_dir}: Not a directory\n"  # the reason, not a repr
     assert blocker.read_text() == "x"
 
 
@@ -2034,6 +2049,24 @@ def test_format_event() -> None:
         "RoundFinalized task_id=t at_ms=5 round=0 syncer=0x0101010101010101010101010101010101010101 "
         "syncer_rank=1 model_hash=0x" + "02" * 32
     )
+
+
+def test_format_event_shows_nested_values_as_an_operator_reads_them() -> None:
+    """A sealed run's payouts are (trainer, amount) pairs: the log line shows them as pairs, each
+    trainer in its EIP-55 form (what wallets and explorers show, so it can be searched for), and
+    what is not a run event is logged as it is."""
+    from tenzro_training.addresses import format_address
+    from tenzro_training.node.main import format_event
+    from tenzro_training.run_events import RunSealed
+
+    first, second = bytes.fromhex("ab" * 20), bytes.fromhex("cd" * 20)
+    assert format_address(first) != "0x" + first.hex()  # mixed case: the checksum shows
+    line = format_event(RunSealed("t", 9, b"\x03" * 32, b"\x04" * 32, ((first, 5), (second, 7)), 1))
+    assert line == (
+        f"RunSealed task_id=t at_ms=9 run_root=0x{'03' * 32} final_model_hash=0x{'04' * 32} "
+        f"payouts=(({format_address(first)}, 5), ({format_address(second)}, 7)) remainder=1"
+    )
+    assert format_event("node stopping") == "node stopping"
 
 
 # --- tenzro keys ---------------------------------------------------------------------------------
@@ -2141,6 +2174,86 @@ def test_invalid_node_p2p_address_exits_2_with_one_line(
     code, out, err = run(capsys, *argv)
     assert code == EXIT_USAGE and out == ""
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+@pytest.fixture
+def node_serve_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, Any, Any]]:
+    """``tenzro node`` up to where it would open the store (node/main.py's ``_serve``, replaced):
+    the data dir, the p2p config and the announce function of each start."""
+    from tenzro_training.node import main as node_main
+
+    calls: list[tuple[Path, Any, Any]] = []
+
+    async def serve(config: object, data_dir: Path, announce: object, p2p_config: object, staged: object) -> None:
+        calls.append((data_dir, p2p_config, announce))
+
+    monkeypatch.setattr(node_main, "_serve", serve)
+    return calls
+
+
+def test_node_p2p_options_reach_the_libp2p_host(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                node_serve_calls: list[tuple[Path, Any, Any]]) -> None:
+    """--p2p-key is the node's peer identity, the one its trainers bootstrap from: ignored, the
+    node would come up under another peer id. Without it the key lives in the data dir."""
+    peer = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    listen = "/ip4/127.0.0.1/tcp/0"
+    base = ["node", "--data-dir", str(tmp_path / "d"), "--rpc-port", "0", "--p2p-listen", listen]
+    assert run(capsys, *base, "--p2p-key", str(tmp_path / "p2p.key"), "--bootstrap", peer) == (EXIT_OK, "", "")
+    assert run(capsys, *base) == (EXIT_OK, "", "")
+    assert [(c.key_path, c.listen, c.bootstrap) for _, c, _ in node_serve_calls] == [
+        (tmp_path / "p2p.key", (listen,), (peer,)), ((tmp_path / "d").resolve() / "p2p-key", (listen,), ())]
+
+
+def test_node_creates_its_data_dir_and_the_dirs_above_it(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                          node_serve_calls: list[tuple[Path, Any, Any]]) -> None:
+    """A first start on a new machine names a data dir none of which exists yet
+    (/var/lib/tenzro/node): it is created whole, not refused."""
+    data_dir = tmp_path / "var" / "lib" / "node"
+    assert run(capsys, "node", "--data-dir", str(data_dir), "--rpc-port", "0") == (EXIT_OK, "", "")
+    assert data_dir.is_dir() and [d for d, _, _ in node_serve_calls] == [data_dir.resolve()]
+
+
+def test_node_announces_its_lines_through_a_pipe_at_once(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         node_serve_calls: list[tuple[Path, Any, Any]]) -> None:
+    """Scripts and supervisors read the node's "listening on" line from a pipe, where stdout is
+    block-buffered: the line must reach the pipe when it is said, not when a buffer fills."""
+    import io
+    import sys
+
+    assert run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--rpc-port", "0") == (EXIT_OK, "", "")
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        with io.TextIOWrapper(io.BufferedWriter(io.FileIO(write_end, "w"))) as pipe:
+            with monkeypatch.context() as patched:
+                patched.setattr(sys, "stdout", pipe)
+                node_serve_calls[0][2]("tenzro node listening on http://127.0.0.1:8545 (data dir d)")
+            try:
+                said = os.read(read_end, 4096)
+            except BlockingIOError:
+                said = b""  # still in the buffer
+        assert said == b"tenzro node listening on http://127.0.0.1:8545 (data dir d)\n"
+    finally:
+        os.close(read_end)
+
+
+def test_node_stopped_with_a_storage_error_exits_1_saying_what_is_safe(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that refused a write (a full disk) raises again when the node closes it: not a
+    startup failure (exit 2) nor a traceback, but exit 1 and a line saying that what was
+    acknowledged is in the write-ahead log."""
+    from storage.interface import StorageError
+    from tenzro_training.node import main as node_main
+
+    async def serve(*args: object) -> None:
+        raise StorageError("write to 'd/db' failed: IO error: No space left on device")
+
+    monkeypatch.setattr(node_main, "_serve", serve)
+    code, out, err = run(capsys, "node", "--data-dir", str(tmp_path / "d"), "--rpc-port", "0")
+    assert (code, out) == (1, "")
+    assert err == ("tenzro: the node stopped with a storage error: write to 'd/db' failed: IO error: No space left on "
+                   "device; acknowledged writes are in the write-ahead log and are recovered at the next start\n")
 
 
 def test_invalid_node_p2p_port_in_use_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ payloads, on a real RocksDB store opened read-only beside the service that write
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,11 +115,13 @@ def test_a_pruned_store_is_audited_from_what_it_kept(tmp_path: Path, checkpoint:
     assert "snapshot of run-2 (round 2) does not hash" in str(node.audit("run-2")["problem"])
 
 
-def test_turning_prune_payloads_on_prunes_the_runs_that_already_ended(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+def test_turning_prune_payloads_on_prunes_the_runs_that_already_ended(tmp_path: Path, checkpoint: tuple[str, str],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """An archive node restarted with prune_payloads: the sealed run gets the pruning its end
     would have done (before, nothing ever deleted its payloads: ops probe); the open run keeps
     its payloads until its next snapshot; the audit still passes on both."""
     node = make_node(tmp_path / "node", checkpoint, training_rounds=3)
+    assert node.service.cache_stats()["payloads_pruned"] == 0  # an archive node prunes nothing
     node.stop()
 
     def payloads(store: RocksStore, task_id: str) -> int:
@@ -133,9 +136,11 @@ def test_turning_prune_payloads_on_prunes_the_runs_that_already_ended(tmp_path: 
         service.close()
         assert (payloads(store, "run-1"), payloads(store, "run-2")) == (0, kept[1])
         assert store.get(schema.CF_META, schema.payloads_pruned_key("run-1")) == (2**64 - 1).to_bytes(8, "big")
-        again = NodeService(make_config(node.data, model_snapshot_rounds=2, prune_payloads=True), store,
-                            clock=FakeClock())
-        assert again.cache_stats()["payloads_pruned"] == 0  # once
+        with caplog.at_level(logging.INFO, logger="tenzro.node"):
+            again = NodeService(make_config(node.data, model_snapshot_rounds=2, prune_payloads=True), store,
+                                clock=FakeClock())
+        assert again.cache_stats()["payloads_pruned"] == 0  # once: no second pass over a pruned run
+        assert not [r for r in caplog.records if r.getMessage().startswith("pruned the ")]
         again.close()
     sealed, training = (node.audit(t) for t in ("run-1", "run-2"))
     assert sealed["ok"] and "payloads pruned: no round replayed" in sealed["checks"]
@@ -239,7 +244,45 @@ class TestFindsDamage:
                 NodeService(make_config(node.data), store)
 
     def test_an_unknown_run(self, node: Node) -> None:
-        assert node.audit("nope")["problem"] == "no such run in the store"
+        assert node.audit("nope") == {
+            "task_id": "nope", "status": "unknown", "ok": False, "rounds_committed": 0, "rounds_replayed": 0,
+            "checks": [], "problem": "no such run in the store",
+        }
+
+    def test_a_run_state_that_does_not_decode(self, node: Node) -> None:
+        """A run the store cannot even decode is a result like any other (the audit of the other
+        runs goes on), with nothing counted as committed or reproduced."""
+        node.tamper(schema.CF_TRAINING_RUNS, schema.run_key("run-2"), b"{")
+        result = node.audit("run-2")
+        assert (result["status"], result["ok"], result["rounds_committed"], result["rounds_replayed"]) == (
+            "unknown", False, 0, 0)
+        assert result["checks"] == [] and "not valid JSON" in str(result["problem"])
+
+    def test_the_tensor_list(self, node: Node) -> None:
+        """The stored tensor list is what every stored fragment is decoded by: one that is not the
+        checkpoint's is named as such, before anything is decoded with it."""
+        def rename(raw: bytes) -> bytes:
+            doc = json.loads(raw)
+            doc["tensors"][0][0] = "renamed"
+            return json.dumps(doc).encode()
+
+        node.tamper(schema.CF_META, schema.tensor_specs_key("run-2"), rename)
+        result = node.audit("run-2")
+        assert result["checks"] == [] and result["rounds_replayed"] == 0
+        assert result["problem"] == "the stored tensor list of run-2 differs from its initial checkpoint's"
+
+    def test_the_committed_initial_model_hash(self, node: Node) -> None:
+        """The initial model hash is the first link of the run root: a checkpoint that no longer
+        hashes to it (here the commitment changed) is found before any round is replayed."""
+        def rehash(raw: bytes) -> bytes:
+            doc = json.loads(raw)
+            doc["initial_model_hash"] = "0x" + "00" * 32
+            return json.dumps(doc).encode()
+
+        node.tamper(schema.CF_TRAINING_RUNS, schema.run_key("run-2"), rehash)
+        result = node.audit("run-2")
+        assert result["checks"] == [] and result["rounds_replayed"] == 0
+        assert result["problem"] == "the initial checkpoint of run-2 does not hash to the committed initial model hash"
 
 
 def test_a_lost_value_file_is_found_by_the_audit_and_by_the_startup(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
@@ -266,6 +309,60 @@ def test_a_lost_value_file_is_found_by_the_audit_and_by_the_startup(tmp_path: Pa
     with RocksStore(node.data / "db") as store:
         with pytest.raises(StorageError, match="the store is damaged: the payload of the accepted submission"):
             NodeService(make_config(node.data), store)
+
+
+def test_a_run_before_its_second_snapshot_is_checked_against_the_first(tmp_path: Path, checkpoint: tuple[str, str]) -> None:
+    """The snapshot of round 0, written when the run is posted, is what a node rebuilds the model
+    from until the next snapshot: the audit compares it with the replay too."""
+    node = make_node(tmp_path / "node", checkpoint, training_rounds=1)
+    try:
+        training = node.audit("run-2")
+    finally:
+        node.stop()
+    assert training["ok"] and training["rounds_replayed"] == 1
+    assert training["checks"] == ["initial model", "snapshot of round 0", "open round 1: 2 accepted submission(s) stored"]
+
+
+def test_a_pruned_run_replays_from_a_snapshot_of_its_last_committed_round(tmp_path: Path,
+                                                                           checkpoint: tuple[str, str]) -> None:
+    """Under prune_payloads an open run is replayed from its snapshot: one of the round just
+    committed leaves no round to replay and is no damage, while a snapshot record naming a round
+    after the last committed one is (its weights are no committed model)."""
+    from tenzro_training.node.model_state import encode_round_count
+
+    node = make_node(tmp_path / "node", checkpoint, training_rounds=2, prune_payloads=True)
+    try:
+        training = node.audit("run-2")
+    finally:
+        node.stop()
+    assert training["ok"] and (training["rounds_committed"], training["rounds_replayed"]) == (2, 0)
+    assert training["checks"] == ["initial model", "snapshot of round 2 (payloads before it pruned)",
+                                  "open round 2: 2 accepted submission(s) stored"]
+    node.tamper(schema.CF_META, schema.model_snapshot_key("run-2"), encode_round_count(3))
+    assert node.audit("run-2")["problem"] == "the model snapshot of run-2 is of round 3, after its last committed round"
+
+
+def test_a_store_from_before_sealed_records_is_audited_without_one(node: Node) -> None:
+    """A store older than schema 3 has no sealed record (TRAINING_VERIFY's lookup) until a node
+    opens it, and the audit opens stores read-only: there the absence is no damage, but a record
+    the store does hold is still checked; from schema 3 on, a missing record is damage."""
+    node.stop()
+
+    def rewrite(version: int, *, drop_record: bool = False) -> None:
+        with RocksStore(node.data / "db", upgrade_schema=False) as store:
+            with store.atomic_batch() as batch:
+                batch.put(schema.CF_META, schema.SCHEMA_VERSION_KEY, schema.encode_schema_version(version))
+                if drop_record:
+                    batch.delete(schema.CF_META, schema.sealed_record_key("run-1"))
+
+    rewrite(2)
+    assert node.audit("run-1")["checks"][-3:] == ["run root and receipt", "sealed record", "ended summary"]
+    rewrite(2, drop_record=True)
+    result = node.audit("run-1")
+    assert result["ok"] and result["checks"][-2:] == ["run root and receipt", "ended summary"]
+    rewrite(schema.SEALED_RECORDS_SINCE)
+    result = node.audit("run-1")
+    assert not result["ok"] and "the sealed record of run-1 (TRAINING_VERIFY's lookup) differs" in str(result["problem"])
 
 
 def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:

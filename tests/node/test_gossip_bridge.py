@@ -5,6 +5,7 @@ is tested in tests/p2p, the whole path with real processes in tests/e2e/test_gos
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -354,13 +355,17 @@ def test_requests_share_a_broadcast_that_began_after_them_and_none_is_dropped(br
     assert len(calls) == 2 and bridge.counters["model_answers"] == 2
 
 
-def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """P7: node/main.py's _start_p2p left the started host running when bridge.start() raised."""
+@pytest.mark.parametrize("failing", [None, "host", "bridge"])
+def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monkeypatch, failing) -> None:  # type: ignore[no-untyped-def]
+    """P7: node/main.py's _start_p2p left the started host running when bridge.start() raised.
+    A host that cannot listen is the node's one-line startup error naming the address (the
+    pre-flight bind does not see every such failure); a start that works hands both back to be
+    stopped at the end."""
     from types import SimpleNamespace
 
     import tenzro_training.node.gossip_bridge as bridge_mod
     import tenzro_training.p2p.host as p2p_host
-    from tenzro_training.node.main import _p2p_config, _start_p2p
+    from tenzro_training.node.main import NodeStartupError, _p2p_config, _start_p2p
 
     calls: list[str] = []
 
@@ -370,18 +375,28 @@ def test_start_p2p_stops_the_host_when_the_bridge_fails_to_start(tmp_path, monke
 
         async def start(self) -> None:
             calls.append("start")
+            if failing == "host":
+                raise OSError(98, "Address already in use")
 
         async def stop(self) -> None:
             calls.append("stop")
 
-    async def failing_start(self: object) -> None:
-        raise RuntimeError("bridge start failed")
+    async def bridge_start(self: object) -> None:
+        if failing == "bridge":
+            raise RuntimeError("bridge start failed")
 
     monkeypatch.setattr(p2p_host, "P2PHost", RecordingHost)
-    monkeypatch.setattr(bridge_mod.GossipBridge, "start", failing_start)
+    monkeypatch.setattr(bridge_mod.GossipBridge, "start", bridge_start)
     config = SimpleNamespace(chain_id=1337, get_candidate=lambda a: None, max_payload_bytes=1 << 20)
-    with pytest.raises(RuntimeError, match="bridge start failed"):
-        asyncio.run(_start_p2p(_p2p_config({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path), object(), config, None))
+    started = _start_p2p(_p2p_config({"listen": ["/ip4/127.0.0.1/tcp/0"]}, tmp_path), object(), config, None)
+    if failing is None:
+        host, bridge = asyncio.run(started)
+        assert isinstance(host, RecordingHost) and isinstance(bridge, GossipBridge) and calls == ["start"]
+        return
+    refusal = "cannot start libp2p on /ip4/127.0.0.1/tcp/0: [Errno 98] Address already in use"
+    failure = (NodeStartupError, re.escape(refusal)) if failing == "host" else (RuntimeError, "bridge start failed")
+    with pytest.raises(failure[0], match=f"^{failure[1]}$"):
+        asyncio.run(started)
     assert calls == ["start", "stop"]
 
 

@@ -234,6 +234,43 @@ def test_reopen_refuses_another_genesis_or_chain_id(tmp_path: Path, kind: str) -
     NodeService(replace(huge, genesis=tuple(reversed(huge.genesis))), fresh, clock=FakeClock()).close()
 
 
+def test_a_genesis_record_without_the_ledger_it_created_is_refused() -> None:
+    """A store whose genesis was recorded but whose ledger is gone (a lost column family) must not
+    start as a new chain with the genesis credited again: it is refused as damaged."""
+    from storage import schema
+    from storage.interface import StorageError
+
+    store = MemoryStore()
+    config = make_config(None)
+    NodeService(config, store, clock=FakeClock()).close()
+    with store.atomic_batch() as batch:
+        for cf in (schema.CF_ACCOUNTS, schema.CF_LEDGER):
+            for key in list(store.keys(cf)):
+                batch.delete(cf, key)
+    with pytest.raises(StorageError, match="^the genesis record exists but the ledger's supply counters do not$"):
+        NodeService(config, store, clock=FakeClock())
+
+
+@pytest.mark.parametrize("accounts", [2, 3])
+def test_a_refused_genesis_is_shown_as_the_store_has_it(accounts: int) -> None:
+    """The refusal shows the store's genesis, its first two accounts in full (and "..." only when
+    there are more), so the operator can configure the genesis the store was created with."""
+    from dataclasses import replace
+
+    from storage.interface import StorageError
+    from tenzro_training.addresses import format_address
+
+    genesis = tuple((bytes([0xA0 + i]) * 20, 10**18 + i) for i in range(accounts))
+    config = replace(make_config(None), genesis=genesis)
+    store = MemoryStore()
+    NodeService(config, store, clock=FakeClock()).close()
+    first = f"{format_address(genesis[0][0])}={10**18}, {format_address(genesis[1][0])}={10**18 + 1}"
+    with pytest.raises(StorageError) as info:
+        NodeService(replace(config, genesis=genesis[:1]), store, clock=FakeClock())
+    assert str(info.value).startswith(f"the configured genesis differs from the one this store was created with "
+                                      f"({accounts} account(s): {first}{', ...' if accounts > 2 else ''}): ")
+
+
 def _older_store_with_a_submission(tmp_path: Path, checkpoint: tuple[str, str]) -> tuple[RocksStore, Any]:
     """A RocksDB store a node on chain 1337 ran a submission into, then stripped of what stores
     from before the chain id and the liveness stamp were recorded lack."""
@@ -251,6 +288,29 @@ def _older_store_with_a_submission(tmp_path: Path, checkpoint: tuple[str, str]) 
         batch.delete(schema.CF_META, schema.NODE_CHAIN_ID_KEY)
         batch.delete(schema.CF_META, schema.NODE_ALIVE_KEY)
     return store, config
+
+
+def test_a_store_with_ledger_entries_or_runs_but_no_genesis_record_is_refused(
+    tmp_path: Path, checkpoint: tuple[str, str]
+) -> None:
+    """Without its genesis record a store that holds balances, or only runs, is damaged: taken as a
+    new store, it would be credited the configured genesis on top of what it holds."""
+    from storage import schema
+    from storage.interface import StorageError
+
+    store, config = _older_store_with_a_submission(tmp_path, checkpoint)
+    with store.atomic_batch() as batch:
+        batch.delete(schema.CF_META, schema.NODE_GENESIS_KEY)
+    refusal = "^the store holds ledger entries or runs but no genesis record: it is damaged$"
+    with pytest.raises(StorageError, match=refusal):
+        NodeService(config, store, clock=FakeClock())
+    with store.atomic_batch() as batch:
+        for cf in (schema.CF_ACCOUNTS, schema.CF_LEDGER):
+            for key in list(store.keys(cf)):
+                batch.delete(cf, key)
+    with pytest.raises(StorageError, match=refusal):  # runs alone
+        NodeService(config, store, clock=FakeClock())
+    store.close()
 
 
 def test_an_older_store_is_bound_only_to_a_chain_id_its_signatures_verify_under(

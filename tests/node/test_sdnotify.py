@@ -177,3 +177,31 @@ def test_ready_waits_for_room_on_a_full_socket_and_the_watchdog_does_not(abstrac
     assert [r.getMessage().rsplit(": ", 1)[1] for r in caplog.records] == [
         "Resource temporarily unavailable", "Connection refused"]
     notifier.close()
+
+
+def test_the_node_tells_systemd_each_step_of_its_start_and_its_stop(abstract: tuple[str, socket.socket], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``systemctl status`` shows where a slow start is (a large store's runs take a while to
+    read), ``systemctl start`` returns once the node listens, and the stop is said before the
+    store closes, in that order."""
+    import os
+    import signal
+
+    from tenzro_training.node.config import NodeConfig
+    from tenzro_training.node.main import run_node
+
+    name, sock = abstract
+    monkeypatch.setenv("NOTIFY_SOCKET", name)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    urls: list[str] = []
+
+    def announce(line: str) -> None:
+        if "listening on" in line:
+            urls.append(line.split(" on ", 1)[1].split(" ", 1)[0])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    asyncio.run(run_node(NodeConfig(data_dir=tmp_path / "d", rpc_port=0), tmp_path / "d", announce=announce))
+    assert read_datagrams(sock, 0.2) == [
+        b"STATUS=opening the store", b"STATUS=reading the store's runs",
+        f"READY=1\nSTATUS=listening on {urls[0]}, 0 runs".encode(), b"STOPPING=1\nSTATUS=stopping",
+    ]

@@ -10,6 +10,7 @@ leave the store byte-for-byte unchanged, except where the protocol says otherwis
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -1450,9 +1451,11 @@ class TestModelReplay:
         with pytest.raises(StorageError, match=r"snapshot of run-1 \(round 1\) does not hash"):
             net.service.get_global_weights(net.task_id)
 
-    def test_a_schema_1_run_gets_its_snapshot_recorded_at_startup(self, checkpoint: tuple[str, str]) -> None:
+    def test_a_schema_1_run_gets_its_snapshot_recorded_at_startup(self, checkpoint: tuple[str, str],
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
         """Schema 1 stored the current state and no snapshot record; the node records one at its
-        current round before it finalizes anything, so later rounds replay from the right base."""
+        current round before it finalizes anything, so later rounds replay from the right base
+        (and says so: a migration an operator can find in the log)."""
         from storage.memory import MemoryStore
 
         spec = spec_dict(*checkpoint, max_rounds=self.ROUNDS)
@@ -1464,7 +1467,9 @@ class TestModelReplay:
         net.service.close()
         with store.atomic_batch() as batch:
             batch.delete(schema.CF_META, schema.model_snapshot_key(net.task_id))
-        net = self.open(store, clock, model_cache_runs=0, model_snapshot_rounds=8)
+        with caplog.at_level(logging.INFO, logger="tenzro.node"):
+            net = self.open(store, clock, model_cache_runs=0, model_snapshot_rounds=8)
+        assert "recording model snapshots of 1 run(s) from a schema-1 store" in [r.getMessage() for r in caplog.records]
         assert decode_round_count(store.get(schema.CF_META, schema.model_snapshot_key(net.task_id))) == 2
         for r in range(2, self.ROUNDS):
             play_round(net, r)
