@@ -157,6 +157,11 @@ def test_rpc_env_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ["train", "submit-gradient", "--task-id", "t", "--round", "x", "--fragment", "0", "--payload", "p"],
         ["train", "frobnicate"],
         ["node"],  # --data-dir missing
+        ["train", "export-model", "--task-id", "t"],  # --out missing: there is nowhere to write the model
+        ["train", "evaluate-model", "--model", "m.safetensors"],  # --spec missing: no held-out windows to score on
+        ["train"], ["keys"], ["trainer"], ["syncer"],  # a command group without its verb
+        ["train", "get-run", "--task-id", "t", "--key-file", "k"],  # a read-only call signs nothing
+        ["train", "finalize-round"],  # --task-id missing: nothing to sign a finalize for
         [],
     ],
 )
@@ -307,6 +312,44 @@ def test_node_error_exits_1(capsys: pytest.CaptureFixture[str], fake_node: FakeN
     assert err.strip() == "tenzro: error 1301 UnknownTask: unknown task nope"
 
 
+def test_a_node_error_type_that_is_not_a_name_is_left_out(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
+    """The error's data type is shown as the error's name only when it is one (a non-empty
+    string): a number or an object there is not a name, and printing it would misname the
+    node's error."""
+    for kind in (1301, {"name": "UnknownTask"}, ""):
+        fake_node.replies["tenzro_training_getRun"] = {"error": {"code": 1301, "message": "unknown task",
+                                                                 "data": {"type": kind}}}
+        code, out, err = run(capsys, "train", "get-run", "--task-id", "t", "--rpc", fake_node.url)
+        assert (code, out, err) == (EXIT_RPC_ERROR, "", "tenzro: error 1301: unknown task\n"), kind
+
+
+def test_a_json_rpc_error_sent_with_http_400_is_the_nodes_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON-RPC servers answer a refused call with a 4xx status and the error in the body: a 400
+    is the node's answer (exit 1, its code and message), not a redirect or an unreachable node."""
+    body = b'{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"invalid params"}}'
+    node = _RawNode(lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)))
+    try:
+        code, out, err = run(capsys, "train", "list-runs", "--rpc", node.url)
+    finally:
+        node.close()
+    assert (code, out, err) == (EXIT_RPC_ERROR, "", "tenzro: error -32602: invalid params\n")
+
+
+def test_invalid_http_300_is_a_redirect_even_with_an_answer_in_its_body(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every 3xx names another place to ask, 300 (Multiple Choices) included: its body is not
+    read as the node's answer, however much it looks like one."""
+    body = b'{"jsonrpc":"2.0","id":1,"result":{"runs":[]}}'
+    node = _RawNode(lambda conn: conn.sendall(b"HTTP/1.1 300 Multiple Choices\r\nContent-Type: application/json\r\n"
+                                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)))
+    try:
+        code, out, err = run(capsys, "train", "list-runs", "--rpc", node.url)
+    finally:
+        node.close()
+    assert code == EXIT_UNREACHABLE and out == ""
+    assert err == f"tenzro: node at {node.url} answered HTTP 300 (a redirect, which is not followed: pass the URL it names as --rpc)\n"
+
+
 def test_a_node_error_carries_its_code(fake_node: FakeNode, closed_url: str) -> None:
     fake_node.replies["tenzro_training_getRun"] = {"error": {"code": 1305, "message": "late", "data": {"type": "LateSubmission"}}}
     with pytest.raises(CliError) as info:
@@ -335,6 +378,22 @@ def test_non_json_rpc_answer_exits_3(capsys: pytest.CaptureFixture[str], tmp_pat
         server.shutdown()
         server.server_close()
     assert code == EXIT_UNREACHABLE and "did not answer JSON-RPC" in err
+
+
+@pytest.mark.parametrize(("status", "note"), [(200, ""), (502, " (HTTP 502)")])
+def test_invalid_non_json_answer_names_an_error_status(status: int, note: str) -> None:
+    """A proxy's error page in place of the node's answer: the status it came with says where
+    to look (the proxy, not the node), and a 200 has nothing to add."""
+    reason = b"OK" if status == 200 else b"Bad Gateway"
+    node = _RawNode(lambda c: c.sendall(b"HTTP/1.1 %d %s\r\nContent-Length: 6\r\nConnection: close\r\n\r\n<html>"
+                                        % (status, reason)))
+    try:
+        with pytest.raises(CliError) as info:
+            cli.RpcClient(node.url).call("tenzro_training_listRuns", {})
+    finally:
+        node.close()
+    assert str(info.value) == f"node at {node.url} did not answer JSON-RPC{note}"
+    assert info.value.exit_code == EXIT_UNREACHABLE
 
 
 @pytest.mark.parametrize(
@@ -384,6 +443,16 @@ def test_credentials_in_the_rpc_url_are_sent_as_basic_auth_and_never_shown(
     assert code == EXIT_UNREACHABLE and "secret" not in err and f"cannot reach node at {closed_url}" in err
 
 
+def test_an_https_rpc_url_is_spoken_to_in_tls(capsys: pytest.CaptureFixture[str], fake_node: FakeNode) -> None:
+    """An https:// --rpc (an RPC provider's URL) goes through TLS: here a plain-HTTP server
+    cannot complete the handshake, which is said as a TLS failure (exit 3), not as a URL
+    scheme this program does not know."""
+    code, out, err = run(capsys, "train", "list-runs", "--rpc", fake_node.url.replace("http://", "https://"))
+    assert code == EXIT_UNREACHABLE and out == "" and err.count("\n") == 1
+    assert err.startswith(f"tenzro: cannot reach node at {fake_node.url.replace('http://', 'https://')}: ")
+    assert "SSL" in err and "unknown url type" not in err
+
+
 def test_a_server_that_is_not_http_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -431,6 +500,24 @@ def test_invalid_out_path_exits_2_and_writes_nothing(
                      "--out", str(tmp_path / "new" / "r.json"))
     assert code == EXIT_OK and json.loads((tmp_path / "new" / "r.json").read_text()) == {"receipt": {"task_id": "t1"}}
     assert [p.name for p in (tmp_path / "new").iterdir()] == ["r.json"]  # no temporary left behind
+
+
+def test_get_receipt_out_is_the_same_file_whatever_order_the_node_sent_its_keys(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_node: FakeNode
+) -> None:
+    """A receipt file is compared and archived byte for byte (diff, sha256sum): the same
+    receipt must give the same file, whichever order a node's JSON happened to list its keys."""
+    receipt = {"task_id": "t1", "run_root": "0x" + "11" * 32, "final_model_hash": "0x" + "22" * 32, "transcript": []}
+    files = []
+    for name, answer in (("a.json", {"receipt": receipt, "abi": "0x00"}),
+                         ("b.json", {"abi": "0x00", "receipt": dict(reversed(list(receipt.items())))})):
+        fake_node.replies["tenzro_training_getReceipt"] = answer
+        code, out, err = run(capsys, "train", "get-receipt", "--task-id", "t1", "--rpc", fake_node.url,
+                             "--out", str(tmp_path / name))
+        assert code == EXIT_OK, err
+        assert out.splitlines()[0] == "task              t1" and out.splitlines()[3] == "rounds            0"
+        files.append((tmp_path / name).read_bytes())
+    assert files[0] == files[1] and json.loads(files[0]) == {"receipt": receipt, "abi": "0x00"}
 
 
 def test_out_goes_through_symlinks_and_into_devices_and_fifos_as_the_shell_does(tmp_path: Path) -> None:
@@ -506,15 +593,30 @@ def test_get_run_human_and_json(capsys: pytest.CaptureFixture[str], fake_node: F
 
 def test_enroll_signs_for_the_key(capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path) -> None:
     fake_node.replies["tenzro_training_enrollTrainer"] = {"task_id": "t", "address": KEY_ADDRESS, "shard": 0}
-    code, _, _ = run(
+    code, out, _ = run(
         capsys, "train", "enroll-trainer", "--task-id", "t", "--did", "did:tenzro:trainer:a", "--stake", "1000",
         "--key-file", str(key_file), "--rpc", fake_node.url,
     )
     assert code == EXIT_OK
+    assert out.splitlines() == ["task_id  t", f"address  {KEY_ADDRESS}", "shard    0"]  # the shard the trainer trains
     method, params = fake_node.calls[-1]
     assert method == "tenzro_training_enrollTrainer" and params["stake"] == "1000" and params["address"] == KEY_ADDRESS
     msg = auth.EnrollTrainer(task_id="t", did="did:tenzro:trainer:a", trainer=bytes.fromhex(KEY_ADDRESS[2:]), stake=1000)
     assert auth.recover_signer(msg, bytes.fromhex(params["signature"][2:])) == KEY_ADDRESS
+
+
+def test_cancel_signs_for_the_key_and_prints_the_status(
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, key_file: Path
+) -> None:
+    """A sponsor's script reads the cancel's outcome from stdout (the task, now Cancelled), and
+    the node checks the cancel was signed by the sponsor's key."""
+    fake_node.replies["tenzro_training_cancelTask"] = {"task_id": "t", "status": "Cancelled"}
+    code, out, err = run(capsys, "train", "cancel-task", "--task-id", "t", "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_OK, err
+    assert out.splitlines() == ["task_id  t", "status   Cancelled"]
+    method, params = fake_node.calls[-1]
+    assert method == "tenzro_training_cancelTask" and params["task_id"] == "t"
+    assert auth.recover_signer(auth.CancelTask(task_id="t"), bytes.fromhex(params["signature"][2:])) == KEY_ADDRESS
 
 
 @pytest.mark.parametrize("stake", ["-1", "01", "1.5", "abc", str(2**256), "\u00b2", "\u0661\u0662"])
@@ -635,6 +737,12 @@ def test_finalize_reads_the_round_from_the_node(
     assert method == "tenzro_training_finalizeRound" and params["round"] == 4
     sig = bytes.fromhex(params["signature"][2:])
     assert auth.recover_signer(auth.FinalizeRound(task_id="t", round=4), sig) == KEY_ADDRESS
+    # Round 0 is a run's first round, not a missing one.
+    fake_node.replies["tenzro_training_getRun"] = {"task_id": "t", "round": 0}
+    fake_node.replies["tenzro_training_finalizeRound"] = {"task_id": "t", "round": 0, "status": "Training"}
+    code, _, err = run(capsys, "train", "finalize-round", "--task-id", "t", "--key-file", str(key_file), "--rpc", fake_node.url)
+    assert code == EXIT_OK, err
+    assert fake_node.calls[-1][0] == "tenzro_training_finalizeRound" and fake_node.calls[-1][1]["round"] == 0
 
 
 # --- a node that is not one: every answer is checked before it is used ------------------------------
@@ -660,21 +768,22 @@ def test_invalid_result_that_is_not_an_object_exits_1(
     assert err == f"tenzro: node at {fake_node.url} answered a {shown} where a JSON object was expected\n"
 
 
-@pytest.mark.parametrize(("raw", "says"), [
-    (b'{"jsonrpc":"2.0","id":1,"result":{"runs":[],"total":NaN}}', "did not answer JSON-RPC"),
-    (b'{"jsonrpc":"2.0","id":1,"result":{"x":Infinity}}', "did not answer JSON-RPC"),
-    (b'{"jsonrpc":"2.0","id":1,"error":"boom"}', "malformed JSON-RPC error object"),
-    (b'{"jsonrpc":"2.0","id":1,"error":{"code":"1","message":"m"}}', "malformed JSON-RPC error object"),
-    (b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"},"result":{}}', "not a JSON-RPC response"),
-    (b'{"jsonrpc":"2.0","id":1}', "not a JSON-RPC response"),
-    (b"[]", "not a JSON-RPC response"),
+@pytest.mark.parametrize(("raw", "says", "exit_code"), [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"runs":[],"total":NaN}}', "did not answer JSON-RPC", EXIT_UNREACHABLE),
+    (b'{"jsonrpc":"2.0","id":1,"result":{"x":Infinity}}', "did not answer JSON-RPC", EXIT_UNREACHABLE),
+    (b'{"jsonrpc":"2.0","id":1,"error":"boom"}', "malformed JSON-RPC error object", EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":"1","message":"m"}}', "malformed JSON-RPC error object", EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"},"result":{}}', "not a JSON-RPC response",
+     EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":1}', "not a JSON-RPC response", EXIT_RPC_ERROR),
+    (b"[]", "not a JSON-RPC response", EXIT_RPC_ERROR),
 ])
 def test_invalid_answers_get_one_line(
-    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, raw: bytes, says: str
+    capsys: pytest.CaptureFixture[str], fake_node: FakeNode, raw: bytes, says: str, exit_code: int
 ) -> None:
     fake_node.raw["tenzro_training_listRuns"] = raw
     code, out, err = run(capsys, "train", "list-runs", "--rpc", fake_node.url)
-    assert code in (EXIT_RPC_ERROR, EXIT_UNREACHABLE) and out == "" and says in err and err.count("\n") == 1
+    assert code == exit_code and out == "" and says in err and err.count("\n") == 1
 
 
 def test_invalid_deeply_nested_answer_does_not_crash_the_process(fake_node: FakeNode) -> None:
@@ -898,6 +1007,19 @@ _BROKEN_ERROR_BODIES = {
 }
 
 
+def test_invalid_answer_cut_by_a_reset_names_the_reset() -> None:
+    """A connection reset while the answer is read is the network's failure, said as such
+    ("cannot reach node ...: Connection reset"): it is not a server that does not speak HTTP,
+    which is what "cannot talk to a node" tells the user to look for."""
+    node = _RawNode(lambda c: _reset(c, b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\""))
+    try:
+        with pytest.raises(CliError, match=rf"^cannot reach node at {node.url}: .*[Rr]eset") as info:
+            cli.RpcClient(node.url, timeout=5.0).call("tenzro_training_listRuns", {})
+    finally:
+        node.close()
+    assert info.value.exit_code == EXIT_UNREACHABLE
+
+
 @pytest.mark.parametrize("behaviour", sorted(_BROKEN_ERROR_BODIES))
 def test_invalid_error_status_with_a_broken_body_exits_3(
     behaviour: str, capsys: pytest.CaptureFixture[str], key_file: Path
@@ -916,20 +1038,50 @@ def test_invalid_error_status_with_a_broken_body_exits_3(
     assert code == EXIT_UNREACHABLE and out == "" and err.startswith("tenzro: ") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize(("raw", "match"), [
-    (b'{"jsonrpc":"2.0","id":1,"result":{"x":1e400}}', "did not answer JSON-RPC"),  # infinity
-    (b'{"jsonrpc":"1.0","id":1,"result":{}}', "not a JSON-RPC response"),
-    (b'{"id":1,"result":{}}', "not a JSON-RPC response"),
-    (b'{"jsonrpc":"2.0","id":2,"result":{}}', "answered another request"),
-    (b'{"jsonrpc":"2.0","id":"1","result":{}}', "answered another request"),
-    (b'{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"m"}}', "answered another request"),
-    (b'[' + b'{},' * 2_000_000 + b'{}]', "more than 2000000 JSON values"),
+@pytest.mark.parametrize(("raw", "match", "exit_code"), [
+    (b'{"jsonrpc":"2.0","id":1,"result":{"x":1e400}}', "did not answer JSON-RPC", EXIT_UNREACHABLE),  # infinity
+    (b'{"jsonrpc":"1.0","id":1,"result":{}}', "not a JSON-RPC response", EXIT_RPC_ERROR),
+    (b'{"id":1,"result":{}}', "not a JSON-RPC response", EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":2,"result":{}}', "answered another request", EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":"1","result":{}}', "answered another request", EXIT_RPC_ERROR),
+    (b'{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"m"}}', "answered another request", EXIT_RPC_ERROR),
+    (b'[' + b'{},' * 2_000_000 + b'{}]', "more than 2000000 JSON values", EXIT_RPC_ERROR),
 ])
-def test_invalid_replies_that_are_not_this_calls_answer(raw: bytes, match: str, fake_node: FakeNode) -> None:
+def test_invalid_replies_that_are_not_this_calls_answer(raw: bytes, match: str, exit_code: int, fake_node: FakeNode) -> None:
+    """Something that answered, but not this call's JSON-RPC response, is a bad node (exit 1);
+    only text that is not JSON-RPC at all reads as no node there (exit 3): a script retries
+    the one and not the other."""
     fake_node.raw["tenzro_training_listRuns"] = raw
     with pytest.raises(CliError, match=match) as info:
         cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {})
-    assert info.value.exit_code in (EXIT_RPC_ERROR, EXIT_UNREACHABLE)
+    assert info.value.exit_code == exit_code
+
+
+@pytest.mark.parametrize("bound", ["MAX_REPLY_BYTES", "MAX_REPLY_VALUES"])
+def test_an_answer_at_its_bounds_is_read_and_one_past_them_is_refused(
+    bound: str, fake_node: FakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bounds on a node's answer (bytes, JSON values) are the most it may hold: an answer
+    exactly at one is a node's answer, as a default node's largest are close to them; one past
+    it is a bad node (exit 1), refused before it is parsed."""
+    from tenzro_training.jsontext import compute_json_values_bound
+
+    raw = b'{"jsonrpc":"2.0","id":1,"result":{"runs":[]}}'
+    size = len(raw) if bound == "MAX_REPLY_BYTES" else compute_json_values_bound(raw)
+    fake_node.raw["tenzro_training_listRuns"] = raw
+    monkeypatch.setattr(cli_client, bound, size)
+    assert cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {}) == {"runs": []}
+    monkeypatch.setattr(cli_client, bound, size - 1)
+    with pytest.raises(CliError, match=f"node at {fake_node.url} answered more than {size - 1} ") as info:
+        cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {})
+    assert info.value.exit_code == EXIT_RPC_ERROR
+
+
+def test_finite_floats_in_an_answer_are_read_as_the_numbers_they_say(fake_node: FakeNode) -> None:
+    """Only a float too large for a double (1e400, read as infinity) is refused: every finite one
+    (a loss, a tiny learning rate) is the number it says."""
+    fake_node.raw["tenzro_training_listRuns"] = b'{"jsonrpc":"2.0","id":1,"result":{"loss":1.5,"lr":1e-300,"big":-1e300}}'
+    assert cli.RpcClient(fake_node.url).call("tenzro_training_listRuns", {}) == {"loss": 1.5, "lr": 1e-300, "big": -1e300}
 
 
 def test_an_error_answered_with_a_null_id_is_still_the_nodes_error(fake_node: FakeNode) -> None:
@@ -1055,6 +1207,17 @@ def test_invalid_field_in_a_well_formed_answer_exits_1(
     assert not any(m == "tenzro_training_finalizeRound" for m, _ in fake_node.calls)
 
 
+def test_a_fresh_process_has_read_no_node_answer() -> None:
+    """main tells a bug of this program (kept with its traceback) from a node's bad answer by
+    whether any node answer was read yet: a process starts having read none."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from tenzro_training.cli.client import RpcClient; print(RpcClient.answers)"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr[-2000:]
+
+
 def test_invalid_program_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any node answer, a KeyError is this program's bug: it is not dressed as the node's."""
     monkeypatch.setattr(cli.RpcClient, "answers", 0)
@@ -1131,14 +1294,34 @@ def test_make_gradient_writes_a_valid_deterministic_payload(capsys: pytest.Captu
     assert flat.numel() == layouts[1].numel and 0 < float(flat.abs().max()) < 0.01
 
 
+def test_make_gradient_draws_a_fragment_whose_fp32_gradient_is_exactly_the_input_bound(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The size cap is the most submit-gradient reads: a fragment whose fp32 gradient is exactly
+    that size is drawn (submit-gradient reads it); one element more is refused before any
+    allocation, exit 2 when the layout is the user's own spec."""
+    spec = _tiny_spec(tmp_path)
+    size = 4 * cli_layouts.compute_task_layouts(cli_files.read_spec_file(str(spec)))[0].numel
+    argv = ["train", "make-gradient", "--spec", str(spec), "--round", "0", "--fragment", "0", "--out", str(tmp_path / "g")]
+    monkeypatch.setattr(spec_commands, "MAX_INPUT_FILE_BYTES", size)
+    code, _, err = run(capsys, *argv)
+    assert code == EXIT_OK, err
+    monkeypatch.setattr(spec_commands, "MAX_INPUT_FILE_BYTES", size - 1)
+    code, _, err = run(capsys, *argv)
+    assert code == EXIT_USAGE and err.endswith(f"exceed {size - 1} bytes, the most submit-gradient reads\n")
+
+
 def test_invalid_make_gradient_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     spec = _tiny_spec(tmp_path)
     out = str(tmp_path / "x")
     base = ["train", "make-gradient", "--spec", str(spec), "--round", "0", "--out", out]
     code, _, err = run(capsys, *base, "--fragment", "3")
     assert code == EXIT_USAGE and "--fragment must be in 0..2" in err
-    code, _, err = run(capsys, *base, "--fragment", "0", "--scale", "-1")
-    assert code == EXIT_USAGE and "--scale" in err
+    code, _, err = run(capsys, "train", "make-gradient", "--round", "0", "--fragment", "0", "--out", out)
+    assert code == EXIT_USAGE and err.startswith("tenzro: pass --task-id (layouts from the node's getRun) or --spec")
+    for scale in ("-1", "0", "nan"):  # a zero or NaN deviation draws no gradient at all
+        code, _, err = run(capsys, *base, "--fragment", "0", "--scale", scale)
+        assert (code, err) == (EXIT_USAGE, "tenzro: --scale must be a positive number\n"), scale
     (tmp_path / "init.safetensors").write_bytes(b"tampered")
     code, _, err = run(capsys, *base, "--fragment", "0")
     assert code == EXIT_USAGE and not os.path.exists(out)
@@ -1212,6 +1395,18 @@ def test_invalid_export_model_not_a_data_dir(capsys: pytest.CaptureFixture[str],
     assert code == EXIT_USAGE and "not a node data directory" in err
 
 
+def test_invalid_export_model_of_a_db_that_is_not_a_store_creates_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """export-model only reads a node's store: a db/ that holds none (empty, or another
+    program's) is refused in one line, exit 2, and no store is created in it."""
+    (tmp_path / "db").mkdir()
+    code, out, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path),
+                         "--out", str(tmp_path / "o"))
+    assert code == EXIT_USAGE and out == "" and err.startswith("tenzro: ") and err.count("\n") == 1
+    assert list((tmp_path / "db").iterdir()) == [] and not (tmp_path / "o").exists()
+
+
 def test_out_files_follow_the_umask(tmp_path: Path) -> None:
     import os
     import stat
@@ -1264,6 +1459,21 @@ def test_invalid_export_model_file_that_is_not_regular(capsys: pytest.CaptureFix
     code, _, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path / "node"),
                        "--out", str(tmp_path / "out"))
     assert code == EXIT_USAGE and "not a regular file" in err
+
+
+def test_invalid_export_model_file_that_is_not_safetensors_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A damaged model file in D/models is named with what is wrong with it (exit 2), rather than
+    exported or reported as a node's fault."""
+    models = tmp_path / "node" / "models"
+    models.mkdir(parents=True)
+    (models / "t1.safetensors").write_bytes(b"not safetensors")
+    code, out, err = run(capsys, "train", "export-model", "--task-id", "t1", "--data-dir", str(tmp_path / "node"),
+                         "--out", str(tmp_path / "out"))
+    assert code == EXIT_USAGE and out == "" and err.count("\n") == 1
+    assert err.startswith(f"tenzro: {models / 't1.safetensors'}: not a readable safetensors model: ")
+    assert not (tmp_path / "out").exists()
 
 
 # --- syncer daemon ----------------------------------------------------------------------------------

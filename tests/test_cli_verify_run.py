@@ -50,6 +50,8 @@ class ArtifactNode:
         self.faults: dict[str, Fault] = {}
         self.receipt: dict[str, Any] | None = None
         """getReceipt's answer, when not the node's own."""
+        self.rpc_errors: dict[str, dict[str, Any]] = {}
+        """The JSON-RPC error object answered to a method, instead of its result."""
         self.paths: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -80,6 +82,8 @@ class ArtifactNode:
 
     async def _rpc(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if body["method"] in self.rpc_errors:
+            return web.json_response({"jsonrpc": "2.0", "id": body["id"], "error": self.rpc_errors[body["method"]]})
         if body["method"] == "tenzro_training_getReceipt" and self.receipt is not None:
             return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": self.receipt})
         method = {"tenzro_training_getReceipt": self.run.service.get_receipt,
@@ -329,6 +333,79 @@ def test_invalid_a_download_that_stalls_exits_3(node: ArtifactNode, capsys: pyte
     assert err == f"tenzro: node at {node.url} did not finish its answer within 0.5 s\n"
 
 
+def test_invalid_refused_get_run_is_a_failed_spec_check(node: ArtifactNode, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node that serves the receipt but refuses getRun has said something about the run (it
+    will not show what the receipt commits): a failed check, reported with the other checks,
+    not a transport failure that prints none of them."""
+    node.rpc_errors["tenzro_training_getRun"] = {"code": 1301, "message": "unknown task", "data": {"type": "UnknownTask"}}
+    code, lines, err = verify(node, capsys)
+    assert code == cli.EXIT_RPC_ERROR and err == "tenzro: run verification failed: spec\n"
+    assert statuses(lines)["spec"] == "FAIL" and all(statuses(lines)[n] == "ok" for n in ["task_id", *CHECK_NAMES])
+    assert "no getRun answer: error 1301 UnknownTask: unknown task" in next(x for x in lines if x.startswith("FAIL"))
+
+
+@pytest.mark.parametrize("artifact", ["checkpoint", "payload", "model"])
+def test_invalid_redirected_download_exits_3(
+    node: ArtifactNode, capsys: pytest.CaptureFixture[str], artifact: str
+) -> None:
+    """A redirect is not followed (it would send the request elsewhere): it says nothing about
+    the run, so verify-run stops with the transport's exit status 3 whichever artifact it
+    met, rather than reporting a failed check of a run it could not read."""
+    path = payload_path(node, 0, 0)[0] if artifact == "payload" else f"/artifacts/v1/runs/{node.run.task_id}/{artifact}"
+    node.faults[path] = answer(302, b"")
+    code, lines, err = verify(node, capsys)
+    assert code == cli.EXIT_UNREACHABLE and lines == []
+    assert err == f"tenzro: node at {node.url} answered HTTP 302 (a redirect, which is not followed: pass the URL it names as --rpc)\n"
+
+
+def test_fetch_artifact_reads_the_whole_body_up_to_its_bound_and_no_further(node: ArtifactNode) -> None:
+    """An artifact (a payload, a checkpoint, the model) is read whole up to the most it can be,
+    however much larger than an error's body that is; one byte more is refused rather than cut
+    (a cut file would fail its hash check as if the node had served wrong bytes). An error's
+    body is read up to its own bound, whatever the artifact's, to say what the node refused."""
+    from tenzro_training.errors import ArtifactUnavailable
+
+    body = bytes(range(256)) * 400  # 100 KiB: more than an error body is read
+    node.faults["*"] = answer(200, body)
+    client = cli_client.RpcClient(node.url)
+    assert client.fetch_artifact("artifacts/v1/runs/t/model", len(body)) == body
+    with pytest.raises(ArtifactUnavailable) as info:
+        client.fetch_artifact("artifacts/v1/runs/t/model", len(body) - 1)
+    assert info.value.reason == f"the node sent more than {len(body) - 1} bytes, the most it can be"
+    node.faults["*"] = answer(404, error_body(1301, "unknown task", "UnknownTask"))
+    with pytest.raises(ArtifactUnavailable) as info:
+        client.fetch_artifact("artifacts/v1/runs/t/model", 16)
+    assert (info.value.reason, info.value.status) == ("HTTP 404, error 1301 UnknownTask: unknown task", 404)
+    # A JSON body that is not an error object adds nothing to the status.
+    node.faults["*"] = answer(500, b"{}")
+    with pytest.raises(ArtifactUnavailable, match=r"^HTTP 500$"):
+        client.fetch_artifact("artifacts/v1/runs/t/model", 16)
+    # A data type that is not a name is not shown as the error's name.
+    node.faults["*"] = answer(410, error_body(1312, "pruned", 7))  # type: ignore[arg-type]
+    with pytest.raises(ArtifactUnavailable, match=r"^HTTP 410, error 1312: pruned$"):
+        client.fetch_artifact("artifacts/v1/runs/t/model", 16)
+
+
+def test_invalid_artifact_whose_last_byte_comes_late_is_still_one_too_many(node: ArtifactNode) -> None:
+    """The read stops only past the bound: a node that sends exactly the most an artifact can
+    be, then (after a pause) one byte more, sent too much, and a read that stopped at the
+    bound would have taken its first bytes for the whole file."""
+    from tenzro_training.errors import ArtifactUnavailable
+
+    async def one_byte_late(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = 11
+        await response.prepare(request)
+        await response.write(b"0123456789")
+        await asyncio.sleep(0.2)  # the client has read the first ten bytes by now
+        await response.write(b"!")
+        return response
+
+    node.faults["*"] = one_byte_late
+    with pytest.raises(ArtifactUnavailable, match="the node sent more than 10 bytes"):
+        cli_client.RpcClient(node.url).fetch_artifact("artifacts/v1/runs/t/model", 10)
+
+
 def test_progress_goes_to_a_terminal(
     node: ArtifactNode, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -382,6 +459,19 @@ def test_invalid_export_model_of_a_tampered_file_writes_nothing(
     assert err.count("\n") == 1 and err.startswith("tenzro: ")
     assert {"weights": "hashes to 0x", "garbage": "is not a readable model",
             "gone": "the node does not serve the final model file (HTTP 404"}[change] in err
+
+
+def test_invalid_export_model_of_a_redirected_model_exits_3(
+    node: ArtifactNode, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A redirected download is the transport's failure (exit 3, try another URL), not a
+    verdict that the node's model is wrong (exit 1)."""
+    node.faults[f"/artifacts/v1/runs/{node.run.task_id}/model"] = answer(302, b"")
+    out = tmp_path / "final.safetensors"
+    code, stdout, err = run(capsys, "train", "export-model", "--task-id", node.run.task_id, "--rpc", node.url,
+                            "--out", str(out))
+    assert code == cli.EXIT_UNREACHABLE and stdout == "" and not out.exists()
+    assert err.startswith(f"tenzro: node at {node.url} answered HTTP 302 (a redirect") and err.count("\n") == 1
 
 
 def test_invalid_export_model_refuses_a_receipt_that_fails(

@@ -371,7 +371,9 @@ def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and [r["task_id"] for r in out["runs"]] == ["run-1", "run-2"]
     assert cli.main(["audit", "--data-dir", str(data_dir), "--task-id", "run-2"]) == 0
-    assert "run-2: Training, 2/2 rounds reproduced; equal: initial model, snapshot of round 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "run-2: Training, 2/2 rounds reproduced; equal: initial model, snapshot of round 2" in out
+    assert out.count("\n") == 1 and "run-1" not in out  # only the run asked for
     node.tamper(schema.CF_META, schema.round_reports_key("run-2", 0), b"[]")
     assert cli.main(["audit", "--data-dir", str(data_dir)]) == 1
     captured = capsys.readouterr()
@@ -379,6 +381,16 @@ def test_cli(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     assert "tenzro: audit found problems in 1 run(s): run-2" in captured.err
     assert cli.main(["audit", "--data-dir", str(data_dir.parent / "nowhere")]) == 2
     assert "not a node data directory" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_db_that_is_not_a_store_and_creates_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The audit only reads a node's store: a db/ holding none is one line, exit 2, and no
+    store is created there (which a later node start would take for its own)."""
+    (tmp_path / "db").mkdir()
+    assert cli.main(["audit", "--data-dir", str(tmp_path)]) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("tenzro: ") and captured.err.count("\n") == 1
+    assert list((tmp_path / "db").iterdir()) == []
 
 
 def test_the_audit_takes_the_nodes_limits(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
@@ -451,6 +463,22 @@ def test_export_model_refuses_a_model_file_that_is_not_the_stored_runs(
     assert captured.err.count("\n") == 1 and not out.exists()
     model_file.unlink()
     assert cli.main(argv) == 0 and json.loads(capsys.readouterr().out)["model_hash"] == final
+
+
+def test_export_model_refuses_a_model_file_of_a_run_the_store_has_not_sealed(
+    node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A file in D/models is exported only as the copy of a sealed run's final weights: one
+    named after a run the store holds as still training (copied there, or left by another
+    store) has no final_model_hash to be checked against, so it is refused (exit 1, the
+    store's reason), and nothing is written."""
+    models = node.data / "models"
+    (models / "run-2.safetensors").write_bytes((models / "run-1.safetensors").read_bytes())
+    out = tmp_path / "final.safetensors"
+    code = cli.main(["train", "export-model", "--task-id", "run-2", "--data-dir", str(node.data), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_RPC_ERROR and captured.out == "" and not out.exists()
+    assert captured.err.startswith("tenzro: cannot export run-2: ") and captured.err.count("\n") == 1
 
 
 def test_export_model_check_receipt_refuses_a_receipt_or_a_model_that_does_not_hold(
