@@ -4,6 +4,7 @@ each test is one attack of the RPC concurrency probe, against a real server on 1
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
@@ -61,11 +62,22 @@ def test_connections_past_the_limit_are_refused_at_once(sockets: list[socket.soc
         sockets.pop().close()
         time.sleep(0.2)  # the server saw it go
         assert _health_ok(server)
+        for sock in sockets:
+            sock.close()
+        sockets.clear()
+        time.sleep(0.2)
+        assert _rejected(server) == {"connection_limit": 1}  # what the operator's alert counts
 
 
 def test_connections_from_one_address_are_capped(sockets: list[socket.socket]) -> None:
     with LiveServer(FakeService(), limits=ServerLimits(max_connections=100, max_connections_per_ip=2)) as server:
         sockets.extend(_connect(server.port) for _ in range(2))
+        time.sleep(0.2)
+        with _connect(server.port) as extra:
+            assert _split_reply(_read_all(extra))[0] == 503
+        sockets.pop().close()  # one slot frees, and only one: the other connection still counts
+        time.sleep(0.2)
+        sockets.append(_connect(server.port))
         time.sleep(0.2)
         with _connect(server.port) as extra:
             assert _split_reply(_read_all(extra))[0] == 503
@@ -87,16 +99,34 @@ def test_a_connection_without_a_whole_request_head_is_closed(sent: bytes) -> Non
             assert time.monotonic() - started < 5
 
 
-def test_a_body_that_does_not_arrive_in_time_is_a_408() -> None:
-    """A body trickled a byte at a time held its connection (and its memory) indefinitely."""
+@pytest.mark.parametrize("length", [1000, 600_000])  # read before its room is held, or after
+def test_a_body_that_does_not_arrive_in_time_is_a_408(length: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A body trickled a byte at a time held its connection (and its memory) indefinitely. The
+    408 is the whole answer: nothing is run for it, and nothing logged as a node failure."""
     service = FakeService()
     with LiveServer(service, limits=ServerLimits(read_timeout_s=0.3)) as server:
         with _connect(server.port) as sock:
-            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n[")
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n[" % length)
             status, _headers, body = _split_reply(_read_all(sock))
         assert status == 408 and _error(body)["code"] == -32600
         assert "not received within 0.3 s" in _error(body)["message"]  # type: ignore[operator]
         assert service.calls == [] and _health_ok(server)
+        assert _rejected(server) == {"timeout": 1}
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_refused_client_that_keeps_its_connection_open_loses_it() -> None:
+    """After a 408 the node stops writing at once and drops the connection a moment later: a
+    client that sent a slow body and then holds its socket open does not keep its connection
+    slot (nor have the node read what it still sends)."""
+    with LiveServer(FakeService(), limits=ServerLimits(read_timeout_s=0.3, max_connections_per_ip=1)) as server:
+        with _connect(server.port) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n[")
+            assert _split_reply(_read_all(sock))[0] == 408  # then the server's side of it is done
+            deadline = time.monotonic() + 5
+            while not _health_ok(server):  # the one slot frees while this socket is still open
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
 
 
 def _post_from(server: LiveServer, source_ip: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -131,6 +161,7 @@ def test_request_bytes_past_a_clients_share_wait_then_get_a_503() -> None:
         assert status == 503 and headers["Retry-After"] == "1" and headers["Connection"] == "close"
         assert _error(answer)["code"] == 1800 and _error(answer)["data"]["limit"] == "inflight_bytes"  # type: ignore[index]
         assert len(service.calls) == 1  # not executed
+        assert _rejected(server) == {"busy": 1}
         other: list[int] = []
         beside = threading.Thread(target=lambda: other.append(_post_from(server, "127.0.0.2", body)[0]))
         beside.start()  # another client: it has its own share, and the budget has room
@@ -150,6 +181,60 @@ def _inflight(server: LiveServer) -> float:
     return float(line.split()[1])
 
 
+def _inflight_settles_at_zero(server: LiveServer) -> bool:
+    """Whether every held byte is released within 5 s: the release follows the answer's last
+    write, so a client can see its answer a moment before the gauge drops."""
+    deadline = time.monotonic() + 5
+    while _inflight(server) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _inflight(server) == 0
+
+
+def _rejected(server: LiveServer) -> dict[str, float]:
+    """The requests refused so far, by reason (those counted at least once)."""
+    status, _headers, text = server.request("GET", "/metrics")
+    assert status == 200
+    prefix = 'tenzro_rpc_rejected_bodies_total{reason="'
+    counts = {}
+    for line in text.decode().splitlines():
+        if line.startswith(prefix):
+            reason, _, value = line[len(prefix):].partition('"} ')
+            counts[reason] = float(value)
+    return {reason: n for reason, n in counts.items() if n}
+
+
+_SINGLE_CALL = json.dumps(get_run(id=1)).encode()
+
+
+@pytest.mark.parametrize("body, encoding, held", [
+    (_SINGLE_CALL, None, len(_SINGLE_CALL) + (1 << 20)),  # a call's answer room: 1 MiB
+    (b"[" + _SINGLE_CALL + b"]", None, len(_SINGLE_CALL) + 2 + 5000),  # a batch's: max_answer_bytes
+    (_SINGLE_CALL.ljust(600_000), None, 600_000 + (1 << 20)),  # read after its room is held
+    (gzip.compress(_SINGLE_CALL), "gzip", len(gzip.compress(_SINGLE_CALL)) + (1 << 20) + (1 << 20)),
+])
+def test_a_request_holds_its_body_and_its_answers_room_while_it_runs(body: bytes, encoding: str | None,
+                                                                     held: int) -> None:
+    """What the budget counts for a request is what it can make the node hold: its body, what a
+    compressed one may decode to (the body limit), and room for its answer (a batch's is the
+    answer cap). Counting less lets clients grow the node past the budget; more refuses them
+    early (the RPC concurrency probe)."""
+    import threading
+
+    service = FakeService()
+    service.gate = threading.Event()
+    limits = ServerLimits(max_inflight_bytes=64 << 20, max_answer_bytes=5000)
+    with LiveServer(service, max_body_bytes=1 << 20, limits=limits) as server:
+        headers = {} if encoding is None else {"Content-Encoding": encoding}
+        answers: list[int] = []
+        call = threading.Thread(target=lambda: answers.append(server.request("POST", "/", body, headers)[0]))
+        call.start()
+        assert service.entered.wait(5)
+        assert _inflight(server) == held
+        service.gate.set()
+        call.join(5)
+        assert answers == [200] and _inflight_settles_at_zero(server)
+
+
 def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> None:
     """Unread answers held their bytes for as long as their connections lived: four of them
     could hold the whole budget and every other client got 503 (review of the limits)."""
@@ -161,10 +246,7 @@ def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> 
             sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             time.sleep(0.2)
             assert _inflight(server) > 8 << 20  # the answer's bytes, while it waits to be written
-            deadline = time.monotonic() + 5
-            while _inflight(server) > 0 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert _inflight(server) == 0
+            assert _inflight_settles_at_zero(server)
             got = 0
             try:
                 while chunk := sock.recv(1 << 20):
@@ -172,6 +254,7 @@ def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> 
             except OSError:
                 pass
             assert got < 8 << 20  # cut off: the server aborted the connection
+        assert _rejected(server) == {"timeout": 1}
 
 
 def test_a_request_whose_client_hung_up_is_not_run() -> None:
@@ -291,9 +374,86 @@ def test_byte_budget_grants_in_order_and_gives_up_on_time() -> None:
     asyncio.run(scenario())
 
 
+def test_a_request_cancelled_as_its_bytes_are_granted_gives_them_back() -> None:
+    """A client that hangs up in the moment its wait ends must not keep the bytes it was granted:
+    each such race would shrink the budget for good, until every request got 503."""
+    async def scenario() -> None:
+        budget = _ByteBudget(400)
+        assert await budget.acquire(100, 1, "a") == 100
+        waiting = asyncio.create_task(budget.acquire(50, 5, "a"))
+        await asyncio.sleep(0.01)  # queued behind a's share
+        budget.release(100, "a")  # granted now, before the waiting task has run again
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert budget.held == 0 and not budget._by_client
+
+    asyncio.run(scenario())
+
+
+def test_a_clients_last_byte_still_counts_against_its_share() -> None:
+    """A client that gives back all but one byte still holds that byte: forgetting it would let
+    the client past its share by as much, once per release."""
+    async def scenario() -> None:
+        budget = _ByteBudget(400)  # a share: 100
+        assert await budget.acquire(100, 1, "a") == 100
+        budget.release(99, "a")
+        assert await budget.acquire(100, 0.05, "a") is None  # 1 + 100 > 100
+        assert await budget.acquire(99, 0.05, "a") == 99
+
+    asyncio.run(scenario())
+
+
+def test_the_smallest_budget_still_serves_a_request() -> None:
+    """max_inflight_bytes=1 is a valid limit: a request then holds the one byte (its whole
+    share) and is served, rather than waiting for room the budget can never have."""
+    async def scenario() -> None:
+        budget = _ByteBudget(1)
+        assert await budget.acquire(10**6, 0.05, "a") == 1
+        budget.release(1, "a")
+        assert budget.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_defaults_are_the_documented_ones() -> None:
+    """docs/rpc.md "Resource limits" tells operators what a node allows unless configured: the
+    defaults are that table."""
+    assert ServerLimits() == ServerLimits(max_connections=512, max_connections_per_ip=128, idle_timeout_s=30,
+                                          read_timeout_s=60, max_inflight_bytes=None, max_answer_bytes=32 << 20,
+                                          max_batch_seconds=2)
+
+
 @pytest.mark.parametrize("field, value", [("max_connections", 0), ("max_connections_per_ip", 1.5),
                                           ("idle_timeout_s", 0), ("read_timeout_s", float("inf")),
                                           ("max_inflight_bytes", 0), ("max_answer_bytes", -1)])
 def test_invalid_server_limits(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ServerLimits(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_connections", 0, "max_connections must be a positive int, got 0"),
+    ("max_connections_per_ip", True, "max_connections_per_ip must be a positive int, got True"),
+    ("max_answer_bytes", 2.0, "max_answer_bytes must be a positive int, got 2.0"),
+    ("max_inflight_bytes", -5, "max_inflight_bytes must be a positive int or None, got -5"),
+    ("max_inflight_bytes", "1", "max_inflight_bytes must be a positive int or None, got '1'"),
+    ("idle_timeout_s", -1, "idle_timeout_s must be a positive number of seconds, got -1"),
+    ("read_timeout_s", float("nan"), "read_timeout_s must be a positive number of seconds, got nan"),
+    ("max_batch_seconds", "5", "max_batch_seconds must be a positive number of seconds, got '5'"),
+])
+def test_invalid_server_limits_name_the_field_and_the_value(field: str, value: object, message: str) -> None:
+    """The operator who set the limit reads this message at the node's start: it says which
+    setting is wrong, what it must be, and what was given (a bool or a string from a config file
+    is no count)."""
+    with pytest.raises(ValueError) as caught:
+        ServerLimits(**{field: value})  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_the_smallest_limits_are_accepted() -> None:
+    """A limit of 1 (one connection, one byte, an integral number of seconds) is a positive
+    limit: refusing it would make the smallest configuration unusable."""
+    limits = ServerLimits(max_connections=1, max_connections_per_ip=1, max_answer_bytes=1, max_inflight_bytes=1,
+                          idle_timeout_s=1, read_timeout_s=1, max_batch_seconds=1)
+    assert (limits.max_connections, limits.max_inflight_bytes, limits.idle_timeout_s) == (1, 1, 1)

@@ -150,6 +150,17 @@ def test_health_answers_503_with_the_checks_reason() -> None:
         assert headers["Content-Type"].startswith("application/json")
 
 
+def test_a_failing_health_check_is_an_internal_error_not_a_500() -> None:
+    """The check is the caller's code: if it raises, the answer is still JSON-RPC (-32603 with a
+    200, as for any failure of the node), without the exception's text."""
+    def check() -> str | None:
+        raise RuntimeError("/var/secret")
+
+    with LiveServer(FakeService(), health_check=check) as server:
+        status, _headers, body = server.request("GET", "/")
+    assert status == 200 and json.loads(body)["error"]["code"] == -32603 and b"secret" not in body
+
+
 def test_notifications_get_204(live: LiveServer) -> None:
     live.service.reset()
     note = req("tenzro_training_getRun", {"task_id": "t1"}, id=...)
@@ -223,6 +234,22 @@ def test_invalid_http_route_gets_json_error(small: LiveServer, method: str, path
         assert "POST" in headers["Allow"]
 
 
+@pytest.mark.parametrize(("method", "path", "status", "reason", "exception"), [
+    ("GET", "/nope", 404, "not found", "HTTPNotFound"),
+    ("PUT", "/", 405, "method not allowed", "HTTPMethodNotAllowed"),
+])
+def test_invalid_http_route_answer_is_a_whole_json_rpc_error(
+    small: LiveServer, method: str, path: str, status: int, reason: str, exception: str,
+) -> None:
+    """A client library reads any answer of the node as a JSON-RPC response: an HTTP error that
+    is not one (no "jsonrpc", no "id", a message or a data type missing) fails it in its parser,
+    not as the error it is."""
+    _got, headers, body = small.request(method, path, b"{}")
+    assert headers["Content-Type"].startswith("application/json")
+    assert json.loads(body) == {"jsonrpc": "2.0", "id": None, "error": {
+        "code": -32600, "message": reason, "data": {"type": exception, "status": status}}}
+
+
 def test_unexpected_service_error_is_200_internal_error(small: LiveServer) -> None:
     small.service.error = RuntimeError("/var/secret")
     status, body = small.post(json.dumps(get_run()).encode())
@@ -286,6 +313,44 @@ def test_run_server_serves_until_stopped_with_shared_executor() -> None:
         assert executor.submit(lambda: 42).result(5) == 42
     finally:
         executor.shutdown()
+
+
+def test_run_server_gives_back_the_threads_it_started_when_stopped() -> None:
+    """The node CLI stops its endpoint and goes on (closing the store, the p2p host): the
+    endpoint's own service and decoder threads must have ended by then, not linger with a call
+    still running against a store being closed."""
+    before = set(threading.enumerate())
+    started: list[RunningServer] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_server(FakeService(), "127.0.0.1", 0, stop=stop, on_started=started.append))
+        while not started:
+            await asyncio.sleep(0.01)
+
+        def client() -> None:
+            for body, headers in ((json.dumps(get_run()).encode(), {}),
+                                  (gzip.compress(_listing()), {"Content-Encoding": "gzip"})):
+                conn = http.client.HTTPConnection("127.0.0.1", started[0].port, timeout=10)
+                conn.request("POST", "/", body, headers)
+                assert conn.getresponse().status == 200
+                conn.close()
+
+        await asyncio.to_thread(client)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+    assert [t.name for t in set(threading.enumerate()) - before if t.name.startswith("tenzro-rpc")] == []
+
+
+def test_the_default_body_limit_is_64_mib() -> None:
+    """docs/rpc.md: a 64 MiB body holds the largest payload a trainer submits; past it the
+    answer is the 413 a client can act on (checked by its Content-Length, nothing read)."""
+    with LiveServer(FakeService()) as server:
+        status, _headers, body = server.request("POST", "/", headers={"Content-Length": str((64 << 20) + 1)})
+        error = json.loads(body)["error"]
+        assert status == 413 and error["data"]["type"] == "RequestTooLarge" and error["data"]["limit"] == 64 << 20
 
 
 def test_run_server_cancellation_shuts_down_cleanly() -> None:
@@ -492,10 +557,12 @@ def test_invalid_gzip_body_is_a_json_400_and_not_executed(body: bytes) -> None:
 
 @pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, gzip", "gzip,identity", "bogus"])
 def test_unsupported_content_encoding_is_a_json_415(encoding: str) -> None:
-    """aiohttp answered br/zstd with a text/plain 400 naming the Python package to install."""
+    """aiohttp answered br/zstd with a text/plain 400 naming the Python package to install. The
+    connection closes with it: the body it refused is not read to find the next request."""
     with LiveServer(FakeService()) as server:
         status, headers, data = server.request("POST", "/", b"xx", {"Content-Encoding": encoding})
         assert status == 415 and headers["Content-Type"].startswith("application/json")
+        assert headers["Connection"] == "close"
         error = json.loads(data)["error"]
         assert error["code"] == -32600 and error["data"] == {"type": "InvalidRequest", "reason": "unsupported Content-Encoding"}
         assert server.service.calls == []
@@ -506,6 +573,37 @@ def test_a_gzip_bomb_is_a_413(small: LiveServer) -> None:
     assert len(bomb) < SMALL_LIMIT
     status, _headers, data = small.request("POST", "/", bomb, {"Content-Encoding": "gzip"})
     assert status == 413 and json.loads(data)["error"]["data"]["type"] == "RequestTooLarge"
+    metrics = small.request("GET", "/metrics")[2].decode().splitlines()
+    assert 'tenzro_rpc_rejected_bodies_total{reason="too_large"} 1' in metrics  # counted as any 413
+
+
+def test_an_app_serves_no_artifacts_unless_asked() -> None:
+    """Serving artifacts is opt-in (a node's config): an app of a service that has none is
+    created as before, not refused for lacking them."""
+    assert create_app(FakeService()) is not None
+
+
+def test_the_smallest_body_limit_is_accepted() -> None:
+    """The check refuses what its message says ("a positive int") and nothing more: a limit of
+    1 is a valid, if tiny, configuration."""
+    assert create_app(FakeService(), max_body_bytes=1) is not None
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_is_held_to_the_limit_it_decodes_to(small: LiveServer, encoding: str) -> None:
+    """The limit binds what the node parses, not what came over the wire: a body that decodes
+    to exactly the limit is served as a plain one of that size is, a byte more is a 413 (not a
+    400 that would tell its client the body was broken)."""
+    raw = json.dumps(get_run()).encode()
+    raw += b" " * (SMALL_LIMIT - len(raw))
+
+    def encode(data: bytes) -> bytes:
+        return gzip.compress(data) if encoding == "gzip" else _deflate(data, zlib.MAX_WBITS)
+
+    status, _headers, body = small.request("POST", "/", encode(raw), {"Content-Encoding": encoding})
+    assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
+    status, _headers, body = small.request("POST", "/", encode(raw + b" "), {"Content-Encoding": encoding})
+    _too_large_error(status, body)
 
 
 class PreloadingService(FakeService):
@@ -551,6 +649,21 @@ def test_a_posts_checkpoint_read_does_not_hold_the_service_thread() -> None:
                       {**post, "jsonrpc": "1.0"}):
             assert server.post(json.dumps(other).encode())[0] == 200
         assert len(service.preloads) == 1
+
+
+@pytest.mark.parametrize(("size", "preloaded"), [(server_module.SMALL_BODY_BYTES, 1),
+                                                 (server_module.SMALL_BODY_BYTES + 1, 0)])
+def test_a_post_up_to_the_small_body_size_is_read_ahead(size: int, preloaded: int) -> None:
+    """Every post a sponsor sends (a spec is a few KB) has its checkpoint read off the service
+    thread, up to the size the server reads before it holds room; a larger body is still run,
+    only without the read-ahead."""
+    service = PreloadingService()
+    service.preload_gate.set()
+    post = req("tenzro_training_postTask", {"spec": {"task_id": "t"}, "signature": "0x" + "11" * 65})
+    with LiveServer(service) as server:
+        status, body = server.post(json.dumps(post).encode().ljust(size))
+        assert status == 200 and json.loads(body)["result"]["method"] == "post_task"
+    assert len(service.preloads) == preloaded
 
 
 class TokenService(PreloadingService):
