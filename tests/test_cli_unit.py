@@ -323,16 +323,24 @@ def test_a_node_error_type_that_is_not_a_name_is_left_out(capsys: pytest.Capture
         assert (code, out, err) == (EXIT_RPC_ERROR, "", "tenzro: error 1301: unknown task\n"), kind
 
 
-def test_a_json_rpc_error_sent_with_http_400_is_the_nodes_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """JSON-RPC servers answer a refused call with a 4xx status and the error in the body: a 400
-    is the node's answer (exit 1, its code and message), not a redirect or an unreachable node."""
-    body = b'{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"invalid params"}}'
-    node = _RawNode(lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)))
+def _list_runs_answered(capsys: pytest.CaptureFixture[str], status: bytes, body: bytes) -> tuple[int, str, str, str]:
+    """``tenzro train list-runs`` against a node that answers ``status`` with the JSON ``body``:
+    the exit status, stdout, stderr and the node's URL."""
+    node = _RawNode(lambda conn: conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+                                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                                              % (status, len(body), body)))
     try:
         code, out, err = run(capsys, "train", "list-runs", "--rpc", node.url)
     finally:
         node.close()
+    return code, out, err, node.url
+
+
+def test_a_json_rpc_error_sent_with_http_400_is_the_nodes_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON-RPC servers answer a refused call with a 4xx status and the error in the body: a 400
+    is the node's answer (exit 1, its code and message), not a redirect or an unreachable node."""
+    body = b'{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"invalid params"}}'
+    code, out, err, _url = _list_runs_answered(capsys, b"400 Bad Request", body)
     assert (code, out, err) == (EXIT_RPC_ERROR, "", "tenzro: error -32602: invalid params\n")
 
 
@@ -340,14 +348,9 @@ def test_invalid_http_300_is_a_redirect_even_with_an_answer_in_its_body(capsys: 
     """Every 3xx names another place to ask, 300 (Multiple Choices) included: its body is not
     read as the node's answer, however much it looks like one."""
     body = b'{"jsonrpc":"2.0","id":1,"result":{"runs":[]}}'
-    node = _RawNode(lambda conn: conn.sendall(b"HTTP/1.1 300 Multiple Choices\r\nContent-Type: application/json\r\n"
-                                              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)))
-    try:
-        code, out, err = run(capsys, "train", "list-runs", "--rpc", node.url)
-    finally:
-        node.close()
+    code, out, err, url = _list_runs_answered(capsys, b"300 Multiple Choices", body)
     assert code == EXIT_UNREACHABLE and out == ""
-    assert err == f"tenzro: node at {node.url} answered HTTP 300 (a redirect, which is not followed: pass the URL it names as --rpc)\n"
+    assert err == f"tenzro: node at {url} answered HTTP 300 (a redirect, which is not followed: pass the URL it names as --rpc)\n"
 
 
 def test_a_node_error_carries_its_code(fake_node: FakeNode, closed_url: str) -> None:
