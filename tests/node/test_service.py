@@ -1476,9 +1476,11 @@ class TestModelReplay:
         receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
         assert receipt.final_model_hash == compute_model_hash(reference_model(spec, self.ROUNDS))
 
-    def test_an_older_store_gets_its_sealed_records_written_at_startup(self, checkpoint: tuple[str, str]) -> None:
+    def test_an_older_store_gets_its_sealed_records_written_at_startup(self, checkpoint: tuple[str, str],
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
         """Schema 3 writes each sealed run's record (run root || receipt digest, TRAINING_VERIFY's
-        lookup) in the sealing batch; a store sealed by an older version gets it at startup."""
+        lookup) in the sealing batch; a store sealed by an older version gets it at startup, and
+        the operator's log says so (a one-time rewrite of their store)."""
         from precompile.verify import compute_sealed_receipt
         from storage.memory import MemoryStore
         from tenzro_training.node.persistence import decode_sealed_record
@@ -1498,8 +1500,10 @@ class TestModelReplay:
         with store.atomic_batch() as batch:  # as an older version left it: no summary either
             batch.delete(schema.CF_META, key)
             batch.delete(schema.CF_META, schema.ended_summary_key(net.task_id))
-        self.open(store, clock).service.close()
+        with caplog.at_level(logging.INFO, logger="tenzro.node"):
+            self.open(store, clock).service.close()
         assert store.get(schema.CF_META, key) == written
+        assert "recording the sealed records of 1 run(s) from an older store" in [r.getMessage() for r in caplog.records]
 
     @pytest.mark.parametrize("budget", [0, 10**9])
     def test_finalize_reads_cached_payloads_not_the_store(
