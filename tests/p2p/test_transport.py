@@ -1,5 +1,8 @@
 """Transport tests: real OS processes (tests/p2p/peer.py) on 127.0.0.1, real libp2p gossipsub.
 
+Each peer is its own process, forked from one that imported peer.py once (tests/p2p/forkserver.py):
+started with ``python peer.py``, each spent ~3.5 s of CPU on imports before its host listened.
+
 Every wait is on an event a peer printed, with a generous but bounded timeout; nothing sleeps.
 """
 
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.p2p.forkserver import ForkServer
 from tests.test_gossip import OUTSIDER_KEY, TRAINER_KEYS, World
 
 pytestmark = pytest.mark.slow
@@ -47,14 +51,13 @@ class Peer:
 
     def __init__(self, tmp: Path, name: str, mode: str, bootstrap: tuple[str, ...] = (), *,
                  extra: tuple[str, ...] = ()) -> None:
-        args = [sys.executable, str(PEER), "--key", str(tmp / f"{name}.key"), "--mode", mode,
+        args = ["--key", str(tmp / f"{name}.key"), "--mode", mode,
                 "--run", str(write_run(tmp)), "--trainer-key", TRAINER_KEYS[0].hex(), "--outsider-key", OUTSIDER_KEY.hex()]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
         args += extra
         self.name = name
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = ForkServer.spawn(args)
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stderr = ""
         threading.Thread(target=self._read, daemon=True).start()
@@ -375,6 +378,7 @@ def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Pee
     first = spawn("p", "pub", (s.addr,))
     send_raw_and_receive(first, s, 300)
     first.kill()
+    poll_until(lambda: s.stats()["peers"] == 0, "s saw the first p go")
     again = spawn("p", "pub", (s.addr,))  # same key file: same peer id
     assert again.peer_id == first.peer_id
     send_raw_and_receive(again, s, 5)
