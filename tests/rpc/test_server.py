@@ -135,7 +135,7 @@ def _too_large_error(status: int, body: bytes) -> None:
 def test_health(live: LiveServer) -> None:
     status, headers, body = live.request("GET", "/")
     assert status == 200 and json.loads(body) == {"ok": True}
-    assert headers["Content-Type"].startswith("application/json")
+    assert headers["Content-Type"].split(";")[0] == "application/json"
 
 
 def test_health_answers_503_with_the_checks_reason() -> None:
@@ -147,7 +147,7 @@ def test_health_answers_503_with_the_checks_reason() -> None:
         failure.append("storage_write_failed")
         status, headers, body = server.request("GET", "/")
         assert status == 503 and json.loads(body) == {"ok": False, "error": "storage_write_failed"}
-        assert headers["Content-Type"].startswith("application/json")
+        assert headers["Content-Type"].split(";")[0] == "application/json"
 
 
 def test_a_failing_health_check_is_an_internal_error_not_a_500() -> None:
@@ -373,10 +373,23 @@ def test_run_server_cancellation_shuts_down_cleanly() -> None:
         conn.getresponse()
 
 
+def test_a_port_in_use_fails_the_start() -> None:
+    """A node whose RPC port is taken (another node on the machine) must fail at its start with
+    the bind's error, not run on without its endpoint while reporting one."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            asyncio.run(start_server(FakeService(), "127.0.0.1", taken.getsockname()[1]))
+
+
 @pytest.mark.parametrize("limit", [0, -1, 1.5, "64"])
 def test_invalid_max_body_bytes(limit: object) -> None:
-    with pytest.raises(ValueError):
+    """The operator reads this at the node's start: it names the setting, what it must be, and
+    what was given (a string from a config file is no count)."""
+    with pytest.raises(ValueError) as caught:
         create_app(FakeService(), max_body_bytes=limit)  # type: ignore[arg-type]
+    assert str(caught.value) == f"max_body_bytes must be a positive int, got {limit!r}"
 
 
 def _raw_exchange(port: int, data: bytes) -> bytes:
@@ -430,6 +443,8 @@ def test_invalid_http_framing_gets_a_json_rpc_400_without_parser_text(small: Liv
         "code": -32600, "message": "invalid request: malformed HTTP request",
         "data": {"type": "InvalidRequest", "reason": "malformed HTTP request"}}
     assert small.request("GET", "/")[0] == 200
+    metrics = small.request("GET", "/metrics")[2].decode().splitlines()
+    assert 'tenzro_rpc_rejected_bodies_total{reason="unreadable"} 1' in metrics  # the documented label for it
 
 
 def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
@@ -520,6 +535,15 @@ def _deflate(data: bytes, wbits: int) -> bytes:
     return enc.compress(data) + enc.flush()
 
 
+def _raw_stored_block(data: bytes) -> bytes:
+    """``data`` as one final stored raw-DEFLATE block whose padding bits are not all zero (they are
+    ignored, RFC 1951 3.2.4). For a 145-byte block its first two bytes pass the zlib header's
+    check (0x0991 % 31 == 0), but 0x09 names no zlib compression method (CM = 8, the low nibble):
+    a valid raw body the node must not take for a zlib one."""
+    n = len(data)
+    return bytes([0x09]) + n.to_bytes(2, "little") + (n ^ 0xFFFF).to_bytes(2, "little") + data
+
+
 @pytest.mark.parametrize(
     ("encoding", "body"),
     [
@@ -528,12 +552,53 @@ def _deflate(data: bytes, wbits: int) -> bytes:
         ("GZip", gzip.compress(_listing())),
         ("deflate", _deflate(_listing(), zlib.MAX_WBITS)),  # RFC 9110 deflate: zlib format
         ("deflate", _deflate(_listing(), -zlib.MAX_WBITS)),  # raw DEFLATE, as some clients send
+        ("deflate", _raw_stored_block(_listing().ljust(145))),  # raw, though its first 2 bytes pass the check
         ("identity", _listing()),
     ],
 )
 def test_encoded_bodies_are_decoded(live: LiveServer, encoding: str, body: bytes) -> None:
     status, _headers, data = live.request("POST", "/", body, {"Content-Encoding": encoding})
     assert status == 200 and "result" in json.loads(data)
+
+
+def test_compressed_bodies_are_decoded_two_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/rpc.md: compressed bodies are decoded on two threads of their own. Two clients' decodes
+    run at once (one slow decode does not stall the next), and no more (each may decode to
+    ~100 MB). Decoding is held shut here until three requests have had time to start theirs."""
+    gate = threading.Event()
+    entered: list[str] = []
+    decode = server_module._decode_body
+
+    def held(*args: Any) -> bytes:
+        entered.append(threading.current_thread().name)
+        gate.wait(10)
+        return decode(*args)
+
+    monkeypatch.setattr(server_module, "_decode_body", held)
+    body = gzip.compress(_listing())
+    limits = server_module.ServerLimits(max_inflight_bytes=64 << 20)  # room for the three at once
+    with LiveServer(FakeService(), max_body_bytes=SMALL_LIMIT, limits=limits) as server, ThreadPoolExecutor(3) as pool:
+        calls = [pool.submit(server.request, "POST", "/", body, {"Content-Encoding": "gzip"}) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 5
+            while len(entered) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # a third decode, if it could start, would have started by now
+            assert len(entered) == 2
+        finally:
+            gate.set()
+        assert [call.result()[0] for call in calls] == [200] * 3
+
+
+def test_a_gzip_body_may_refer_back_the_whole_window(live: LiveServer) -> None:
+    """A gzip stream may repeat bytes from up to 32 KiB back (gzip, and zlib's default writer, use
+    the whole window): a body whose repeats lie 24 KiB apart must decode, not be refused as
+    unreadable by a decoder with a smaller window."""
+    request_id = random.Random(0).randbytes(12 << 10).hex()  # 24 KiB that does not repeat itself
+    call = req("tenzro_training_listRuns", {}, request_id)
+    body = gzip.compress(json.dumps([call, call]).encode())
+    status, _headers, data = live.request("POST", "/", body, {"Content-Encoding": "gzip"})
+    assert status == 200 and [("result" in a, a["id"] == request_id) for a in json.loads(data)] == [(True, True)] * 2
 
 
 @pytest.mark.parametrize(
@@ -553,6 +618,23 @@ def test_invalid_gzip_body_is_a_json_400_and_not_executed(body: bytes) -> None:
         status, _headers, data = server.request("POST", "/", body, {"Content-Encoding": "gzip"})
         assert status == 400 and json.loads(data)["error"]["code"] == -32600
         assert server.service.calls == []
+        metrics = server.request("GET", "/metrics")[2].decode().splitlines()
+        assert 'tenzro_rpc_rejected_bodies_total{reason="unreadable"} 1' in metrics  # cut, trailing or corrupt alike
+
+
+def test_an_answered_call_leaves_its_connection_for_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    """Clients keep their connection open between calls: after an answer the connection serves the
+    next request, and nothing is logged as a failure of the node."""
+    with LiveServer(FakeService()) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            for call_id in (1, 2):
+                conn.request("POST", "/", json.dumps(req("tenzro_training_listRuns", {}, call_id)).encode())
+                response = conn.getresponse()
+                assert response.status == 200 and json.loads(response.read())["id"] == call_id
+        finally:
+            conn.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
 @pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, gzip", "gzip,identity", "bogus"])
@@ -566,6 +648,8 @@ def test_unsupported_content_encoding_is_a_json_415(encoding: str) -> None:
         error = json.loads(data)["error"]
         assert error["code"] == -32600 and error["data"] == {"type": "InvalidRequest", "reason": "unsupported Content-Encoding"}
         assert server.service.calls == []
+        metrics = server.request("GET", "/metrics")[2].decode().splitlines()
+        assert 'tenzro_rpc_rejected_bodies_total{reason="unsupported_encoding"} 1' in metrics  # what the operator sees
 
 
 def test_a_gzip_bomb_is_a_413(small: LiveServer) -> None:
