@@ -9,7 +9,10 @@ Every wait is on an event a peer printed, with a generous but bounded timeout; n
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
+import logging
 import os
 import queue
 import signal
@@ -18,12 +21,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from libp2p.peer.id import ID
 
+from tenzro_training.errors import GossipIgnore, GossipReject
+from tenzro_training.p2p import GossipMessage, P2PConfig, P2PHost
+from tenzro_training.p2p.host import P2PError
+from tenzro_training.p2p.keys import load_or_create_peer_key
 from tests.p2p.forkserver import ForkServer
 from tests.test_gossip import OUTSIDER_KEY, TRAINER_KEYS, World
 
@@ -34,6 +42,8 @@ ROOT = PEER.parents[2]
 TIMEOUT = 45.0
 TOPIC = "tenzro/training/1.0.0"
 RAW = "tenzro/test/raw"
+ADDR = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+"""A well-formed peer address nothing listens on."""
 
 
 def write_run(tmp: Path) -> Path:
@@ -234,10 +244,11 @@ def test_messages_whose_libp2p_signature_fails_are_rejected_and_counted(spawn: C
     assert s.stderr.count("its libp2p signature is missing or does not verify") == 1  # one line per peer per 10 s
 
 
-def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path) -> None:
+def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """py-libp2p put SO_REUSEPORT on its listeners, so a second node on a port in use bound it
     too and the kernel split the incoming connections between two peer ids (README walkthrough
-    probe). It is now an error at start; the port is free again once the first host stops."""
+    probe). It is now an error at start, one that gives the system's reason, not an ERROR line
+    too; the port is free again once the first host stops."""
 
     from tenzro_training.p2p import P2PConfig, P2PHost
     from tenzro_training.p2p.host import P2PError
@@ -252,8 +263,9 @@ def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path)
         await first.start()
         try:
             second = P2PHost(P2PConfig(key_path=tmp_path / "b.key", listen=listen))
-            with pytest.raises(P2PError, match="cannot listen|in use"):
+            with caplog.at_level(logging.INFO), pytest.raises(P2PError, match=f"{port}: .*Address already in use"):
                 await second.start()
+            assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
             await second.stop()
         finally:
             await first.stop()
@@ -337,7 +349,8 @@ def test_peer_identity_is_persisted(spawn: Callable[..., Peer]) -> None:
 def test_a_sigstopped_peer_delays_publishing_once_not_every_publish(tmp_path: Path) -> None:
     """Reviewer repro stalled_peer.py: a peer that stops reading (SIGSTOP, socket open) made every
     later publish wait the whole publish_timeout_s, as long as its queue stayed full. Now it is
-    marked stalled after one timeout, counted, and no longer waited for."""
+    marked stalled after one timeout, counted, and no longer waited for; what its full queue
+    drops is counted too (``tenzro_gossip_dropped_total``), not lost without a trace."""
 
     from tenzro_training.p2p import P2PConfig, P2PHost
 
@@ -367,6 +380,8 @@ def test_a_sigstopped_peer_delays_publishing_once_not_every_publish(tmp_path: Pa
     slow, stats = asyncio.run(main())
     assert stats["stalled_peers"] == 1, stats
     assert len(slow) <= 1, slow  # at most the one publish that found the peer stalled
+    # Its queue overflowed (1500 publishes, 1024 RPCs per peer queue): the losses are counted.
+    assert stats["dropped_outbound"] > 0 and stats["dropped"] == stats["dropped_outbound"], stats
 
 
 def test_a_peer_restarted_with_its_key_is_heard_at_once(spawn: Callable[..., Peer]) -> None:
@@ -453,3 +468,276 @@ def test_a_hub_with_more_peers_than_the_mesh_degree_reaches_every_one(spawn: Cal
     for leaf in leaves:
         leaf.expect("raw", lambda e: e["size"] == 100)
     assert hub.stats()["dropped"] == 0
+
+
+# --- hosts in this process: the P2PHost API itself, two hosts over 127.0.0.1 ----------------------
+
+
+@contextlib.asynccontextmanager
+async def started_hosts(tmp_path: Path, *names: str, **config: Any) -> AsyncIterator[list[P2PHost]]:
+    """Hosts in this process, each with its own key (``<name>.key``) and ``config``; all stopped on exit."""
+    hosts = [P2PHost(P2PConfig(key_path=tmp_path / f"{name}.key", **config)) for name in names]
+    try:
+        for host in hosts:
+            await host.start()
+        yield hosts
+    finally:
+        for host in hosts:
+            await host.stop()
+
+
+async def link(pub: P2PHost, sub: P2PHost, topic: str = RAW) -> asyncio.Queue[GossipMessage]:
+    """``sub`` subscribes to ``topic`` and dials ``pub``, which waits until it would reach ``sub``."""
+    inbox = await sub.subscribe(topic)
+    await sub.connect(pub.addrs[0])
+    await pub.wait_for_peers(topic, timeout=TIMEOUT)  # (one peer, the default count)
+    return inbox
+
+
+async def poll_stats(host: P2PHost, condition: Callable[[dict[str, int]], bool], what: str) -> dict[str, int]:
+    """``host.stats()`` once ``condition`` holds on it (polled within TIMEOUT, not a guessed sleep)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition(stats := host.stats()):
+        assert time.monotonic() < deadline, f"not within {TIMEOUT} s: {what}: {stats}"
+        await asyncio.sleep(0.01)
+    return stats
+
+
+def test_a_host_refuses_calls_it_cannot_serve_and_says_why(tmp_path: Path) -> None:
+    """A node's bridge and a trainer call the host from asyncio before start, after stop and with
+    bad arguments: each is one clear error (P2PError names what is wrong), never a hang or a
+    message lost without a word; stop is safe on every exit path, started or not."""
+
+    async def scenario() -> None:
+        with pytest.raises(TypeError, match="config must be a P2PConfig"):
+            P2PHost({"key_path": tmp_path / "a.key"})  # type: ignore[arg-type]
+        host = P2PHost(P2PConfig(key_path=tmp_path / "a.key", max_rpc_bytes=2 << 20))
+        await host.stop()  # never started: nothing to do
+        for call in (host.publish(RAW, b"x"), host.subscribe(RAW), host.wait_for_peers(RAW), host.connect(ADDR)):
+            with pytest.raises(P2PError, match="^p2p host is not running$"):
+                await call
+        assert not host.running and host.connected_peers() == ()
+        await host.start()
+        try:
+            assert host.running
+            with pytest.raises(P2PError, match="^already started$"):
+                await host.start()
+            # Its addresses name it, once: an operator copies one into a trainer's --bootstrap.
+            assert host.addrs and all(a.split("/p2p/")[1:] == [host.peer_id] for a in host.addrs)
+            with pytest.raises(TypeError, match="data must be bytes"):
+                await host.publish(RAW, "text")  # type: ignore[arg-type]
+            with pytest.raises(P2PError, match=f"^message of {(2 << 20) - 4095} bytes does not fit max_rpc_bytes {2 << 20}$"):
+                await host.publish(RAW, b"\0" * ((2 << 20) - 4095))
+            await host.publish(RAW, b"\0" * ((2 << 20) - 4096))  # the largest that fits (nobody listens: fine)
+            await host.wait_for_peers(RAW, 0, timeout=TIMEOUT)  # zero peers are there at once
+            with pytest.raises(P2PError, match=f"^fewer than 1 peers on {RAW} after 0.05 s$"):
+                await host.wait_for_peers(RAW, 1, timeout=0.05)
+            queue = await host.subscribe(RAW)
+            assert await host.subscribe(RAW) is queue  # subscribing twice: the same queue
+        finally:
+            await host.stop()
+        assert not host.running
+        with pytest.raises(P2PError, match="^p2p host is not running$"):
+            await host.publish(RAW, b"x")
+        await host.stop()  # idempotent
+        assert host.stats() == {"published": 1, "delivered": 0, "rejected": 0, "ignored": 0, "dropped": 0,
+                                "dropped_outbound": 0, "dropped_inbox": 0, "reconnects": 0,
+                                "bootstrap_unreachable": 0, "stalled_peers": 0}
+
+    asyncio.run(scenario())
+
+
+def test_an_address_no_transport_can_listen_on_is_a_startup_error_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """py-libp2p skips a listen address it has no transport for (UDP: it speaks TCP only) with a
+    log line and runs with no address at all; the operator gets one error naming the address
+    (raised, not also logged as a failed host), and the key is free again for the corrected start."""
+
+    async def scenario() -> None:
+        host = P2PHost(P2PConfig(key_path=tmp_path / "a.key", listen=("/ip4/127.0.0.1/udp/4001",)))
+        with caplog.at_level(logging.INFO), pytest.raises(P2PError, match="^cannot listen on /ip4/127.0.0.1/udp/4001$"):
+            await host.start()
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        await host.stop()
+        assert not host.running
+        async with started_hosts(tmp_path, "a") as (again,):
+            assert again.running
+
+    asyncio.run(scenario())
+
+
+def test_a_call_in_flight_when_the_host_stops_fails_instead_of_hanging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer waiting for its node's subscription when it is told to stop must get an error
+    back, not an await that never returns (its shutdown would hang on it); a call whose caller
+    gave up on it (a timeout) ends with the host and leaves no error behind."""
+
+    async def scenario() -> None:
+        async with started_hosts(tmp_path, "a") as (host,):
+            waiting = asyncio.ensure_future(host.wait_for_peers(RAW, 1, timeout=3600))
+            abandoned = asyncio.ensure_future(host.wait_for_peers(RAW, 1, timeout=3600))
+            await asyncio.sleep(0)  # both calls are handed to the host's thread, ahead of the stop
+            abandoned.cancel()
+            await host.stop()
+            with pytest.raises(P2PError, match="^p2p host stopped$"):
+                await asyncio.wait_for(waiting, TIMEOUT)
+        assert abandoned.cancelled()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_validator_verdicts_decide_delivery_and_are_counted_by_kind(tmp_path: Path) -> None:
+    """The gossip rules run as topic validators: a message they ignore or reject (or that makes
+    them raise: a validator bug must not let it through) is neither delivered nor relayed, and
+    each kind has its counter (``tenzro_gossip_*`` metrics). A host's own publishes never pass
+    its own validator (a node publishing the weights it computed must not be refused by the rules
+    it applies to others); what is delivered names its originator."""
+
+    def rules(data: bytes, from_peer: str) -> None:
+        seen.append((data, from_peer))
+        if data == b"ignore":
+            raise GossipIgnore("duplicate")
+        if data == b"reject":
+            raise GossipReject("bad signature")
+        if data == b"bug":
+            raise KeyError("a validator bug")
+
+    seen: list[tuple[bytes, str]] = []
+
+    async def scenario() -> None:
+        async with started_hosts(tmp_path, "pub", "sub") as (pub, sub):
+            pub.set_validator(RAW, lambda data, from_peer: rules(b"reject", from_peer))  # refuses all but its own
+            inbox = await link(pub, sub)
+            sub.set_validator(RAW, rules)  # installed on the running host...
+            await sub.wait_for_peers(RAW, 0)  # ...by the time a call made after it returns
+            for data in (b"ignore", b"reject", b"bug", b"good"):
+                await pub.publish(RAW, data)
+            got = await asyncio.wait_for(inbox.get(), TIMEOUT)
+            assert (got.topic, got.data, got.from_peer) == (RAW, b"good", pub.peer_id)
+            assert bytes.fromhex(got.msg_id)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                got.data = b"changed"  # type: ignore[misc]  # (what the rules passed cannot change after)
+            stats = await poll_stats(sub, lambda s: s["ignored"] + s["rejected"] == 3, "three refusals counted")
+            assert inbox.empty() and seen == [(d, pub.peer_id) for d in (b"ignore", b"reject", b"bug", b"good")]
+            assert (stats["ignored"], stats["rejected"], stats["delivered"]) == (1, 2, 1)
+            assert pub.stats()["published"] == 4 and pub.stats()["rejected"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_validators_set_before_start_are_installed_and_own_messages_are_not_delivered_back(tmp_path: Path) -> None:
+    """A node sets its validators before it starts; they hold from the first message. A host
+    subscribed to a topic it publishes on gets only the others' messages (py-libp2p hands a
+    publisher its own): a node would otherwise take its own weights as a peer's."""
+
+    async def scenario() -> None:
+        a = P2PHost(P2PConfig(key_path=tmp_path / "a.key"))
+        a.set_validator(RAW, lambda data, from_peer: rules_refuse(data))
+        async with started_hosts(tmp_path, "b") as (b,):
+            await a.start()
+            try:
+                b_inbox = await link(a, b)
+                a_inbox = await link(b, a)
+                await a.publish(RAW, b"from a")
+                assert (await asyncio.wait_for(b_inbox.get(), TIMEOUT)).data == b"from a"
+                await b.publish(RAW, b"refused")
+                await b.publish(RAW, b"from b")
+                got = await asyncio.wait_for(a_inbox.get(), TIMEOUT)
+                assert (got.data, got.from_peer) == (b"from b", b.peer_id)  # not its own "from a", not "refused"
+                assert a_inbox.empty() and a.stats()["rejected"] == 1
+                assert a.connected_peers() == (b.peer_id,) and b.connected_peers() == (a.peer_id,)
+            finally:
+                await a.stop()
+
+    def rules_refuse(data: bytes) -> None:
+        if data == b"refused":
+            raise GossipReject("refused")
+
+    asyncio.run(scenario())
+
+
+def test_a_full_inbox_drops_and_counts_what_does_not_fit_and_reading_makes_room(tmp_path: Path) -> None:
+    """A subscriber that stops reading must not grow without bound: messages are held up to
+    ``max_inbox_bytes`` exactly, the next one is dropped and counted, and a message read frees
+    its bytes for the next."""
+    size = 1 << 20
+
+    async def scenario() -> None:
+        async with started_hosts(tmp_path, "pub", "sub", max_rpc_bytes=2 << 20, max_inbox_bytes=2 * size) as (pub, sub):
+            inbox = await link(pub, sub)
+            for i in range(3):
+                await pub.publish(RAW, bytes([i]) * size)
+            stats = await poll_stats(sub, lambda s: s["delivered"] + s["dropped_inbox"] == 3, "three messages arrived")
+            assert (stats["delivered"], stats["dropped_inbox"], stats["dropped"]) == (2, 1, 1)
+            assert inbox.get_nowait().data[:1] == b"\0"
+            await pub.publish(RAW, b"\3" * size)
+            stats = await poll_stats(sub, lambda s: s["delivered"] + s["dropped_inbox"] == 4, "the fourth arrived")
+            assert (stats["delivered"], stats["dropped_inbox"]) == (3, 1)
+            assert [inbox.get_nowait().data[:1] for _ in range(2)] == [b"\1", b"\3"]
+
+    asyncio.run(scenario())
+
+
+def test_a_publish_skips_the_peers_it_names_and_only_that_publish(tmp_path: Path) -> None:
+    """The node publishes one run's weights without the trainers that serve only other runs
+    (``skip_peers``); its next publish reaches them again."""
+
+    async def scenario() -> None:
+        async with started_hosts(tmp_path, "pub", "sub") as (pub, sub):
+            inbox = await link(pub, sub)
+            await pub.publish(RAW, b"weights of another run", skip_peers=frozenset({sub.peer_id}))
+            await pub.publish(RAW, b"for everyone")
+            assert (await asyncio.wait_for(inbox.get(), TIMEOUT)).data == b"for everyone"
+            assert pub.stats()["published"] == 2
+
+    asyncio.run(scenario())
+
+
+def test_stop_writes_what_was_published_before_it(tmp_path: Path) -> None:
+    """A trainer publishes its outer gradient and exits: ``stop`` must not cut the queued chunks
+    off (the node would never get the payload), it waits until they are written."""
+    count, size = 24, 256 << 10
+
+    async def scenario() -> None:
+        async with started_hosts(tmp_path, "sub") as (sub,):
+            async with started_hosts(tmp_path, "pub") as (pub,):
+                inbox = await link(pub, sub)
+                for i in range(count):
+                    await pub.publish(RAW, bytes([i]) * size)
+            got = [(await asyncio.wait_for(inbox.get(), TIMEOUT)).data[0] for _ in range(count)]
+            assert got == list(range(count))
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_bootstrap_peer_is_counted_and_redialed_until_it_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer started before its node is up: the start does not fail, the peer is counted as
+    unreachable (``tenzro_gossip_bootstrap_unreachable``) without an ERROR line per refused dial,
+    and once the node listens it is dialed again and counted back."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = (f"/ip4/127.0.0.1/tcp/{port}",)
+
+    async def scenario() -> None:
+        node = P2PHost(P2PConfig(key_path=tmp_path / "node.key", listen=listen))
+        node_addr = f"{listen[0]}/p2p/{ID.from_pubkey(load_or_create_peer_key(tmp_path / 'node.key').public_key)}"
+        with caplog.at_level(logging.INFO):
+            async with started_hosts(tmp_path, "trainer", bootstrap=(node_addr,), redial_interval_s=0.05) as (trainer,):
+                assert trainer.connected_peers() == ()
+                assert (trainer.stats()["bootstrap_unreachable"], trainer.stats()["reconnects"]) == (1, 0)
+                await node.start()
+                try:
+                    stats = await poll_stats(trainer, lambda s: s["bootstrap_unreachable"] == 0, "the node was redialed")
+                    assert stats["reconnects"] == 1 and trainer.connected_peers() == (node.peer_id,)
+                finally:
+                    await node.stop()
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+    asyncio.run(scenario())
