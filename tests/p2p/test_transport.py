@@ -121,6 +121,15 @@ class Peer:
         self.proc.wait(timeout=TIMEOUT)
 
 
+def free_listen_addr() -> tuple[int, tuple[str]]:
+    """A loopback TCP port nothing listens on now, and its multiaddr as a ``listen`` tuple: for a
+    host that must come back on the same address, or be dialed before it listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return port, (f"/ip4/127.0.0.1/tcp/{port}",)
+
+
 def poll_until(condition: Callable[[], bool], what: str) -> None:
     """Poll a peer's state (not a guess at a duration) until ``condition`` holds, within TIMEOUT."""
     deadline = time.monotonic() + TIMEOUT
@@ -253,10 +262,7 @@ def test_a_second_host_cannot_listen_on_a_port_a_host_listens_on(tmp_path: Path,
     from tenzro_training.p2p import P2PConfig, P2PHost
     from tenzro_training.p2p.host import P2PError
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    listen = (f"/ip4/127.0.0.1/tcp/{port}",)
+    port, listen = free_listen_addr()
 
     async def scenario() -> None:
         first = P2PHost(P2PConfig(key_path=tmp_path / "a.key", listen=listen))
@@ -304,10 +310,7 @@ def test_one_peer_key_serves_one_host_at_a_time(tmp_path: Path) -> None:
 def test_a_restarted_bootstrap_peer_is_redialed(spawn: Callable[..., Peer]) -> None:
     """A node that restarts (same key, same address) gets its trainers back without their help:
     each one redials its bootstrap peer and gossip flows again."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    listen = ("--listen", f"/ip4/127.0.0.1/tcp/{port}")
+    listen = ("--listen", free_listen_addr()[1][0])
     a = spawn("a", "pub", (), *listen)
     b = spawn("b", "sub", (a.addr,), "--redial-interval", "0.2")
     a.send(cmd="wait_peers", topic=RAW, count=1)
@@ -720,10 +723,7 @@ def test_an_unreachable_bootstrap_peer_is_counted_and_redialed_until_it_answers(
     """A trainer started before its node is up: the start does not fail, the peer is counted as
     unreachable (``tenzro_gossip_bootstrap_unreachable``) without an ERROR line per refused dial,
     and once the node listens it is dialed again and counted back."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    listen = (f"/ip4/127.0.0.1/tcp/{port}",)
+    _, listen = free_listen_addr()
 
     async def scenario() -> None:
         node = P2PHost(P2PConfig(key_path=tmp_path / "node.key", listen=listen))
