@@ -342,7 +342,7 @@ def _check_p2p_listen(listen: tuple[str, ...], held: list[Any]) -> None:
     """The same pre-flight for each ``--p2p-listen`` address with an IP and a fixed TCP port, made
     while the RPC probes are ``held``: a taken p2p port (or the RPC port given again) had been
     found only when libp2p started, after the store was created and bound (ops probe). An address
-    by DNS name or with port 0 is left to libp2p."""
+    with port 0 is left to libp2p (one by DNS name never gets here: ``check_multiaddrs``)."""
     import multiaddr
 
     for addr in listen:

@@ -196,12 +196,19 @@ class P2PConfig:
 def check_multiaddrs(listen: tuple[str, ...], bootstrap: tuple[str, ...]) -> None:
     """Refuse an address that cannot work before anything starts: a listen address must parse,
     a bootstrap one must also end in ``/p2p/<peer id>`` (a peer is dialed by its identity). A
-    typo is then one startup error, not a dial retried every few seconds for ever."""
+    typo is then one startup error, not a dial retried every few seconds for ever.
+
+    A listen address must also start with an IP: given ``/dns4/localhost/tcp/4001``, py-libp2p
+    0.8.1 listens on every interface (``0.0.0.0`` and ``::``), so a node meant for loopback only
+    would have been reachable from anywhere."""
     for addr in listen:
         try:
-            multiaddr.Multiaddr(addr)
+            first = multiaddr.Multiaddr(addr).protocols()[0].name
         except Exception as exc:  # noqa: BLE001 - py-multiaddr raises several unrelated types
             raise P2PError(f"listen address {addr!r} is not a multiaddr: {exc}") from None
+        if first not in ("ip4", "ip6"):
+            raise P2PError(f"listen address {addr!r} must start with /ip4/ or /ip6/: py-libp2p listens on every "
+                           f"interface for /{first}/ (for loopback only: /ip4/127.0.0.1/...)")
     for addr in bootstrap:
         try:
             info_from_p2p_addr(multiaddr.Multiaddr(addr))

@@ -385,15 +385,19 @@ def test_the_p2p_preflight_leaves_names_other_transports_and_port_0_to_libp2p() 
             probe.close()
 
 
-def test_an_invalid_p2p_listen_address_is_refused_before_the_store_is_created(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("addr", "match"), [("not-a-multiaddr", "'not-a-multiaddr' is not a multiaddr"),
+                                           ("/dns4/localhost/tcp/0", "must start with /ip4/ or /ip6/")])
+def test_an_invalid_p2p_listen_address_is_refused_before_the_store_is_created(tmp_path: Path, addr: str,
+                                                                              match: str) -> None:
     """A typo in --p2p-listen had been found after the store was created and bound to this
-    start's genesis and chain id (review of the operator fixes)."""
+    start's genesis and chain id (review of the operator fixes). A name is refused too: libp2p
+    would listen on every interface for it (docs/gossip.md)."""
     from tenzro_training.node.config import NodeConfig
     from tenzro_training.node.main import NodeStartupError, run_node
 
     config = NodeConfig(data_dir=tmp_path / "d", rpc_port=0)
-    with pytest.raises(NodeStartupError, match="not-a-multiaddr"):
-        asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None, p2p={"listen": ["not-a-multiaddr"]}))
+    with pytest.raises(NodeStartupError, match=match):
+        asyncio.run(run_node(config, tmp_path / "d", announce=lambda line: None, p2p={"listen": [addr]}))
     assert not (tmp_path / "d").exists()
 
 

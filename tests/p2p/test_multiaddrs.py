@@ -33,7 +33,17 @@ def test_invalid_bootstrap_address_is_a_p2p_error(addr: str) -> None:
 def test_invalid_listen_address_is_a_p2p_error() -> None:
     with pytest.raises(P2PError, match="listen address 'nope' is not a multiaddr"):
         check_multiaddrs(("nope",), ())
-    check_multiaddrs(("/ip4/0.0.0.0/tcp/0",), ())
+    check_multiaddrs(("/ip4/0.0.0.0/tcp/0", "/ip6/::1/tcp/4001"), ())
+
+
+@pytest.mark.parametrize("addr", ["/dns4/localhost/tcp/4001", "/dns/localhost/tcp/0", "/dns6/localhost/tcp/0"])
+def test_a_listen_address_by_name_is_refused(addr: str) -> None:
+    """py-libp2p 0.8.1 binds every interface (0.0.0.0 and ::) for a listen address by DNS name:
+    an operator who wrote /dns4/localhost to keep the node on loopback had it reachable from
+    anywhere (found by the p2p/host.py mutation campaign)."""
+    with pytest.raises(P2PError, match=f"^listen address '{addr}' must start with /ip4/ or /ip6/: py-libp2p "
+                                       f"listens on every interface for /{addr.split('/')[1]}/"):
+        check_multiaddrs((addr,), ())
 
 
 @pytest.mark.parametrize(("fields", "match"), [
