@@ -1638,6 +1638,7 @@ def test_invalid_log_setting_is_a_one_line_usage_error(tmp_path, monkeypatch, ca
     (("/ip4/127.0.0.1/tcp/0",), ("garbage",), "bootstrap address 'garbage' is not a multiaddr"),
     (("/ip4/127.0.0.1/tcp/0",), ("/ip4/127.0.0.1/tcp/4001",), "ending in /p2p/<peer id>"),
     (("nonsense",), (_BOOTSTRAP,), "listen address 'nonsense' is not a multiaddr"),
+    (("/dns4/localhost/tcp/0",), (_BOOTSTRAP,), "must start with /ip4/ or /ip6/"),  # libp2p binds all interfaces
 ])
 def test_invalid_multiaddrs_are_refused_before_anything_starts(tmp_path, listen, bootstrap, match) -> None:  # type: ignore[no-untyped-def]
     from tenzro_training.trainer.process import TrainerProcessConfig, TrainerProcessError
