@@ -170,9 +170,16 @@ class TestFindsDamage:
         node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_MOMENTUM, 1), flip_last_byte)
         assert "model snapshot of run-1 (round 4) differs" in str(node.audit("run-1")["problem"])
 
-    def test_the_final_weights(self, node: Node) -> None:
+    def test_the_final_weights(self, node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """Found by the audit, and never exported as the run's model: with its model file gone,
+        export-model rebuilds the file from these weights and must refuse them."""
         node.tamper(schema.CF_MODEL_STATE, schema.model_key("run-1", schema.MODEL_FINAL, 0), flip_last_byte)
         assert "final weights of run-1 differ" in str(node.audit("run-1")["problem"])
+        (node.data / "models" / "run-1.safetensors").unlink()
+        out = tmp_path / "final.safetensors"
+        code = cli.main(["train", "export-model", "--task-id", "run-1", "--data-dir", str(node.data), "--out", str(out)])
+        assert code == cli.EXIT_RPC_ERROR and not out.exists()
+        assert "the stored final model of run-1 does not hash to its final_model_hash" in capsys.readouterr().err
 
     def test_the_receipt(self, node: Node) -> None:
         def edit(raw: bytes) -> bytes:
@@ -241,6 +248,30 @@ class TestFindsDamage:
         assert not result["ok"] and "payload of the accepted submission" in str(result["problem"])
         with RocksStore(node.data / "db") as store:
             with pytest.raises(StorageError, match="the store is damaged: the payload of the accepted submission"):
+                NodeService(make_config(node.data), store)
+
+    @pytest.mark.parametrize("damage", ["missing", "another payload"])
+    def test_an_open_rounds_submission_record(self, node: Node, damage: str) -> None:
+        """The batch that accepts a submission writes its record beside its payload: a record
+        lost, or naming another payload than the run accepted, leaves the round's finalize
+        without the bytes it committed to, as a lost payload does."""
+        node.stop()
+        with RocksStore(node.data / "db") as store:
+            run = load_run(store, "run-2")
+            assert run is not None and run.current_round is not None
+            sub = run.current_round.submissions[1][0]
+            key = schema.submission_key("run-2", run.current_round.round, 1, sub.trainer)
+            raw = store.get(schema.CF_SUBMISSIONS, key)
+            assert raw is not None and sub.payload_hash in raw
+            with store.atomic_batch() as batch:
+                if damage == "missing":
+                    batch.delete(schema.CF_SUBMISSIONS, key)
+                else:
+                    batch.put(schema.CF_SUBMISSIONS, key, raw.replace(sub.payload_hash, b"\x07" * 32))
+        result = node.audit("run-2")
+        assert not result["ok"] and "has no matching record" in str(result["problem"])
+        with RocksStore(node.data / "db") as store:
+            with pytest.raises(StorageError, match="the store is damaged: the accepted submission .* no matching record"):
                 NodeService(make_config(node.data), store)
 
     def test_an_unknown_run(self, node: Node) -> None:
@@ -479,6 +510,37 @@ def test_export_model_refuses_a_model_file_of_a_run_the_store_has_not_sealed(
     captured = capsys.readouterr()
     assert code == cli.EXIT_RPC_ERROR and captured.out == "" and not out.exists()
     assert captured.err.startswith("tenzro: cannot export run-2: ") and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("with_file", [True, False], ids=["model file", "store only"])
+def test_export_model_refuses_a_run_the_store_does_not_hold(
+    node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path, with_file: bool
+) -> None:
+    """A task id the store never held (a typo, another node's run, a file copied in) is refused
+    as unknown, one line and exit 1, whether or not a model file bears its name."""
+    models = node.data / "models"
+    if with_file:
+        (models / "run-9.safetensors").write_bytes((models / "run-1.safetensors").read_bytes())
+    out = tmp_path / "final.safetensors"
+    code = cli.main(["train", "export-model", "--task-id", "run-9", "--data-dir", str(node.data), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == cli.EXIT_RPC_ERROR and captured.out == "" and not out.exists()
+    assert captured.err.startswith("tenzro: cannot export run-9: ") and "unknown task" in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_export_model_names_a_missing_tensor_list(node: Node, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Rebuilt from the store, the model file needs the run's tensor list: a store that lost it
+    is named as such, not as an undecodable value."""
+    node.stop()
+    with RocksStore(node.data / "db") as store:
+        with store.atomic_batch() as batch:
+            batch.delete(schema.CF_META, schema.tensor_specs_key("run-1"))
+    (node.data / "models" / "run-1.safetensors").unlink()
+    out = tmp_path / "final.safetensors"
+    code = cli.main(["train", "export-model", "--task-id", "run-1", "--data-dir", str(node.data), "--out", str(out)])
+    assert code == cli.EXIT_RPC_ERROR and not out.exists()
+    assert "the tensor list of run 'run-1' is missing" in capsys.readouterr().err
 
 
 def test_export_model_check_receipt_refuses_a_receipt_or_a_model_that_does_not_hold(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import stat
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from storage import StorageError
 from storage.memory import MemoryStore
 from storage.rocks import RocksStore
+from tenzro_training.node import backup as backup_module
 from tenzro_training.node.audit import audit_store
 from tenzro_training.node.backup import PARTIAL_SUFFIX, compute_backup_name, write_backup
 from tenzro_training.node.service import NodeService
@@ -70,4 +73,41 @@ def test_invalid_backups_leave_nothing_behind(tmp_path: Path, monkeypatch: pytes
         with pytest.raises(StorageError, match="disk full"):
             write_backup(store, tmp_path / "backups", 3_000)
     assert [p.name for p in (tmp_path / "backups").iterdir()] == [first.name]  # no .partial left
+    assert not any(p.name.endswith(PARTIAL_SUFFIX) for p in (tmp_path / "backups").iterdir())
+
+
+def test_a_backup_is_private_to_its_owner_and_its_rename_is_made_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backup holds every balance and payload of the node: only the node's user may read it.
+    Its rename from ``.partial`` is made durable by an fsync of the directory holding it, or a
+    power loss could leave a whole backup under a name that says it is not one."""
+    real_fsync = backup_module.fsync_directory
+    synced: list[Path] = []
+
+    def fsync(path: Path) -> None:
+        synced.append(Path(path))
+        real_fsync(path)
+
+    monkeypatch.setattr(backup_module, "fsync_directory", fsync)
+    root = tmp_path / "backups"
+    with RocksStore(tmp_path / "db") as store:
+        backup = write_backup(store, root, 1_000)
+    assert synced == [root]
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and stat.S_IMODE(backup.stat().st_mode) == 0o700
+
+
+def test_a_backup_whose_rename_cannot_be_made_durable_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing disk at the last step is reported as the backup failing (a StorageError, which
+    the node logs as "backup failed: ..." and goes on serving), not as an error of the cleanup
+    of a ``.partial`` directory that the rename already took away."""
+    def fail(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(backup_module, "fsync_directory", fail)
+    with RocksStore(tmp_path / "db") as store:
+        with pytest.raises(StorageError, match="cannot write backup .*: Input/output error"):
+            write_backup(store, tmp_path / "backups", 1_000)
     assert not any(p.name.endswith(PARTIAL_SUFFIX) for p in (tmp_path / "backups").iterdir())

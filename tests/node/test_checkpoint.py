@@ -15,7 +15,8 @@ import safetensors.torch
 import torch
 
 from tenzro_training.errors import CheckpointError, SpecError
-from tenzro_training.node.checkpoint import load_init_checkpoint, resolve_checkpoint_path
+from tenzro_training.node import checkpoint as checkpoint_module
+from tenzro_training.node.checkpoint import MAX_TENSOR_DIMS, load_init_checkpoint, resolve_checkpoint_path
 from tenzro_training.spec import TrainingTaskSpec
 
 from tests.node.conftest import initial_state, spec_dict, write_checkpoint
@@ -80,6 +81,8 @@ def test_invalid_size_cap(tmp_path: Path) -> None:
     "uri",
     ["http://example.com/x.safetensors", "file://remote-host/x.safetensors", "file:relative/x", "s3://b/k",
      "file:///tmp/x?y=1", "file:///tmp/x#frag",
+     # Another scheme with no host names an absolute path too: refused for its scheme alone.
+     "s3:///b/k", "http:/tmp/x.safetensors",
      # urlsplit raises ValueError("Invalid IPv6 URL") on an unbalanced bracket in the host part;
      # the spec's URI grammar admits the brackets (fuzzing postTask found it answered -32603).
      "file://[x/init.safetensors", "file://[::1/x", "file://a]b/x"],
@@ -162,3 +165,68 @@ def test_invalid_contents(tmp_path: Path, data: bytes) -> None:
     sha = "0x" + hashlib.sha256(data).hexdigest()
     with pytest.raises(CheckpointError):
         load_init_checkpoint(spec_for(path.as_uri(), sha), max_bytes=1 << 20)
+
+
+def test_a_tensor_of_as_many_dimensions_as_torch_supports_loads(tmp_path: Path) -> None:
+    """The dimension cap is there only because torch's kernels refuse more than 64: a checkpoint
+    at the limit is a valid model, and refusing it would refuse a task torch can train."""
+    state = {"w": torch.full([1] * MAX_TENSOR_DIMS, 0.5)}
+    uri, sha = write_checkpoint(tmp_path, state)
+    loaded = load_init_checkpoint(spec_for(uri, sha), max_bytes=1 << 20)
+    assert loaded["w"].dim() == MAX_TENSOR_DIMS and torch.equal(loaded["w"], state["w"])
+
+
+def test_a_header_that_runs_to_the_end_of_the_file_is_read(tmp_path: Path) -> None:
+    """The header may take every byte after its length (tensors without elements have no data
+    section): the bound is the file's length, so a valid safetensors file is never refused as
+    one with a header longer than itself."""
+    state = {"empty": torch.zeros(0)}
+    uri, sha = write_checkpoint(tmp_path, state)
+    data = (tmp_path / "init.safetensors").read_bytes()
+    assert int.from_bytes(data[:8], "little") == len(data) - 8
+    loaded = load_init_checkpoint(spec_for(uri, sha), max_bytes=1 << 20)
+    assert list(loaded) == ["empty"] and loaded["empty"].numel() == 0
+
+
+def test_a_file_that_grows_past_the_cap_after_its_hash_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash is streamed first and the file read whole after it: a file appended to in
+    between (the sponsor's own, or anyone's it can name) must be refused by the size cap of the
+    second read too, as a CheckpointError the RPC answers, not an internal error."""
+    uri, sha = write_checkpoint(tmp_path)
+    path = tmp_path / "init.safetensors"
+    streamed = checkpoint_module._stream_sha256
+
+    def stream_then_grow(*args: object) -> bytes:
+        digest = streamed(*args)  # type: ignore[arg-type]
+        with open(path, "ab") as f:
+            f.write(b"\0" * (1 << 20))
+        return digest
+
+    monkeypatch.setattr(checkpoint_module, "_stream_sha256", stream_then_grow)
+    with pytest.raises(CheckpointError) as info:
+        load_init_checkpoint(spec_for(uri, sha), max_bytes=1 << 20)
+    assert "limit" in info.value.reason
+
+
+def test_invalid_file_shorter_than_a_header_length_is_named_as_such(tmp_path: Path) -> None:
+    """The reason is what the operator reads in the node's log: three bytes are a truncated
+    file, not a file whose header claims too much."""
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(b"\x01\x02\x03")
+    sha = "0x" + hashlib.sha256(b"\x01\x02\x03").hexdigest()
+    with pytest.raises(CheckpointError) as info:
+        load_init_checkpoint(spec_for(path.as_uri(), sha), max_bytes=1 << 20)
+    assert info.value.reason == "not a valid safetensors file: shorter than its header length"
+
+
+def test_invalid_header_over_16_mib_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """safetensors itself parses headers up to 100 MB: JSON parsed on the node's one service
+    thread for any sponsor that names such a file. A valid file whose header is over the cap
+    (here its metadata) is refused unparsed."""
+    data = safetensors.torch.save(initial_state(), metadata={"pad": "x" * (16 << 20)})
+    path = tmp_path / "padded.safetensors"
+    path.write_bytes(data)
+    sha = "0x" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(CheckpointError) as info:
+        load_init_checkpoint(spec_for(path.as_uri(), sha), max_bytes=64 << 20)
+    assert info.value.reason == f"not a valid safetensors file (or a header over {16 << 20} bytes)"

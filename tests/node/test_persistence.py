@@ -10,18 +10,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from storage import schema
+from storage.memory import MemoryStore
 from storage.interface import BatchOp, StorageError
 from tenzro_training.auth import SubmitOuterGradient
 from tenzro_training.ledger import Escrow, Ledger, bond_stake, credit, escrow_reward, slash_stake
 from tenzro_training.node import persistence
 from tenzro_training.global_model import ModelLayout
 from tenzro_training.node.model_state import (
+    compute_drop_snapshot_ops,
+    compute_snapshot_ops,
     decode_fragment,
     decode_model_layout,
     decode_round_count,
     encode_fragment,
     encode_model_layout,
     encode_round_count,
+    load_model_fragments,
 )
 from tenzro_training.fragments import TensorSpec
 from tenzro_training.run import process_post_task
@@ -93,7 +97,7 @@ def _evidence_edited(**changes: object) -> bytes:
         lambda: persistence.decode_round_reports(b'{"a": 1}'),
         lambda: decode_fragment(b"\x00" * 7, 2),
         lambda: decode_round_count(b"\x00" * 4),
-        lambda: decode_model_layout(b'{"version": 2, "tensors": []}', 1),
+        lambda: decode_model_layout(b'{"version": 2, "tensors": [["w", [2], "float32"]]}', 1),  # else well-formed
         lambda: decode_model_layout(b'{"version": 1, "tensors": [["a#b", [2], "float32"]]}', 1),
     ],
 )
@@ -107,6 +111,10 @@ def test_fragment_bytes_are_little_endian_fp32() -> None:
     raw = encode_fragment(flat)
     assert raw == b"\x00\x00\x80\x3f" + b"\x00\x00\x20\xc0" + b"\x00\x00\x00\x00"
     assert torch.equal(decode_fragment(raw, 3), flat)
+    # Anything else would be stored as bytes that decode to another fragment: a caller's bug.
+    for wrong in (flat.reshape(3, 1), flat.to(torch.float64)):
+        with pytest.raises(ValueError, match="1-D float32"):
+            encode_fragment(wrong)
 
 
 def test_snapshot_record_is_a_big_endian_u64() -> None:
@@ -122,6 +130,39 @@ def test_model_layout_round_trip() -> None:
     assert again == layout
     assert [s.name for s in again.specs] == ["b", "e", "w"]
     assert [lay.numel for lay in again.layouts] == [4, 3, 3]
+
+
+def test_model_layout_reads_the_stored_version_1_form() -> None:
+    """Stores written by earlier nodes hold this exact JSON: a change to the stored form (its
+    version number included) must come with a schema migration, not make them unreadable."""
+    raw = b'{"version": 1, "tensors": [["w", [3, 2], "float32"], ["b", [4], "float32"]]}'
+    layout = decode_model_layout(raw, 2)
+    assert [(s.name, s.shape) for s in layout.specs] == [("b", (4,)), ("w", (3, 2))]
+    assert json.loads(encode_model_layout(layout)) == {
+        "version": 1, "tensors": [["b", [4], "float32"], ["w", [3, 2], "float32"]]
+    }
+
+
+def test_dropping_a_snapshot_deletes_everything_its_writing_put() -> None:
+    """A round count left behind names weights and momentum that are gone: the next rebuild of
+    the run's model would start from a snapshot that is not there."""
+    store = MemoryStore()
+    layout = ModelLayout.from_specs([TensorSpec("w", (3, 2), "float32"), TensorSpec("b", (4,), "float32")], 2)
+    fragments = [torch.ones(fragment.numel) for fragment in layout.layouts]
+    for ops in (compute_snapshot_ops("run-1", 2, fragments, fragments), compute_drop_snapshot_ops("run-1", 2)):
+        with store.atomic_batch() as batch:
+            for op, cf, key, value in ops:
+                if op is BatchOp.PUT:
+                    batch.put(cf, key, value)
+                else:
+                    batch.delete(cf, key)
+        if ops[-1][0] is BatchOp.PUT:
+            loaded = load_model_fragments(store, "run-1", schema.MODEL_MOMENTUM, layout)
+            assert all(torch.equal(a, b) for a, b in zip(loaded, fragments, strict=True))
+    assert list(store.iterate(schema.CF_MODEL_STATE)) == []
+    assert store.get(schema.CF_META, schema.model_snapshot_key("run-1")) is None
+    with pytest.raises(StorageError, match="model state b'w' of run-1 fragment 0 is missing"):
+        load_model_fragments(store, "run-1", schema.MODEL_WEIGHTS, layout)
 
 
 def _ledger() -> Ledger:

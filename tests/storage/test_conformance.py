@@ -74,7 +74,7 @@ class KVStoreConformance:
 
     @pytest.mark.parametrize("cf, key", [(CF_TRAINING_RUNS, b"run"), (CF_SUBMISSIONS, b"\x00payload"), (CF_MODEL_STATE, b"w")])
     def test_holds_value_is_contains_for_an_intact_store(self, store: KVStore, cf: str, key: bytes) -> None:
-        assert not store.holds_value(cf, key)
+        assert store.holds_value(cf, key) is False and store.contains(cf, key) is False  # bools, as typed
         put(store, cf, key, b"value" * 100)
         assert store.holds_value(cf, key) and store.contains(cf, key)
         with store.atomic_batch() as batch:
@@ -468,9 +468,10 @@ class TestRocksReopen:
 
     def test_sync_store_round_trips(self, tmp_path: Path) -> None:
         with RocksStore(tmp_path / "db", sync=True) as store:
-            assert store.sync
+            assert store.sync and store.path == str(tmp_path / "db")
             put(store, CF_ACCOUNTS, b"a", b"1")
         with RocksStore(tmp_path / "db") as store:
+            assert not store.sync
             assert store.get(CF_ACCOUNTS, b"a") == b"1"
 
     def test_invalid_missing_store_with_create_false(self, tmp_path: Path) -> None:

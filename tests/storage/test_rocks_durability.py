@@ -164,14 +164,19 @@ def test_invalid_newer_schema_version_refuses_to_open(tmp_path: Path) -> None:
     assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION + 1)
 
 
-def read_raw_version(path: Path) -> bytes | None:
+def open_raw(path: Path) -> rocksdict.Rdict:
+    """The store at ``path`` opened read-write by rocksdict itself, as any RocksDB tool would."""
     options = rocksdict.Options(raw_mode=True)
     families = {
         name: rocksdict.Options(raw_mode=True)
         for name in rocksdict.Rdict.list_cf(str(path), options)
         if name != "default"
     }
-    raw = rocksdict.Rdict(str(path), options, column_families=families)
+    return rocksdict.Rdict(str(path), options, column_families=families)
+
+
+def read_raw_version(path: Path) -> bytes | None:
+    raw = open_raw(path)
     meta = raw.get_column_family(CF_META)
     version: bytes | None = meta.get(SCHEMA_VERSION_KEY)
     meta.close()
@@ -230,6 +235,39 @@ def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -
         assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
 
 
+class WriteHook:
+    """A store's rocksdict handle with its ``write(batch, options)`` replaced."""
+
+    def __init__(self, db: Any, write: Any) -> None:
+        self._db, self.write = db, write
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_the_schema_version_is_written_durably_even_without_sync(tmp_path: Path) -> None:
+    """The version says which code may read a store: an upgrade's rewrite lost to a power loss
+    leaves a store the old code misreads, and a store that lost it reads as a foreign database.
+    So it is fsynced whatever the store's sync policy."""
+    path = tmp_path / "db"
+    write_version(path, encode_schema_version(5))
+    with RocksStore(path, upgrade_schema=False) as store:
+        real = store._db
+        synced: list[bool] = []
+
+        def write(batch: Any, options: Any) -> None:
+            synced.append(options.sync)
+            real.write(batch, options)
+
+        store._db = WriteHook(real, write)
+        try:
+            assert not store.sync and store.upgrade_schema_version() == 5
+        finally:
+            store._db = real
+    assert synced == [True]
+    assert read_raw_version(path) == encode_schema_version(SCHEMA_VERSION)
+
+
 def test_invalid_malformed_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "db"
     write_version(path, b"\x01")
@@ -267,6 +305,48 @@ def test_interrupted_creation_without_version_is_completed(tmp_path: Path) -> No
         assert store.get(CF_ACCOUNTS, b"a") == b"1"
 
 
+def test_invalid_versioned_store_missing_a_family(tmp_path: Path) -> None:
+    """A store with its version holds every family of that version: one without a family was
+    damaged (or edited), and opening it would fail the first read of that family instead."""
+    path = tmp_path / "db"
+    write_version(path, encode_schema_version(SCHEMA_VERSION))
+    raw = open_raw(path)
+    raw.drop_column_family(CF_ACCOUNTS)
+    raw.close()
+    del raw
+    with pytest.raises(StorageError, match=r"has schema version \d+ but lacks column families \['accounts'\]: it is damaged"):
+        RocksStore(path)
+
+
+def test_invalid_interrupted_creation_that_cannot_be_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completing an interrupted creation creates the missing families: when RocksDB refuses (a
+    full disk) the open is a StorageError naming the family, and the directory is released."""
+    path = tmp_path / "db"
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    rocksdict.Rdict(str(path), options).close()
+    real = rocksdict.Rdict
+
+    class RefusingFamilies:
+        list_cf = staticmethod(real.list_cf)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._db = real(*args, **kwargs)
+
+        def create_column_family(self, name: str, options: Any) -> None:
+            raise Exception("IO error: No space left on device")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._db, name)
+
+    monkeypatch.setattr(rocksdict, "Rdict", RefusingFamilies)
+    with pytest.raises(StorageError, match="cannot create column family '.*': IO error: No space left on device"):
+        RocksStore(path)
+    monkeypatch.undo()
+    with RocksStore(path) as store:
+        assert store.get(CF_META, SCHEMA_VERSION_KEY) == encode_schema_version(SCHEMA_VERSION)
+
+
 def test_same_version_reopens_cleanly(tmp_path: Path) -> None:
     path = tmp_path / "db"
     for round_ in range(3):
@@ -294,6 +374,22 @@ def test_invalid_second_opener_in_process(tmp_path: Path) -> None:
             batch.put(CF_TRAINING_RUNS, b"k2", b"v2")
     with RocksStore(path) as again:
         assert again.get(CF_TRAINING_RUNS, b"k2") == b"v2"
+
+
+def test_invalid_store_held_by_another_rocksdb_opener_is_reported_as_locked(tmp_path: Path) -> None:
+    """An opener that takes RocksDB's LOCK but not the directory's (a RocksDB tool, a node from
+    before the directory lock) is found by RocksDB: that is StoreLocked too, which the node
+    reports as "already open" rather than as a damaged store."""
+    path = tmp_path / "db"
+    RocksStore(path).close()
+    raw = open_raw(path)
+    try:
+        with pytest.raises(StoreLocked, match="RocksDB LOCK is held"):
+            RocksStore(path)
+    finally:
+        raw.close()
+    with RocksStore(path) as store:  # the failed open left nothing held
+        assert store.get(CF_META, SCHEMA_VERSION_KEY) is not None
 
 
 def test_invalid_second_opener_after_the_lock_file_is_deleted(tmp_path: Path) -> None:
@@ -387,6 +483,72 @@ def test_a_close_that_fails_is_a_storage_error_and_still_releases_the_store(tmp_
         assert again.get(CF_META, SCHEMA_VERSION_KEY) is not None
 
 
+def test_a_read_that_fails_is_a_storage_error_naming_its_family(tmp_path: Path) -> None:
+    """rocksdict raises a bare Exception when RocksDB cannot read a block (a damaged table):
+    callers handle StorageError only, and the operator needs the family that failed."""
+    with RocksStore(tmp_path / "db") as store:
+        real = store._views[CF_TRAINING_RUNS]
+
+        class FailingGet:
+            def get(self, key: bytes) -> bytes:
+                raise Exception("Corruption: block checksum mismatch")
+
+        store._views[CF_TRAINING_RUNS] = FailingGet()
+        try:
+            with pytest.raises(StorageError, match="read from 'training_runs' failed: Corruption: block checksum"):
+                store.get(CF_TRAINING_RUNS, b"run")
+        finally:
+            store._views[CF_TRAINING_RUNS] = real
+
+
+def test_an_iteration_that_fails_is_a_storage_error_not_its_end(tmp_path: Path) -> None:
+    """A RocksDB iterator that meets a read error stops as it stops after the last key; only its
+    status tells them apart. A scan cut short by a damaged block must not read as "no more keys"
+    (a run without its later round records, a pruning that misses payloads)."""
+    with RocksStore(tmp_path / "db") as store:
+        real = store._views[CF_TRAINING_RUNS]
+
+        class FailedIterator:
+            def seek(self, key: bytes) -> None:
+                pass
+
+            def valid(self) -> bool:
+                return False
+
+            def status(self) -> None:
+                raise Exception("Corruption: block checksum mismatch")
+
+        class FailingView:
+            def iter(self, options: Any) -> FailedIterator:
+                return FailedIterator()
+
+        store._views[CF_TRAINING_RUNS] = FailingView()
+        try:
+            with pytest.raises(StorageError, match="iteration failed: Corruption: block checksum mismatch"):
+                list(store.iterate(CF_TRAINING_RUNS))
+        finally:
+            store._views[CF_TRAINING_RUNS] = real
+
+
+def test_a_write_that_fails_is_a_storage_error_not_an_acknowledgement(tmp_path: Path) -> None:
+    """A batch is acknowledged only once it is written: RocksDB's refusal (a full disk; a bare
+    Exception from rocksdict) must reach the caller, which then reports no transition done."""
+    with RocksStore(tmp_path / "db") as store:
+        real = store._db
+
+        def refuse(batch: Any, options: Any) -> None:
+            raise Exception("IO error: No space left on device")
+
+        store._db = WriteHook(real, refuse)
+        try:
+            with pytest.raises(StorageError, match="write to .* failed: IO error: No space left on device"):
+                with store.atomic_batch() as batch:
+                    batch.put(CF_TRAINING_RUNS, b"run", b"state")
+        finally:
+            store._db = real
+        assert store.get(CF_TRAINING_RUNS, b"run") is None
+
+
 def test_invalid_damaged_store_is_not_reported_as_already_open(tmp_path: Path) -> None:
     """RocksDB's "Corruption: block checksum mismatch" holds the letters "lock": it was reported
     as another process holding the LOCK, which sends an operator after the wrong problem."""
@@ -406,6 +568,8 @@ def test_invalid_damaged_store_is_not_reported_as_already_open(tmp_path: Path) -
         RocksStore(path)
     assert "Corruption" in str(info.value) and "already open" not in str(info.value)
     assert str(info.value).startswith(f"cannot open store at {str(path)!r}")
+    # Nor as a damaged write-ahead log: point_in_time recovery would not open it either.
+    assert "write-ahead log" not in str(info.value) and "point_in_time" not in str(info.value)
 
 
 def test_invalid_second_opener_in_another_process(tmp_path: Path) -> None:
@@ -465,3 +629,26 @@ def test_the_write_ahead_log_is_bounded_by_flushing_what_pins_it(tmp_path: Path,
         assert logs > 35 << 20
     else:
         assert logs < 3 * cap
+
+
+def _db_options(path: Path) -> dict[str, str]:
+    """The DBOptions of the newest OPTIONS file RocksDB wrote in ``path`` (it writes one per open)."""
+    newest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    section = newest.read_text().split("[DBOptions]")[1].split("[")[0]
+    return dict(line.strip().split("=", 1) for line in section.splitlines() if "=" in line)
+
+
+def test_the_options_rocksdb_runs_with_are_the_documented_ones(tmp_path: Path) -> None:
+    """What docs/storage.md promises an operator: a WAL damaged before its end refuses the open
+    unless point_in_time is chosen, the log is capped at 256 MiB (a restart after a crash replays
+    no more), and four info logs are kept."""
+    path = tmp_path / "db"
+    RocksStore(path).close()
+    options = _db_options(path)
+    assert options["wal_recovery_mode"] == "kTolerateCorruptedTailRecords"
+    assert options["max_total_wal_size"] == str(256 << 20)
+    assert options["keep_log_file_num"] == "4"
+    RocksStore(path, create=False, wal_recovery="point_in_time", max_total_wal_bytes=1 << 20).close()
+    options = _db_options(path)
+    assert options["wal_recovery_mode"] == "kPointInTimeRecovery"
+    assert options["max_total_wal_size"] == str(1 << 20)

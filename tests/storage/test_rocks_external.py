@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from storage import StorageError
-from storage.external import DIRECTORY, FILE_MAGIC, REF_MAGIC, REF_SIZE, decode_ref, encode_ref
+from storage.external import DIRECTORY, FILE_MAGIC, MAX_FILE_KEY_BYTES, REF_MAGIC, REF_SIZE, decode_ref, encode_ref
 from storage.rocks import EXTERNAL_VALUE_BYTES, RocksStore
 from storage.schema import CF_MODEL_STATE, CF_SUBMISSIONS, CF_TRAINING_RUNS, model_key, payload_key
 
@@ -101,6 +101,37 @@ def test_replacing_or_deleting_a_value_removes_its_file_after_the_batch(tmp_path
         assert files(path) == [] and store.get(CF_SUBMISSIONS, PAYLOAD) is None
 
 
+def test_only_a_live_iterator_that_reads_value_files_holds_back_their_removal(tmp_path: Path) -> None:
+    """A replaced file waits only for an iterator whose view may still read it: a scan of a family
+    without files, or of keys only, must not hold the files of every later batch back (a node
+    iterating its runs while it stores model snapshots would keep every old one on disk)."""
+    path = tmp_path / "db"
+    with RocksStore(path) as store:
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+        put(store, CF_TRAINING_RUNS, b"run", b"state")
+        runs = store.iterate(CF_TRAINING_RUNS)
+        keys = store.keys(CF_SUBMISSIONS)
+        assert next(runs) == (b"run", b"state") and next(keys) == PAYLOAD  # both live
+        put(store, CF_SUBMISSIONS, PAYLOAD, BIG[::-1])
+        ref = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+        assert ref is not None and files(path) == [ref[0].hex()]
+
+
+def test_files_held_back_for_a_live_iterator_are_removed_at_the_close(tmp_path: Path) -> None:
+    """A replaced file that waited for an iterator goes with the close: left behind, it would be
+    linked and kept by every reader (``tenzro audit``) opened before the next read-write open."""
+    path = tmp_path / "db"
+    store = RocksStore(path)
+    put(store, CF_SUBMISSIONS, PAYLOAD, BIG)
+    reading = store.iterate(CF_SUBMISSIONS)
+    assert next(reading) == (PAYLOAD, BIG)  # live: its view may still read the old file
+    put(store, CF_SUBMISSIONS, PAYLOAD, BIG[::-1])
+    ref = stored_ref(store, CF_SUBMISSIONS, PAYLOAD)
+    assert ref is not None and len(files(path)) == 2
+    store.close()
+    assert files(path) == [ref[0].hex()]
+
+
 def test_only_the_last_operation_on_a_key_in_a_batch_writes_a_file(tmp_path: Path) -> None:
     path = tmp_path / "db"
     with RocksStore(path) as store:
@@ -159,18 +190,23 @@ def test_an_open_removes_the_files_no_key_names_and_keeps_the_rest(tmp_path: Pat
         put(store, CF_MODEL_STATE, FRAGMENT, BIG)
         kept = set(files(path))
         # What a writer killed between its files and its batch leaves: a whole file, one cut
-        # short inside its header, an empty one; and a file whose key names another file.
+        # short inside its header, an empty one; and a file whose key names another file. And
+        # one whose header names a key that never holds a reference (its family has no files),
+        # though its value reads like one.
         orphan = store._external.write(CF_SUBMISSIONS, payload_key("task-2", b"\x22" * 32), BIG)
         stale = store._external.write(CF_SUBMISSIONS, PAYLOAD, BIG)
+        like_a_ref = encode_ref(store._external.write(CF_TRAINING_RUNS, b"run", BIG), len(BIG))
+        put(store, CF_TRAINING_RUNS, b"run", like_a_ref)
         (path / DIRECTORY / ("ab" * 16)).write_bytes(FILE_MAGIC + b"\x0b")
         (path / DIRECTORY / ("cd" * 16)).write_bytes(b"")
         (path / DIRECTORY / "not-a-value-file").write_bytes(b"left alone")
         assert orphan.hex() in files(path) and stale.hex() in files(path)
     with RocksStore(path, read_only=True):  # a reader removes nothing
-        assert len(files(path)) == 7
+        assert len(files(path)) == 8
     with RocksStore(path) as store:
         assert set(files(path)) == kept | {"not-a-value-file"}
         assert store.get(CF_SUBMISSIONS, PAYLOAD) == BIG and store.get(CF_MODEL_STATE, FRAGMENT) == BIG
+        assert store.get(CF_TRAINING_RUNS, b"run") == like_a_ref
 
 
 def test_a_file_cut_short_in_its_header_but_named_by_its_key_is_kept(tmp_path: Path) -> None:
@@ -214,6 +250,7 @@ def test_a_damaged_or_missing_file_is_a_storage_error(tmp_path: Path, damage: st
         with pytest.raises(StorageError, match=message):
             list(store.iterate(CF_SUBMISSIONS))
         assert store.contains(CF_SUBMISSIONS, PAYLOAD)  # the key is there; its value is not
+        assert list(store.keys(CF_SUBMISSIONS)) == [PAYLOAD]  # keys only (a pruning): no value file read
         assert store.get(CF_MODEL_STATE, FRAGMENT) == BIG
 
 
@@ -502,6 +539,17 @@ def test_a_key_too_long_for_a_file_header_keeps_its_value(tmp_path: Path) -> Non
         assert store.get(CF_SUBMISSIONS, key) == like_a_ref
         assert list(store.iterate(CF_SUBMISSIONS)) == [(key, like_a_ref)]
     assert files(tmp_path / "db") == []
+
+
+def test_a_key_as_long_as_a_file_header_holds_still_puts_its_value_in_a_file(tmp_path: Path) -> None:
+    """The limit is the header's (a 16-bit key length): a key of exactly that length fits, and
+    its large value must not go through the write-ahead log."""
+    key = PAYLOAD + b"k" * (MAX_FILE_KEY_BYTES - len(PAYLOAD))
+    with RocksStore(tmp_path / "db") as store:
+        put(store, CF_SUBMISSIONS, key, BIG)
+        ref = stored_ref(store, CF_SUBMISSIONS, key)
+        assert ref is not None and files(tmp_path / "db") == [ref[0].hex()]
+        assert store.get(CF_SUBMISSIONS, key) == BIG and list(store.iterate(CF_SUBMISSIONS)) == [(key, BIG)]
 
 
 def test_a_writer_removes_the_links_of_dead_readers_as_it_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
