@@ -26,6 +26,8 @@ from precompile import (
 from precompile.evm import sealed_lookup_from_store
 from storage import schema
 from storage.memory import MemoryStore
+from tenzro_training.node import persistence
+from tenzro_training.receipt_abi import MAX_RECEIPT_BYTES
 from tests.chain.conftest import Chain, SealedRun, run_to_sealed
 
 ADDRESS = to_checksum_address("0x" + "00" * 18 + "1008")
@@ -37,10 +39,14 @@ def call(chain: Chain, data: bytes, gas: int = 30_000_000) -> bytes:
 
 def test_sealed_receipt_verifies_in_the_evm(chain: Chain, sealed_run: SealedRun) -> None:
     data = sealed_run.run_root + sealed_run.abi
-    assert call(chain, data) == INVALID  # the chain has not seen the seal yet
+    # The answer is always exactly one byte (ITrainingVerify.sol reads it as such): 0x00 / 0x01.
+    assert call(chain, data) == INVALID == b"\x00"  # the chain has not seen the seal yet
     chain.sealed.use_store(sealed_run.store)
-    assert call(chain, data) == VALID
+    assert call(chain, data) == VALID == b"\x01"
     assert training_verify(data, sealed_lookup_from_store(sealed_run.store)) == VALID
+    # The reference takes any bytes-like input, as its callers hold it (a buffer, a view).
+    for view in (bytearray(data), memoryview(data)):
+        assert training_verify(view, sealed_lookup_from_store(sealed_run.store)) == VALID
 
 
 def test_node_get_receipt_abi_is_the_verified_bytes(sealed_run: SealedRun) -> None:
@@ -92,6 +98,10 @@ def test_invalid_tampered_inputs(chain: Chain, sealed_run: SealedRun) -> None:
 
 
 def test_gas_schedule(chain: Chain, sealed_run: SealedRun) -> None:
+    # The published figures (docs/receipt.md "Gas schedule"): claim budgets and the contracts'
+    # gas tests are sized by them, so a changed constant must fail here, not only move along.
+    assert (GAS_BASE, GAS_PER_WORD) == (3000, 42)
+    assert [compute_gas(n) for n in (0, 1, 32, 33, 64, 65)] == [3000, 3042, 3042, 3084, 3084, 3126]
     assert compute_gas(0) == GAS_BASE
     assert compute_gas(1) == compute_gas(32) == GAS_BASE + GAS_PER_WORD
     assert compute_gas(33) == GAS_BASE + 2 * GAS_PER_WORD
@@ -100,6 +110,26 @@ def test_gas_schedule(chain: Chain, sealed_run: SealedRun) -> None:
     data = sealed_run.run_root + sealed_run.abi
     estimate = chain.w3.eth.estimate_gas({"to": ADDRESS, "data": "0x" + data.hex()})
     assert estimate >= 21_000 + compute_gas(len(data))
+
+
+def test_input_of_the_largest_receipt_is_looked_up_and_one_byte_more_is_refused_unparsed(
+    sealed_run: SealedRun,
+) -> None:
+    """MAX_INPUT_BYTES is 32 + MAX_RECEIPT_BYTES: any receipt a node can seal must reach the
+    sealed-record lookup (a smaller limit would leave the largest runs unpayable), and anything
+    longer is refused before a byte of it is read (it only pays its gas)."""
+    asked: list[str] = []
+
+    def lookup(task_id: str) -> SealedReceipt | None:
+        asked.append(task_id)
+        return None
+
+    data = sealed_run.run_root + sealed_run.abi
+    at_limit = data + bytes(32 + MAX_RECEIPT_BYTES - len(data))  # trailing bytes: the head still names the task
+    assert training_verify(at_limit, lookup) == INVALID  # not the sealed bytes
+    assert asked == [sealed_run.task_id]
+    assert training_verify(at_limit + b"\x00", lookup) == INVALID
+    assert asked == [sealed_run.task_id]  # refused unparsed: no lookup
 
 
 def test_invalid_out_of_gas_fails_the_call(chain: Chain) -> None:
@@ -172,6 +202,42 @@ def test_the_validity_rules_run_only_on_sealed_bytes_and_once(
     assert runs == [sealed_run.abi, bytes(bad), bytes(bad)]
 
 
+def test_the_validity_memo_keeps_the_256_most_recently_used_receipts(
+    sealed_run: SealedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memo is bounded (docs/receipt.md: 256 receipts) so a caller cannot grow the node's
+    memory with sealed receipts, and least-recently-used, so a receipt a contract keeps
+    verifying stays cheap while others come and go."""
+    import precompile.verify as verify
+
+    runs: list[bytes] = []
+
+    def counting(root: bytes, body: bytes) -> object:
+        runs.append(body)
+        return object()  # the rules themselves are not under test: every body passes
+
+    monkeypatch.setattr(verify, "verify_receipt_bytes", counting)
+    verify.clear_validity_memo()
+    # 257 distinct bodies naming the same task (trailing bytes change the digest, not the head).
+    bodies = [sealed_run.abi + i.to_bytes(2, "big") for i in range(257)]
+
+    def check(body: bytes) -> None:
+        record = SealedReceipt(sealed_run.run_root, hashlib.sha256(body).digest())
+        assert training_verify(sealed_run.run_root + body, lambda t: record) == VALID
+
+    for body in bodies[:256]:
+        check(body)
+    check(bodies[0])  # remembered, and now the most recently used
+    check(bodies[256])  # the 257th evicts the least recently used: bodies[1]
+    assert runs == bodies
+    check(bodies[0])
+    check(bodies[2])
+    assert runs == bodies  # both still remembered
+    check(bodies[1])
+    assert runs == [*bodies, bodies[1]]  # evicted, so checked again
+    verify.clear_validity_memo()
+
+
 def test_sealed_lookup_from_store(sealed_run: SealedRun) -> None:
     lookup = sealed_lookup_from_store(sealed_run.store)
     assert lookup(sealed_run.task_id) == compute_sealed_receipt(sealed_run.receipt)
@@ -182,6 +248,12 @@ def test_sealed_lookup_from_store(sealed_run: SealedRun) -> None:
     with broken.atomic_batch() as batch:
         batch.put(schema.CF_META, schema.sealed_record_key("x"), b"\x01" * 63)
     assert sealed_lookup_from_store(broken)("x") is None
+    # Task ids are case-sensitive: "Run-A" and "run-a" are two runs, and each has its own seal.
+    mixed = MemoryStore()
+    with mixed.atomic_batch() as batch:
+        batch.put(schema.CF_META, schema.sealed_record_key("Run-A"), persistence.encode_sealed_record(sealed_run.receipt))
+    assert sealed_lookup_from_store(mixed)("Run-A") == compute_sealed_receipt(sealed_run.receipt)
+    assert sealed_lookup_from_store(mixed)("run-a") is None
 
 
 class _CountingStore(MemoryStore):
@@ -213,6 +285,19 @@ def test_sealed_lookup_reads_one_small_record_not_the_receipt(sealed_run: Sealed
     with store.atomic_batch() as batch:
         batch.delete(schema.CF_META, schema.sealed_record_key(sealed_run.task_id))
     assert lookup(sealed_run.task_id) is None
+
+
+def test_without_the_evm_extra_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-evm and eth-tester come with the ``evm`` extra only: a plain install that imports
+    precompile.evm must be told what to install, not fail later on an undefined name."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "precompile.evm")
+    monkeypatch.setitem(sys.modules, "eth_tester", None)  # as if not installed
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'tenzro-training\[evm\]'") as info:
+        importlib.import_module("precompile.evm")
+    assert info.value.name == "eth_tester"
 
 
 def test_fuzzed_inputs_never_crash(chain: Chain, sealed_run: SealedRun) -> None:

@@ -147,11 +147,33 @@ def test_sealed_record_is_root_and_digest_of_the_getreceipt_abi(sealed_run: Seal
     assert compute_receipt_digest(abi) == hashlib.sha256(abi).digest()
 
 
+class _EqualToAnything(bytes):
+    """bytes whose comparisons always say "equal": a lookup answer that could decide its own
+    comparison would let whatever the lookup returns vouch for any input."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = bytes.__hash__
+
+
+def flip_last_byte(value: bytes) -> bytes:
+    return value[:-1] + bytes([value[-1] ^ 1])
+
+
 def test_invalid_lookup_answers_that_are_not_a_well_formed_sealed_record(sealed_run: SealedRun) -> None:
     data = sealed_run.run_root + sealed_run.abi
     good = compute_sealed_receipt(sealed_run.receipt)
     assert training_verify(data, lambda t: good) == VALID
     for held in (
+        # Every byte of both values is compared: a record off in the last byte is another record.
+        SealedReceipt(flip_last_byte(sealed_run.run_root), good.receipt_digest),
+        SealedReceipt(sealed_run.run_root, flip_last_byte(good.receipt_digest)),
+        SealedReceipt(_EqualToAnything(sealed_run.run_root), good.receipt_digest),
+        SealedReceipt(sealed_run.run_root, _EqualToAnything(good.receipt_digest)),
         sealed_run.run_root,  # the old answer (a bare root) no longer passes
         SealedReceipt(sealed_run.run_root, b"\x00" * 32),
         SealedReceipt(b"\x00" * 32, good.receipt_digest),

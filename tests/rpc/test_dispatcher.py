@@ -55,6 +55,21 @@ def test_fake_service_satisfies_the_protocol() -> None:
     assert isinstance(FakeService(), TrainingService)
 
 
+SERVICE_METHODS = ("post_task", "list_runs", "get_run", "get_run_json", "get_receipt", "get_receipt_json",
+                   "enroll_trainer", "submit_outer_gradient", "finalize_round", "cancel_task")
+
+
+@pytest.mark.parametrize("missing", SERVICE_METHODS)
+def test_a_service_missing_a_method_is_not_a_training_service(missing: str) -> None:
+    """The Protocol is the transport's whole contract with the node: every method a route calls
+    is in it, so a service lacking one fails the isinstance check up front instead of answering
+    -32603 at its first request."""
+    methods = {name: lambda self, *args: {} for name in SERVICE_METHODS}
+    assert isinstance(type("Complete", (), methods)(), TrainingService)
+    del methods[missing]
+    assert not isinstance(type("Partial", (), methods)(), TrainingService)
+
+
 def test_every_method_has_params_and_a_route() -> None:
     assert set(METHODS) == set(PARAMS_BY_METHOD)
     assert len(METHODS) == 8

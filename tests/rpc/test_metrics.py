@@ -35,11 +35,13 @@ def test_counter_and_callbacks_render_in_the_text_format() -> None:
     c.inc("a", "0")
     c.inc("a", "0", amount=2)
     c.inc('we"ird\\ \nlabel', "-32602")
+    c.inc("C:\\new", "0")  # a backslash before an n: unescaped, a parser would read a newline
     reg.gauge_callback("t_temperature", "A gauge.", lambda: {(): 1.5})
     reg.counter_callback("t_external_total", "Kept elsewhere.", lambda: {("x",): 7}, ("kind",))
     fams = parse(reg)
     assert fams["t_calls"][("t_calls_total", (("code", "0"), ("method", "a")))] == 3
     assert fams["t_calls"][("t_calls_total", (("code", "-32602"), ("method", 'we"ird\\ \nlabel')))] == 1
+    assert fams["t_calls"][("t_calls_total", (("code", "0"), ("method", "C:\\new")))] == 1
     assert fams["t_temperature"][("t_temperature", ())] == 1.5
     assert fams["t_external"][("t_external_total", (("kind", "x"),))] == 7
     text = reg.render().decode()
@@ -77,6 +79,28 @@ def test_histogram_buckets_are_cumulative() -> None:
     assert h.count("m") == 4 and h.count("other") == 0
 
 
+def test_default_latency_buckets_span_1_ms_to_30_s() -> None:
+    """docs/node.md promises latency buckets from 1 ms to 30 s: histogram_quantile() and
+    dashboards over tenzro_rpc_request_duration_seconds read these exact bounds."""
+    reg = Registry()
+    reg.histogram("t_seconds", "Latency.").observe(0.3)
+    bounds = [dict(labels)["le"] for (name, labels) in parse(reg)["t_seconds"] if name == "t_seconds_bucket"]
+    assert bounds == ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5",
+                      "5.0", "10.0", "30.0", "+Inf"]
+
+
+def test_a_callback_counter_is_typed_counter_and_its_labels_are_checked() -> None:
+    """A counter kept elsewhere must still be TYPEd counter (rate() on a gauge is wrong), and a
+    callback answering label values that do not fit its label names is dropped from the scrape
+    rather than rendered as a malformed series."""
+    reg = Registry()
+    reg.counter_callback("t_external_total", "Kept elsewhere.", lambda: {("x",): 7}, ("kind",))
+    reg.gauge_callback("t_wrong_labels", "Two values for one label.", lambda: {("a", "b"): 1}, ("kind",))
+    text = reg.render().decode()
+    assert "# TYPE t_external_total counter" in text
+    assert "t_wrong_labels" not in text and 't_external_total{kind="x"} 7' in text
+
+
 def test_a_failing_callback_drops_only_its_metric() -> None:
     reg = Registry()
     reg.gauge_callback("t_broken", "Raises.", lambda: 1 / 0)  # type: ignore[arg-type,return-value]
@@ -94,6 +118,9 @@ def test_format_value() -> None:
     lambda r: r.counter("t_no_suffix", "Counters end in _total."),
     lambda r: r.counter("9bad_total", "Names start with a letter."),
     lambda r: r.counter("t_x_total", "Bad label.", ("has-dash",)),
+    lambda r: r.counter("t.x_total", "Dots are not allowed in names."),
+    lambda r: r.counter("t_x_total", "Labels starting __ are Prometheus' own.", ("__name",)),
+    lambda r: r.histogram("t_h", "Repeated bound.", buckets=(0.5, 0.5, 1.0)),
     lambda r: r.histogram("t_h", "le is reserved.", ("le",)),
     lambda r: r.histogram("t_h", "Unsorted.", buckets=(1.0, 0.5)),
     lambda r: r.histogram("t_h", "Infinite.", buckets=(1.0, math.inf)),
@@ -113,6 +140,8 @@ def test_invalid_metric_use() -> None:
         c.inc()  # one label expected
     with pytest.raises(ValueError, match="only goes up"):
         c.inc("x", amount=-1)
+    c.inc("x", amount=0)  # adding nothing (an empty batch) is not going down
+    assert c.get("x") == 0
     with pytest.raises(ValueError, match="label values"):
         Histogram("t_h", "x", ("a",)).observe(1.0, "a", "b")
     assert isinstance(c, Counter)
@@ -177,6 +206,8 @@ def test_metrics_endpoint_serves_the_text_format() -> None:
         assert live.post(b" " * (SMALL_LIMIT + 1))[0] == 413
         status, headers, body = live.request("GET", "/metrics")
     assert status == 200 and headers["Content-Type"] == CONTENT_TYPE
+    # The version parameter selects the parser a Prometheus server uses (docs/rpc.md: 0.0.4).
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     requests = {tuple(sorted(s.labels.items())): s.value for s in families["tenzro_rpc_requests"].samples}
     assert requests[(("code", "0"), ("method", "tenzro_training_getRun"))] == 1

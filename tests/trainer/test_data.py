@@ -114,6 +114,46 @@ def test_corpus_equals_statsmodels_own_loaders(corpus: tuple[Series, ...]) -> No
         assert np.array_equal(by[f"macrodata.{c}"], as32(macro[c]))
 
 
+@pytest.fixture
+def datasets_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty stand-in for statsmodels' datasets directory: a test writes the files it needs."""
+    import tenzro_training.trainer.data as data
+
+    monkeypatch.setattr(data, "_datasets_dir", lambda: tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("year,volume\n1871,1120\n1872,\n1873,963\n", "nile: unexpected missing values"),
+    ("year,volume\n1871,1120\n1872\n", "nile: malformed CSV cell"),
+    ("year,volume\n1871,1120\n1872,lots\n", "nile: malformed CSV cell"),
+], ids=["missing-value", "short-row", "not-a-number"])
+def test_invalid_corpus_file_is_a_dataset_error(datasets_dir: Path, text: str, message: str) -> None:
+    """A damaged or altered statsmodels install must be refused as a DatasetError naming the
+    source (what a trainer reports before it stakes), never as a stray TypeError or IndexError."""
+    (datasets_dir / "nile").mkdir()
+    (datasets_dir / "nile" / "nile.csv").write_text(text)
+    with pytest.raises(DatasetError, match=message):
+        SOURCES["nile"]()
+
+
+def test_unreadable_corpus_file_is_a_dataset_error(datasets_dir: Path) -> None:
+    (datasets_dir / "nile" / "nile.csv").mkdir(parents=True)  # a directory where the file should be
+    with pytest.raises(DatasetError, match="cannot read .*nile.csv"):
+        SOURCES["nile"]()
+
+
+def test_without_statsmodels_the_corpus_is_a_dataset_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The corpus files ship inside statsmodels: without it the trainer says so."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "statsmodels" else real(name, *args))
+    with pytest.raises(DatasetError, match="statsmodels package .* is not installed"):
+        SOURCES["nile"]()
+
+
 def test_corpus_subset_follows_ref_order() -> None:
     sub = load_corpus("statsmodels:nile,co2")
     assert [s.name for s in sub] == ["nile", "co2"]
@@ -139,8 +179,18 @@ def test_dataset_ref_round_trip_and_spec_accepts_it(corpus: tuple[Series, ...]) 
             "Statsmodels:co2", "statsmodels:co2,", 42],
 )
 def test_invalid_dataset_ref(ref: object) -> None:
-    with pytest.raises(DatasetError):
+    with pytest.raises(DatasetError) as info:
         parse_dataset_ref(ref)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)  # a bad argument, for callers that catch ValueError
+
+
+def test_invalid_dataset_ref_names_the_unknown_sources() -> None:
+    """The sponsor fixes a ref by the names the error gives: the scheme is only the part before
+    the first colon, the rest are the source names as written."""
+    with pytest.raises(DatasetError, match=r"unknown sources \['co2:x'\]"):
+        parse_dataset_ref("statsmodels:co2:x")
+    with pytest.raises(DatasetError, match=r"unknown sources \['x', 'y'\]"):  # every one, not only the first
+        parse_dataset_ref("statsmodels:co2,x,y")
 
 
 def test_dataset_hash_pinned(corpus: tuple[Series, ...]) -> None:
@@ -215,6 +265,29 @@ def test_shards_are_deterministic_and_seeded(corpus: tuple[Series, ...]) -> None
     assert shard_windows(corpus, 0, 4, 32, 8, stride=4).refs != a.refs
 
 
+def test_shard_rule_encoding_by_hand() -> None:
+    """The node and every trainer must deal the same windows to the same shard index, whatever
+    implementation each runs (docs/trainer.md "Sharding"): the sort key is pinned byte for byte
+    here, as the dataset hash is above, and so are the defaults (stride 1, empty seed)."""
+    import hashlib
+
+    corpus = synthetic([20, 15])  # 16 and 12 training values: 7 and 3 windows of 10
+    seed = b"task-7"
+
+    def key(name: str, start: int) -> bytes:
+        return hashlib.sha256(b"tenzro/train/shard/v1" + len(seed).to_bytes(8, "big") + seed
+                              + len(name).to_bytes(8, "big") + name.encode() + start.to_bytes(8, "big")).digest()
+
+    windows = [WindowRef(i, start) for i, n in enumerate((7, 3)) for start in range(n)]
+    assert get_training_windows(corpus, 10) == tuple(windows)
+    ranked = sorted(windows, key=lambda r: key(corpus[r.series].name, r.start))
+    for index in range(3):
+        assert shard_windows(corpus, index, 3, 6, 4, seed=seed).refs == tuple(sorted(ranked[index::3]))
+    assert shard_windows(corpus, 1, 3, 6, 4).refs == shard_windows(corpus, 1, 3, 6, 4, seed=b"").refs
+    assert len(shard_windows(corpus, 0, 1, 6, 4)) == 10
+    check_shardable(corpus, 10, 6, 4)  # ten windows fill ten shards
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 60), min_size=1, max_size=5),
@@ -249,7 +322,7 @@ def test_shard_rule_property(lengths: list[int], count: int, stride: int, seed: 
 def test_invalid_shard_arguments(corpus: tuple[Series, ...], index: int, count: int, ctx: int, horizon: int) -> None:
     with pytest.raises(ShardError) as info:
         shard_windows(corpus, index, count, ctx, horizon)
-    assert isinstance(info.value, TrainerError)
+    assert isinstance(info.value, TrainerError) and isinstance(info.value, ValueError)
     if 0 <= index < 3:  # every argument check but the index (unknown before enrollment)
         with pytest.raises(ShardError):
             check_shardable(corpus, count, ctx, horizon)
@@ -287,6 +360,14 @@ def test_validation_windows_name_the_rows_of_the_validation_batch(corpus: tuple[
     assert len(refs) == len(val) == 150 and list(refs) == sorted(refs)
     for ref, row in zip(refs, val):
         assert np.array_equal(row.numpy(), corpus[ref.series].values[ref.start : ref.start + 40])
+
+
+def test_a_validation_window_may_start_at_the_first_value() -> None:
+    """A series just long enough for one window, its context reaching back to its very first
+    value, still gives that held-out window (20 values: 16 train, context 16, horizon 4)."""
+    corpus = synthetic([20])
+    assert get_validation_windows(corpus, 16, 4) == (WindowRef(0, 0),)
+    assert validation_batch(corpus, 16, 4)[0].tolist() == list(range(20))
 
 
 def test_every_source_has_a_season(corpus: tuple[Series, ...]) -> None:

@@ -25,6 +25,10 @@ from tenzro_training.trainer.data import (
 from tenzro_training.trainer.evaluation import (
     BASELINE_LAST_VALUE,
     BASELINE_SEASONAL_NAIVE,
+    BaselineScore,
+    Evaluation,
+    ModelScore,
+    ValidationSet,
     check_model_state,
     compute_last_value_loss,
     compute_seasonal_naive_loss,
@@ -97,6 +101,20 @@ def test_a_models_score_is_evaluate_on_the_specs_validation_windows(spec: Traini
     assert (result.windows, result.context_len, result.horizon) == (150, 32, 8)
 
 
+def test_every_model_is_scored_on_the_device_asked_for(spec: TrainingTaskSpec, init: dict,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``evaluate-model --device`` exists for models too large to score on the CPU: the device
+    must reach every model's forward pass, not be dropped on the way."""
+    import tenzro_training.trainer.evaluation as evaluation
+
+    devices = []
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate",
+                        lambda *args, **kwargs: devices.append(kwargs.get("device")) or real(*args, **kwargs))
+    evaluate_models(load_validation_set(spec), [("a", init), ("b", init)], device=torch.device("cpu"))
+    assert devices == [torch.device("cpu")] * 2
+
+
 def test_a_trained_model_scores_below_its_init(spec: TrainingTaskSpec, init: dict) -> None:
     """Eight AdamW steps on one shard: the score must drop (it went 3.48 -> 2.97 when written)."""
     shard = shard_windows(load_corpus(spec.dataset_ref), 0, 3, TINY_MODEL.context_len, TINY_MODEL.horizon)
@@ -131,6 +149,21 @@ def test_a_season_of_one_is_the_last_value_forecast(spec: TrainingTaskSpec) -> N
     assert compute_seasonal_naive_loss(windows, 32, [1] * len(windows)) == compute_last_value_loss(windows, 32)
 
 
+def test_a_season_as_long_as_the_context_is_used() -> None:
+    """A period equal to the context still leaves one value of the same phase for every target
+    (the context's first ones): the baseline is computed, not refused as too long."""
+    validation = load_validation_set(make_spec())
+    n = len(validation.windows)
+    seasonal = evaluate_models(ValidationSet(validation.model_cfg, validation.windows, (32,) * n, ("s",) * n),
+                               []).baselines[1]
+    w = validation.windows.double().numpy()
+    context, target = w[:, :32], w[:, 32:]
+    scale = context.std(axis=1, keepdims=True)
+    scale[scale < 1e-5] = 1.0
+    assert seasonal.note == ""
+    assert seasonal.loss == pytest.approx(float(np.mean(((context[:, :8] - target) / scale) ** 2)), rel=1e-5)
+
+
 def test_invalid_seasonal_naive_is_not_computed_where_it_means_nothing() -> None:
     # Context 32 is shorter than co2's 52-week season: no value one season back.
     seasonal = evaluate_models(load_validation_set(make_spec()), []).baselines[1]
@@ -143,6 +176,20 @@ def test_invalid_seasonal_naive_is_not_computed_where_it_means_nothing() -> None
     windows = load_validation_set(make_spec()).windows
     with pytest.raises(ValueError, match="season"):
         compute_seasonal_naive_loss(windows, 32, [33] * len(windows))
+    with pytest.raises(ValueError, match="season"):  # one window's period is enough to refuse
+        compute_seasonal_naive_loss(windows, 32, [1] * (len(windows) - 1) + [33])
+    # One period per window: fewer would silently score only the first windows.
+    with pytest.raises(ValueError, match=f"{len(windows) - 1} seasons for {len(windows)} windows"):
+        compute_seasonal_naive_loss(windows, 32, [1] * (len(windows) - 1))
+
+
+def test_the_note_names_the_source_whose_season_does_not_fit() -> None:
+    """The note tells the sponsor which series makes the seasonal baseline meaningless: it must
+    name that series' source wherever it sits in the corpus, not the corpus' first one."""
+    ref = "statsmodels:nile,co2"
+    spec = make_spec(dataset_ref=ref, dataset_hash="0x" + compute_dataset_hash(load_corpus(ref)).hex())
+    seasonal = evaluate_models(load_validation_set(spec), []).baselines[1]
+    assert seasonal.loss is None and seasonal.note == "co2's season of 52 values is longer than the context (32)"
 
 
 def test_invalid_dataset_hash_is_refused(spec: TrainingTaskSpec) -> None:
@@ -172,3 +219,12 @@ def test_json_form_has_no_nan(spec: TrainingTaskSpec, init: dict) -> None:
     json.dumps(doc, allow_nan=False)
     assert doc["models"] == [{"name": "huge", "loss": None}]
     assert set(doc) == {"windows", "context_len", "horizon", "models", "baselines"}
+
+
+def test_json_form_has_no_infinity() -> None:
+    """JSON has no Infinity either (a loss can overflow to inf as well as to NaN): null too."""
+    evaluation = Evaluation(1, 32, 8, (ModelScore("overflow", math.inf),),
+                            (BaselineScore(BASELINE_LAST_VALUE, -math.inf),))
+    doc = evaluation.to_dict()
+    json.dumps(doc, allow_nan=False)
+    assert doc["models"][0]["loss"] is None and doc["baselines"][0]["loss"] is None
