@@ -3,6 +3,7 @@ learning check (a few DiLoCo rounds on three shards of the real corpus lower val
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from tenzro_training.trainer.inner import (
     resolve_device,
     run_inner_loop,
 )
-from tenzro_training.trainer.model import PatchTransformerConfig, create_init_checkpoint
+from tenzro_training.trainer.model import PatchTransformerConfig, build_model, create_init_checkpoint, load_state
 from tests.trainer.conftest import TINY_MODEL
 
 MODEL = TINY_MODEL
@@ -62,11 +63,41 @@ def test_inner_config_from_spec() -> None:
 @pytest.mark.parametrize(
     "changes",
     [{"inner_steps": 0}, {"batch_size": True}, {"lr": 0.0}, {"lr": float("nan")}, {"weight_decay": -1.0},
-     {"betas": (0.9,)}, {"betas": (0.9, 1.0)}, {"seed": -1}, {"grad_clip": 0.0}, {"grad_clip": float("inf")}],
+     {"betas": (0.9,)}, {"betas": (0.9, 1.0)}, {"betas": (-0.1, 0.9)}, {"seed": -1}, {"seed": 2**64},
+     {"grad_clip": 0.0}, {"grad_clip": float("inf")}],
 )
 def test_invalid_inner_config(changes: dict) -> None:
     with pytest.raises(TrainerError):
         InnerConfig(**changes)
+
+
+def test_inner_config_accepts_the_edges_of_each_range() -> None:
+    """The edges are valid settings (no decay, zero momentum, the largest u64 seed, which
+    compute_inner_seed packs): refusing them would turn a legal trainer config into an error.
+    betas given as a list (from JSON) are stored as a tuple of floats, which AdamW and the
+    config's equality and hash need."""
+    cfg = InnerConfig(weight_decay=0.0, betas=[0, 0], seed=2**64 - 1)
+    assert cfg.weight_decay == 0.0 and cfg.seed == 2**64 - 1
+    assert cfg.betas == (0.0, 0.0) and type(cfg.betas) is tuple and all(type(b) is float for b in cfg.betas)
+    assert InnerConfig(betas=[0.5, 0.75]) == InnerConfig(betas=(0.5, 0.75))
+
+
+def test_inner_config_from_spec_overrides_win() -> None:
+    """A trainer's command-line settings override what the spec says (e.g. a smaller H to
+    test a task); the spec's values are only defaults."""
+    doc = json.loads((Path(tenzro_training.__file__).parent / "data" / "timesfm-200m-task.json").read_text())
+    doc["architecture"]["metadata"]["inner_lr"] = 0.001
+    cfg = InnerConfig.from_spec(TrainingTaskSpec.from_dict(doc), inner_steps=3, lr=0.01)
+    assert (cfg.inner_steps, cfg.lr) == (3, 0.01)
+
+
+def test_inner_seed_is_pinned() -> None:
+    """Every trainer (any implementation, any version) must derive the same batch stream for a
+    (seed, round, shard) or rounds are not reproducible: the derivation is part of the protocol
+    (SHA-256 of domain || big-endian u64s, first 8 bytes, top bit cleared)."""
+    assert compute_inner_seed(0, 0, 0) == 842345640046904565
+    assert compute_inner_seed(3, 2, 1) == 3663124990962503072
+    assert compute_inner_seed(2**64 - 1, 2**64 - 1, 2**64 - 1) == 8080654301495012771
 
 
 def test_inner_seed_separates_rounds_and_shards() -> None:
@@ -116,6 +147,51 @@ def test_inner_loop_is_deterministic(init: dict, shards: list[Shard]) -> None:
     assert compute_model_hash(other_round.state) != h and compute_model_hash(other_shard.state) != h
 
 
+def _reference_inner_loop(init: dict, cfg: InnerConfig, shard: Shard, round: int) -> tuple[list[float], dict]:
+    """The inner loop as documented, written out: batches drawn with replacement by a CPU
+    generator seeded with compute_inner_seed, then zero_grad, loss, backward, optional clip and
+    one AdamW step, H times."""
+    model = build_model(MODEL)
+    load_state(model, init)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(compute_inner_seed(cfg.seed, round, shard.index))
+    losses = []
+    for _ in range(cfg.inner_steps):
+        batch = shard.windows[torch.randint(len(shard), (cfg.batch_size,), generator=gen)]
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(batch)
+        losses.append(float(loss.detach()))
+        loss.backward()
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("grad_clip", [0.05, None])
+def test_inner_loop_is_plain_clipped_adamw_on_the_seeded_batches(
+    init: dict, shards: list[Shard], grad_clip: float | None
+) -> None:
+    """Every trainer must compute the same round from the same inputs, and determinism alone
+    does not say it is the right computation: the result must be, bit for bit, the documented
+    loop (a missing zero_grad, clip or seed would still be deterministic)."""
+    cfg = dataclasses.replace(FAST, grad_clip=grad_clip)
+    losses, state = _reference_inner_loop(init, cfg, shards[1], 4)
+    res = run_inner_loop(init, cfg, MODEL, shards[1], 4, 1)
+    assert list(res.losses) == losses
+    assert compute_model_hash(res.state) == compute_model_hash(state)
+
+
+def test_inner_loop_seed_depends_on_the_shard_index(init: dict, shards: list[Shard]) -> None:
+    """The batch stream is per (round, shard index): two trainers dealt identical windows under
+    different indices must still draw different batches."""
+    a = run_inner_loop(init, FAST, MODEL, shards[0], 0, 0)
+    relabelled = dataclasses.replace(shards[0], index=1)
+    b = run_inner_loop(init, FAST, MODEL, relabelled, 0, 1)
+    assert a.losses != b.losses
+
+
 def test_inner_loop_on_an_explicit_cpu_device_is_the_same_bits(init: dict, shards: list[Shard]) -> None:
     default = run_inner_loop(init, FAST, MODEL, shards[0], 1, 0)
     for device in ("cpu", "CPU", torch.device("cpu"), "auto" if not torch.cuda.is_available() else "cpu"):
@@ -149,6 +225,14 @@ def test_invalid_cuda_device_without_cuda(init: dict, shards: list[Shard]) -> No
         run_inner_loop(init, FAST, MODEL, shards[0], 0, 0, device="cuda")
 
 
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="checks the error on a machine without MPS")
+def test_invalid_mps_device_without_mps() -> None:
+    """A trainer started with --device mps on a machine without it must fail before it
+    enrolls, not in its first round."""
+    with pytest.raises(TrainerError, match="MPS is not available"):
+        resolve_device("mps")
+
+
 def test_auto_prefers_cuda_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
@@ -162,8 +246,12 @@ def test_auto_prefers_cuda_when_present(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_inner_loop_with_dropout_is_deterministic(init: dict, shards: list[Shard]) -> None:
     cfg = PatchTransformerConfig(**{**{f: getattr(MODEL, f) for f in MODEL.__slots__}, "dropout": 0.2})
-    a = run_inner_loop(init, FAST, cfg, shards[0], 0, 0)
-    b = run_inner_loop(init, FAST, cfg, shards[0], 0, 0)
+    # Dropout masks come from the round's seed, not from whatever the caller's RNG holds.
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        a = run_inner_loop(init, FAST, cfg, shards[0], 0, 0)
+        torch.manual_seed(2)
+        b = run_inner_loop(init, FAST, cfg, shards[0], 0, 0)
     assert compute_model_hash(a.state) == compute_model_hash(b.state)
     assert compute_model_hash(a.state) != compute_model_hash(run_inner_loop(init, FAST, MODEL, shards[0], 0, 0).state)
 
@@ -228,6 +316,19 @@ def test_invalid_inner_loop_inputs(init: dict, shards: list[Shard]) -> None:
         run_inner_loop({k: v for k, v in init.items() if k != "head.bias"}, FAST, MODEL, shards[0], 0, 0)
 
 
+def test_inner_loop_round_and_shard_size_edges(init: dict, shards: list[Shard]) -> None:
+    """Rounds are u64 (the seed packs them): the largest trains, 2**64 and a bool are refused.
+    A shard of one window is small but trainable; an empty one can draw no batch."""
+    one = dataclasses.replace(shards[0], refs=shards[0].refs[:1], windows=shards[0].windows[:1])
+    assert len(run_inner_loop(init, FAST, MODEL, one, 2**64 - 1, 0).losses) == FAST.inner_steps
+    for bad in (2**64, True):
+        with pytest.raises(TrainerError, match="round must be"):
+            run_inner_loop(init, FAST, MODEL, one, bad, 0)  # type: ignore[arg-type]
+    empty = dataclasses.replace(shards[0], refs=(), windows=shards[0].windows[:0])
+    with pytest.raises(TrainerError, match="no windows"):
+        run_inner_loop(init, FAST, MODEL, empty, 0, 0)
+
+
 def test_invalid_diverged_loss_raises(init: dict, shards: list[Shard]) -> None:
     poisoned = dict(init) | {"head.bias": torch.full_like(init["head.bias"], float("nan"))}
     with pytest.raises(InnerLoopDiverged) as info:
@@ -251,6 +352,35 @@ def test_payloads_decode_against_the_layouts(init: dict, shards: list[Shard], dt
         assert torch.equal(decoded.flat_fp32(), grad.to(getattr(torch, dtype)).float())
     with pytest.raises(PayloadLayoutMismatch):
         decode_payload(payloads[0], layouts[1], max_bytes=10**7)
+    if dtype == "float32":  # the default: full precision unless the task says otherwise
+        assert make_payloads("task-1", 5, layouts, grads) == payloads
+
+
+def test_payloads_with_feedback_are_topk(init: dict, shards: list[Shard]) -> None:
+    """A task with the topk encoding: each payload must say "topk" and carry only the largest
+    values of the outer gradient, or the node refuses it or aggregates the wrong thing."""
+    from tenzro_training.compression import ErrorFeedback, PayloadEncoding
+
+    layouts = compute_fragment_layouts(init, F)
+    grads = compute_outer_gradients(init, run_inner_loop(init, FAST, MODEL, shards[0], 5, 0).state, layouts)
+    encoding = PayloadEncoding("topk", 1000)
+    payloads = make_payloads("task-1", 5, layouts, grads, feedback=ErrorFeedback(layouts, encoding))
+    for lay, grad, data in zip(layouts, grads, payloads):
+        expected = PayloadHeader("task-1", 5, lay.index, "topk", lay.layout_hash())
+        decoded = decode_payload(data, lay, expected=expected, max_bytes=len(data), topk_k=encoding.kept(lay.numel))
+        assert decoded.header.encoding == "topk"
+        dense = decoded.flat_fp32()
+        sent = dense != 0
+        assert 0 < int(sent.sum()) < lay.numel and torch.equal(dense[sent], grad[sent])
+        assert float(grad[~sent].abs().max()) <= float(grad[sent].abs().min())
+
+
+def test_evaluate_is_in_eval_mode(init: dict) -> None:
+    """Validation loss must not depend on dropout (a training-only regulariser): with dropout
+    configured it equals the loss of the same weights without it."""
+    val = validation_batch(load_corpus(), MODEL.context_len, MODEL.horizon)[:8]
+    cfg = PatchTransformerConfig(**{**{f: getattr(MODEL, f) for f in MODEL.__slots__}, "dropout": 0.5})
+    assert evaluate(init, cfg, val) == evaluate(init, MODEL, val)
 
 
 def test_payload_dtypes_map_spec_dtypes() -> None:

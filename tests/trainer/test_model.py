@@ -75,6 +75,7 @@ def test_config_from_spec_reads_every_field_and_integral_floats() -> None:
         ({"d_ff": 10**9}, "d_ff"),
         ({"dropout": 1.0}, "dropout"),
         ({"dropout": "0.1"}, "dropout"),
+        ({"dropout": False}, "dropout"),
         ({"patch_len": 64}, "patch_len"),  # longer than the context
     ],
 )
@@ -84,6 +85,31 @@ def test_invalid_config(changes: dict, field: str) -> None:
         PatchTransformerConfig(**(kwargs | changes))
     assert info.value.path == f"architecture.metadata.{field}"
     assert isinstance(info.value, SpecError) and isinstance(info.value, TrainerError)
+
+
+def test_config_accepts_the_bounds_of_each_range() -> None:
+    """The documented ranges are inclusive: a one-value patch, one head per channel, a patch as
+    long as the context and the largest sizes are legal specs, which a node must not refuse."""
+    smallest = PatchTransformerConfig(context_len=1, horizon=1, patch_len=1, d_model=1, n_layers=1, n_heads=1,
+                                      d_ff=1, dropout=0)
+    assert smallest.n_patches == 1 and smallest.dropout == 0.0 and type(smallest.dropout) is float
+    largest = PatchTransformerConfig(context_len=65_536, horizon=65_536, patch_len=65_536, d_model=16_384,
+                                     n_layers=256, n_heads=16_384, d_ff=65_536)
+    assert largest.n_patches == 1 and largest.window_len == 131_072
+    for field, value in (("context_len", 65_537), ("horizon", 65_537), ("d_model", 16_385), ("n_layers", 257),
+                         ("d_ff", 65_537)):
+        with pytest.raises(ModelConfigError) as info:
+            PatchTransformerConfig(**{"context_len": 32, "horizon": 8, "patch_len": 8} | {field: value})
+        assert info.value.path == f"architecture.metadata.{field}"
+
+
+def test_invalid_config_says_the_allowed_range() -> None:
+    """A sponsor fixing a spec needs the actual bound: a patch cannot exceed the context, a
+    block cannot have more heads than channels."""
+    with pytest.raises(ModelConfigError, match=r"integer in \[1, 32\], got 64"):
+        PatchTransformerConfig(context_len=32, horizon=8, patch_len=64)
+    with pytest.raises(ModelConfigError, match=r"integer in \[1, 16\], got 32"):
+        PatchTransformerConfig(context_len=32, horizon=8, patch_len=8, d_model=16, n_heads=32)
 
 
 def test_invalid_config_from_spec_missing_horizon() -> None:
@@ -96,7 +122,8 @@ def test_invalid_family() -> None:
     with pytest.raises(UnknownFamily) as info:
         config_from_spec(spec_with({"context_len": 32, "horizon": 8}, family="llama"))
     assert info.value.path == "architecture.family"
-    with pytest.raises(UnknownFamily):
+    # The sponsor is told which families this node can train.
+    with pytest.raises(UnknownFamily, match=r"known: \['timesfm'\]"):
         get_adapter("llama")
 
 
@@ -127,6 +154,17 @@ def test_forecast_is_equivariant_to_affine_rescaling() -> None:
     with torch.no_grad():
         base, scaled = model(x), model(x * 250.0 + 1000.0)
     assert torch.allclose(scaled, base * 250.0 + 1000.0, rtol=1e-4, atol=1e-2)
+
+
+def test_forecast_reads_the_most_recent_patch() -> None:
+    """A forecaster must react to the latest values: reordering only the last patch (same mean
+    and spread, so the same normalisation) changes the forecast."""
+    model = build_model(TINY)
+    load_state(model, create_init_checkpoint(TINY, 3))
+    x = torch.randn(2, 32, generator=torch.Generator().manual_seed(6))
+    y = torch.cat([x[:, :24], x[:, 24:].flip(-1)], dim=1)
+    with torch.no_grad():
+        assert not torch.allclose(model(x), model(y))
 
 
 def test_loss_is_mse_on_context_normalised_targets() -> None:
@@ -170,7 +208,8 @@ def test_init_values_follow_the_documented_rule() -> None:
     assert torch.count_nonzero(s["layers.0.qkv.bias"]) == 0
     assert torch.equal(s["layers.1.norm2.weight"], torch.ones(16)) and torch.equal(s["norm.weight"], torch.ones(16))
     assert 0.01 < float(s["layers.0.qkv.weight"].std()) < 0.03
-    assert float(s["layers.0.fc2.weight"].std()) < 0.015  # scaled by 1/sqrt(2 * n_layers)
+    # Residual outputs scaled by 1/sqrt(2 * n_layers): 0.02 / 2 = 0.01 here.
+    assert all(0.0085 < float(s[f"layers.{i}.{n}.weight"].std()) < 0.0115 for i in (0, 1) for n in ("fc2", "proj"))
 
 
 def test_count_params_matches_the_module() -> None:
@@ -195,6 +234,20 @@ def test_invalid_state_for_model() -> None:
         load_state(model, state | {"head.bias": torch.zeros(9)})
     with pytest.raises(StateMismatch):
         load_state(model, state | {"extra": torch.zeros(1)})
+
+
+def test_state_mismatch_names_five_tensors_then_counts() -> None:
+    """A refusal must say which tensors differ, yet stay readable for a model of thousands of
+    tensors: five names of each kind, then how many more."""
+    state = create_init_checkpoint(TINY, 0)
+    names = sorted(state)
+    model = build_model(TINY)
+    with pytest.raises(StateMismatch) as five:
+        load_state(model, {k: v for k, v in state.items() if k not in names[:5]})
+    assert str(five.value).endswith("missing: " + ", ".join(names[:5]))
+    with pytest.raises(StateMismatch) as six:
+        load_state(model, {k: v for k, v in state.items() if k not in names[:6]})
+    assert str(six.value).endswith("missing: " + ", ".join(names[:5]) + " and 1 more")
 
 
 def test_bf16_state_loads_widened() -> None:
@@ -249,6 +302,11 @@ def test_checkpoint_bytes_do_not_depend_on_metadata_order(tmp_path: Path) -> Non
     with safetensors.safe_open(str(tmp_path / "c0.safetensors"), "pt") as f:
         assert f.metadata() == metadata
     assert load_checkpoint(tmp_path / "c0.safetensors", hashes.pop()).keys() == state.keys()
+    # Two keys are already enough for the library's order to vary.
+    two = {"zeta": "1", "alpha": "2"}
+    assert len({save_checkpoint(state, tmp_path / f"t{i}.safetensors", metadata=two) for i in range(8)}) == 1
+    data = (tmp_path / "t0.safetensors").read_bytes()
+    assert list(json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]) == ["alpha", "zeta"]
     save_checkpoint(state, tmp_path / "one.safetensors", metadata={"family": "timesfm"})
     assert (tmp_path / "one.safetensors").read_bytes() == safetensors.torch.save(
         {k: v.contiguous() for k, v in state.items()}, metadata={"family": "timesfm"})
@@ -275,12 +333,15 @@ def test_invalid_checkpoint_not_safetensors(tmp_path: Path) -> None:
     assert not isinstance(info.value, CheckpointHashMismatch)
 
 
-@pytest.mark.parametrize("expected", ["0x1234", "zz" * 32, b"short", 5])
+@pytest.mark.parametrize("expected", ["0x1234", "zz" * 32, b"short", 5, "0x" + "ab" * 33])
 def test_invalid_expected_digest(tmp_path: Path, expected: object) -> None:
+    """A malformed expected digest is the spec's fault, not a tampered file: it must not be
+    reported as a hash mismatch."""
     path = tmp_path / "init.safetensors"
     save_checkpoint(create_init_checkpoint(TINY, 0), path)
-    with pytest.raises(CheckpointFileError):
+    with pytest.raises(CheckpointFileError, match="expected sha256 must be") as info:
         load_checkpoint(path, expected)  # type: ignore[arg-type]
+    assert not isinstance(info.value, CheckpointHashMismatch)
 
 
 def test_invalid_missing_checkpoint(tmp_path: Path) -> None:
