@@ -342,14 +342,15 @@ def _check_p2p_listen(listen: tuple[str, ...], held: list[Any]) -> None:
     """The same pre-flight for each ``--p2p-listen`` address with an IP and a fixed TCP port, made
     while the RPC probes are ``held``: a taken p2p port (or the RPC port given again) had been
     found only when libp2p started, after the store was created and bound (ops probe). An address
-    with port 0 is left to libp2p (one by DNS name never gets here: ``check_multiaddrs``)."""
+    with port 0 is left to libp2p. Each address starts with /ip4/ or /ip6/: P2PConfig refused any
+    other (``check_multiaddrs``)."""
     import multiaddr
 
     for addr in listen:
-        parsed = multiaddr.Multiaddr(addr)  # parsed already by P2PConfig
+        parsed = multiaddr.Multiaddr(addr)
         names = [p.name for p in parsed.protocols()]
-        ip = next((n for n in ("ip4", "ip6") if n in names), None)
-        if ip is None or "tcp" not in names or int(parsed.value_for_protocol("tcp")) == 0:
+        ip = names[0]
+        if "tcp" not in names or int(parsed.value_for_protocol("tcp")) == 0:
             continue
         try:
             _bind_probes(parsed.value_for_protocol(ip), int(parsed.value_for_protocol("tcp")), held)

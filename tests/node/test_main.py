@@ -363,23 +363,25 @@ def test_an_ipv6_node_announces_its_url_with_brackets(tmp_path: Path) -> None:
     assert lines[0].startswith("tenzro node listening on http://[::1]:"), lines
 
 
-def test_the_p2p_preflight_leaves_names_other_transports_and_port_0_to_libp2p() -> None:
-    """Only an IP address with a fixed TCP port can be bound before libp2p starts: a DNS name, a
-    UDP address or port 0 (any free port) is not probed (nor refused), a fixed port is (and
-    held, so that the node's other listeners are checked against it)."""
+def test_the_p2p_preflight_leaves_other_transports_and_port_0_to_libp2p() -> None:
+    """Only a fixed TCP port can be bound before libp2p starts: a UDP address or port 0 (any free
+    port) is not probed (nor refused), a fixed port is (and held, so that the node's other
+    listeners are checked against it). A DNS name never gets here: P2PConfig refuses it (next
+    test)."""
     import socket
 
     from tenzro_training.node.main import _check_p2p_listen
 
-    with socket.socket() as free:
+    with socket.socket() as free, socket.socket(socket.AF_INET6) as free6:
         free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+        free6.bind(("::1", 0))
+        port, port6 = free.getsockname()[1], free6.getsockname()[1]
     held: list[socket.socket] = []
     try:
-        _check_p2p_listen(("/dns4/localhost/tcp/4001", "/ip4/127.0.0.1/udp/4001/quic", "/ip4/127.0.0.1/tcp/0"), held)
+        _check_p2p_listen(("/ip4/127.0.0.1/udp/4001/quic", "/ip6/::1/tcp/0", "/ip4/127.0.0.1/tcp/0"), held)
         assert held == []
-        _check_p2p_listen((f"/ip4/127.0.0.1/tcp/{port}",), held)
-        assert [probe.getsockname() for probe in held] == [("127.0.0.1", port)]
+        _check_p2p_listen((f"/ip4/127.0.0.1/tcp/{port}", f"/ip6/::1/tcp/{port6}"), held)
+        assert [probe.getsockname()[:2] for probe in held] == [("127.0.0.1", port), ("::1", port6)]
     finally:
         for probe in held:
             probe.close()
