@@ -20,6 +20,8 @@ from tenzro_training.errors import SpecError
 from tenzro_training.fragments import compute_fragment_layouts
 from tenzro_training.payload import PayloadHeader, decode_payload, encode_topk_payload
 
+from tests.safetensors_files import relabel_dtype
+
 LAYOUTS = compute_fragment_layouts({"w": torch.zeros(30, 7), "b": torch.zeros(11)}, 2)  # 221 values
 
 
@@ -414,19 +416,6 @@ def _edit(data: bytes, tensors: dict[str, object] | None = None, **metadata: str
     return save(held, metadata=meta)
 
 
-def _relabel(data: bytes, name: str, dtype: str) -> bytes:
-    """``data`` with tensor ``name`` declared as ``dtype`` (1 byte per element: its shape x 4
-    covers the same fp32 bytes), the rest untouched: still a well-formed safetensors file."""
-    import json
-
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    header[name] = header[name] | {"dtype": dtype, "shape": [header[name]["shape"][0] * 4]}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + data[8 + n :]
-
-
 def _without_metadata(data: bytes) -> bytes:
     from safetensors.torch import load, save
 
@@ -437,7 +426,7 @@ def _without_metadata(data: bytes) -> bytes:
     (lambda d: d[:-1], "not a saved error-feedback state"),
     # a dtype safetensors' reader accepts and its torch loader cannot map: a KeyError, which
     # reached the CLI as "cannot read the node's answer" (trainer kill campaign)
-    (lambda d: _relabel(d, "residual.0", "F8_E8M0"), "not a saved error-feedback state: KeyError"),
+    (lambda d: relabel_dtype(d, "residual.0", "F8_E8M0"), "not a saved error-feedback state: KeyError"),
     (lambda d: b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "not a saved error-feedback state"),
     (lambda d: _edit(d, format="tenzro-error-feedback/2"), "format is"),
     (lambda d: _edit(d, encoding='{"topk": {"density_bps": 100}}'), "saved for encoding"),

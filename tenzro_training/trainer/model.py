@@ -441,7 +441,7 @@ def load_checkpoint(path: str | os.PathLike[str], expected_sha256: str | bytes) 
         raise CheckpointHashMismatch(where, expected, actual)
     try:
         return dict(safetensors.torch.load(data))
-    except (SafetensorError, ValueError, RuntimeError) as exc:
+    except (SafetensorError, ValueError, RuntimeError, TypeError, KeyError) as exc:  # as node/checkpoint.py
         raise CheckpointFileError(where, f"not a safetensors file: {exc}") from exc
 
 

@@ -20,6 +20,7 @@ from tenzro_training.node.checkpoint import MAX_TENSOR_DIMS, load_init_checkpoin
 from tenzro_training.spec import TrainingTaskSpec
 
 from tests.node.conftest import initial_state, spec_dict, write_checkpoint
+from tests.safetensors_files import relabel_dtype
 
 
 def spec_for(uri: str, sha: str) -> TrainingTaskSpec:
@@ -165,6 +166,19 @@ def test_invalid_contents(tmp_path: Path, data: bytes) -> None:
     sha = "0x" + hashlib.sha256(data).hexdigest()
     with pytest.raises(CheckpointError):
         load_init_checkpoint(spec_for(path.as_uri(), sha), max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(("dtype", "per_fp32"), [("F8_E8M0", 4), ("F4", 8)])
+def test_a_dtype_torch_has_no_type_for_is_a_checkpoint_error(tmp_path: Path, dtype: str, per_fp32: int) -> None:
+    """safetensors' reader accepts these dtypes and its torch loader then raises a bare
+    KeyError: a sponsor's post of such a file was answered -32603 with a traceback in the
+    node's log, and `tenzro audit`/`verify` crashed on it. It is a file that is not a model."""
+    data = relabel_dtype(safetensors.torch.save({"w": torch.zeros(2)}), "w", dtype, per_fp32)
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError) as info:
+        load_init_checkpoint(spec_for(path.as_uri(), "0x" + hashlib.sha256(data).hexdigest()), max_bytes=1 << 20)
+    assert info.value.reason.startswith("not a valid safetensors file: ") and dtype in info.value.reason
 
 
 def test_a_tensor_of_as_many_dimensions_as_torch_supports_loads(tmp_path: Path) -> None:

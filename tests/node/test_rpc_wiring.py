@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +17,8 @@ from tenzro_training import auth
 from tenzro_training.payload import compute_payload_hash
 from tenzro_training.spec import TrainingTaskSpec
 
-from tests.node.conftest import DIDS, SPONSOR, STAKE, STRANGER, TRAINERS, Net, spec_dict
+from tests.node.conftest import DIDS, SPONSOR, STAKE, STRANGER, TRAINERS, Net, initial_state, spec_dict, write_checkpoint
+from tests.safetensors_files import relabel_dtype
 
 
 def call(dispatcher: Dispatcher, method: str, **params: Any) -> dict[str, Any]:
@@ -70,6 +74,32 @@ def test_too_many_fragments_is_a_public_spec_error(net: Net, checkpoint: tuple[s
     assert error["data"]["type"] == "SpecError"
     assert error["data"]["path"] == "architecture.fragment_count"
     assert "exceeds the model's 17 elements" in error["data"]["reason"]
+    assert call(rpc, "listRuns")["result"]["total"] == 0
+
+
+def test_a_checkpoint_torch_cannot_load_is_answered_as_a_checkpoint_error(net: Net, tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A tensor declared F8_E8M0 passes safetensors' reader and makes its torch loader raise a
+    bare KeyError. The post was answered -32603 ("internal error") with a traceback logged twice,
+    by the preload and by the call: any sponsor could fill the node's log. It is the sponsor's
+    file, refused with the checkpoint error's code, and nothing is posted."""
+    import safetensors.torch
+
+    uri, _ = write_checkpoint(tmp_path / "bad")
+    path = tmp_path / "bad" / "init.safetensors"
+    w = next(iter(initial_state()))
+    path.write_bytes(relabel_dtype(safetensors.torch.save({w: initial_state()[w].flatten()}), w, "F8_E8M0"))
+    spec = spec_dict(uri, "0x" + hashlib.sha256(path.read_bytes()).hexdigest())
+    task = TrainingTaskSpec.from_dict(spec)
+    sig = SPONSOR.sign(auth.PostTask(task_id=task.task_id, spec_hash=task.spec_hash()))
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tenzro_training_postTask",
+                       "params": {"spec": spec, "signature": "0x" + sig.hex()}}).encode()
+    rpc = Dispatcher(net.service)
+    with caplog.at_level(logging.DEBUG):
+        rpc.preload(body)
+        error = json.loads(rpc.handle(body) or b"")["error"]
+    assert (error["code"], error["data"]["type"]) == (1101, "CheckpointError")
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
     assert call(rpc, "listRuns")["result"]["total"] == 0
 
 

@@ -33,6 +33,8 @@ from tenzro_training.trainer.model import (
     save_checkpoint,
 )
 
+from tests.safetensors_files import relabel_dtype
+
 EXAMPLE = json.loads((Path(tenzro_training.__file__).parent / "data" / "timesfm-200m-task.json").read_text())
 TINY = PatchTransformerConfig(context_len=32, horizon=8, patch_len=8, d_model=16, n_layers=2, n_heads=2, d_ff=32)
 
@@ -331,6 +333,19 @@ def test_invalid_checkpoint_not_safetensors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointFileError) as info:
         load_checkpoint(path, hashlib.sha256(b"\xff" * 64).digest())
     assert not isinstance(info.value, CheckpointHashMismatch)
+
+
+@pytest.mark.parametrize(("dtype", "per_fp32"), [("F8_E8M0", 4), ("F4", 8)])
+def test_invalid_checkpoint_of_a_dtype_torch_lacks(tmp_path: Path, dtype: str, per_fp32: int) -> None:
+    """safetensors' reader accepts these dtypes and its torch loader raises a bare KeyError,
+    which reached `tenzro` as a crash instead of the checkpoint error (exit 2) it is."""
+    import safetensors.torch
+
+    data = relabel_dtype(safetensors.torch.save({"w": torch.zeros(2)}), "w", dtype, per_fp32)
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointFileError, match=f"not a safetensors file: .*{dtype}"):
+        load_checkpoint(path, hashlib.sha256(data).digest())
 
 
 @pytest.mark.parametrize("expected", ["0x1234", "zz" * 32, b"short", 5, "0x" + "ab" * 33])
