@@ -87,7 +87,8 @@ def test_invalid_checksum_rejected() -> None:
 def test_invalid_address_text(text: str) -> None:
     with pytest.raises(AddressError):
         parse_address(text)
-    assert not is_valid_address_text(text)
+    # A bool, not merely falsy: callers (and JSON views) use it as the answer itself.
+    assert is_valid_address_text(text) is False
 
 
 @pytest.mark.parametrize("value", [None, 0, b"\x00" * 20, bytearray(20)])
@@ -110,3 +111,18 @@ def test_address_error_is_in_the_project_tree() -> None:
         parse_address("nope")
     with pytest.raises(ValueError):
         parse_address("nope")
+
+
+def test_address_errors_name_the_input_and_what_is_wrong() -> None:
+    """The message is what a CLI user or an RPC client reads: it must quote the offending value
+    and say why it was refused (a wrong length names the length it got)."""
+    with pytest.raises(AddressError) as info:
+        validate_address_bytes(b"\x00" * 19)
+    assert info.value.reason == "expected 20 bytes, got 19"
+    assert str(info.value) == "invalid address " + repr(b"\x00" * 19) + ": expected 20 bytes, got 19"
+    with pytest.raises(AddressError) as info:
+        validate_address_bytes(bytearray(20))
+    assert info.value.reason == "expected 20 bytes, got bytearray"
+    with pytest.raises(AddressError) as info:
+        parse_address("0x12")
+    assert str(info.value) == "invalid address '0x12': expected 0x followed by 40 hex digits"

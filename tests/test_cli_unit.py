@@ -2052,13 +2052,86 @@ def test_dev_genesis_file_is_usable_as_key_file(tmp_path: Path) -> None:
     assert cli_keys.load_private_key(path, "sponsor") == compute_dev_private_key("sponsor", 0)
 
 
-def test_invalid_dev_account_role() -> None:
+def test_dev_accounts_are_the_documented_ones(tmp_path: Path) -> None:
+    """node/dev.py documents the dev chain so that demos and other implementations reproduce it:
+    1,000,000 TNZO in every account (in the file clients read as in the node's genesis), a DID
+    for the sponsor and each trainer only, every syncer candidate staked 10**21 (equal stakes,
+    equally likely to win), the timings 1 s / 60 s / 10 min / 10 s with no minimum stake, and a
+    file that names its chain and warns that its keys are public."""
+    from tenzro_training.node.dev import dev_genesis
+    from tenzro_training.run_state import RunTimings
+
+    kwargs, doc = dev_genesis(tmp_path)
+    assert json.loads((tmp_path / "dev-accounts.json").read_text()) == doc
+    assert doc["chain_id"] == 1337 and "dev keys are public" in doc["warning"]
+    accounts = doc["accounts"]
+    assert [a["balance"] for a in accounts] == [str(10**24)] * 12
+    assert [balance for _, balance in kwargs["genesis"]] == [10**24] * 12
+    assert [a.get("did") for a in accounts] == (
+        ["did:tenzro:human:dev-sponsor"] + [f"did:tenzro:trainer:dev-{i}" for i in range(8)] + [None] * 3)
+    assert [c.stake for c in kwargs["candidates"]] == [10**21] * 3
+    assert [a["stake"] for a in accounts if a["role"] == "syncer"] == [str(10**21)] * 3
+    assert kwargs["timings"] == RunTimings(election_window_ms=1_000, enrollment_window_ms=60_000,
+                                           round_timeout_ms=600_000, finalize_window_ms=10_000, min_stake=0)
+
+
+def test_dev_account_counts() -> None:
+    """dev_accounts() alone gives the accounts a --dev node funds (8 trainers, 3 syncers); zero
+    trainers or syncers is a valid (sponsor-only) set, a negative count is not."""
+    from tenzro_training.node.dev import dev_accounts, dev_genesis
+
+    assert dev_accounts() == dev_genesis(Path("unused"), write=False)[1]["accounts"]
+    assert [a["role"] for a in dev_accounts(trainers=0, syncers=0)] == ["sponsor"]
+    for counts in ({"trainers": -1}, {"syncers": -1}):
+        with pytest.raises(ValueError, match=r"^trainers and syncers must be >= 0$"):
+            dev_accounts(**counts)
+
+
+def test_dev_accounts_file_is_written_the_same_way_by_both_paths(tmp_path: Path) -> None:
+    """``tenzro node --dev`` stages then publishes the file, ``dev_genesis`` writes it at once:
+    the same document must give the same bytes, mode 0600 even over a stale temporary a crash
+    left with a wider mode, into a data dir created with its parents."""
+    from tenzro_training.node.dev import StagedDevAccounts, dev_genesis
+
+    _, doc = dev_genesis(tmp_path / "new" / "nested")
+    written = (tmp_path / "new" / "nested" / "dev-accounts.json").read_bytes()
+    assert written == (json.dumps(doc, indent=2) + "\n").encode()
+    (tmp_path / "staged").mkdir()
+    stale = tmp_path / "staged" / ".dev-accounts.json.tmp"
+    stale.write_text("old")
+    stale.chmod(0o644)
+    StagedDevAccounts(tmp_path / "staged", doc).publish()
+    published = tmp_path / "staged" / "dev-accounts.json"
+    assert published.read_bytes() == written
+    assert stat.S_IMODE(published.stat().st_mode) == 0o600
+    assert sorted(p.name for p in (tmp_path / "staged").iterdir()) == ["dev-accounts.json"]
+
+
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_an_interrupted_dev_accounts_write_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A Ctrl-C while the file is written (or renamed into place) must not leave a copy of the
+    keys under another name in the data dir."""
+    from tenzro_training.node.dev import write_dev_accounts
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, step, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_dev_accounts(tmp_path, {"chain_id": 1337})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("role", "index"), [("miner", 0), ("trainer", -1), ("trainer", True), ("trainer", "0")])
+def test_invalid_dev_account_role(role: object, index: object) -> None:
+    """A bool is an int to Python but ``trainer/True`` is no documented account; a text index
+    must be refused as a bad account, not crash on the comparison."""
     from tenzro_training.node.dev import compute_dev_private_key
 
-    with pytest.raises(ValueError):
-        compute_dev_private_key("miner", 0)
-    with pytest.raises(ValueError):
-        compute_dev_private_key("trainer", -1)
+    with pytest.raises(ValueError, match=r"^dev account must be one of \('sponsor', 'trainer', 'syncer'\) with an index >= 0"):
+        compute_dev_private_key(role, index)  # type: ignore[arg-type]
 
 
 # --- node process configuration ---------------------------------------------------------------------

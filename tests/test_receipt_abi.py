@@ -138,25 +138,41 @@ def _bad_record(f: list[Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "mutate",
+    ("mutate", "message"),
     [
-        _set(0, 2),  # version
-        _set(1, "other-task"),  # taskId differs from the spec's
-        _set(3, b"\x99" * 20),  # sponsor differs from the spec's
-        _set(4, 12345),  # rewardPool differs from the spec's
-        _trainer(0, 4, True),  # slashed with a non-zero weight
-        _trainer(0, 3, "not-a-did"),
-        _swap_trainers,  # not canonical order
-        _dup_trainer,  # duplicate address
-        _bad_record,  # a round record with trailing bytes
+        (_set(0, 2), r"^receipt version 2 is not supported \(only 1\)$"),  # an operator must upgrade
+        (_set(1, "other-task"), r"^taskId 'other-task' differs from the spec's 'run-test'$"),
+        (_set(3, b"\x99" * 20), r"^sponsor differs from the spec's sponsor_address$"),
+        (_set(4, 12345), r"^rewardPool 12345 differs from the spec's 1001$"),
+        (_trainer(0, 4, True), r"^trainers\[0\] is slashed but has weight 4 \(must be 0\)$"),
+        (_trainer(0, 3, "not-a-did"), r"did"),
+        (_swap_trainers, r"^trainers\[1\] is out of canonical \(strictly ascending address\) order$"),
+        # A repeated address is out of the STRICT order, not merely caught by the re-encoding.
+        (_dup_trainer, r"^trainers\[1\] is out of canonical \(strictly ascending address\) order$"),
+        (_bad_record, r"unexpected bytes after the record"),
     ],
     ids=["version", "task_id", "sponsor", "reward_pool", "slashed_weight", "did", "order", "duplicate", "record"],
 )
-def test_invalid_field_rejected_by_decode(receipt: TrainingReceipt, mutate: Callable[[list[Any]], None]) -> None:
+def test_invalid_field_rejected_by_decode(receipt: TrainingReceipt, mutate: Callable[[list[Any]], None],
+                                          message: str) -> None:
+    """Each refusal says which field is wrong: the message is all the author of another encoder
+    gets."""
     raw = reencode(receipt, mutate)
-    with pytest.raises(EncodingError):
+    with pytest.raises(EncodingError, match=message):
         decode_receipt(raw)
     assert verify_receipt_bytes(receipt.run_root, raw) is None
+
+
+@pytest.mark.parametrize(("weight", "valid"), [(2**64 - 1, True), (2**64, False)])
+def test_a_weight_must_fit_uint64(receipt: TrainingReceipt, weight: int, valid: bool) -> None:
+    """The ABI word is uint256 but a weight is an accepted-submission count, uint64 everywhere
+    else (the JSON receipt, the Solidity verifier): 2**64 must be refused, 2**64 - 1 not."""
+    raw = reencode(receipt, _trainer(0, 1, weight))
+    if valid:
+        assert max(t.accepted_submissions for t in decode_receipt(raw).trainers) == weight
+    else:
+        with pytest.raises(EncodingError, match=r"^trainers\[0\] weight 18446744073709551616 does not fit uint64$"):
+            decode_receipt(raw)
 
 
 def test_invalid_spec_bytes(receipt: TrainingReceipt) -> None:
@@ -186,6 +202,45 @@ def test_invalid_non_canonical_layouts(data: bytes) -> None:
         decode_receipt("0x00")  # type: ignore[arg-type]
 
 
+def test_the_size_cap_is_4_mib_inclusive() -> None:
+    """The precompile and the Solidity verifier cap their input at the same 4 MiB: a receipt of
+    exactly that size must reach the decoder here too, or a receipt one side accepts would be
+    refused by the other."""
+    with pytest.raises(EncodingError, match=r"^receipt of 4194305 bytes exceeds 4194304$"):
+        decode_receipt(b"\x00" * (4 * 1024 * 1024 + 1))
+    with pytest.raises(EncodingError) as info:
+        decode_receipt(b"\x00" * (4 * 1024 * 1024))
+    assert "exceeds" not in str(info.value)  # refused by the layout, not by the cap
+
+
+def test_a_spec_this_node_cannot_run_still_decodes(receipt: TrainingReceipt) -> None:
+    """Starting a run is gated on what this node supports; reading a receipt is not: a receipt
+    another node sealed for a tier this one does not run yet must still decode (to be verified
+    or refused on its merits)."""
+    from tenzro_training.spec import Tier, TrainingTaskSpec
+
+    doc = receipt.spec.to_dict()
+    doc["tier"] = "Verified"
+    other = dataclasses.replace(receipt, spec=TrainingTaskSpec.from_dict(doc, supported_only=False))
+    decoded = decode_receipt(encode_receipt(other))
+    assert decoded.spec.tier is Tier.VERIFIED and decoded == by_address(other)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (lambda d: d[:32] + b"\x01" + d[33:], r"^value at byte 32 does not fit uint16$"),
+        (lambda d: d[:384], r"^truncated receipt: word at byte 384 runs past the end \(384 bytes\)$"),
+    ],
+    ids=["version_overflow", "cut_at_a_tail"],
+)
+def test_decode_errors_say_what_is_wrong_and_where(data: bytes, raw: Callable[[bytes], bytes], message: str) -> None:
+    """The message is all the author of another encoder (Solidity, Rust) gets when their bytes
+    are refused: it must say what is wrong and name the offending byte."""
+    with pytest.raises(EncodingError, match=message):
+        decode_receipt(raw(data))
+
+
 def test_read_task_id_from_the_head_alone(receipt: TrainingReceipt, data: bytes) -> None:
     assert read_receipt_task_id(data) == receipt.task_id
     # Only the head and the taskId are read: the rest may be anything (TRAINING_VERIFY looks
@@ -206,6 +261,20 @@ def test_read_task_id_from_the_head_alone(receipt: TrainingReceipt, data: bytes)
             read_receipt_task_id(raw)
     with pytest.raises(EncodingError):
         read_receipt_task_id("0x00")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [32, 64])
+def test_read_task_id_of_a_whole_number_of_words_ending_the_input(receipt: TrainingReceipt, length: int) -> None:
+    """A task id of 32 or 64 bytes has no padding: when the input ends right after it (as the
+    head-only read allows), its last byte is the input's last byte and must still be read."""
+    task_id = "t" * length
+    raw = reencode(receipt, _set(1, task_id))
+    tail_at = 32 + 11 * 32 + 32 + length
+    assert read_receipt_task_id(raw[:tail_at]) == task_id
+    with pytest.raises(EncodingError, match=r"^truncated receipt: string of"):
+        read_receipt_task_id(raw[: tail_at - 1])
+    with pytest.raises(EncodingError, match=r"^truncated receipt: word at byte 384 runs past the end \(384 bytes\)$"):
+        read_receipt_task_id(raw[:384])  # cut where the taskId's length word starts
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -324,7 +393,7 @@ def test_receipt_digest_is_sha256_of_the_bytes(data: bytes) -> None:
     assert compute_receipt_digest(data) == hashlib.sha256(data).digest()
     assert compute_receipt_digest(bytearray(data)) == compute_receipt_digest(memoryview(data))
     assert len(compute_receipt_digest(b"")) == RECEIPT_DIGEST_LENGTH == 32
-    with pytest.raises(EncodingError):
+    with pytest.raises(EncodingError, match=r"^receipt must be bytes, got str$"):  # hex text is not the receipt
         compute_receipt_digest("0x00")  # type: ignore[arg-type]
 
 
@@ -403,5 +472,5 @@ def test_size_bound_of_a_real_sealed_receipt(receipt: TrainingReceipt) -> None:
 def test_invalid_size_bound_of_a_non_spec() -> None:
     from tenzro_training.receipt_abi import compute_receipt_size_bound
 
-    with pytest.raises(EncodingError):
+    with pytest.raises(EncodingError, match=r"^compute_receipt_size_bound needs a TrainingTaskSpec, got dict$"):
         compute_receipt_size_bound({"max_rounds": 1})  # type: ignore[arg-type]

@@ -371,8 +371,8 @@ def test_invalid_noncanonical_s() -> None:
     s = int.from_bytes(pi[48:], "little")
     for bad_s in (s + L, L, 2**256 - 1):
         proof = pi[:48] + bad_s.to_bytes(32, "little")
-        _assert_rejected(pk, alpha, proof, r"s >= L")
-        with pytest.raises(VRFError, match=r"s >= L"):
+        _assert_rejected(pk, alpha, proof, r"^proof scalar s is not canonical \(s >= L\)$")
+        with pytest.raises(VRFError, match=r"^proof scalar s is not canonical \(s >= L\)$"):
             vrf.proof_to_hash(proof)
 
 
@@ -384,8 +384,8 @@ def test_invalid_noncanonical_s() -> None:
 def test_invalid_gamma_does_not_decode(gamma: bytes) -> None:
     _, pk, alpha, pi, _ = _vector(16)
     proof = gamma + pi[32:]
-    _assert_rejected(pk, alpha, proof, "Gamma")
-    with pytest.raises(VRFError, match="Gamma"):
+    _assert_rejected(pk, alpha, proof, r"^proof Gamma is not a valid point encoding$")
+    with pytest.raises(VRFError, match=r"^proof Gamma is not a valid point encoding$"):
         vrf.proof_to_hash(proof)
 
 
@@ -400,20 +400,26 @@ def test_invalid_proof_length(length: int) -> None:
 
 @pytest.mark.parametrize("length", [0, 31, 33, 64])
 def test_invalid_key_lengths(length: int) -> None:
+    """The message names which argument is wrong (a syncer's key file holds both a secret and a
+    public key: "32 bytes" alone does not say which one to fix)."""
     sk, pk, alpha, pi, _ = _vector(16)
-    _assert_rejected((pk * 3)[:length], alpha, pi, "32 bytes")
-    with pytest.raises(VRFError, match="32 bytes"):
+    _assert_rejected((pk * 3)[:length], alpha, pi, f"^public key must be 32 bytes, got {length}$")
+    with pytest.raises(VRFError, match=f"^public key must be 32 bytes, got {length}$"):
+        vrf.validate_public_key((pk * 3)[:length])
+    with pytest.raises(VRFError, match=f"^secret must be 32 bytes, got {length}$"):
         vrf.public_key((sk * 3)[:length])
-    with pytest.raises(VRFError, match="32 bytes"):
+    with pytest.raises(VRFError, match=f"^secret must be 32 bytes, got {length}$"):
         vrf.prove((sk * 3)[:length], alpha)
 
 
 @pytest.mark.parametrize("bad", [None, "d75a98", 7, [1, 2, 3]])
 def test_invalid_argument_types(bad: object) -> None:
+    """Each message names the argument that is not bytes."""
     sk, pk, alpha, pi, _ = _vector(16)
-    _assert_rejected(bad, alpha, pi, "must be bytes")
-    _assert_rejected(pk, bad, pi, "must be bytes")
-    _assert_rejected(pk, alpha, bad, "must be bytes")
+    kind = type(bad).__name__
+    _assert_rejected(bad, alpha, pi, f"^public key must be bytes, not {kind}$")
+    _assert_rejected(pk, bad, pi, f"^alpha must be bytes, not {kind}$")
+    _assert_rejected(pk, alpha, bad, f"^proof must be bytes, not {kind}$")
     for call in (lambda: vrf.public_key(bad), lambda: vrf.prove(sk, bad),
                  lambda: vrf.proof_to_hash(bad)):
         with pytest.raises(VRFError, match="must be bytes"):

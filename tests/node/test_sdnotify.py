@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tenzro_training.node.main import _watchdog_forever
-from tenzro_training.node.sdnotify import MAX_STATUS_CHARS, SystemdNotifier
+from tenzro_training.node.sdnotify import SystemdNotifier
 
 
 @pytest.fixture
@@ -37,10 +37,11 @@ def test_outside_systemd_every_call_does_nothing() -> None:
 def test_ready_and_status_reach_an_abstract_socket_as_one_datagram(abstract: tuple[str, socket.socket]) -> None:
     name, sock = abstract
     notifier = SystemdNotifier({"NOTIFY_SOCKET": name})
+    assert notifier.enabled is True
     assert notifier.ready("listening on http://127.0.0.1:8545,\n 2 runs")
     assert sock.recv(4096) == b"READY=1\nSTATUS=listening on http://127.0.0.1:8545, 2 runs"
     assert notifier.status("x" * 1000)
-    assert sock.recv(4096) == b"STATUS=" + b"x" * MAX_STATUS_CHARS  # one line of systemctl status
+    assert sock.recv(4096) == b"STATUS=" + b"x" * 200  # one line of systemctl status: 200 characters
     assert notifier.stopping() and sock.recv(4096) == b"STOPPING=1\nSTATUS=stopping"
     notifier.close()
 
@@ -73,6 +74,15 @@ def test_the_watchdog_interval_is_taken_only_when_meant_for_this_process(
     assert SystemdNotifier({"NOTIFY_SOCKET": abstract[0], **env}, pid=4242).watchdog_s == expected
 
 
+def test_the_watchdog_pid_is_this_process_unless_told_otherwise(abstract: tuple[str, socket.socket]) -> None:
+    """The node builds its notifier with no pid: systemd's WATCHDOG_PID names the node's own
+    process, and the watchdog must then be taken, or systemd kills a healthy node."""
+    import os
+
+    env = {"NOTIFY_SOCKET": abstract[0], "WATCHDOG_USEC": "500000", "WATCHDOG_PID": str(os.getpid())}
+    assert SystemdNotifier(env).watchdog_s == 0.5
+
+
 def test_a_watchdog_without_a_notify_socket_is_ignored() -> None:
     assert SystemdNotifier({"WATCHDOG_USEC": "500000"}).watchdog_s is None
 
@@ -82,6 +92,8 @@ def test_a_relative_notify_socket_is_refused_with_a_warning(caplog: pytest.LogCa
         notifier = SystemdNotifier({"NOTIFY_SOCKET": "notify.sock"})
     assert not notifier.enabled
     assert "neither an absolute path nor an abstract socket" in caplog.text
+    # Under the node's logger, so an operator's log config for "tenzro.node" covers it.
+    assert [r.name for r in caplog.records] == ["tenzro.node"]
 
 
 def test_a_socket_nobody_listens_on_is_logged_once_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
@@ -205,3 +217,25 @@ def test_the_node_tells_systemd_each_step_of_its_start_and_its_stop(abstract: tu
         b"STATUS=opening the store", b"STATUS=reading the store's runs",
         f"READY=1\nSTATUS=listening on {urls[0]}, 0 runs".encode(), b"STOPPING=1\nSTATUS=stopping",
     ]
+
+
+def test_close_releases_the_socket_and_leaves_the_notifier_usable(abstract: tuple[str, socket.socket]) -> None:
+    """close() is the node's last step: it must close the socket (not leave it to the garbage
+    collector), may be called on a notifier that never sent anything or twice, and a notification
+    after it opens a new socket instead of failing on a closed one."""
+    import gc
+    import warnings
+
+    name, sock = abstract
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SystemdNotifier({"NOTIFY_SOCKET": name}).close()  # nothing sent: no socket yet
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": name})
+        assert notifier.watchdog() and sock.recv(4096) == b"WATCHDOG=1"
+        notifier.close()
+        notifier.close()
+        assert notifier.watchdog() and sock.recv(4096) == b"WATCHDOG=1"
+        notifier.close()
+        del notifier
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
