@@ -2426,25 +2426,57 @@ def test_trainer_run_batch_size(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert not (tmp_path / "p2p.key").exists()
 
 
-@pytest.mark.parametrize(("flags", "carry"), [([], False), (["--carry-optimizer-state"], True)])
-def test_trainer_run_carries_the_inner_optimizer_state_when_told_to(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str], carry: bool
-) -> None:
+@pytest.fixture
+def trainer_configs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The TrainerProcessConfig of each `tenzro trainer run` (the trainer itself replaced)."""
     from tenzro_training.trainer import process
 
-    seen = []
+    seen: list[Any] = []
 
     async def run_trainer(cfg: process.TrainerProcessConfig, announce: object) -> int:
         seen.append(cfg)
         return 0
 
     monkeypatch.setattr(process, "run_trainer", run_trainer)
+    return seen
+
+
+@pytest.mark.parametrize(("flags", "carry"), [([], False), (["--carry-optimizer-state"], True)])
+def test_trainer_run_carries_the_inner_optimizer_state_when_told_to(
+    tmp_path: Path, trainer_configs: list[Any], flags: list[str], carry: bool
+) -> None:
     key = tmp_path / "k.json"
     assert cli.main(["keys", "new-account", "--out", str(key)]) == 0
     assert cli.main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "p2p.key"), "--key-file", str(key),
                      "--rpc", "http://127.0.0.1:9", "--bootstrap",
                      "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", *flags]) == 0
-    assert [cfg.carry_optimizer_state for cfg in seen] == [carry]
+    assert [cfg.carry_optimizer_state for cfg in trainer_configs] == [carry]
+
+
+def test_trainer_run_flags_reach_the_trainer(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                             trainer_configs: list[Any]) -> None:
+    """Each `tenzro trainer run` flag is the trainer setting of that name (docs/trainer-process.md):
+    one dropped on the way runs the trainer with a default nobody asked for (another node's
+    spec, the wrong chain's signatures, a state directory without the record of signatures)."""
+    key = tmp_path / "k.json"
+    assert cli.main(["keys", "new-account", "--out", str(key)]) == 0
+    peer = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    base = ["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "p2p.key"), "--key-file", str(key),
+            "--rpc", "http://127.0.0.1:9/x", "--bootstrap", peer]
+    assert cli.main([*base, "--spec", str(tmp_path / "spec.json"), "--rounds", "3", "--did", "did:tenzro:trainer:lab",
+                     "--stake", "7", "--device", "cpu", "--p2p-listen", "/ip4/127.0.0.1/tcp/4100", "--chain-id", "5",
+                     "--batch-size", "4", "--max-round-wait", "90", "--state-dir", str(tmp_path / "st")]) == 0
+    assert cli.main(base) == 0
+    given, plain = trainer_configs
+    assert (given.task_id, given.rpc_url, given.spec_path, given.p2p_key, given.bootstrap, given.listen) == (
+        "t", "http://127.0.0.1:9/x", tmp_path / "spec.json", tmp_path / "p2p.key", (peer,), ("/ip4/127.0.0.1/tcp/4100",))
+    assert (given.rounds, given.did, given.stake, given.device, given.chain_id, given.batch_size) == (
+        3, "did:tenzro:trainer:lab", 7, "cpu", 5, 4)
+    assert (given.max_round_wait_s, given.state_dir) == (90.0, tmp_path / "st")
+    assert given.private_key == plain.private_key and len(given.private_key) == 32
+    assert (plain.spec_path, plain.listen, plain.rounds, plain.did, plain.stake, plain.state_dir) == (
+        None, ("/ip4/127.0.0.1/tcp/0",), None, None, 10**18, None)
+    assert "trainer stopped" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("listen", "bootstrap", "message"), [

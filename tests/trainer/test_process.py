@@ -376,8 +376,10 @@ def test_a_model_answer_for_a_round_the_run_moved_on_to_is_taken(tmp_path) -> No
     assert tr.inbox.counters["forged"] == 0 and tr.inbox.models == {}
 
 
-def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A later round's answer is taken only when getRun shows the run commits it."""
+@pytest.mark.parametrize("answer_round", [3, 4])
+def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path, answer_round: int) -> None:  # type: ignore[no-untyped-def]
+    """A later round's answer is taken only when getRun shows the run commits it; one for the
+    run's own round with another model is a forgery, counted as one."""
     import asyncio
 
     from tenzro_training.trainer.process import TrainerProcessError
@@ -387,7 +389,7 @@ def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path) -> None:  #
 
     _serve_views(tr, _view(3, committed))  # the run has not moved
     tr.MODEL_ASK_INTERVAL_S = 0.1
-    feed_later = g.compute_model_chunks(task_id=TASK, round=4, model_hash=other, weights=weights)
+    feed_later = g.compute_model_chunks(task_id=TASK, round=answer_round, model_hash=other, weights=weights)
 
     async def main() -> None:
         async def arrive() -> None:
@@ -669,15 +671,9 @@ def _start_failure(kind: str) -> Exception:
     return TrainerProcessError("listening, then the bootstrap dial blew up")
 
 
-@pytest.mark.parametrize("kind", ["trainer", "p2p", "peer_key"])
-def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind) -> None:  # type: ignore[no-untyped-def]
-    """P7: host.start() ran outside the try/finally that stops the host, so a start that failed
-    (or was cancelled) half-way left the libp2p thread and its socket behind.
-
-    The host's own errors (P2PError, PeerKeyError) come out as TrainerProcessError, so the CLI
-    exits 1 as for every trainer failure (docs/trainer-process.md); they used to reach the CLI
-    as plain TenzroErrors and exit 2, the status for bad usage (docs audit)."""
-    import asyncio
+def _trainer_with_fake_setup(tmp_path, monkeypatch, host_class):  # type: ignore[no-untyped-def]
+    """A trainer on the CPU whose spec (2 rounds, 1 fragment of an 8-value tensor), model, dataset
+    and libp2p host (``host_class``) are fakes: ``run`` gets as far as the host lets it."""
     from types import SimpleNamespace
 
     import tenzro_training.cli.layouts as cli_layouts
@@ -687,6 +683,38 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind
     import tenzro_training.trainer.model as model
     import tenzro_training.trainer.process as process
     from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+
+    layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
+    monkeypatch.setattr(p2p_host, "P2PHost", host_class)
+    monkeypatch.setattr(cli_layouts, "compute_layouts_from_view", lambda view: layouts)
+    monkeypatch.setattr(process, "compute_model_layout_from_view",
+                        lambda view, lays: SimpleNamespace(specs=(TensorSpec("w", (8,), "float32"),)))
+    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(
+        config_from_spec=lambda spec: SimpleNamespace(context_len=1, horizon=1), tensor_shapes=lambda cfg: {"w": (8,)}))
+    monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
+    monkeypatch.setattr(data, "load_corpus", lambda ref: None)
+    monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
+    monkeypatch.setattr(data, "check_shardable", lambda *args: None)  # the corpus is a fake
+    tr = _trainer_for(tmp_path, None, TASK)
+    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1, metadata={}),
+                           dataset_ref="r", dataset_hash="h", max_rounds=2, trainer_count=1)
+    tr.load_spec = lambda view: spec  # type: ignore[method-assign]
+    tr.cfg = process.TrainerProcessConfig(**{**{f: getattr(tr.cfg, f) for f in tr.cfg.__dataclass_fields__},
+                                             "device": "cpu"})
+    return tr
+
+
+@pytest.mark.parametrize("kind", ["trainer", "p2p", "peer_key"])
+def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind) -> None:  # type: ignore[no-untyped-def]
+    """P7: host.start() ran outside the try/finally that stops the host, so a start that failed
+    (or was cancelled) half-way left the libp2p thread and its socket behind.
+
+    The host's own errors (P2PError, PeerKeyError) come out as TrainerProcessError, so the CLI
+    exits 1 as for every trainer failure (docs/trainer-process.md); they used to reach the CLI
+    as plain TenzroErrors and exit 2, the status for bad usage (docs audit)."""
+    import asyncio
+
+    import tenzro_training.trainer.process as process
 
     stopped: list[bool] = []
 
@@ -700,20 +728,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind
         async def stop(self) -> None:
             stopped.append(True)
 
-    layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
-    monkeypatch.setattr(p2p_host, "P2PHost", FailingHost)
-    monkeypatch.setattr(cli_layouts, "compute_layouts_from_view", lambda view: layouts)
-    monkeypatch.setattr(process, "compute_model_layout_from_view",
-                        lambda view, lays: SimpleNamespace(specs=(TensorSpec("w", (8,), "float32"),)))
-    monkeypatch.setattr(model, "get_adapter", lambda family: SimpleNamespace(
-        config_from_spec=lambda spec: SimpleNamespace(context_len=1, horizon=1), tensor_shapes=lambda cfg: {"w": (8,)}))
-    monkeypatch.setattr(inner.InnerConfig, "from_spec", classmethod(lambda cls, spec, batch_size: None))
-    monkeypatch.setattr(data, "load_corpus", lambda ref: None)
-    monkeypatch.setattr(data, "validate_dataset_hash", lambda corpus, h: None)
-    monkeypatch.setattr(data, "check_shardable", lambda *args: None)  # the corpus is a fake
-    tr = _trainer_for(tmp_path, None, TASK)
-    spec = SimpleNamespace(architecture=SimpleNamespace(family="x", dtype="fp32", fragment_count=1, metadata={}),
-                           dataset_ref="r", dataset_hash="h", max_rounds=2, trainer_count=1)
+    tr = _trainer_with_fake_setup(tmp_path, monkeypatch, FailingHost)
 
     async def get_run() -> dict[str, object]:
         return {}
@@ -722,10 +737,7 @@ def test_a_host_that_fails_to_start_is_still_stopped(tmp_path, monkeypatch, kind
         return {}
 
     tr.get_run = get_run  # type: ignore[method-assign]
-    tr.load_spec = lambda view: spec  # type: ignore[method-assign]
     tr.enroll = enroll  # type: ignore[method-assign]
-    tr.cfg = process.TrainerProcessConfig(**{**{f: getattr(tr.cfg, f) for f in tr.cfg.__dataclass_fields__},
-                                             "device": "cpu"})
     with pytest.raises(process.TrainerProcessError, match="blew up"):
         asyncio.run(tr.run(asyncio.Event()))
     assert stopped == [True]
@@ -907,10 +919,11 @@ def test_a_restarted_topk_trainer_resubmitting_a_round_holds_its_sent_values(tmp
     so a fragment that then comes late goes back into the residual as in the first process."""
     import asyncio
 
-    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    first, first_said = _topk_trainer(tmp_path, monkeypatch)
     first.held_hash = BASE
     view = _topk_view(first, [])
     payloads, _ = asyncio.run(first.get_payloads(0, view))
+    assert first_said == []  # round 0 of a run has no earlier state to miss: nothing to say
     restarted, said = _topk_trainer(tmp_path, monkeypatch)
     restarted.held_hash = BASE
     assert asyncio.run(restarted.get_payloads(0, view)) == (payloads, True)
@@ -1260,6 +1273,10 @@ def test_round_wait_deadline_follows_quorum_and_failover() -> None:
                                            "finalize_deadline_ms": 900}) == 900
     assert compute_round_wait_deadline_ms({"next_deadline_ms": 7}) == 7
     assert compute_round_wait_deadline_ms({}) is None
+    # Quorum reached, no finalize deadline yet: the round deadline is over, the next one applies.
+    assert compute_round_wait_deadline_ms({"round_deadline_ms": 100, "quorum_at_ms": 50, "finalize_deadline_ms": None,
+                                           "next_deadline_ms": 700}) == 700
+    assert compute_round_wait_deadline_ms({"round_deadline_ms": 100, "quorum_at_ms": 50}) is None
 
 
 # --- restart safety: the saved payload bytes are resubmitted, never recomputed ---------------------
@@ -1325,7 +1342,10 @@ def test_the_inner_optimizer_state_carries_from_round_to_round_when_asked(  # ty
     assert expected[True] != expected[False]
 
     assert tr.train(0) == make_payloads(TASK, 0, tr.layouts, compute_outer_gradients(state, first.state, tr.layouts))
+    moments = [s["exp_avg"].data_ptr() for s in tr.optimizer_state["state"].values()] if tr.optimizer_state else []
     assert tr.train(1) == expected[carry]  # the weights were not changed: the same global model
+    if carry:  # handed to the next round, never copied: one set of moments on the device
+        assert [s["exp_avg"].data_ptr() for s in tr.optimizer_state["state"].values()] == moments != []
     steps = [float(s["step"]) for s in tr.optimizer_state["state"].values()] if tr.optimizer_state else []
     assert steps == ([6.0] * len(steps) if carry else []) and (steps or not carry)
 
@@ -1706,8 +1726,9 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     restart probe). Once the node has answered, such calls are retried for node_retry_s; before
     that, an unreachable node is still a setup error."""
     import asyncio
+    import time
 
-    from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+    from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_UNREACHABLE, CliError
 
     tr, said = _bare_trainer(tmp_path, node_retry_s=0.6)
     answers: list[object] = []
@@ -1726,8 +1747,11 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
         asyncio.run(tr.call("tenzro_training_getRun", {}))
     answers[:] = [{"round": 0}, down, down, {"round": 1}]
     assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 0}
+    assert tr.reconnected_at is None
+    before = time.monotonic()
     assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 1}
     assert said[0].startswith("node unreachable (cannot reach node") and said[-1] == "node reachable again"
+    assert tr.reconnected_at is not None and tr.reconnected_at > before  # wait_finalized asks for the model at once
     answers[:] = [_error(1305, "LateSubmission")]  # a node's answer is never retried
     with pytest.raises(CliError, match="LateSubmission"):
         asyncio.run(tr.call("tenzro_training_submitOuterGradient", {}))
@@ -1742,6 +1766,11 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     answers[:] = [_error(1800, "LimitExceeded"), {"round": 2}]
     assert asyncio.run(fresh.call("tenzro_training_getRun", {})) == {"round": 2}
     assert said[0].startswith("node busy (error 1800 LimitExceeded")
+    # An answer that is no JSON-RPC answer (no error code) came from the node: never retried either.
+    answers[:] = [CliError("the node's answer is not JSON-RPC", EXIT_RPC_ERROR), {"round": 3}]
+    with pytest.raises(CliError, match="not JSON-RPC"):
+        asyncio.run(fresh.call("tenzro_training_getRun", {}))
+    assert answers == [{"round": 3}]
 
 
 def test_an_unreachable_bootstrap_peer_stops_the_trainer_before_it_stakes(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -2117,3 +2146,880 @@ def test_every_later_view_must_name_the_checked_spec(tmp_path) -> None:  # type:
     answer["spec_hash"] = "0x" + "cd" * 32
     with pytest.raises(TrainerProcessError, match="names spec '0xcdcd"):
         asyncio.run(tr.get_run())
+
+
+# --- what the trainer refuses before it reaches a node, and the node answers it trusts (mutation campaign) ---
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    ({"private_key": b"\x11" * 31}, "private_key must be 32 bytes"),
+    ({"rounds": 0}, "rounds must be >= 1, got 0"),
+    ({"rounds": True}, "rounds must be >= 1, got True"),
+    ({"batch_size": True}, "batch_size must be an integer >= 1, got True"),
+    ({"batch_size": 2.0}, "batch_size must be an integer >= 1, got 2.0"),
+    ({"bootstrap": ()}, "at least one --bootstrap multiaddr (the node's p2p address) is needed"),
+    ({"submit_timeout_s": 0.0}, "submit_timeout_s must be > 0"),
+    ({"model_timeout_s": float("nan")}, "model_timeout_s must be > 0"),
+    ({"max_round_wait_s": -1.0}, "max_round_wait_s must be > 0"),
+    ({"poll_interval_s": 0}, "poll_interval_s must be > 0"),
+    ({"node_retry_s": 0.0}, "node_retry_s must be > 0"),
+])
+def test_invalid_trainer_settings_are_refused_in_one_line(tmp_path, overrides, said) -> None:  # type: ignore[no-untyped-def]
+    """A setting that would make the trainer sign with a wrong key, never stop, or spin without
+    pause is refused on construction, before a node is called or an identity made; the CLI prints
+    exactly this line."""
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    with pytest.raises(TrainerProcessError) as info:
+        _bare_trainer(tmp_path, **overrides)
+    assert str(info.value) == said
+
+
+def test_the_smallest_trainer_settings_are_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One round and a batch of one are valid settings (the bounds are inclusive)."""
+    tr, _ = _bare_trainer(tmp_path, rounds=1, batch_size=1, submit_timeout_s=1e-3)
+    assert (tr.cfg.rounds, tr.cfg.batch_size) == (1, 1)
+
+
+def test_fragment_weights_split_in_fragment_order_and_fill_the_layouts_exactly() -> None:
+    """The node's weights stream is every fragment's fp32 values back to back; a stream of any
+    other length is not this model (a forged or truncated answer) and is refused, never padded."""
+    import numpy as np
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.trainer.process import TrainerProcessError, decode_fragment_weights
+
+    layouts = compute_fragment_layouts([TensorSpec("w", (6,), "float32")], 2)
+    data = np.arange(6, dtype="<f4").tobytes()
+    parts = decode_fragment_weights(data, layouts)
+    assert [p.tolist() for p in parts] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    for bad in (data[:-4], data + b"\x00" * 4):
+        with pytest.raises(TrainerProcessError, match=f"^model weights: {len(bad)} bytes, expected 24$"):
+            decode_fragment_weights(bad, layouts)
+
+
+def _answering(tr, answer: dict[str, object]) -> None:  # type: ignore[no-untyped-def]
+    """Make ``tr``'s node answer every call with ``answer`` (a dict the test may change)."""
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        return answer
+
+    tr.call = call  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ({"task_id": "another-run", "round": 0}, f"the node answered getRun of {TASK} with another run's view "
+                                             "('another-run')"),
+    ({"round": 0}, f"the node answered getRun of {TASK} with another run's view (None)"),
+    ({"task_id": TASK, "round": 2.9}, "the node's getRun answer is malformed: round 2.9"),
+    ({"task_id": TASK, "round": True}, "the node's getRun answer is malformed: round True"),
+    ({"task_id": TASK, "round": "3"}, "the node's getRun answer is malformed: round '3'"),
+    ({"task_id": TASK, "round": -1}, "the node's getRun answer is malformed: round -1"),
+    ({"task_id": TASK, "round": 2**64}, f"the node's getRun answer is malformed: round {2**64}"),
+    ({"task_id": TASK, "round": 0, "status": "Training"}, "inconsistent: round 0 with no round records"),
+])
+def test_invalid_getrun_answers_are_refused(tmp_path, answer: dict[str, object], said: str) -> None:  # type: ignore[no-untyped-def]
+    """Every getRun answer decides what the trainer trains, prunes and signs: another run's view or
+    a round that is not a JSON integer in range (int() took 2.9 as round 2) stops it."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+    _answering(tr, answer)
+    with pytest.raises(TrainerProcessError) as info:
+        asyncio.run(tr.get_run())
+    assert said in str(info.value)
+
+
+def test_the_largest_round_and_a_run_not_training_without_records_are_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    tr, _ = _bare_trainer(tmp_path)
+    answer: dict[str, object] = {"task_id": TASK, "round": 2**64 - 1, "status": "Enrolling"}
+    _answering(tr, answer)
+    assert asyncio.run(tr.get_run()) == answer
+    answer.update(round=2, status="Training", round_records=[{}, {}])
+    assert asyncio.run(tr.get_run()) == answer
+
+
+def _gossip_view_answer(tr, **extra: object) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {"task_id": TASK, "round": 1, "status": "Training", "round_records": [{}], "fragment_count": 2,
+            "trainers": [{"address": tr.address, "slashed": False}],
+            "election": {"ranking": [{"address": "0x" + "22" * 20}], "seed": "0x" + "33" * 32}, **extra}
+
+
+def test_each_getrun_answer_becomes_the_view_the_topic_validators_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The gossip validators (p2p thread) judge messages by the latest run view, the trainer's
+    chain id and the payload and model limits of its layouts; a getRun answer they cannot read
+    stops the trainer instead of leaving them on a stale view."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+    answer = _gossip_view_answer(tr)
+    _answering(tr, answer)
+    asyncio.run(tr.get_run())
+    assert tr.gossip_view is None  # before the layouts are known there are no limits to judge by
+    tr.gossip_limits, tr.payload_limits = (100, 800), (100, 90)
+    asyncio.run(tr.get_run())
+    view = tr.gossip_view
+    assert view is not None and (view.task_id, view.round, view.fragment_count, view.chain_id) == (TASK, 1, 2, CHAIN_ID)
+    assert (view.max_payload_bytes, view.max_model_bytes, view.payload_bytes) == (100, 800, (100, 90))
+    answer["round"] = 2
+    answer["round_records"] = [{}, {}]
+    asyncio.run(tr.get_run())
+    assert tr.gossip_view is not view and tr.gossip_view.round == 2
+    del answer["election"]
+    with pytest.raises(TrainerProcessError, match="the node's getRun answer is malformed: not a getRun view"):
+        asyncio.run(tr.get_run())
+
+
+def _enrollment_node(tr, views: list[dict[str, object]]) -> list[tuple[str, dict[str, object]]]:  # type: ignore[no-untyped-def]
+    """``tr``'s node: getRun answers ``views`` in turn (the last one for good); every other call
+    is recorded and answered with shard 2."""
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    async def get_run() -> dict[str, object]:
+        return views.pop(0) if len(views) > 1 else views[0]
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append((method, params))
+        return {"shard": 2}
+
+    tr.get_run, tr.call = get_run, call  # type: ignore[method-assign]
+    return calls
+
+
+def test_enrollment_waits_for_it_to_open_and_stakes_with_a_signature_of_the_trainer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The trainer enrolls (bonds its stake) once the run is Enrolling, with an EnrollTrainer the
+    node can check came from this trainer's key, for the stake and DID configured; it then goes
+    on from a fresh view, which shows the enrollment."""
+    import asyncio
+
+    from tenzro_training.auth import EnrollTrainer, recover_signer
+
+    tr, said = _bare_trainer(tmp_path, poll_interval_s=0.01, stake=5 * 10**17)
+    enrolled = {"status": "Enrolling", "trainers": [{"address": tr.address}]}
+    calls = _enrollment_node(tr, [{"status": "Electing", "trainers": []}, {"status": "Enrolling", "trainers": []},
+                                  enrolled])
+    assert asyncio.run(tr.enroll({"status": "Posted", "trainers": []}, asyncio.Event())) == enrolled
+    did = f"did:tenzro:trainer:{tr.address.lower()}"
+    [(method, params)] = calls
+    assert method == "tenzro_training_enrollTrainer"
+    assert {k: v for k, v in params.items() if k != "signature"} == {
+        "task_id": TASK, "did": did, "address": tr.address, "stake": str(5 * 10**17)}
+    msg = EnrollTrainer(task_id=TASK, did=did, trainer=bytes.fromhex(tr.address[2:]), stake=5 * 10**17)
+    assert recover_signer(msg, bytes.fromhex(str(params["signature"])[2:]), CHAIN_ID) == tr.address
+    assert said == [f"enrolled {tr.address} in {TASK} shard 2"]
+
+    named, _ = _bare_trainer(tmp_path / "named", did="did:tenzro:trainer:lab-7")
+    calls = _enrollment_node(named, [{"status": "Enrolling", "trainers": []}])
+    asyncio.run(named.enroll({"status": "Enrolling", "trainers": []}, asyncio.Event()))
+    assert calls[0][1]["did"] == "did:tenzro:trainer:lab-7"
+
+
+def test_an_enrolled_trainer_never_enrolls_again_and_a_closed_run_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A restarted trainer finds its address (in any case) among the run's trainers and stakes
+    nothing more; a run past enrollment it is not part of is an error, with no call made."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+    mine = {"status": "Training", "round": 0, "trainers": [{"address": tr.address.lower()}]}
+    calls = _enrollment_node(tr, [mine])
+    assert asyncio.run(tr.enroll(mine, asyncio.Event())) is mine
+    for status in ("Training", "Sealed"):
+        with pytest.raises(TrainerProcessError, match=f"^cannot enroll: the run is {status}$"):
+            asyncio.run(tr.enroll({"status": status, "round": 0, "trainers": [{"address": "0x" + "00" * 20}]},
+                                  asyncio.Event()))
+    stop = asyncio.Event()
+    stop.set()  # told to stop while enrollment is not open: it does not wait
+    with pytest.raises(TrainerProcessError, match="^cannot enroll: the run is Posted$"):
+        asyncio.run(tr.enroll({"status": "Posted", "trainers": []}, stop))
+    assert calls == []
+
+
+def test_a_sealed_run_ends_the_trainer_only_on_its_final_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """At the end the trainer holds the model the receipt commits: fetched if it missed the last
+    RoundFinalized, an error if it cannot get it (a node that serves another model)."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, said = _bare_trainer(tmp_path)
+    asked: list[int] = []
+    serves: list[bytes] = []
+
+    async def request_model(view: dict[str, object], stop: object) -> dict[str, object]:
+        asked.append(int(view["round"]))  # type: ignore[call-overload]
+        tr.held_hash = serves[0]
+        return view
+
+    tr.request_model = request_model  # type: ignore[method-assign]
+    sealed = {"status": "Sealed", "round": 5, "final_record": {"final_model_hash": "0x" + _A.hex()}}
+    tr.held_hash = _A
+    assert asyncio.run(tr.finish(sealed, asyncio.Event())) == 0 and asked == []
+    assert said == [f"sealed final model 0x{_A.hex()} verified"]
+    tr.held_hash, serves[:] = _B, [_A]
+    assert asyncio.run(tr.finish(sealed, asyncio.Event())) == 0 and asked == [5]
+    tr.held_hash, serves[:] = _B, [_C]
+    with pytest.raises(TrainerProcessError, match=f"^final model 0x{_C.hex()} differs from 0x{_A.hex()}$"):
+        asyncio.run(tr.finish(sealed, asyncio.Event()))
+    for record in (None, {}):
+        with pytest.raises(TrainerProcessError, match="^the run is Sealed without a final record$"):
+            asyncio.run(tr.finish({"status": "Sealed", "round": 5, "final_record": record}, asyncio.Event()))
+
+
+def test_a_sealed_run_prunes_the_saved_state_and_checks_the_final_model(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once the run is Sealed nothing can be submitted again: the saved payloads and error
+    feedback go, and the trainer ends on the receipt's model."""
+    import asyncio
+
+    tr, said, signed = _signing_trainer(tmp_path, monkeypatch)
+    tr.held_hash = _A
+    tr.payloads.save(2, 0, _A, b"saved")
+    tr.feedback_store.save(2, b"state")
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A) | {"status": "Sealed", "final_record": {"final_model_hash": "0x" + _A.hex()}}
+
+    tr.wait_training = wait_training  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    assert signed == {} and said == [f"sealed final model 0x{_A.hex()} verified"]
+    assert tr.payloads.load(2, 1, _A) == [None] and tr.feedback_store.rounds() == []
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"status": "Failed", "end_reason": "quorum"}, "^the run ended: Failed \\(quorum\\)$"),
+    ({"trainers": "slashed"}, "^this trainer was slashed$"),
+    ({"trainers": "absent"}, f"^this trainer is not enrolled in {TASK} \\(Training\\)$"),
+])
+def test_a_run_the_trainer_can_no_longer_serve_stops_it(tmp_path, monkeypatch, change, said) -> None:  # type: ignore[no-untyped-def]
+    """A run that ended unsealed, a slashed trainer or one not enrolled stop the trainer with
+    their reason and nothing signed; an ended run's saved payloads are of no use any more."""
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch)
+    tr.held_hash = _A
+    tr.payloads.save(2, 0, _A, b"saved")
+    view = _hostile_view(tr, 3, _A) | change
+    if change.get("trainers") == "slashed":
+        view["trainers"] = [{"address": "0x" + "00" * 20, "shard": 1, "slashed": False},
+                            {"address": tr.address.lower(), "shard": 0, "slashed": True}]
+    elif change.get("trainers") == "absent":
+        view["trainers"] = [{"address": "0x" + "00" * 20, "shard": 0, "slashed": False}]
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return view
+
+    tr.wait_training = wait_training  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match=said):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert signed == {}
+    assert tr.payloads.load(2, 1, _A) == ([None] if view["status"] == "Failed" else [b"saved"])
+
+
+def test_a_shard_that_cannot_be_built_stops_the_trainer(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    import tenzro_training.trainer.data as data
+    from tenzro_training.trainer import TrainerError
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch)
+    shards: list[tuple[object, ...]] = []
+
+    def shard_windows(*args: object) -> None:
+        shards.append(args[1:])
+        raise TrainerError("too few windows")
+
+    monkeypatch.setattr(data, "shard_windows", shard_windows)
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 0, _A) | {"trainer_count": 3, "trainers": [{"address": tr.address, "shard": 2,
+                                                                             "slashed": False}]}
+
+    tr.wait_training = wait_training  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match="^cannot build shard 2: too few windows$"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert shards == [(2, 3, 1, 1)] and signed == {}
+
+
+def test_a_trainer_stopped_in_its_inner_loop_ends_with_nothing_saved_or_signed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.inner import InnerLoopStopped
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch)
+    tr.held_hash = _A
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, _A)
+
+    def train(round_: int) -> list[bytes]:
+        raise InnerLoopStopped("stopped")
+
+    tr.wait_training, tr.train = wait_training, train  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    assert signed == {} and tr.payloads.load(3, 2, _A) == [None, None]
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_trainer_cleanly(tmp_path, monkeypatch, signum: str) -> None:  # type: ignore[no-untyped-def]
+    """SIGINT/SIGTERM end ``tenzro trainer run`` with status 0 (docs/trainer-process.md): the
+    inner loop's thread is told to stop and the run task cancelled; a trainer that ends by
+    itself returns its own status."""
+    import asyncio
+    import os
+    import signal
+
+    import tenzro_training.trainer.process as process
+
+    trainers: list[process._Trainer] = []
+    cancelled: list[bool] = []
+
+    class Trainer(process._Trainer):
+        async def run(self, stop: asyncio.Event) -> int:
+            trainers.append(self)
+            if signum == "none":
+                return 7
+            os.kill(os.getpid(), getattr(signal, signum))
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return 5
+
+    monkeypatch.setattr(process, "_Trainer", Trainer)
+    tr, _ = _bare_trainer(tmp_path)
+    said: list[str] = []
+    assert asyncio.run(process.run_trainer(tr.cfg, announce=said.append)) == 0
+    assert said == ["stopping (signal)"] and cancelled == [True] and trainers[0].stopping.is_set()
+    signum = "none"
+    assert asyncio.run(process.run_trainer(tr.cfg, announce=said.append)) == 7
+    assert len(said) == 1 and not trainers[1].stopping.is_set()
+
+
+def test_a_trainer_config_defaults_to_the_documented_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """docs/trainer-process.md states these defaults (60 s for a payload to reach the node and for
+    a model answer, 300 s of node retries, a 6 h safety net, a 10^18 stake, batches of 16, fresh
+    AdamW moments each round): a trainer started without tuning runs with exactly them."""
+    import dataclasses
+
+    from tenzro_training.trainer.process import TrainerProcessConfig
+
+    cfg = TrainerProcessConfig(task_id=TASK, rpc_url="http://127.0.0.1:9", private_key=b"\x11" * 32, spec_path=None,
+                               p2p_key=tmp_path / "p2p.key", bootstrap=(_BOOTSTRAP,))
+    assert (cfg.chain_id, cfg.listen, cfg.rounds, cfg.did, cfg.stake, cfg.batch_size, cfg.device) == (
+        auth.DEFAULT_CHAIN_ID, ("/ip4/127.0.0.1/tcp/0",), None, None, 10**18, 16, "auto")
+    assert cfg.carry_optimizer_state is False and cfg.state_dir is None
+    assert (cfg.submit_timeout_s, cfg.model_timeout_s, cfg.max_round_wait_s, cfg.poll_interval_s,
+            cfg.node_retry_s) == (60.0, 60.0, 6 * 3600.0, 0.2, 300.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # checked once, on construction: never changed after
+        cfg.rounds = 0  # type: ignore[misc]
+
+
+def test_a_model_answer_whose_weights_do_not_hash_to_the_commitment_is_dropped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The weights themselves are checked against the model the run commits, whatever stream
+    they came in (here one the inbox did not check): a forged answer under the right header is
+    dropped and counted, and the genuine one is still taken."""
+    import asyncio
+
+    tr, committed, real, nbytes, _ = _trainer_with_model(tmp_path)
+    tr.inbox = GossipInbox(TASK, g, nbytes)  # keeps what it reassembles, unverified
+    _serve_views(tr, _view(3, committed))
+    forged = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=b"\0" * nbytes)
+    genuine = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
+
+    async def main() -> None:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            feed(tr.inbox, forged + genuine)
+
+        task = asyncio.create_task(arrive())
+        await tr.request_model(_view(3, committed), asyncio.Event())
+        await task
+
+    asyncio.run(main())
+    assert tr.held_hash == committed and tr.inbox.counters["forged"] == 1 and tr.inbox.models == {}
+
+
+@pytest.mark.parametrize("forgery", ["signer", "weights"])
+def test_a_round_finalized_that_does_not_match_the_record_leads_to_a_model_request(tmp_path, forgery: str) -> None:  # type: ignore[no-untyped-def]
+    """A notice signed by a ranked candidate that is not the round's syncer, or carrying weights
+    that do not hash to the committed model, is dropped, never applied; the committed model is
+    then fetched with a ModelRequest (the genuine notice may have been passed over meanwhile)."""
+    import asyncio
+
+    tr, committed, real, nbytes, _ = _trainer_with_model(tmp_path)
+    tr.inbox = GossipInbox(TASK, g, nbytes)  # keeps what it reassembles, unverified
+    if forgery == "signer":
+        held = notice(0, key=SYNCER_KEYS[1], syncer=SYNCERS[1], model=committed, weights=real)
+    else:
+        held = notice(0, model=committed, weights=b"\0" * nbytes)
+    view = {"round": 1, "status": "Training", "model_hash": "0x" + committed.hex(),
+            "round_records": [{"model_hash": "0x" + committed.hex(), "syncer": "0x" + SYNCERS[0].hex()}]}
+    _serve_views(tr, view)
+    asked: list[dict[str, object]] = []
+
+    async def request_model(view: dict[str, object], stop: object) -> dict[str, object]:
+        asked.append(view)
+        return view
+
+    tr.request_model = request_model  # type: ignore[method-assign]
+    tr.inbox.expect_finalized(0)
+    feed(tr.inbox, held)
+    assert asyncio.run(tr.wait_finalized(0, asyncio.Event())) is view
+    assert asked == [view] and tr.held_hash is None
+    assert tr.inbox.finalized == {} and tr.inbox.await_round is None
+
+
+def test_the_trainer_hears_its_node_before_it_enrolls_and_listens_on_both_topics(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The order of a start: signing record, host, a --bootstrap peer on gossip, THEN enrollment
+    (the stake), then both topics validated and subscribed, and a peer on each before the first
+    round; the gossip readers end with the rounds and the host is stopped. It says where it
+    listens and where its inner loop runs (the GPU by name)."""
+    import asyncio
+
+    import torch
+
+    from tenzro_training.p2p.host import get_peer_ids
+    from tenzro_training.payload import compute_max_payload_bytes
+
+    events: list[str] = []
+    queues: list[asyncio.Queue[object]] = []
+
+    class Host:
+        addrs = ["/ip4/127.0.0.1/tcp/4242/p2p/me"]
+
+        def __init__(self, config: object) -> None:
+            events.append("host")
+
+        async def start(self) -> None:
+            events.append(f"start guard={tr.guard is not None}")
+
+        def connected_peers(self) -> frozenset[str]:
+            events.append("peers")
+            return get_peer_ids((_BOOTSTRAP,))
+
+        def set_validator(self, topic: str, validate: object) -> None:
+            events.append(f"validate {topic}")
+
+        async def subscribe(self, topic: str) -> asyncio.Queue[object]:
+            events.append(f"subscribe {topic}")
+            queues.append(asyncio.Queue())
+            return queues[-1]
+
+        async def wait_for_peers(self, topic: str, n: int, timeout: float) -> None:
+            events.append(f"wait {topic} {n} {timeout:g}")
+
+        async def stop(self) -> None:
+            events.append("stop")
+
+    tr = _trainer_with_fake_setup(tmp_path, monkeypatch, Host)
+    view = {"spec_hash": "0x" + "AB" * 32, "round": 0, "status": "Enrolling", "trainers": []}
+    said: list[str] = []
+    tr.say = said.append
+
+    async def get_run() -> dict[str, object]:
+        return view
+
+    async def enroll(v: object, stop: object) -> dict[str, object]:
+        events.append("enroll")
+        return view
+
+    async def rounds(stop: object, corpus: object) -> int:
+        events.append("rounds")
+        return 4
+
+    tr.get_run, tr.enroll, tr._rounds = get_run, enroll, rounds  # type: ignore[method-assign]
+    tr.g, tr.device = g, torch.device("cuda", 1)  # what ``run`` sets before ``_run``
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Fake GPU 9000")
+
+    async def main() -> tuple[int, list[asyncio.Task[object]]]:
+        got = await tr._run(view, asyncio.Event())
+        await asyncio.sleep(0)
+        return got, [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    got, left = asyncio.run(main())
+    assert got == 4 and left == []
+    training, syncer = g.TOPIC_TRAINING, g.TOPIC_SYNCER
+    assert events == ["host", "start guard=True", "peers", "enroll", f"validate {training}", f"subscribe {training}",
+                      f"validate {syncer}", f"subscribe {syncer}", f"wait {training} 1 60", f"wait {syncer} 1 60",
+                      "rounds", "stop"]
+    assert said == [f"tenzro trainer {tr.address} p2p /ip4/127.0.0.1/tcp/4242/p2p/me",
+                    "inner loop on cuda:1 (Fake GPU 9000), AdamW state fresh each round"]
+    assert tr.spec_hash == "0x" + "ab" * 32 and tr.max_rounds == 2
+    assert tr.gossip_limits == (compute_max_payload_bytes(tr.layouts[0]), 32)
+    assert tr.payload_limits == (compute_max_payload_bytes(tr.layouts[0]),)
+
+
+def test_refusals_other_than_a_closed_round_are_not_retried(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Only PayloadUnavailable is retried: any other refusal (here a bad signature) reaches the
+    caller at once, as does PayloadUnavailable once the trainer is told to stop; and an inline
+    payload the node still says it lacks is a node fault, said with the payload's hash."""
+    import asyncio
+
+    from tenzro_training.cli import CliError
+    from tenzro_training.payload import compute_payload_hash
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path, submit_timeout_s=0.05)
+    refusal = [_error(1202, "SignatureInvalid")]
+    calls: list[dict[str, object]] = []
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        calls.append(params)
+        raise refusal[0]
+
+    tr.call = call  # type: ignore[method-assign]
+    with pytest.raises(CliError, match="SignatureInvalid"):
+        asyncio.run(tr.submit(0, [b"payload"], asyncio.Event()))
+    assert len(calls) == 1
+    refusal[0] = _error(1312, "PayloadUnavailable")
+    stop = asyncio.Event()
+    stop.set()
+    with pytest.raises(CliError, match="PayloadUnavailable"):
+        asyncio.run(tr.submit(1, [b"payload"], stop))
+    assert len(calls) == 2
+    with pytest.raises(TrainerProcessError, match=f"^round 2 fragment 0: the node never held payload "
+                                                  f"0x{compute_payload_hash(b'payload').hex()}$"):
+        asyncio.run(tr.submit(2, [b"payload"], asyncio.Event()))
+    assert "payload" in calls[-1] and tr.inline_submissions == 1
+
+
+def test_no_payload_is_made_without_a_verified_model_and_a_stop_before_the_node_answers_stakes_nothing(
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    tr, _ = _bare_trainer(tmp_path)
+    with pytest.raises(TrainerProcessError, match="^internal: no verified global model to train from$"):
+        asyncio.run(tr.get_payloads(0, {}))
+
+    class Host:
+        def connected_peers(self) -> tuple[str, ...]:
+            return ()
+
+    tr.host = Host()
+    stop = asyncio.Event()
+    stop.set()
+    with pytest.raises(TrainerProcessError, match=r"^stopped before a --bootstrap peer answered \(nothing staked\)$"):
+        asyncio.run(tr.wait_for_bootstrap(stop))
+
+
+def test_an_aggregated_rounds_values_never_come_back_into_the_residual(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once a round's payloads were accepted their top-k values are in the model. A node that then
+    serves that round again and refuses the resubmission (LateSubmission) must not put them back
+    into the residual: they would be sent, and aggregated, twice."""
+    import asyncio
+    import dataclasses
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)  # the corpus is a fake
+    tr, said = _topk_trainer(tmp_path, monkeypatch)
+    tr.cfg = dataclasses.replace(tr.cfg, rounds=2)
+    tr.model_cfg, tr.inbox, tr.held_hash = SimpleNamespace(context_len=1, horizon=1), GossipInbox(TASK, g, 212), BASE
+    submitted: list[int] = []
+    residuals: list[list[object]] = []
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 3, BASE)
+
+    async def call(method: str, params: dict[str, object]) -> object:
+        submitted.append(int(params["fragment"]))  # type: ignore[call-overload]
+        if len(submitted) > 2:
+            raise _error(1305, "LateSubmission")
+        return {}
+
+    async def wait_finalized(round_: int, stop: object) -> dict[str, object]:
+        assert tr.feedback is not None
+        residuals.append([r.clone() for r in tr.feedback._residual])
+        return _hostile_view(tr, 3, BASE)  # round 3 again, from the same model
+
+    async def get_run() -> dict[str, object]:
+        return _hostile_view(tr, 4, BASE)
+
+    tr.wait_training, tr.call, tr.wait_finalized, tr.get_run = wait_training, call, wait_finalized, get_run  # type: ignore[method-assign]
+    assert asyncio.run(tr._rounds(asyncio.Event(), corpus=None)) == 0
+    assert submitted == [0, 1, 0] and any(line.startswith("round 3 skipped: error 1305") for line in said)
+    assert tr.feedback is not None and all(torch_equal(a, b) for a, b in zip(tr.feedback._residual, residuals[0]))
+
+
+def test_the_first_view_past_enrollment_starts_the_rounds_and_a_stop_ends_every_wait(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The rounds start from the first view that is past enrollment (whatever it is: the main loop
+    judges it); a stop ends the waits (for training, for a round's end) and the main loop as a
+    cancellation or status 0, never as a view the trainer would act on."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import tenzro_training.trainer.data as data
+
+    tr, _ = _bare_trainer(tmp_path, poll_interval_s=0.01)
+    tr.inbox = GossipInbox(TASK, g, 1024)
+    served = [{"task_id": TASK, "round": 0, "status": "Enrolling"}, {"task_id": TASK, "round": 0, "status": "Failed"}]
+
+    async def get_run() -> dict[str, object]:
+        return served.pop(0) if len(served) > 1 else served[0]
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    assert asyncio.run(tr.wait_training(asyncio.Event()))["status"] == "Failed"
+    stop = asyncio.Event()
+    stop.set()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(tr.wait_training(stop))
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(tr.wait_finalized(0, stop))
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _round_view(tr, 0)
+
+    tr.wait_training = wait_training  # type: ignore[method-assign]
+    tr.model_cfg = SimpleNamespace(context_len=1, horizon=1)
+    monkeypatch.setattr(data, "shard_windows", lambda *args: None)  # the corpus is a fake
+    assert asyncio.run(tr._rounds(stop, corpus=None)) == 0
+
+
+def test_weights_are_taken_only_if_they_fit_the_layouts_and_hash_to_the_commitment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The check the gossip inbox runs on every reassembled weights stream: a stream of the wrong
+    size or of another model is dropped (None), never raised, so a forger cannot stop the trainer."""
+    tr, committed, real, _, _ = _trainer_with_model(tmp_path)
+    other, other_bytes = _another_model(tr)
+    weights = tr.verify_weights(real, committed)
+    assert weights is not None and [w.tolist() for w in weights] == [[float(i) for i in range(32)]] * 2
+    assert tr.verify_weights(real[:-4], committed) is None
+    assert tr.verify_weights(other_bytes, committed) is None
+    assert tr.verify_weights(other_bytes, other) is not None
+
+
+def test_a_model_request_stops_when_told_to_or_when_the_run_ends_while_an_answer_waits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    tr, committed, real, _, published = _trainer_with_model(tmp_path)
+    stop = asyncio.Event()
+    stop.set()
+    view = _view(3, committed)
+    assert asyncio.run(tr.request_model(view, stop)) is view and published == [] and tr.held_hash is None
+
+    _serve_views(tr, _view(3, committed, status="Cancelled"))  # the run ended as the answer arrived
+    tr.MODEL_ASK_INTERVAL_S = 60.0
+
+    async def main() -> dict[str, object]:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            feed(tr.inbox, g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real))
+
+        task = asyncio.create_task(arrive())
+        got = await tr.request_model(_view(3, committed), asyncio.Event())
+        await task
+        return got
+
+    assert asyncio.run(main())["status"] == "Cancelled" and tr.held_hash is None and tr.inbox.await_model is None
+
+
+def test_a_spec_file_is_read_up_to_the_documented_64_mib(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """docs/cli.md: `tenzro trainer run --spec` reads at most 64 MiB; a larger file is refused
+    with its size, before it is parsed."""
+    import json
+
+    from tenzro_training.spec import TrainingTaskSpec
+    from tenzro_training.trainer.process import TrainerProcessError
+    from tests.test_spec import example
+
+    spec = TrainingTaskSpec.from_dict(example())
+    text = json.dumps(example()).encode()
+    path = tmp_path / "spec.json"
+    path.write_bytes(text + b" " * ((64 << 20) - len(text)))
+    view = {"spec_hash": "0x" + spec.spec_hash().hex()}
+    assert _trainer_for(tmp_path, path, spec.task_id).load_spec(view) == spec
+    with path.open("ab") as f:
+        f.write(b" ")
+    with pytest.raises(TrainerProcessError, match=f"^cannot read spec {path}: file is {(64 << 20) + 1} bytes, "
+                                                  f"the limit is {64 << 20}$"):
+        _trainer_for(tmp_path, path, spec.task_id).load_spec(view)
+
+
+def test_an_unreachable_node_is_retried_with_the_documented_backoff(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """docs/trainer-process.md: 0.5 s doubling to 5 s. Retrying faster loads a node that is
+    restarting; slower wastes the round it comes back for."""
+    import asyncio
+
+    from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+
+    tr, said = _bare_trainer(tmp_path, node_retry_s=3600.0)
+    down = CliError("cannot reach node at http://127.0.0.1:9/: [Errno 111] Connection refused", EXIT_UNREACHABLE)
+    answers: list[object] = [{"round": 0}, *[down] * 6, {"round": 1}]
+
+    class Node:
+        def call(self, method: str, params: dict[str, object]) -> object:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    pauses: list[float] = []
+    sleep = asyncio.sleep
+
+    async def no_wait(delay: float) -> None:
+        pauses.append(delay)
+        await sleep(0)
+
+    tr.client = Node()
+    assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 0}
+    monkeypatch.setattr(asyncio, "sleep", no_wait)
+    assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 1}
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert said[0].endswith("; retrying for up to 3600 s")
+
+
+def test_each_trainer_line_is_written_out_at_once_with_its_time(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A supervisor, a log shipper or `tail -f` reads the trainer's lines from a pipe or a file,
+    where Python buffers stdout by the block: each line is flushed as it is said, after the time
+    of day; the end is said on stderr."""
+    import io
+    import re
+    import sys
+
+    import tenzro_training.trainer.process as process
+    from tenzro_training.cli import main
+
+    class Pipe(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushed: list[str] = []
+
+        def flush(self) -> None:
+            self.flushed.append(self.getvalue())
+
+    out = Pipe()
+    seen: list[list[str]] = []
+
+    async def run_trainer(cfg: object, announce: object = None) -> int:
+        announce("round 0 submitted")  # type: ignore[operator]
+        seen.append(list(out.flushed))  # before the trainer goes on
+        return 0
+
+    monkeypatch.setattr(process, "run_trainer", run_trainer)
+    monkeypatch.setenv("TENZRO_PRIVATE_KEY", "0x" + "11" * 32)
+    monkeypatch.setattr(sys, "stdout", out)
+    code = main(["trainer", "run", "--task-id", "t", "--p2p-key", str(tmp_path / "k"),
+                 "--bootstrap", _BOOTSTRAP, "--rpc", "http://127.0.0.1:9"])
+    monkeypatch.undo()
+    assert code == 0 and len(seen[0]) >= 1
+    assert re.fullmatch(r"\d\d:\d\d:\d\d round 0 submitted\n", seen[0][-1]), seen
+    assert "trainer stopped" in capsys.readouterr().err
+
+
+def test_a_round_the_record_may_have_signed_is_refused_with_its_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The refusal says why the trainer may already have signed: a round before the record began
+    (it was created while enrolled), or one it signed itself and no longer holds the bytes of
+    for the model it is told to train from; the first round of the record is of the second kind."""
+    import asyncio
+
+    from tenzro_training.fragments import TensorSpec, compute_fragment_layouts
+    from tenzro_training.payload import compute_payload_hash
+    from tenzro_training.trainer.signing_guard import SigningGuard, SigningRefused
+
+    tr, _ = _bare_trainer(tmp_path)
+    tr.layouts = compute_fragment_layouts([TensorSpec("w", (8,), "float32")], 1)
+    tr.payloads.dir.mkdir(parents=True)
+    tr.guard = SigningGuard(tr.payloads.dir, floor_if_new=5)
+    tr.guard.record(5, 0, compute_payload_hash(b"signed from model A"))
+    tr.held_hash = _B
+    with pytest.raises(SigningRefused, match="its record of signatures began at round 5 .created while enrolled"):
+        asyncio.run(tr.get_payloads(4, {}))
+    with pytest.raises(SigningRefused, match=f"it signed one before and does not hold it for the model it now trains "
+                                             f"from .0x{_B.hex()}."):
+        asyncio.run(tr.get_payloads(5, {}))
+
+
+def test_a_state_directory_that_cannot_be_made_stops_the_trainer_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tenzro_training.trainer.process import TrainerProcessError
+
+    (tmp_path / "taken").write_text("a file, not a directory")
+    tr, _ = _bare_trainer(tmp_path, state_dir=tmp_path / "taken")
+    with pytest.raises(TrainerProcessError, match=f"^cannot use state directory {tr.payloads.dir}: Not a directory$"):
+        tr.signing_guard()
+    assert tr.guard is None
+
+
+@pytest.mark.parametrize("status", ["Posted", "Electing", "Enrolling"])
+def test_a_stop_before_training_began_leaves_the_record_of_signatures_as_it_was(tmp_path, status: str) -> None:  # type: ignore[no-untyped-def]
+    """Before the run trains no round can have been signed: an enrollment seen then (here as the
+    trainer is told to stop) raises no floor, so no round of the run is refused later."""
+    import asyncio
+
+    tr, _ = _bare_trainer(tmp_path)
+    tr.max_rounds = 10
+    tr.open_signing_guard({"status": status, "round": 0, "trainers": []})
+    stop = asyncio.Event()
+    stop.set()
+    view = {"status": status, "round": 3, "trainers": [{"address": tr.address}]}
+    assert asyncio.run(tr.enroll(view, stop)) is view
+    assert tr.guard is not None and tr.guard.floor == 0
+
+
+def test_a_payload_is_published_as_the_signed_chunks_of_its_fragment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What a node reassembles and checks against the submission's signature: every chunk of the
+    payload, for this trainer, round and fragment, with the signature the submission carries."""
+    import asyncio
+
+    tr, _, _, _, published = _trainer_with_model(tmp_path)
+    payload, sig = bytes(range(256)) * 10_000, b"\x07" * 65
+    asyncio.run(tr.publish_payload(3, 1, payload, sig))
+    chunks = g.compute_payload_chunks(task_id=TASK, round=3, fragment=1, trainer=tr.addr_bytes, signature=sig,
+                                      payload=payload)
+    assert len(chunks) > 1 and published == [g.encode_message(c) for c in chunks]
+
+
+def test_a_round_open_exactly_the_grace_past_the_nodes_deadline_is_still_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The node's own clock decides: past its deadline by model_timeout_s (1 s here) the round is
+    still awaited; only beyond that is the node taken to have stopped advancing the run."""
+    import asyncio
+
+    tr, _ = _bare_trainer(tmp_path, model_timeout_s=1.0, poll_interval_s=0.01)
+    tr.inbox = GossipInbox(TASK, g, 1024)
+    polls: list[int] = []
+
+    async def get_run() -> dict[str, object]:
+        polls.append(1)
+        if len(polls) < 3:
+            return _round_view(tr, 0, now_ms=10_000_000, quorum_at_ms=5, finalize_deadline_ms=10_000_000 - 1_000)
+        return _round_view(tr, 0, status="Failed", end_reason="quorum")
+
+    tr.get_run = get_run  # type: ignore[method-assign]
+    assert asyncio.run(tr.wait_finalized(0, asyncio.Event()))["status"] == "Failed" and len(polls) == 3
+
+
+def test_the_signing_guards_refusals_name_the_first_ten_rounds(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tenzro_training.trainer.process import TrainerProcessError
+    from tenzro_training.trainer.signing_guard import SigningGuard
+
+    tr, _, signed = _signing_trainer(tmp_path, monkeypatch, poll_interval_s=0.001, max_round_wait_s=0.3)
+    tr.payloads.dir.mkdir(parents=True)
+    tr.guard = SigningGuard(tr.payloads.dir, floor_if_new=1000)
+    tr.held_hash = _A
+    rounds = iter(range(1, 1000))
+
+    async def wait_training(stop: object) -> dict[str, object]:
+        return _hostile_view(tr, 0, _A)
+
+    async def get_run() -> dict[str, object]:
+        return _hostile_view(tr, next(rounds), _A)  # a new round below the floor each time
+
+    tr.wait_training, tr.get_run = wait_training, get_run  # type: ignore[method-assign]
+    with pytest.raises(TrainerProcessError, match=r"refused rounds \[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\]$"):
+        asyncio.run(tr._rounds(asyncio.Event(), corpus=None))
+    assert signed == {} and next(rounds) > 11
