@@ -1124,6 +1124,35 @@ def test_the_syncer_daemon_survives_a_lone_surrogate(fake_node: FakeNode) -> Non
     assert printed == ["finalized \\ud800 round 1 status \\x1b[2J"]
 
 
+def test_printable_cuts_a_long_line_at_the_limit_and_counts_the_rest() -> None:
+    """A node's 50 MB "line" must reach the terminal as at most MAX_LINE_CHARS characters plus
+    an exact count of what was dropped (the reader must know the text was cut, and by how
+    much); a line of exactly the limit is whole and carries no note."""
+    from tenzro_training.terminal import MAX_LINE_CHARS, printable
+
+    assert printable("a" * MAX_LINE_CHARS) == "a" * MAX_LINE_CHARS
+    assert printable("a" * (MAX_LINE_CHARS + 3)) == "a" * MAX_LINE_CHARS + "... (3 more characters)"
+    assert printable("ab\x1bcd", limit=3) == "ab\\x1b... (2 more characters)"
+
+
+def test_printable_takes_what_a_command_prints_that_is_not_a_string() -> None:
+    """Commands print exceptions and numbers from a node's answer through printable(); an
+    exception whose text holds an escape sequence must come out escaped, not raise."""
+    from tenzro_training.terminal import printable, printable_lines
+
+    assert printable(ValueError("bad \x1b[2J")) == "bad \\x1b[2J"
+    assert printable(7) == "7" and printable_lines(7) == "7"
+
+
+def test_printable_lines_keeps_the_line_breaks_and_bounds_each_line() -> None:
+    """A multi-line human format (a verify report) keeps its line breaks, while each of its
+    lines is escaped and bounded on its own, as printable() does for one line."""
+    from tenzro_training.terminal import printable_lines
+
+    assert printable_lines("ok\nbad \x1b]0;t\x07") == "ok\nbad \\x1b]0;t\\x07"
+    assert printable_lines("abc\ndefg", limit=2) == "ab... (1 more characters)\nde... (2 more characters)"
+
+
 @pytest.mark.parametrize(("argv", "method", "answer", "field"), [
     (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "t", "status": "Failed"}, "status"),
     (["cancel-task", "--task-id", "t"], "tenzro_training_cancelTask", {"task_id": "u", "status": "Cancelled"}, "task_id"),
@@ -1335,6 +1364,103 @@ def test_invalid_make_gradient_inputs(capsys: pytest.CaptureFixture[str], tmp_pa
     code, _, err = run(capsys, *base, "--fragment", "0")
     assert code == EXIT_USAGE and err.startswith("tenzro: init checkpoint 'file://[x/init.safetensors': not a valid URI")
     assert err.count("\n") == 1 and not os.path.exists(out)
+
+
+def _two_fragment_model() -> Any:
+    from tenzro_training.fragments import TensorSpec
+    from tenzro_training.global_model import ModelLayout
+
+    return ModelLayout.from_specs([TensorSpec("a", (2, 3), "bfloat16"), TensorSpec("b", (4,), "float32")], 2)
+
+
+def test_layouts_from_the_nodes_get_run_are_the_layouts_it_committed() -> None:
+    """A trainer and make-gradient --task-id build their payloads on the layouts read back from
+    getRun: each must be exactly the node's (index, dtypes, slices), or every payload they
+    build is refused for its layout hash."""
+    model = _two_fragment_model()
+    assert cli_layouts.compute_layouts_from_view({"task_id": "t", "fragments": model.to_view()}) == model.layouts
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda v: [], "the node's getRun has no fragment layouts: pass --spec or --checkpoint"),
+    (lambda v: [v[1], v[0]], "the node's fragment layouts are malformed: fragment 0: layout hash mismatch"),
+    (lambda v: [{**v[0], "index": "0"}, v[1]], "the node's fragment layouts are malformed: "),
+    (lambda v: [{**v[0], "layout_hash": v[1]["layout_hash"]}, v[1]],
+     "the node's fragment layouts are malformed: fragment 0: layout hash mismatch"),
+    (lambda v: [{**v[0], "entries": [{k: x for k, x in v[0]["entries"][0].items() if k != "dtype"}]}, v[1]],
+     "the node's fragment layouts are malformed: 'dtype'"),
+    (lambda v: [{**v[0], "entries": [{**v[0]["entries"][0], "shape": 6}]}, v[1]], "the node's fragment layouts are malformed: "),
+    (lambda v: [{**v[0], "entries": [{**v[0]["entries"][0], "dtype": "float99"}]}, v[1]],
+     "the node's fragment layouts are malformed: "),
+])
+def test_invalid_layouts_from_the_nodes_get_run_exit_1(damage: Any, message: str) -> None:
+    """Layouts a node answers that are missing, out of order, of another hash or not layouts at
+    all are the node's fault: one line, exit 1 (never a traceback, never layouts a payload
+    would then be built on)."""
+    view = {"task_id": "t", "fragments": damage(_two_fragment_model().to_view())}
+    with pytest.raises(CliError) as info:
+        cli_layouts.compute_layouts_from_view(view)
+    assert str(info.value).startswith(message) and info.value.exit_code == EXIT_RPC_ERROR
+    with pytest.raises(CliError, match="has no fragment layouts"):
+        cli_layouts.compute_layouts_from_view([view])  # type: ignore[arg-type]
+
+
+def test_task_layouts_from_a_checkpoint_file_are_its_fp32_layouts(tmp_path: Path) -> None:
+    """make-gradient --checkpoint must compute the layouts the node computes, and the node
+    holds the model in fp32 whatever the file holds: layout hashes name dtypes, so a bf16 file
+    must give the layouts of its fp32 original, or every payload is refused."""
+    import torch
+
+    from tenzro_training.trainer.model import load_checkpoint, save_checkpoint
+
+    spec = cli_files.read_spec_file(str(_tiny_spec(tmp_path)))
+    ref = spec.init_checkpoint()
+    assert ref is not None
+    state = load_checkpoint(tmp_path / "init.safetensors", ref.sha256)
+    save_checkpoint({name: t.to(torch.bfloat16) for name, t in state.items()}, tmp_path / "bf16.safetensors")
+    assert cli_layouts.compute_task_layouts(spec, str(tmp_path / "bf16.safetensors")) == \
+        cli_layouts.compute_task_layouts(spec)
+
+
+def test_invalid_task_layouts_checkpoints_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The spec's init checkpoint is hash-pinned: a file replaced by another valid checkpoint is
+    refused, not used; a missing --checkpoint and a spec naming none are the user's to fix
+    (exit 2, one line), and nothing is written."""
+    from tenzro_training.trainer.model import load_checkpoint, save_checkpoint
+
+    spec = _tiny_spec(tmp_path)
+    out = tmp_path / "g"
+    base = ["train", "make-gradient", "--spec", str(spec), "--round", "0", "--fragment", "0", "--out", str(out)]
+    code, _, err = run(capsys, *base, "--checkpoint", str(tmp_path / "missing.safetensors"))
+    assert code == EXIT_USAGE and err.startswith("tenzro: cannot read checkpoint ") and err.count("\n") == 1
+    doc = json.loads(spec.read_text())
+    ckpt = tmp_path / "init.safetensors"
+    state = load_checkpoint(ckpt, doc["architecture"]["metadata"]["init_checkpoint"]["sha256"])
+    save_checkpoint({name: t + 1 for name, t in state.items()}, ckpt)
+    code, _, err = run(capsys, *base)
+    assert code == EXIT_USAGE and err.startswith("tenzro: ") and err.count("\n") == 1
+    del doc["architecture"]["metadata"]["init_checkpoint"]
+    spec.write_text(json.dumps(doc))
+    code, _, err = run(capsys, *base)
+    assert (code, err) == (EXIT_USAGE, "tenzro: the spec names no architecture.metadata.init_checkpoint: pass --checkpoint\n")
+    assert not out.exists()
+
+
+def test_random_gradients_differ_per_fragment_round_task_and_seed() -> None:
+    """make-gradient's gradients stand in for distinct trainers' work in tests and demos: two
+    fragments of one size, two rounds, two tasks or two seeds must not draw the same values
+    (an aggregation test would see identical submissions), and the same inputs must draw the
+    same values (a rerun reproduces a payload)."""
+    import torch
+
+    first, second = _two_fragment_model().layouts  # 5 elements each
+    draw = cli_layouts.compute_random_gradient
+    base = draw(first, 1, "t", 0, 1.0)
+    assert torch.equal(base, draw(first, 1, "t", 0, 1.0))
+    for other in (draw(second, 1, "t", 0, 1.0), draw(first, 1, "t", 1, 1.0), draw(first, 1, "u", 0, 1.0),
+                  draw(first, 2, "t", 0, 1.0)):
+        assert not torch.equal(base, other)
+    assert torch.equal(draw(first, 1, "t", 0, 2.0), base * 2)
 
 
 def test_export_model_from_model_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

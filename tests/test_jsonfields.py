@@ -30,6 +30,11 @@ def test_round_trips() -> None:
     [
         (lambda: decode_hex("x.h", "0xAB", 1), "x.h: expected 0x \\+ 2 lowercase"),
         (lambda: decode_hex("x.h", "0xab", 2), "x.h: expected 0x \\+ 4"),
+        (lambda: decode_hex("x.h", "0xabcd", 1), "x.h: expected 0x \\+ 2"),  # too long is not a prefix match
+        (lambda: decode_hex("x.h", 5, 1), "x.h: expected 0x"),  # not a bare TypeError from len()
+        (lambda: decode_hex("x.h", b"0xab", 1), "x.h: expected 0x"),
+        (lambda: decode_address("x.addr", "0x12"), "x.addr: "),
+        (lambda: decode_amount("x.a", "\u0661\u0662"), "x.a: expected a decimal string"),  # Arabic-Indic digits int() takes
         (lambda: decode_amount("x.a", "01"), "x.a: expected a decimal string"),
         (lambda: decode_amount("x.a", str(2**256)), "x.a: exceeds uint256"),
         (lambda: decode_amount("x.a", "9" * 79), "x.a: expected a decimal string of a uint256"),

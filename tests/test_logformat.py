@@ -151,3 +151,75 @@ def test_the_key_file_warning_follows_the_log_format(monkeypatch: pytest.MonkeyP
     [line] = err.getvalue().splitlines()
     record = json.loads(line)
     assert record["level"] == "WARNING" and "allows group/other access" in record["message"]
+
+
+class _Opaque:
+    """Not JSON-serialisable (a Path or a bytes value an event might carry by mistake)."""
+
+    def __str__(self) -> str:
+        return "opaque"
+
+
+class _EventWithOpaqueField:
+    def to_dict(self) -> dict[str, object]:
+        return {"type": "Odd", "where": _Opaque()}
+
+
+def test_a_field_json_cannot_encode_is_written_as_text_not_a_logging_error() -> None:
+    """An event field json cannot encode must still give one record: a formatter that raised
+    makes ``logging`` print its own multi-line "--- Logging error ---" traceback to stderr,
+    which a collector splitting on newlines gets as several non-JSON records."""
+    line = JsonFormatter().format(_record("odd", extra={RUN_EVENT_ATTR: _EventWithOpaqueField()}))
+    assert json.loads(line)["event"] == {"type": "Odd", "where": "opaque"}
+
+
+def test_a_stack_record_carries_its_stack_in_the_record() -> None:
+    """``log.warning(..., stack_info=True)`` is how the node says where a surprise came from; the
+    stack must be a field of its one-line record, not lost."""
+    record = logging.getLogger("tenzro.test").makeRecord(
+        "tenzro.test", logging.WARNING, __file__, 1, "here", (), None, sinfo="Stack (most recent call last):\n  f()")
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["stack"] == "Stack (most recent call last):\n  f()"
+
+
+def test_the_time_is_utc_with_three_millisecond_digits_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collectors parse ``time`` as RFC 3339 without a format string: it must be UTC (``Z``) on a
+    host whose local zone is not, and milliseconds below 100 keep their leading zeros (``.005``,
+    not ``.5``, which reads as 500 ms)."""
+    import time
+
+    monkeypatch.setenv("TZ", "EST+05")
+    time.tzset()
+    try:
+        record = _record("x")
+        record.created = 1764115200.0051  # 2025-11-26T00:00:00.005Z
+        assert json.loads(JsonFormatter().format(record))["time"] == "2025-11-26T00:00:00.005Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize("level", ["debug", "INFO", "Warning", "error", "CRITICAL"])
+def test_configure_logging_accepts_every_level_in_any_case(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--log-level debug`` is what an operator asks for while chasing a problem; each of the
+    documented levels, in any case, must be accepted and must set the root level."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    configure_logging(level, stream=io.StringIO())
+    assert root.level == logging.getLevelName(level.upper())
+
+
+def test_an_embedding_programs_handlers_keep_their_format_for_the_stderr_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program embedding the CLI (or pytest) keeps its own handlers and their text format;
+    the final ``tenzro: ...`` line must then stay text too, not turn into a JSON record among
+    the program's text lines."""
+    from tenzro_training import logformat
+
+    root = logging.getLogger()
+    mine = logging.StreamHandler(io.StringIO())
+    monkeypatch.setattr(root, "handlers", [mine])
+    monkeypatch.setattr(logformat, "_configured_format", None)
+    configure_logging("INFO", "json", stream=io.StringIO())
+    assert root.handlers == [mine]
+    assert logformat.format_stderr_line("tenzro: x") == "tenzro: x"

@@ -183,9 +183,10 @@ class KVStoreConformance:
     def test_explicit_commit_without_with(self, store: KVStore) -> None:
         batch = store.atomic_batch()
         batch.put(CF_TRAINING_RUNS, b"k", b"v")
-        assert store.get(CF_TRAINING_RUNS, b"k") is None
+        assert store.get(CF_TRAINING_RUNS, b"k") is None and len(batch) == 1
         batch.commit()
         assert store.get(CF_TRAINING_RUNS, b"k") == b"v"
+        assert len(batch) == 0  # a committed batch holds no values (they can be megabytes)
 
     def test_invalid_double_commit(self, store: KVStore) -> None:
         with store.atomic_batch() as batch:
@@ -208,11 +209,34 @@ class KVStoreConformance:
         batch.commit()
         with pytest.raises(StorageError):
             batch.commit()
+        with pytest.raises(StorageError):  # discarding cannot undo a written batch
+            batch.discard()
+        assert store.get(CF_TRAINING_RUNS, b"k") == b"v"
+
+    def test_invalid_batch_whose_write_failed_is_finished(self, store: KVStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A write that failed applied nothing, and the batch must not be reused to retry it:
+        the caller cannot tell what a retried batch would hold. Whatever stopped the write,
+        even a KeyboardInterrupt, the batch is finished."""
+
+        def interrupted(ops: object) -> None:
+            raise KeyboardInterrupt
+
+        batch = store.atomic_batch()
+        batch.put(CF_TRAINING_RUNS, b"k", b"v")
+        monkeypatch.setattr(store, "_apply_batch", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            batch.commit()
+        monkeypatch.undo()
+        for again in (lambda: batch.put(CF_TRAINING_RUNS, b"k2", b"v"), batch.commit, batch.discard):
+            with pytest.raises(StorageError, match="already finished"):
+                again()
+        assert store.get(CF_TRAINING_RUNS, b"k") is None and store.get(CF_TRAINING_RUNS, b"k2") is None
 
     def test_invalid_commit_after_discard(self, store: KVStore) -> None:
         batch = store.atomic_batch()
         batch.put(CF_TRAINING_RUNS, b"k", b"v")
         batch.discard()
+        assert len(batch) == 0  # the dropped values are released
         with pytest.raises(StorageError):
             batch.commit()
         assert store.get(CF_TRAINING_RUNS, b"k") is None
@@ -253,6 +277,8 @@ class KVStoreConformance:
             store.keys("nope")
         with pytest.raises(TypeError):
             store.keys(CF_EVIDENCE, "k")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            store.keys(CF_EVIDENCE, bytearray(b"k"))  # type: ignore[arg-type]
 
     def test_prefix_of_all_ff_bytes(self, store: KVStore) -> None:
         keys = [b"\xfe", b"\xfe\xff", b"\xff", b"\xff\x00", b"\xff\xff", b"\xff\xff\xff"]
@@ -271,7 +297,7 @@ class KVStoreConformance:
         assert got == numbers
 
     def test_iterate_start_key(self, store: KVStore) -> None:
-        keys = [b"p1", b"p3", b"p5", b"q0"]
+        keys = [b"o9", b"p1", b"p3", b"p5", b"q0"]  # o9: a key between a start before the prefix and the prefix
         with store.atomic_batch() as batch:
             for key in keys:
                 batch.put(CF_ACCOUNTS, key, key)
@@ -355,6 +381,8 @@ class KVStoreConformance:
             store.get(CF_ACCOUNTS, bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             store.contains(CF_ACCOUNTS, bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            store.holds_value(CF_ACCOUNTS, bad)  # type: ignore[arg-type]
         with store.atomic_batch() as batch:
             with pytest.raises(TypeError):
                 batch.put(CF_ACCOUNTS, bad, b"v")  # type: ignore[arg-type]
@@ -372,12 +400,14 @@ class KVStoreConformance:
         with pytest.raises(TypeError):
             store.iterate(CF_ACCOUNTS, b"", bad)  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("bad", ["default", "nope", "", "TRAINING_RUNS", b"meta", None])
+    @pytest.mark.parametrize("bad", ["default", "nope", "", "TRAINING_RUNS", b"meta", None, ["meta"]])
     def test_invalid_unknown_column_family(self, store: KVStore, bad: object) -> None:
         with pytest.raises(StorageError):
             store.get(bad, b"k")  # type: ignore[arg-type]
         with pytest.raises(StorageError):
             store.contains(bad, b"k")  # type: ignore[arg-type]
+        with pytest.raises(StorageError):
+            store.holds_value(bad, b"k")  # type: ignore[arg-type]
         with pytest.raises(StorageError):
             store.iterate(bad)  # type: ignore[arg-type]
         with store.atomic_batch() as batch:
@@ -391,9 +421,14 @@ class KVStoreConformance:
 
     def test_invalid_use_after_close(self, store: KVStore) -> None:
         put(store, CF_TRAINING_RUNS, b"k", b"v")
+        put(store, CF_TRAINING_RUNS, b"k3", b"v")
+        started = store.iterate(CF_TRAINING_RUNS)
+        assert next(started) == (b"k", b"v")
         pending = store.atomic_batch()
         pending.put(CF_TRAINING_RUNS, b"k2", b"v")
+        unused = store.atomic_batch()
         live = store.iterate(CF_TRAINING_RUNS)
+        live_keys = store.keys(CF_TRAINING_RUNS)
         store.close()
         store.close()  # idempotent
         assert store.closed
@@ -402,6 +437,8 @@ class KVStoreConformance:
         with pytest.raises(StorageError):
             store.contains(CF_TRAINING_RUNS, b"k")
         with pytest.raises(StorageError):
+            store.holds_value(CF_TRAINING_RUNS, b"k")
+        with pytest.raises(StorageError):
             store.iterate(CF_TRAINING_RUNS)
         with pytest.raises(StorageError):
             store.atomic_batch()
@@ -409,6 +446,19 @@ class KVStoreConformance:
             pending.commit()
         with pytest.raises(StorageError):
             list(live)
+        with pytest.raises(StorageError):  # a started iteration stops at the close, not at its end
+            next(started)
+        with pytest.raises(StorageError):
+            store.keys(CF_TRAINING_RUNS)
+        with pytest.raises(StorageError):
+            store.upgrade_schema_version()
+        with pytest.raises(StorageError):  # not an early end, as if the data ended
+            list(live_keys)
+        ran = []
+        with pytest.raises(StorageError):
+            with unused:
+                ran.append(True)
+        assert ran == []  # refused at the ``with``, before the block did its work
 
     def test_store_is_a_context_manager(self, store: KVStore) -> None:
         with store as entered:

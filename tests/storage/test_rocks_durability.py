@@ -156,6 +156,7 @@ def test_invalid_newer_schema_version_refuses_to_open(tmp_path: Path) -> None:
         RocksStore(path)
     error = info.value
     assert (error.found, error.supported) == (SCHEMA_VERSION + 1, SCHEMA_VERSION)
+    assert error.path == str(path)  # which data directory, for a tool opening several
     message = str(error)
     assert f"schema version {SCHEMA_VERSION + 1}" in message
     assert f"supports version {SCHEMA_VERSION}" in message
@@ -210,6 +211,8 @@ def test_invalid_older_schema_version_refuses_to_open(tmp_path: Path) -> None:
     with pytest.raises(SchemaVersionError, match="no migration") as info:
         RocksStore(path)
     assert info.value.found == 0
+    # export-model and the node's startup report a store they cannot open by catching StorageError.
+    assert isinstance(info.value, StorageError)
 
 
 def test_upgradable_schema_version_opens_and_is_marked_current(tmp_path: Path) -> None:
