@@ -324,26 +324,33 @@ def _serve_views(tr, *views: dict[str, object]) -> list[dict[str, object]]:  # t
     return served
 
 
-def test_a_forged_model_answer_is_dropped_and_the_genuine_one_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _request_model_as_chunks_arrive(tr, view: dict[str, object], chunks: list[g.GossipMessage]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """``tr.request_model(view)``'s answer, with ``chunks`` reaching the trainer's inbox (in
+    order) 50 ms into the request, as gossip would."""
     import asyncio
 
+    async def main() -> dict[str, object]:
+        async def arrive() -> None:
+            await asyncio.sleep(0.05)
+            feed(tr.inbox, chunks)
+
+        task = asyncio.create_task(arrive())
+        try:
+            return await tr.request_model(view, asyncio.Event())
+        finally:
+            await task
+
+    return asyncio.run(main())
+
+
+def test_a_forged_model_answer_is_dropped_and_the_genuine_one_accepted(tmp_path) -> None:  # type: ignore[no-untyped-def]
     tr, committed, real, nbytes, published = _trainer_with_model(tmp_path)
 
     _serve_views(tr, _view(3, committed))
     forged = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=b"\0" * nbytes)
     genuine = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
-
-    async def main() -> None:
-        async def arrive() -> None:
-            await asyncio.sleep(0.05)
-            feed(tr.inbox, forged)  # completes first: used to be kept and then crash the trainer
-            feed(tr.inbox, genuine)
-
-        task = asyncio.create_task(arrive())
-        await tr.request_model({"round": 3, "model_hash": "0x" + committed.hex()}, asyncio.Event())
-        await task
-
-    asyncio.run(main())
+    # The forged stream completes first: it used to be kept and then crash the trainer.
+    _request_model_as_chunks_arrive(tr, {"round": 3, "model_hash": "0x" + committed.hex()}, forged + genuine)
     assert tr.held_hash == committed and tr.inbox.counters["forged"] == 1
     assert tr.inbox.models == {} and tr.inbox.await_model is None  # pruned after use
     request = g.decode_message(published[0])
@@ -354,24 +361,11 @@ def test_a_model_answer_for_a_round_the_run_moved_on_to_is_taken(tmp_path) -> No
     """P4: the node answers with the model it holds when it answers. Rounds shorter than its
     answer interval (5 s per trainer) made every answer one round ahead of the trainer's view;
     pinned to that view, the trainer dropped them all and gave up."""
-    import asyncio
-
     tr, stale, _, _, _ = _trainer_with_model(tmp_path)
     current, weights = _another_model(tr)
     _serve_views(tr, _view(5, current))
     answer = g.compute_model_chunks(task_id=TASK, round=5, model_hash=current, weights=weights)
-
-    async def main() -> dict[str, object]:
-        async def arrive() -> None:
-            await asyncio.sleep(0.05)
-            feed(tr.inbox, answer)
-
-        task = asyncio.create_task(arrive())
-        got = await tr.request_model(_view(3, stale), asyncio.Event())
-        await task
-        return got
-
-    got = asyncio.run(main())
+    got = _request_model_as_chunks_arrive(tr, _view(3, stale), answer)
     assert tr.held_hash == current and got["round"] == 5  # the caller goes on from the run's round
     assert tr.inbox.counters["forged"] == 0 and tr.inbox.models == {}
 
@@ -380,8 +374,6 @@ def test_a_model_answer_for_a_round_the_run_moved_on_to_is_taken(tmp_path) -> No
 def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path, answer_round: int) -> None:  # type: ignore[no-untyped-def]
     """A later round's answer is taken only when getRun shows the run commits it; one for the
     run's own round with another model is a forgery, counted as one."""
-    import asyncio
-
     from tenzro_training.trainer.process import TrainerProcessError
 
     tr, committed, _, _, _ = _trainer_with_model(tmp_path, model_timeout_s=0.3)
@@ -390,18 +382,8 @@ def test_a_model_answer_the_run_does_not_commit_is_dropped(tmp_path, answer_roun
     _serve_views(tr, _view(3, committed))  # the run has not moved
     tr.MODEL_ASK_INTERVAL_S = 0.1
     feed_later = g.compute_model_chunks(task_id=TASK, round=answer_round, model_hash=other, weights=weights)
-
-    async def main() -> None:
-        async def arrive() -> None:
-            await asyncio.sleep(0.05)
-            feed(tr.inbox, feed_later)
-
-        task = asyncio.create_task(arrive())
-        with pytest.raises(TrainerProcessError, match="no verified model for round 3"):
-            await tr.request_model(_view(3, committed), asyncio.Event())
-        await task
-
-    asyncio.run(main())
+    with pytest.raises(TrainerProcessError, match="no verified model for round 3"):
+        _request_model_as_chunks_arrive(tr, _view(3, committed), feed_later)
     assert tr.held_hash is None and tr.inbox.counters["forged"] == 1
 
 
@@ -770,6 +752,26 @@ def _bare_trainer(tmp_path, **overrides):  # type: ignore[no-untyped-def]
 
     tr.publish_payload = publish_payload  # type: ignore[method-assign]
     return tr, said
+
+
+class _ScriptedNode:
+    """A trainer's RPC client that answers each call with the next of ``answers`` (an exception
+    is raised): what the node said, or that it could not be reached."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers
+
+    def call(self, method: str, params: dict[str, object]) -> object:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _node_down() -> Exception:
+    from tenzro_training.cli import EXIT_UNREACHABLE, CliError
+
+    return CliError("cannot reach node at http://127.0.0.1:9/: [Errno 111] Connection refused", EXIT_UNREACHABLE)
 
 
 @pytest.mark.parametrize("code, name", [(1305, "LateSubmission"), (1304, "RoundMismatch"), (1303, "InvalidState")])
@@ -1728,20 +1730,12 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     import asyncio
     import time
 
-    from tenzro_training.cli import EXIT_RPC_ERROR, EXIT_UNREACHABLE, CliError
+    from tenzro_training.cli import EXIT_RPC_ERROR, CliError
 
     tr, said = _bare_trainer(tmp_path, node_retry_s=0.6)
     answers: list[object] = []
-
-    class Node:
-        def call(self, method: str, params: dict[str, object]) -> object:
-            answer = answers.pop(0)
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
-    down = CliError("cannot reach node at http://127.0.0.1:9/: [Errno 111] Connection refused", EXIT_UNREACHABLE)
-    tr.client = Node()
+    down = _node_down()
+    tr.client = _ScriptedNode(answers)
     answers[:] = [down]
     with pytest.raises(CliError):  # never reached: no retry
         asyncio.run(tr.call("tenzro_training_getRun", {}))
@@ -1762,7 +1756,7 @@ def test_a_node_restart_is_waited_for_not_fatal(tmp_path) -> None:  # type: igno
     # A call the node refused unrun for load (LimitExceeded, docs/rpc.md "Resource limits") is
     # sent again, even before a first answer; another refusal never is.
     fresh, said = _bare_trainer(tmp_path, node_retry_s=0.6)
-    fresh.client = Node()
+    fresh.client = _ScriptedNode(answers)
     answers[:] = [_error(1800, "LimitExceeded"), {"round": 2}]
     assert asyncio.run(fresh.call("tenzro_training_getRun", {})) == {"round": 2}
     assert said[0].startswith("node busy (error 1800 LimitExceeded")
@@ -2529,24 +2523,12 @@ def test_a_model_answer_whose_weights_do_not_hash_to_the_commitment_is_dropped(t
     """The weights themselves are checked against the model the run commits, whatever stream
     they came in (here one the inbox did not check): a forged answer under the right header is
     dropped and counted, and the genuine one is still taken."""
-    import asyncio
-
     tr, committed, real, nbytes, _ = _trainer_with_model(tmp_path)
     tr.inbox = GossipInbox(TASK, g, nbytes)  # keeps what it reassembles, unverified
     _serve_views(tr, _view(3, committed))
     forged = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=b"\0" * nbytes)
     genuine = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
-
-    async def main() -> None:
-        async def arrive() -> None:
-            await asyncio.sleep(0.05)
-            feed(tr.inbox, forged + genuine)
-
-        task = asyncio.create_task(arrive())
-        await tr.request_model(_view(3, committed), asyncio.Event())
-        await task
-
-    asyncio.run(main())
+    _request_model_as_chunks_arrive(tr, _view(3, committed), forged + genuine)
     assert tr.held_hash == committed and tr.inbox.counters["forged"] == 1 and tr.inbox.models == {}
 
 
@@ -2813,18 +2795,8 @@ def test_a_model_request_stops_when_told_to_or_when_the_run_ends_while_an_answer
 
     _serve_views(tr, _view(3, committed, status="Cancelled"))  # the run ended as the answer arrived
     tr.MODEL_ASK_INTERVAL_S = 60.0
-
-    async def main() -> dict[str, object]:
-        async def arrive() -> None:
-            await asyncio.sleep(0.05)
-            feed(tr.inbox, g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real))
-
-        task = asyncio.create_task(arrive())
-        got = await tr.request_model(_view(3, committed), asyncio.Event())
-        await task
-        return got
-
-    assert asyncio.run(main())["status"] == "Cancelled" and tr.held_hash is None and tr.inbox.await_model is None
+    answer = g.compute_model_chunks(task_id=TASK, round=3, model_hash=committed, weights=real)
+    assert _request_model_as_chunks_arrive(tr, _view(3, committed), answer)["status"] == "Cancelled" and tr.held_hash is None and tr.inbox.await_model is None
 
 
 def test_a_spec_file_is_read_up_to_the_documented_64_mib(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -2854,19 +2826,7 @@ def test_an_unreachable_node_is_retried_with_the_documented_backoff(tmp_path, mo
     restarting; slower wastes the round it comes back for."""
     import asyncio
 
-    from tenzro_training.cli import EXIT_UNREACHABLE, CliError
-
     tr, said = _bare_trainer(tmp_path, node_retry_s=3600.0)
-    down = CliError("cannot reach node at http://127.0.0.1:9/: [Errno 111] Connection refused", EXIT_UNREACHABLE)
-    answers: list[object] = [{"round": 0}, *[down] * 6, {"round": 1}]
-
-    class Node:
-        def call(self, method: str, params: dict[str, object]) -> object:
-            answer = answers.pop(0)
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
     pauses: list[float] = []
     sleep = asyncio.sleep
 
@@ -2874,7 +2834,7 @@ def test_an_unreachable_node_is_retried_with_the_documented_backoff(tmp_path, mo
         pauses.append(delay)
         await sleep(0)
 
-    tr.client = Node()
+    tr.client = _ScriptedNode([{"round": 0}, *[_node_down()] * 6, {"round": 1}])
     assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 0}
     monkeypatch.setattr(asyncio, "sleep", no_wait)
     assert asyncio.run(tr.call("tenzro_training_getRun", {})) == {"round": 1}
