@@ -27,14 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import safetensors.torch
 import torch
-from safetensors import SafetensorError
 
 from storage.files import FILE_DIGESTS, NotReadable, open_regular_file, read_regular_file
 from tenzro_training.errors import CheckpointError, FragmentError, SpecError
 from tenzro_training.fragments import get_dtype_name, validate_tensor_name
 from tenzro_training.spec import TrainingTaskSpec
+from tenzro_training.tensorfile import TensorFileError, load_tensors
 
 __all__ = ["MAX_CHECKPOINT_TENSORS", "load_init_checkpoint", "resolve_checkpoint_path", "parse_checkpoint_bytes"]
 
@@ -124,11 +123,8 @@ def parse_checkpoint_bytes(data: bytes, uri: str) -> dict[str, torch.Tensor]:
     """Parse safetensors bytes into float32 tensors (names checked, 16-bit dtypes widened exactly)."""
     _check_header(data, uri)
     try:
-        raw = safetensors.torch.load(data)
-    except (SafetensorError, ValueError, RuntimeError, TypeError, KeyError) as exc:
-        # KeyError: a dtype the library's reader accepts and its torch loader cannot map (F4,
-        # F6_E2M3, F6_E3M2, F8_E8M0 in safetensors 0.8). It reached postTask as a -32603 with a
-        # logged traceback, and `tenzro audit`/`verify` as a crash (review, stop 42).
+        raw = load_tensors(data)
+    except TensorFileError as exc:
         raise CheckpointError(uri, f"not a valid safetensors file: {exc}") from None
     state: dict[str, torch.Tensor] = {}
     for name, tensor in raw.items():

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import safetensors.torch
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from torch import Tensor, nn
 
 from storage.files import NotReadable, read_regular_file, write_file_atomically
 from tenzro_training.errors import CheckpointError, SpecError
+from tenzro_training.tensorfile import TensorFileError, load_tensors
 from tenzro_training.trainer import TrainerError
 
 if TYPE_CHECKING:
@@ -440,8 +440,8 @@ def load_checkpoint(path: str | os.PathLike[str], expected_sha256: str | bytes) 
     if actual != expected:
         raise CheckpointHashMismatch(where, expected, actual)
     try:
-        return dict(safetensors.torch.load(data))
-    except (SafetensorError, ValueError, RuntimeError, TypeError, KeyError) as exc:  # as node/checkpoint.py
+        return load_tensors(data)
+    except TensorFileError as exc:
         raise CheckpointFileError(where, f"not a safetensors file: {exc}") from exc
 
 
