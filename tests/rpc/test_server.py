@@ -330,7 +330,7 @@ def test_run_server_gives_back_the_threads_it_started_when_stopped() -> None:
 
         def client() -> None:
             for body, headers in ((json.dumps(get_run()).encode(), {}),
-                                  (gzip.compress(_listing()), {"Content-Encoding": "gzip"})):
+                                  (_gzip(_listing()), {"Content-Encoding": "gzip"})):
                 conn = http.client.HTTPConnection("127.0.0.1", started[0].port, timeout=10)
                 conn.request("POST", "/", body, headers)
                 assert conn.getresponse().status == 200
@@ -530,6 +530,12 @@ def _listing() -> bytes:
     return json.dumps(req("tenzro_training_listRuns", {}, 1)).encode()
 
 
+def _gzip(data: bytes) -> bytes:
+    """gzip with a fixed header time: the same bytes in every process, so the parametrized
+    test ids are too (pytest-xdist workers must collect the same tests)."""
+    return gzip.compress(data, mtime=0)
+
+
 def _deflate(data: bytes, wbits: int) -> bytes:
     enc = zlib.compressobj(wbits=wbits)
     return enc.compress(data) + enc.flush()
@@ -547,9 +553,9 @@ def _raw_stored_block(data: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("encoding", "body"),
     [
-        ("gzip", gzip.compress(_listing())),
-        ("x-gzip", gzip.compress(_listing())),
-        ("GZip", gzip.compress(_listing())),
+        ("gzip", _gzip(_listing())),
+        ("x-gzip", _gzip(_listing())),
+        ("GZip", _gzip(_listing())),
         ("deflate", _deflate(_listing(), zlib.MAX_WBITS)),  # RFC 9110 deflate: zlib format
         ("deflate", _deflate(_listing(), -zlib.MAX_WBITS)),  # raw DEFLATE, as some clients send
         ("deflate", _raw_stored_block(_listing().ljust(145))),  # raw, though its first 2 bytes pass the check
@@ -575,7 +581,7 @@ def test_compressed_bodies_are_decoded_two_at_a_time(monkeypatch: pytest.MonkeyP
         return decode(*args)
 
     monkeypatch.setattr(server_module, "_decode_body", held)
-    body = gzip.compress(_listing())
+    body = _gzip(_listing())
     limits = server_module.ServerLimits(max_inflight_bytes=64 << 20)  # room for the three at once
     with LiveServer(FakeService(), max_body_bytes=SMALL_LIMIT, limits=limits) as server, ThreadPoolExecutor(3) as pool:
         calls = [pool.submit(server.request, "POST", "/", body, {"Content-Encoding": "gzip"}) for _ in range(3)]
@@ -596,7 +602,7 @@ def test_a_gzip_body_may_refer_back_the_whole_window(live: LiveServer) -> None:
     unreadable by a decoder with a smaller window."""
     request_id = random.Random(0).randbytes(12 << 10).hex()  # 24 KiB that does not repeat itself
     call = req("tenzro_training_listRuns", {}, request_id)
-    body = gzip.compress(json.dumps([call, call]).encode())
+    body = _gzip(json.dumps([call, call]).encode())
     status, _headers, data = live.request("POST", "/", body, {"Content-Encoding": "gzip"})
     assert status == 200 and [("result" in a, a["id"] == request_id) for a in json.loads(data)] == [(True, True)] * 2
 
@@ -604,11 +610,11 @@ def test_a_gzip_body_may_refer_back_the_whole_window(live: LiveServer) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        gzip.compress(_listing())[:-8],  # cut before its CRC-32 and size trailer: was executed
-        gzip.compress(_listing())[:-1],
-        gzip.compress(_listing())[:-12],  # was a 200 with a -32700
-        gzip.compress(_listing()) + b"x",  # trailing bytes
-        gzip.compress(_listing())[:-8] + b"\0\0\0\0" + gzip.compress(_listing())[-4:],  # bad CRC
+        _gzip(_listing())[:-8],  # cut before its CRC-32 and size trailer: was executed
+        _gzip(_listing())[:-1],
+        _gzip(_listing())[:-12],  # was a 200 with a -32700
+        _gzip(_listing()) + b"x",  # trailing bytes
+        _gzip(_listing())[:-8] + b"\0\0\0\0" + _gzip(_listing())[-4:],  # bad CRC
         b"",
         b"0123456789",
     ],
@@ -653,7 +659,7 @@ def test_unsupported_content_encoding_is_a_json_415(encoding: str) -> None:
 
 
 def test_a_gzip_bomb_is_a_413(small: LiveServer) -> None:
-    bomb = gzip.compress(b" " * (SMALL_LIMIT * 64))  # ~256 KiB of whitespace in a few hundred bytes
+    bomb = _gzip(b" " * (SMALL_LIMIT * 64))  # ~256 KiB of whitespace in a few hundred bytes
     assert len(bomb) < SMALL_LIMIT
     status, _headers, data = small.request("POST", "/", bomb, {"Content-Encoding": "gzip"})
     assert status == 413 and json.loads(data)["error"]["data"]["type"] == "RequestTooLarge"
@@ -682,7 +688,7 @@ def test_a_compressed_body_is_held_to_the_limit_it_decodes_to(small: LiveServer,
     raw += b" " * (SMALL_LIMIT - len(raw))
 
     def encode(data: bytes) -> bytes:
-        return gzip.compress(data) if encoding == "gzip" else _deflate(data, zlib.MAX_WBITS)
+        return _gzip(data) if encoding == "gzip" else _deflate(data, zlib.MAX_WBITS)
 
     status, _headers, body = small.request("POST", "/", encode(raw), {"Content-Encoding": encoding})
     assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
