@@ -196,6 +196,16 @@ def _inflight_settles_at_zero(server: LiveServer) -> bool:
     return _inflight(server) == 0
 
 
+def _inflight_reaches(server: LiveServer, at_least: int) -> bool:
+    """Whether the gauge reaches ``at_least`` within 10 s. Polled: read after a fixed 0.2 s, it
+    was read too early whenever a loaded machine built the answer later (seen beside a
+    mutation run)."""
+    deadline = time.monotonic() + 10
+    while (value := _inflight(server)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return value >= at_least
+
+
 def _rejected(server: LiveServer) -> dict[str, float]:
     """The requests refused so far, by reason (those counted at least once)."""
     status, _headers, text = server.request("GET", "/metrics")
@@ -288,8 +298,7 @@ def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> 
         with _connect(server.port) as sock:
             body = json.dumps(get_run(id=1)).encode()
             sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            time.sleep(0.2)
-            assert _inflight(server) > 8 << 20  # the answer's bytes, while it waits to be written
+            assert _inflight_reaches(server, (8 << 20) + 1)  # the answer's bytes, while it waits to be written
             assert _inflight_settles_at_zero(server)
             got = 0
             try:
@@ -435,6 +444,22 @@ def test_a_waiting_request_may_fill_the_budget_exactly() -> None:
     asyncio.run(scenario())
 
 
+def test_a_full_budget_holds_back_a_client_within_its_share() -> None:
+    """The budget bounds all clients together: a client that holds nothing still waits while the
+    others hold all of it, instead of being granted past the total."""
+    async def scenario() -> None:
+        budget = _ByteBudget(400)  # a share: 100
+        for client in "abcd":
+            assert await budget.acquire(100, 1, client) == 100
+        waiting = asyncio.create_task(budget.acquire(10, 5, "e"))
+        await asyncio.sleep(0)  # it runs up to its wait
+        assert budget.held == 400 and len(budget._waiters) == 1
+        budget.release(100, "d")
+        assert await waiting == 10 and budget.held == 310
+
+    asyncio.run(scenario())
+
+
 def test_a_request_cancelled_as_its_bytes_are_granted_gives_them_back() -> None:
     """A client that hangs up in the moment its wait ends must not keep the bytes it was granted:
     each such race would shrink the budget for good, until every request got 503."""
@@ -448,6 +473,42 @@ def test_a_request_cancelled_as_its_bytes_are_granted_gives_them_back() -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert budget.held == 0 and not budget._by_client
+
+    asyncio.run(scenario())
+
+
+def test_a_request_granted_as_its_wait_times_out_keeps_its_bytes() -> None:
+    """A request whose bytes are granted in the moment its wait times out is served with them:
+    answered 503 instead, it would never give them back, and each such race would shrink the
+    budget for good."""
+    async def scenario() -> None:
+        budget = _ByteBudget(400)
+        assert await budget.acquire(100, 1, "a") == 100
+        waiting = asyncio.create_task(budget.acquire(50, 0, "a"))  # its time is up at once
+        await asyncio.sleep(0)  # it runs up to its wait, queued behind a's share
+        budget.release(100, "a")  # granted before the timeout's cancellation reaches it
+        assert await waiting == 50 and budget.held == 50
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_gives_up_lets_the_one_behind_it_in() -> None:
+    """A waiter too large for what is left holds up the queue (so it is not starved); when it
+    gives up, the smaller one behind it that fits is granted then, not left to time out."""
+    async def scenario() -> None:
+        budget = _ByteBudget(400)  # a share: 100
+        for client, n in (("a", 100), ("b", 100), ("c", 100), ("d", 50)):
+            assert await budget.acquire(n, 1, client) == n
+        large = asyncio.create_task(budget.acquire(100, 5, "e"))  # 450 > 400: it waits
+        await asyncio.sleep(0)
+        small = asyncio.create_task(budget.acquire(50, 5, "f"))  # would fit, waits its turn
+        await asyncio.sleep(0)
+        assert budget.held == 350 and len(budget._waiters) == 2
+        large.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await large
+        assert budget.held == 400  # granted as the one ahead gave up
+        assert await small == 50
 
     asyncio.run(scenario())
 

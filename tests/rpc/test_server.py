@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import inspect
 import json
 import random
 import socket
@@ -196,6 +197,8 @@ def test_invalid_body_over_limit_chunked(small: LiveServer) -> None:
     chunks = [b" " * 1024] * 8  # 8 KiB of whitespace, no Content-Length
     status, _headers, body = small.request("POST", "/", iter(chunks), encode_chunked=True)
     _too_large_error(status, body)
+    metrics = small.request("GET", "/metrics")[2].decode().splitlines()
+    assert 'tenzro_rpc_rejected_bodies_total{reason="too_large"} 1' in metrics  # counted as one cut off by its length
 
 
 def test_body_at_limit_is_accepted(small: LiveServer) -> None:
@@ -317,8 +320,8 @@ def test_run_server_serves_until_stopped_with_shared_executor() -> None:
 
 def test_run_server_gives_back_the_threads_it_started_when_stopped() -> None:
     """The node CLI stops its endpoint and goes on (closing the store, the p2p host): the
-    endpoint's own service and decoder threads must have ended by then, not linger with a call
-    still running against a store being closed."""
+    endpoint's own service, decoder and preloading threads must have ended by then, not linger
+    with a call (or a post's checkpoint read) still running against a store being closed."""
     before = set(threading.enumerate())
     started: list[RunningServer] = []
 
@@ -329,8 +332,10 @@ def test_run_server_gives_back_the_threads_it_started_when_stopped() -> None:
             await asyncio.sleep(0.01)
 
         def client() -> None:
+            post = req("tenzro_training_postTask", {"spec": {"task_id": "t"}, "signature": "0x" + "11" * 65})
             for body, headers in ((json.dumps(get_run()).encode(), {}),
-                                  (_gzip(_listing()), {"Content-Encoding": "gzip"})):
+                                  (_gzip(_listing()), {"Content-Encoding": "gzip"}),
+                                  (json.dumps(post).encode(), {})):  # read ahead on the preloading thread
                 conn = http.client.HTTPConnection("127.0.0.1", started[0].port, timeout=10)
                 conn.request("POST", "/", body, headers)
                 assert conn.getresponse().status == 200
@@ -351,6 +356,14 @@ def test_the_default_body_limit_is_64_mib() -> None:
         status, _headers, body = server.request("POST", "/", headers={"Content-Length": str((64 << 20) + 1)})
         error = json.loads(body)["error"]
         assert status == 413 and error["data"]["type"] == "RequestTooLarge" and error["data"]["limit"] == 64 << 20
+
+
+def test_the_default_address_is_the_documented_one() -> None:
+    """docs/rpc.md: the node answers at http://127.0.0.1:8545/ unless told otherwise: on the
+    loopback address, not reachable from other machines unless its operator opens it."""
+    for serve in (start_server, run_server):
+        parameters = inspect.signature(serve).parameters
+        assert (parameters["host"].default, parameters["port"].default) == ("127.0.0.1", 8545)
 
 
 def test_run_server_cancellation_shuts_down_cleanly() -> None:
@@ -433,9 +446,11 @@ def _split_reply(reply: bytes) -> tuple[int, dict[str, str], bytes]:
         b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\nContent-Length: 2\r\n\r\n[]",
     ],
 )
-def test_invalid_http_framing_gets_a_json_rpc_400_without_parser_text(small: LiveServer, request_bytes: bytes) -> None:
+def test_invalid_http_framing_gets_a_json_rpc_400_without_parser_text(small: LiveServer, request_bytes: bytes,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """aiohttp rejects these before any application code runs; its own answer was text/plain
-    with the parser's exception text (echoing the client's bytes). Never a 500, never text."""
+    with the parser's exception text (echoing the client's bytes). Never a 500, never text.
+    The parser's text goes to the node's log instead (aiohttp's own record of the error)."""
     status, headers, body = _split_reply(_raw_reply(small.port, request_bytes))
     assert 400 <= status < 500 and headers["content-type"].startswith("application/json"), (status, body[:200])
     reply = json.loads(body)
@@ -445,6 +460,8 @@ def test_invalid_http_framing_gets_a_json_rpc_400_without_parser_text(small: Liv
     assert small.request("GET", "/")[0] == 200
     metrics = small.request("GET", "/metrics")[2].decode().splitlines()
     assert 'tenzro_rpc_rejected_bodies_total{reason="unreadable"} 1' in metrics  # the documented label for it
+    assert [r.exc_info is not None for r in caplog.records
+            if r.name == "aiohttp.server" and r.getMessage().startswith("Error handling request")] == [True]
 
 
 def test_invalid_truncated_body_gets_no_500(small: LiveServer) -> None:
@@ -536,8 +553,8 @@ def _gzip(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
 
-def _deflate(data: bytes, wbits: int) -> bytes:
-    enc = zlib.compressobj(wbits=wbits)
+def _deflate(data: bytes, wbits: int, level: int = -1) -> bytes:
+    enc = zlib.compressobj(level, wbits=wbits)
     return enc.compress(data) + enc.flush()
 
 
@@ -615,6 +632,7 @@ def test_a_gzip_body_may_refer_back_the_whole_window(live: LiveServer) -> None:
         _gzip(_listing())[:-12],  # was a 200 with a -32700
         _gzip(_listing()) + b"x",  # trailing bytes
         _gzip(_listing())[:-8] + b"\0\0\0\0" + _gzip(_listing())[-4:],  # bad CRC
+        zlib.compress(_listing()),  # a zlib stream ("deflate") is no gzip member
         b"",
         b"0123456789",
     ],
@@ -622,7 +640,9 @@ def test_a_gzip_body_may_refer_back_the_whole_window(live: LiveServer) -> None:
 def test_invalid_gzip_body_is_a_json_400_and_not_executed(body: bytes) -> None:
     with LiveServer(FakeService()) as server:
         status, _headers, data = server.request("POST", "/", body, {"Content-Encoding": "gzip"})
-        assert status == 400 and json.loads(data)["error"]["code"] == -32600
+        error = json.loads(data)["error"]
+        assert status == 400 and error["code"] == -32600
+        assert error["data"] == {"type": "InvalidRequest", "reason": "request body could not be read"}
         assert server.service.calls == []
         metrics = server.request("GET", "/metrics")[2].decode().splitlines()
         assert 'tenzro_rpc_rejected_bodies_total{reason="unreadable"} 1' in metrics  # cut, trailing or corrupt alike
@@ -679,20 +699,25 @@ def test_the_smallest_body_limit_is_accepted() -> None:
     assert create_app(FakeService(), max_body_bytes=1) is not None
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-def test_a_compressed_body_is_held_to_the_limit_it_decodes_to(small: LiveServer, encoding: str) -> None:
+@pytest.mark.parametrize("encoding, level", [("gzip", -1), ("deflate", -1), ("raw-deflate", 1)])
+def test_a_compressed_body_is_held_to_the_limit_it_decodes_to(small: LiveServer, encoding: str, level: int) -> None:
     """The limit binds what the node parses, not what came over the wire: a body that decodes
     to exactly the limit is served as a plain one of that size is, a byte more is a 413 (not a
-    400 that would tell its client the body was broken)."""
+    400 that would tell its client the body was broken). Raw DEFLATE at level 1 is the case where
+    the decoder, stopped a byte past the limit, has used up all of the body without reaching the
+    stream's end: still a 413, not taken for a body cut short."""
     raw = json.dumps(get_run()).encode()
     raw += b" " * (SMALL_LIMIT - len(raw))
 
     def encode(data: bytes) -> bytes:
-        return _gzip(data) if encoding == "gzip" else _deflate(data, zlib.MAX_WBITS)
+        if encoding == "gzip":
+            return _gzip(data)
+        return _deflate(data, zlib.MAX_WBITS if encoding == "deflate" else -zlib.MAX_WBITS, level)
 
-    status, _headers, body = small.request("POST", "/", encode(raw), {"Content-Encoding": encoding})
+    headers = {"Content-Encoding": "deflate" if encoding == "raw-deflate" else encoding}
+    status, _headers, body = small.request("POST", "/", encode(raw), headers)
     assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
-    status, _headers, body = small.request("POST", "/", encode(raw + b" "), {"Content-Encoding": encoding})
+    status, _headers, body = small.request("POST", "/", encode(raw + b" "), headers)
     _too_large_error(status, body)
 
 
@@ -739,6 +764,37 @@ def test_a_posts_checkpoint_read_does_not_hold_the_service_thread() -> None:
                       {**post, "jsonrpc": "1.0"}):
             assert server.post(json.dumps(other).encode())[0] == 200
         assert len(service.preloads) == 1
+
+
+def test_posts_are_read_ahead_one_at_a_time() -> None:
+    """docs/node.md: a post's checkpoint is read on the preloading thread, one post at a time
+    (each read may hold a whole checkpoint): a second post waits for the first's read rather
+    than get a second thread beside it."""
+    service = PreloadingService()
+    body = json.dumps(req("tenzro_training_postTask", {"spec": {"task_id": "t"}, "signature": "0x" + "11" * 65})).encode()
+    before = set(threading.enumerate())
+
+    def inflight(server: LiveServer) -> float:
+        text = server.request("GET", "/metrics")[2].decode()
+        return float(next(x for x in text.splitlines() if x.startswith("tenzro_rpc_inflight_bytes ")).split()[1])
+
+    with LiveServer(service) as server:
+        posters = [threading.Thread(target=server.post, args=(body,)) for _ in range(2)]
+        posters[0].start()
+        assert service.preload_entered.wait(10)
+        room = inflight(server)  # the first post's
+        posters[1].start()
+        # The second post is handed to the preloading executor in the event-loop step in which it
+        # takes its room, so once the gauge shows both, both were submitted.
+        deadline = time.monotonic() + 10
+        while inflight(server) < 2 * room and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert inflight(server) == 2 * room
+        preloading = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("tenzro-rpc-preload")]
+        service.preload_gate.set()
+        for poster in posters:
+            poster.join(10)
+    assert len(preloading) == 1 and len(service.preloads) == 2
 
 
 @pytest.mark.parametrize(("size", "preloaded"), [(server_module.SMALL_BODY_BYTES, 1),
