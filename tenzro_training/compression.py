@@ -341,18 +341,15 @@ class ErrorFeedback:
         """The state :meth:`to_bytes` wrote, for these layouts and this encoding, and the
         header's metadata. CompressionError for anything else: another encoding or model,
         unknown or missing tensors, non-finite values, sent indices out of order or range."""
-        from safetensors.torch import load
+        from tenzro_training.tensorfile import load_tensors
 
         try:
             n = int.from_bytes(data[:8], "little")
             metadata = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
-            tensors = load(data)
+            tensors = load_tensors(data)
             if not isinstance(metadata, dict):
                 raise ValueError("its header metadata is not an object")
         except Exception as exc:  # noqa: BLE001 -- a file on disk, maybe damaged: any failure to parse is this
-            # safetensors' torch loader raises more than SafetensorError: KeyError for a dtype its
-            # reader accepts and torch lacks (F8_E8M0, F4), which reached the CLI as "cannot read
-            # the node's answer" (trainer kill campaign).
             raise CompressionError(f"not a saved error-feedback state: {type(exc).__name__}: {exc}") from None
         fb = cls(layouts, encoding)
         if metadata.get("format") != FEEDBACK_FORMAT:

@@ -1,5 +1,6 @@
-"""Safetensors bytes from anyone (a sponsor's init checkpoint, a checkpoint file handed to the
-CLI): the one parse of them, and the one error for every way the library refuses them.
+"""Safetensors bytes from anyone (a sponsor's init checkpoint, a checkpoint or model file handed
+to the CLI, a trainer's saved error-feedback state): the one parse of them, and the one error
+for every way the library refuses them.
 
 Why a module of its own: the library raises more than ``SafetensorError``. Its torch loader
 raises a bare KeyError for a dtype its reader accepts and torch lacks (F4, F6_E2M3, F6_E3M2,

@@ -426,7 +426,7 @@ def _without_metadata(data: bytes) -> bytes:
     (lambda d: d[:-1], "not a saved error-feedback state"),
     # a dtype safetensors' reader accepts and its torch loader cannot map: a KeyError, which
     # reached the CLI as "cannot read the node's answer" (trainer kill campaign)
-    (lambda d: relabel_dtype(d, "residual.0", "F8_E8M0"), "not a saved error-feedback state: KeyError"),
+    (lambda d: relabel_dtype(d, "residual.0", "F8_E8M0"), "not a saved error-feedback state: TensorFileError: .F8_E8M0"),
     (lambda d: b"\x02\x00\x00\x00\x00\x00\x00\x00[]", "not a saved error-feedback state"),
     (lambda d: _edit(d, format="tenzro-error-feedback/2"), "format is"),
     (lambda d: _edit(d, encoding='{"topk": {"density_bps": 100}}'), "saved for encoding"),

@@ -73,9 +73,8 @@ def _check_model_file_against_store(data_dir: Path, task_id: str, model_file: Pa
 
 
 def cmd_export_model(args: argparse.Namespace) -> None:
-    import safetensors.torch
-
     from tenzro_training.fragments import compute_model_hash
+    from tenzro_training.tensorfile import load_tensors
 
     from storage import schema
     from storage.files import NotReadable, read_regular_file
@@ -101,8 +100,8 @@ def cmd_export_model(args: argparse.Namespace) -> None:
     else:
         raise CliError(f"{data_dir} is not a node data directory (no db/)")
     try:
-        model_hash = compute_model_hash(safetensors.torch.load(data))
-    except Exception as exc:  # a damaged file: safetensors raises several exception types
+        model_hash = compute_model_hash(load_tensors(data))
+    except Exception as exc:  # a damaged file: refused by the parse or by the model hash's checks
         raise CliError(f"{model_file}: not a readable safetensors model: {exc}") from None
     if from_file and has_store:
         _check_model_file_against_store(data_dir, args.task_id, model_file, model_hash)
