@@ -40,8 +40,9 @@ Usage::
     .venv/bin/python scripts/bench_rpc.py --skip-throughput --encoding '{"topk": {"density_bps": 1000}}'
 
 ``--encoding`` makes the finalize bench's task select that payload encoding (docs/payload.md):
-every trainer then sends its gradient's top-k as a topk payload, which finalize decodes into a
-dense vector (a raw payload is a view of its bytes); the baseline aggregates the same dense inputs.
+every trainer then sends its gradient's top-k as a topk payload, or its 8-bit quantisation as a
+q8 payload, which finalize decodes into a dense vector (a raw payload is a view of its bytes);
+the baseline aggregates the same dense inputs.
 
 Wall times on a shared machine are noisy; the load average is printed with the results.
 """
@@ -170,16 +171,22 @@ class Bench:
         assert view["status"] == "Training", view["status"]
         return compute_layouts_from_view(view)
 
-    def payload(self, task_id: str, layout: Any, round_: int, who: str, topk_k: int | None = None) -> bytes:
-        """A raw payload of a random gradient, or with ``topk_k`` its top-k as a topk payload."""
+    def payload(self, task_id: str, layout: Any, round_: int, who: str, encoding: Any = None) -> bytes:
+        """A raw payload of a random gradient, or in ``encoding`` (a PayloadEncoding) its top-k
+        as a topk payload or its 8-bit quantisation as a q8 payload."""
         from tenzro_training.cli.layouts import compute_random_gradient
-        from tenzro_training.compression import select_topk
-        from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
+        from tenzro_training.compression import quantize_q8, select_topk
+        from tenzro_training.payload import (
+            ENCODING_RAW, PayloadHeader, encode_payload, encode_q8_payload, encode_topk_payload,
+        )
 
         flat = compute_random_gradient(layout, 0, f"{task_id}/{who}", round_, 1e-3)
-        if topk_k is not None:
-            indices, values, _ = select_topk(flat, topk_k, "float32")
-            header = PayloadHeader(task_id, round_, layout.index, ENCODING_TOPK, layout.layout_hash())
+        if encoding is not None and encoding.has_feedback:
+            header = PayloadHeader(task_id, round_, layout.index, encoding.name, layout.layout_hash())
+            if encoding.block_size is not None:
+                scales, values, _ = quantize_q8(flat, encoding.block_size, "float32")
+                return encode_q8_payload(header, layout, scales, values, encoding.block_size)
+            indices, values, _ = select_topk(flat, encoding.kept(layout.numel), "float32")
             return encode_topk_payload(header, layout, indices, values)
         return encode_payload(PayloadHeader(task_id, round_, layout.index, ENCODING_RAW, layout.layout_hash()), layout, flat)
 
@@ -443,7 +450,7 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str, encod
             spec["architecture"]["metadata"]["outer_gradient_encoding"] = encoding.to_json()
         rule = TrainingTaskSpec.from_dict(spec).aggregation
         layouts = bench.start_run(spec)
-        ks = [None if encoding is None else encoding.kept(lay.numel) for lay in layouts]
+        options = [{} if encoding is None else encoding.decode_options(lay) for lay in layouts]
         syncer = bench.syncer(task_id)
         finalize_s: dict[str, list[float]] = {"plain": [], "snapshot": [], "seal": []}
         aggregate_s, unscanned_s, decode_s = [], [], []
@@ -453,7 +460,7 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str, encod
             trainers = sorted((f"trainer:{i}" for i in range(TRAINERS)), key=lambda w: bytes.fromhex(bench.address(w)[2:]))
             for who in trainers:
                 for lay in layouts:
-                    payload = bench.payload(task_id, lay, round_, who, ks[lay.index])
+                    payload = bench.payload(task_id, lay, round_, who, encoding)
                     sig = bench.submit_signature(task_id, round_, lay.index, payload, who)
                     bench.service.submit_outer_gradient(task_id, round_, lay.index, payload, None, sig)
                     per_fragment[lay.index].append(payload)
@@ -475,7 +482,7 @@ def bench_finalize(rule_name: str, rounds: int, workdir: Path, store: str, encod
             t0 = time.perf_counter()
             grads = [
                 [decode_payload(p, lay, expected=PayloadHeader(task_id, round_, lay.index, ENCODING_RAW, lay.layout_hash()),
-                                max_bytes=1 << 30, topk_k=ks[lay.index]).flat_fp32() for p in per_fragment[lay.index]]
+                                max_bytes=1 << 30, **options[lay.index]).flat_fp32() for p in per_fragment[lay.index]]
                 for lay in layouts
             ]
             decode_s.append(time.perf_counter() - t0)

@@ -15,7 +15,7 @@ passed. docs/aggregation.md "What each rule tolerates" has the table these runs 
     .venv/bin/python scripts/probe_byzantine.py --rule '{"TrimmedMean": {"alpha_bps": 2000}}' --quorum 4
     .venv/bin/python scripts/probe_byzantine.py --attackers '' --encoding '{"topk": {"density_bps": 100}}'
 
-``--encoding`` selects the spec's payload encoding (docs/payload.md "topk"); the output then
+``--encoding`` selects the spec's payload encoding (docs/payload.md "topk", "q8"); the output then
 also gives what one trainer sent in round 0 (``payload_bytes_per_trainer_round``).
 
 ``--restart-every N`` runs every trainer with ``--rounds N`` and starts it again (same key and
@@ -94,7 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--metadata: {exc}")
         if not isinstance(args.metadata, dict):
             ap.error("--metadata must be a JSON object")
-    args.attackers = {int(x) for x in args.attackers.split(",") if x.strip()}
+    try:
+        args.attackers = {int(x) for x in args.attackers.split(",") if x.strip()}
+    except ValueError:
+        ap.error(f"--attackers must be comma-separated trainer indices or '', got {args.attackers!r}")
     if not all(0 <= i < args.trainers for i in args.attackers):
         ap.error(f"--attackers must name trainers 0..{args.trainers - 1}")
     if args.value is None:

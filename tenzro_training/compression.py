@@ -1,24 +1,27 @@
 """Compressed outer gradients: which payload encoding a task asks for, and the trainer's top-k
-selection with error feedback (SPEC.md "Payloads": compressed encodings are an extension
-selected per task; the uncompressed encoding is always accepted).
+selection and 8-bit quantisation with error feedback (SPEC.md "Payloads": compressed encodings
+are an extension selected per task; the uncompressed encoding is always accepted).
 
 What this module is: :class:`PayloadEncoding` (the value of the spec's
 ``architecture.metadata.outer_gradient_encoding``, validated at postTask, with the number of
-values a ``topk`` payload of a fragment carries), and :class:`ErrorFeedback` with
-:func:`select_topk`, the trainer side of sparse top-k: each round the trainer adds what it did
-not send before to its new outer gradient, sends the k largest magnitudes, and keeps the rest
-(DeMo, SparseLoCo). Without the feedback the coordinates that are never among the largest would
-never move; with it every coordinate is sent once its accumulated change is large enough.
+values a ``topk`` payload of a fragment carries, or the block size of a ``q8`` one), and
+:class:`ErrorFeedback` with :func:`select_topk` and :func:`quantize_q8`, the trainer side: each
+round the trainer adds what it did not send before to its new outer gradient, sends the k
+largest magnitudes (topk) or every value rounded to one of 255 levels of its block (q8), and
+keeps the rest (DeMo, SparseLoCo; EF-SGD for quantisation). Without the feedback the
+coordinates that are never among the largest would never move, and a quantiser's rounding
+would bias every round the same way; with it what was not sent goes out later.
 
-Why top-k alone and not DCT + top-k (DeMo): the node, every auditor and the clean-room verifier
+Why top-k and q8 and not DCT + top-k (DeMo): the node, every auditor and the clean-room verifier
 must reproduce each aggregate bit for bit from the stored payloads. Decoding top-k is a scatter
-of exact values into zeros, with no arithmetic. An inverse DCT is a sum of products whose bits
-depend on the order of the summation, which differs between BLAS builds and thread counts, so it
-would need a pinned transform first. The payload's ``tenzro.encoding`` leaves room for one.
+of exact values into zeros, with no arithmetic; decoding q8 is one IEEE fp32 product per value,
+exactly rounded everywhere. An inverse DCT is a sum of products whose bits depend on the order
+of the summation, which differs between BLAS builds and thread counts, so it would need a pinned
+transform first. The payload's ``tenzro.encoding`` leaves room for one.
 
-What it is NOT: the byte format (``payload``: ``encode_topk_payload`` and ``decode_payload``),
-aggregation (a ``topk`` payload decodes to a dense fp32 vector, so every rule sees the same kind
-of input as for ``raw``), or any I/O.
+What it is NOT: the byte format (``payload``: ``encode_topk_payload``, ``encode_q8_payload`` and
+``decode_payload``), aggregation (every payload decodes to a dense fp32 vector, so every rule
+sees the same kind of input as for ``raw``), or any I/O.
 """
 
 from __future__ import annotations
@@ -43,11 +46,15 @@ __all__ = [
     "ENCODING_METADATA_KEY",
     "FEEDBACK_FORMAT",
     "MAX_DENSITY_BPS",
+    "MAX_Q8_BLOCK",
     "MAX_TOPK_NUMEL",
+    "MIN_Q8_BLOCK",
     "CompressionError",
     "ErrorFeedback",
     "PayloadEncoding",
+    "dequantize_q8",
     "describe_sparse_cost",
+    "quantize_q8",
     "select_topk",
 ]
 
@@ -59,6 +66,10 @@ is already as large as the raw fp32 one (and 1.5x a raw bf16 one: it saves bytes
 ~33% there), and no denser one fits the caps sized for raw payloads (``compute_max_payload_bytes``)."""
 MAX_TOPK_NUMEL = 2**32
 """Indices travel as u32, so a top-k fragment holds at most 2^32 values."""
+MIN_Q8_BLOCK, MAX_Q8_BLOCK = 16, 65536
+"""The q8 block sizes a task may choose. Below 16 the scales cost more than the int8 values
+save (a block of 16 at fp32 scales is 1.25 bytes per value); above 65536 one outlier flattens
+too many values to zero."""
 
 DEFAULT_FEEDBACK_DECAY = 0.95
 """``feedback_decay`` when a topk encoding does not give one. Measured on the dev example (30
@@ -69,60 +80,82 @@ FEEDBACK_FORMAT = "tenzro-error-feedback/1"
 """The ``format`` a saved :class:`ErrorFeedback` state names in its safetensors header."""
 
 _PATH = f"architecture.metadata.{ENCODING_METADATA_KEY}"
-_RAW, _TOPK = "raw", "topk"
+_RAW, _TOPK, _Q8 = "raw", "topk", "q8"
+_Q8_LEVELS = 127  # payload.Q8_MAX: the int8 values -127..127
 
 
 class CompressionError(TenzroError, ValueError):
-    """Top-k selection was given inconsistent inputs (shapes, k, dtype)."""
+    """Top-k selection or quantisation was given inconsistent inputs (shapes, k, block, dtype)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PayloadEncoding:
-    """The payload encoding a task's trainers send: ``raw`` or ``topk`` at ``density_bps``.
+    """The payload encoding a task's trainers send: ``raw``, ``topk`` at ``density_bps`` or
+    ``q8`` in blocks of ``block_size``.
 
     JSON (in ``architecture.metadata.outer_gradient_encoding``; absent means raw):
-    ``"raw"`` or ``{"topk": {"density_bps": N}}`` with 1 <= N <= 5000, the share of each
-    fragment's values sent, in basis points, and optionally ``"feedback_decay": D`` (0 <= D <= 1).
-    A ``topk`` payload of a fragment of n values carries exactly ``ceil(n * N / 10000)`` of them
-    (:meth:`kept`). D is the trainers' alone (the node never sees it): each round the residual
-    is multiplied by D before the new outer gradient is added (absent:
+    ``"raw"``, ``{"topk": {"density_bps": N}}`` with 1 <= N <= 5000, the share of each
+    fragment's values sent, in basis points, or ``{"q8": {"block_size": B}}`` with
+    16 <= B <= 65536, the values that share one scale; each optionally with
+    ``"feedback_decay": D`` (0 <= D <= 1). A ``topk`` payload of a fragment of n values carries
+    exactly ``ceil(n * N / 10000)`` of them (:meth:`kept`); a ``q8`` one all n, as int8, and
+    ``ceil(n / B)`` scales. D is the trainers' alone (the node never sees it): each round the
+    residual is multiplied by D before the new outer gradient is added (absent:
     :data:`DEFAULT_FEEDBACK_DECAY`; 1 keeps plain error feedback, 0 none).
     """
 
     name: str = _RAW
-    """``"raw"`` or ``"topk"`` (the payload's ``tenzro.encoding``)."""
+    """``"raw"``, ``"topk"`` or ``"q8"`` (the payload's ``tenzro.encoding``)."""
     density_bps: int | None = None
-    """For ``topk``: 1..5000; None for ``raw``."""
+    """For ``topk``: 1..5000; None otherwise."""
     feedback_decay: float | None = None
     """For ``topk``: what the error-feedback residual is multiplied by each round, 0..1 (None:
     absent from the JSON; :attr:`decay` is then :data:`DEFAULT_FEEDBACK_DECAY`). Why a decay:
     with the node's outer momentum as well, an undecayed residual is a second momentum on the
     same updates, and stale mass from old models keeps coming back (SparseLoCo decays it and
     drops the outer momentum; DeMo decays its momentum by 0.999)."""
+    block_size: int | None = None
+    """For ``q8``: 16..65536 values per scale; None otherwise."""
 
     def __post_init__(self) -> None:
         if self.name == _RAW:
-            if self.density_bps is not None or self.feedback_decay is not None:
-                raise SpecError(_PATH, "raw takes no density_bps or feedback_decay")
-        elif self.name == _TOPK:
+            if self.density_bps is not None or self.feedback_decay is not None or self.block_size is not None:
+                raise SpecError(_PATH, "raw takes no density_bps, block_size or feedback_decay")
+            return
+        if self.name == _TOPK:
             d = self.density_bps
             if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_DENSITY_BPS:
                 raise SpecError(f"{_PATH}.topk.density_bps", f"must be an integer in 1..{MAX_DENSITY_BPS}, got {d!r}")
-            decay = self.feedback_decay
-            if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
-                                      or not 0 <= decay <= 1):  # NaN fails the comparison
-                raise SpecError(f"{_PATH}.topk.feedback_decay", f"must be a number in 0..1, got {_short(decay)}")
+            if self.block_size is not None:
+                raise SpecError(_PATH, "topk takes no block_size")
+        elif self.name == _Q8:
+            b = self.block_size
+            if isinstance(b, bool) or not isinstance(b, int) or not MIN_Q8_BLOCK <= b <= MAX_Q8_BLOCK:
+                raise SpecError(f"{_PATH}.q8.block_size",
+                                f"must be an integer in {MIN_Q8_BLOCK}..{MAX_Q8_BLOCK}, got {_short(b)}")
+            if self.density_bps is not None:
+                raise SpecError(_PATH, "q8 takes no density_bps")
         else:
-            raise SpecError(_PATH, f"unknown encoding {str(self.name)[:40]!r} (known: raw, topk)")
+            raise SpecError(_PATH, f"unknown encoding {str(self.name)[:40]!r} (known: raw, topk, q8)")
+        decay = self.feedback_decay
+        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float))
+                                  or not 0 <= decay <= 1):  # NaN fails the comparison
+            raise SpecError(f"{_PATH}.{self.name}.feedback_decay", f"must be a number in 0..1, got {_short(decay)}")
 
     @property
     def is_sparse(self) -> bool:
+        """topk: most of each payload's positions decode as zero."""
         return self.name == _TOPK
 
     @property
+    def has_feedback(self) -> bool:
+        """topk and q8: the trainer keeps what it did not send (:class:`ErrorFeedback`)."""
+        return self.name != _RAW
+
+    @property
     def decay(self) -> float:
-        """The residual's factor per round (topk; 1.0 for raw, which keeps none)."""
-        if not self.is_sparse:
+        """The residual's factor per round (topk and q8; 1.0 for raw, which keeps none)."""
+        if not self.has_feedback:
             return 1.0
         return DEFAULT_FEEDBACK_DECAY if self.feedback_decay is None else float(self.feedback_decay)
 
@@ -136,6 +169,15 @@ class PayloadEncoding:
         """:meth:`kept` of each fragment, in fragment order (what ``decode_payload(topk_k=)`` takes)."""
         return tuple(self.kept(lay.numel) for lay in layouts)
 
+    def decode_options(self, layout: FragmentLayout) -> dict[str, int]:
+        """What ``payload.decode_payload`` takes to accept this encoding's payloads of
+        ``layout`` besides raw ones: ``topk_k`` or ``q8_block``; nothing for raw."""
+        if self.name == _TOPK:
+            return {"topk_k": self.kept(layout.numel)}  # type: ignore[dict-item]
+        if self.name == _Q8:
+            return {"q8_block": self.block_size}  # type: ignore[dict-item]
+        return {}
+
     def check_layouts(self, layouts: Sequence[FragmentLayout]) -> None:
         """SpecError when a fragment is too large for u32 indices."""
         if self.is_sparse:
@@ -144,18 +186,23 @@ class PayloadEncoding:
                     raise SpecError(_PATH, f"fragment {lay.index} has {lay.numel} values; topk indexes at most 2^32")
 
     def to_json(self) -> str | dict[str, dict[str, int | float]]:
-        if self.density_bps is None:
+        if self.name == _RAW:
             return _RAW
-        inner: dict[str, int | float] = {"density_bps": self.density_bps}
+        inner: dict[str, int | float] = (
+            {"density_bps": self.density_bps} if self.name == _TOPK else {"block_size": self.block_size}  # type: ignore[dict-item]
+        )
         if self.feedback_decay is not None:
             inner["feedback_decay"] = self.feedback_decay
-        return {_TOPK: inner}
+        return {self.name: inner}
 
     def describe(self) -> str:
-        """``raw``, ``topk 1%``; the wire format only (the decay is in :meth:`describe_feedback`)."""
-        if self.density_bps is None:
-            return "raw"
-        return f"topk {self.density_bps / 100:g}%"
+        """``raw``, ``topk 1%``, ``q8 (blocks of 256)``; the wire format only (the decay is in
+        :meth:`describe_feedback`)."""
+        if self.name == _TOPK:
+            return f"topk {self.density_bps / 100:g}%"  # type: ignore[operator]
+        if self.name == _Q8:
+            return f"q8 (blocks of {self.block_size})"
+        return "raw"
 
     def describe_feedback(self) -> str:
         """How the trainers keep what they did not send (for their stdout)."""
@@ -170,17 +217,19 @@ class PayloadEncoding:
         """Parse the metadata value (SpecError with the field's path on anything else)."""
         if value == _RAW:
             return cls()
-        if isinstance(value, Mapping) and list(value.keys()) == [_TOPK]:
-            inner = value[_TOPK]
-            keys = {"density_bps", "feedback_decay"}
-            if not isinstance(inner, Mapping) or "density_bps" not in inner or not set(inner) <= keys:
-                raise SpecError(f"{_PATH}.topk",
-                                'must be {"density_bps": N} or {"density_bps": N, "feedback_decay": D}')
+        if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in _PARAMETER:
+            name = next(iter(value))
+            inner, param = value[name], _PARAMETER[name]
+            if not isinstance(inner, Mapping) or param not in inner or not set(inner) <= {param, "feedback_decay"}:
+                raise SpecError(f"{_PATH}.{name}",
+                                f'must be {{"{param}": N}} or {{"{param}": N, "feedback_decay": D}}')
             if "feedback_decay" in inner and inner["feedback_decay"] is None:  # absent: the default; null: no number
-                raise SpecError(f"{_PATH}.topk.feedback_decay", "must be a number in 0..1, got null")
-            return cls(_TOPK, inner["density_bps"], inner.get("feedback_decay"))
-        raise SpecError(_PATH, 'must be "raw" or {"topk": {"density_bps": N[, "feedback_decay": D]}}, got '
-                        + _short(value))
+                raise SpecError(f"{_PATH}.{name}.feedback_decay", "must be a number in 0..1, got null")
+            if name == _TOPK:
+                return cls(_TOPK, density_bps=inner[param], feedback_decay=inner.get("feedback_decay"))
+            return cls(_Q8, block_size=inner[param], feedback_decay=inner.get("feedback_decay"))
+        raise SpecError(_PATH, 'must be "raw", {"topk": {"density_bps": N[, "feedback_decay": D]}} or '
+                        '{"q8": {"block_size": B[, "feedback_decay": D]}}, got ' + _short(value))
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> PayloadEncoding:
@@ -188,7 +237,7 @@ class PayloadEncoding:
 
     @classmethod
     def from_spec(cls, spec: TrainingTaskSpec) -> PayloadEncoding:
-        """The task's encoding: raw unless ``architecture.metadata`` selects topk. Strict: for
+        """The task's encoding: raw unless ``architecture.metadata`` selects topk or q8. Strict: for
         posting (postTask, ``tenzro train post-task``); a stored run is read with :meth:`of_run`."""
         return cls.from_metadata(spec.architecture.metadata)
 
@@ -220,6 +269,9 @@ def describe_sparse_cost(encoding: PayloadEncoding, rule: AggregationRule) -> st
     }[rule.kind]
     return (f"outer gradients travel as {encoding.describe()} of each fragment, and {what}: expect slower training "
             "than with raw payloads or with Mean")
+
+
+_PARAMETER = {_TOPK: "density_bps", _Q8: "block_size"}  # each encoding's one required parameter
 
 
 def _short(value: object) -> str:
@@ -269,6 +321,52 @@ def _largest_magnitudes(flat: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(torch.cat([above, ties])).values
 
 
+def quantize_q8(compensated: torch.Tensor, block: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``compensated`` (1-D fp32) as a q8 payload sends it: ``(scales, values, residual)``.
+
+    Each block of ``block`` values (the last may be shorter) gets the scale ``max|x| / 127``,
+    cast to ``dtype`` (round to nearest even); each value becomes ``round(x / scale)`` (half to
+    even) clamped to -127..127, or 0 where the scale is 0. ``residual`` is ``compensated`` minus
+    what the receiver decodes (:func:`dequantize_q8`, the decoder's own arithmetic), which the
+    next round adds back: the rounding, and whatever a scale that rounded down clamped away.
+    """
+    if compensated.dim() != 1 or compensated.dtype != torch.float32:
+        raise CompressionError(f"need a 1-D float32 vector, got {tuple(compensated.shape)} {compensated.dtype}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise CompressionError(f"the block size must be a positive integer, got {block!r}")
+    if dtype not in DTYPES:
+        raise CompressionError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    flat = compensated.detach().to("cpu")
+    if not bool(torch.isfinite(flat).all()):
+        raise CompressionError("the vector to compress holds NaN or Inf")
+    n = flat.numel()
+    blocks = -(-n // block)
+    padded = torch.zeros(blocks * block, dtype=torch.float32)
+    padded[:n] = flat
+    rows = padded.view(blocks, block)
+    scales = (rows.abs().amax(dim=1) / _Q8_LEVELS).to(DTYPES[dtype])
+    if not bool(torch.isfinite(scales).all()):  # fp16's 65504 * 127 and beyond
+        raise CompressionError(f"a scale to send overflows {dtype}")
+    wide = scales.to(torch.float32)
+    divisor = torch.where(wide > 0, wide, torch.ones_like(wide))
+    q = torch.round(rows / divisor[:, None]).clamp_(-_Q8_LEVELS, _Q8_LEVELS)
+    q[wide == 0] = 0
+    values = q.to(torch.int8).reshape(-1)[:n].contiguous()
+    residual = flat - dequantize_q8(wide, values, block)
+    return scales, values, residual
+
+
+def dequantize_q8(scales: torch.Tensor, values: torch.Tensor, block: int) -> torch.Tensor:
+    """What a q8 payload decodes to: ``float32(values[i]) * float32(scales[i // block])``, one
+    IEEE fp32 product per value (the decoder's arithmetic, ``payload._read_q8``)."""
+    n = values.numel()
+    blocks = -(-n // block)
+    if scales.numel() != blocks:
+        raise CompressionError(f"{n} values in blocks of {block} need {blocks} scales, got {scales.numel()}")
+    per_value = scales.to(torch.float32).repeat_interleave(block)[:n]
+    return values.to(torch.float32) * per_value
+
+
 class ErrorFeedback:
     """A trainer's unsent outer-gradient mass, one fp32 vector per fragment, carried across
     rounds. The trainer process saves it every round (:meth:`to_bytes`) and a restarted one
@@ -276,29 +374,35 @@ class ErrorFeedback:
     holds most of what the trainer computed and has not yet sent."""
 
     def __init__(self, layouts: Sequence[FragmentLayout], encoding: PayloadEncoding) -> None:
-        if not encoding.is_sparse:
-            raise CompressionError("error feedback is for a sparse encoding")
+        if not encoding.has_feedback:
+            raise CompressionError("error feedback is for a compressed encoding (topk, q8)")
         self._layouts = tuple(layouts)
         self._encoding = encoding
         self._k = encoding.kept_per_fragment(self._layouts)
         self._residual: list[torch.Tensor | None] = [None] * len(self._layouts)
-        self._sent: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self._layouts)
-        """Per fragment, the last :meth:`compress`'s indices and values as the node decodes them,
-        until :meth:`restore_unsent` puts them back (once)."""
+        self._sent: list[tuple[torch.Tensor | None, torch.Tensor] | None] = [None] * len(self._layouts)
+        """Per fragment, the last :meth:`compress`'s indices (topk; None for q8, whose values
+        are the whole fragment) and values as the node decodes them, until
+        :meth:`restore_unsent` puts them back (once)."""
+
+    @property
+    def encoding(self) -> PayloadEncoding:
+        return self._encoding
 
     def residual_norm(self) -> float:
         """L2 norm of everything not yet sent (0.0 before the first round)."""
         return math.sqrt(sum(float(r.double().square().sum()) for r in self._residual if r is not None))
 
     def compress(self, grads: Sequence[torch.Tensor], dtype: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This round's (indices, values) per fragment; the residuals advance. All inputs are
-        checked before any residual changes."""
+        """This round's (indices, values) per fragment (topk), or (scales, values) (q8); the
+        residuals advance. All inputs are checked before any residual changes."""
         if len(grads) != len(self._layouts):
             raise CompressionError(f"{len(self._layouts)} fragments but {len(grads)} outer gradients")
         for lay, g in zip(self._layouts, grads):
             if g.dim() != 1 or g.numel() != lay.numel or g.dtype != torch.float32:
                 raise CompressionError(f"fragment {lay.index} needs a 1-D float32 vector of {lay.numel} values")
         out: list[tuple[torch.Tensor, torch.Tensor]] = []
+        sent: list[tuple[torch.Tensor | None, torch.Tensor] | None] = []
         residuals: list[torch.Tensor | None] = []
         decay = self._encoding.decay
         for g, k, r in zip(grads, self._k, self._residual):
@@ -308,12 +412,19 @@ class ErrorFeedback:
                 compensated = g.detach().to("cpu") + r
             else:
                 compensated = g.detach().to("cpu") + r * decay
-            assert k is not None
-            idx, vals, rest = select_topk(compensated, k, dtype)
-            out.append((idx, vals))
+            if self._encoding.is_sparse:
+                assert k is not None
+                idx, vals, rest = select_topk(compensated, k, dtype)
+                out.append((idx, vals))
+                sent.append((idx, vals.to(torch.float32)))
+            else:
+                assert self._encoding.block_size is not None
+                scales, vals, rest = quantize_q8(compensated, self._encoding.block_size, dtype)
+                out.append((scales, vals))
+                sent.append((None, dequantize_q8(scales, vals, self._encoding.block_size)))
             residuals.append(rest)
         self._residual = residuals
-        self._sent = [(idx, vals.to(torch.float32)) for idx, vals in out]
+        self._sent = sent
         return out
 
     def to_bytes(self, metadata: Mapping[str, str]) -> bytes:
@@ -327,7 +438,9 @@ class ErrorFeedback:
             if residual is not None:
                 tensors[f"residual.{f}"] = residual
             if sent is not None:
-                tensors[f"sent_indices.{f}"], tensors[f"sent_values.{f}"] = sent
+                if sent[0] is not None:
+                    tensors[f"sent_indices.{f}"] = sent[0]
+                tensors[f"sent_values.{f}"] = sent[1]
         header = dict(metadata) | {
             "format": FEEDBACK_FORMAT,
             "encoding": json.dumps(self._encoding.to_json(), sort_keys=True),
@@ -371,14 +484,18 @@ class ErrorFeedback:
                 fb._residual[f] = residual
             if indices is None and values is None:
                 continue
-            if indices is None or values is None or residual is None:
-                raise CompressionError(f"fragment {f}: sent indices, sent values and residual go together")
-            if indices.dtype != torch.int64 or tuple(indices.shape) != (k,):
-                raise CompressionError(f"sent_indices.{f} must be int64 [{k}]")
-            if values.dtype != torch.float32 or tuple(values.shape) != (k,) or not bool(torch.isfinite(values).all()):
-                raise CompressionError(f"sent_values.{f} must be finite float32 [{k}]")
-            if not is_sparse_index(indices, lay.numel):
-                raise CompressionError(f"sent_indices.{f} must ascend strictly within 0..{lay.numel - 1}")
+            sparse = encoding.is_sparse
+            if values is None or residual is None or (indices is None) == sparse:
+                raise CompressionError(f"fragment {f}: sent {'indices, sent ' if sparse else ''}values and residual "
+                                       "go together" + ("" if sparse else " (q8 sends no indices)"))
+            count = k if sparse else lay.numel
+            if values.dtype != torch.float32 or tuple(values.shape) != (count,) or not bool(torch.isfinite(values).all()):
+                raise CompressionError(f"sent_values.{f} must be finite float32 [{count}]")
+            if indices is not None:
+                if indices.dtype != torch.int64 or tuple(indices.shape) != (k,):
+                    raise CompressionError(f"sent_indices.{f} must be int64 [{k}]")
+                if not is_sparse_index(indices, lay.numel):
+                    raise CompressionError(f"sent_indices.{f} must ascend strictly within 0..{lay.numel - 1}")
             fb._sent[f] = (indices, values)
         if tensors:
             raise CompressionError(f"unknown tensors {sorted(tensors)[:4]} (of {len(names)})")
@@ -394,7 +511,10 @@ class ErrorFeedback:
             sent, residual = self._sent[f], self._residual[f]
             if sent is None or residual is None:
                 continue
-            residual[sent[0]] += sent[1]
+            if sent[0] is None:
+                residual += sent[1]
+            else:
+                residual[sent[0]] += sent[1]
             self._sent[f] = None
             restored += 1
         return restored

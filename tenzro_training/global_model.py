@@ -354,7 +354,7 @@ def compute_round_update(
             # caller checked them when it accepted them.
             decode_payload(
                 data, lay, expected=header, max_bytes=max_payload_bytes, zero_copy=True, check_finite=False,
-                topk_k=encoding.kept(lay.numel),
+                **encoding.decode_options(lay),
             ).flat_fp32()
             for _, data in subs
         ]

@@ -44,7 +44,9 @@ from tenzro_training.fragments import (
 __all__ = [
     "ENCODING_RAW",
     "ENCODING_TOPK",
+    "ENCODING_Q8",
     "ENCODINGS",
+    "Q8_MAX",
     "PAYLOAD_VERSION",
     "SAFETENSORS_DTYPES",
     "PayloadHeader",
@@ -65,18 +67,26 @@ __all__ = [
     "compute_payload_hash",
     "encode_payload",
     "encode_topk_payload",
+    "encode_q8_payload",
+    "compute_q8_blocks",
     "decode_payload",
 ]
 
 PAYLOAD_VERSION = "1"
 ENCODING_RAW = "raw"
 ENCODING_TOPK = "topk"
-# Encodings this implementation decodes: raw (always accepted) and sparse top-k, which a task
-# selects (compression.PayloadEncoding). Another (DCT, quantisation) can be added per task
-# without a new format version.
-ENCODINGS: frozenset[str] = frozenset({ENCODING_RAW, ENCODING_TOPK})
+ENCODING_Q8 = "q8"
+# Encodings this implementation decodes: raw (always accepted), and sparse top-k or blockwise
+# 8-bit quantisation, which a task selects (compression.PayloadEncoding). Another (a pinned DCT)
+# can be added per task without a new format version.
+ENCODINGS: frozenset[str] = frozenset({ENCODING_RAW, ENCODING_TOPK, ENCODING_Q8})
 # The two tensors of a topk payload, in this order in the data section.
 _TOPK_INDICES, _TOPK_VALUES = "indices", "values"
+# The two tensors of a q8 payload, in this order in the data section.
+_Q8_SCALES, _Q8_VALUES = "scales", "values"
+Q8_MAX = 127
+"""A q8 value is an int8 in -127..127: symmetric, so that -128 (which has no positive twin) never
+decodes to a magnitude the block's scale does not describe."""
 # Project dtype name -> safetensors dtype string.
 SAFETENSORS_DTYPES: dict[str, str] = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _FROM_SAFETENSORS = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -188,7 +198,8 @@ class PayloadHeader:
     fragment: int
     """Fragment index, equal to the layout's index."""
     encoding: str
-    """``"raw"`` (uncompressed) or ``"topk"`` (sparse: ascending u32 indices and their values)."""
+    """``"raw"`` (uncompressed), ``"topk"`` (sparse: ascending u32 indices and their values) or
+    ``"q8"`` (one scale per block of values, and an int8 per value)."""
     layout_hash: bytes
     """``FragmentLayout.layout_hash()`` of the fragment (32 bytes)."""
 
@@ -292,7 +303,7 @@ def encode_payload(
     _check_header_against_layout(header, layout)
     if header.encoding != ENCODING_RAW:
         raise PayloadFormatError(f"encode_payload writes encoding {ENCODING_RAW!r}, the header says "
-                                 f"{header.encoding!r} (encode_topk_payload writes topk)")
+                                 f"{header.encoding!r} (encode_topk_payload and encode_q8_payload write the others)")
     if dtype not in DTYPES:
         raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if isinstance(tensors, torch.Tensor):
@@ -395,6 +406,74 @@ def _topk_tensor_entries(k: int, dtype: str) -> dict[str, object]:
     return {
         _TOPK_INDICES: {"dtype": "U32", "shape": [k], "data_offsets": [0, 4 * k]},
         _TOPK_VALUES: {"dtype": SAFETENSORS_DTYPES[dtype], "shape": [k], "data_offsets": [4 * k, end]},
+    }
+
+
+def compute_q8_blocks(numel: int, block: int) -> int:
+    """How many scales a q8 payload of a ``numel``-value fragment carries: ``ceil(numel / block)``."""
+    return -(-numel // block)
+
+
+def _check_q8_block(block: object) -> int:
+    if not _is_int(block) or block < 1:
+        raise PayloadError(f"the q8 block size must be a positive integer, got {block!r}")
+    return block  # type: ignore[return-value]
+
+
+def encode_q8_payload(
+    header: PayloadHeader,
+    layout: FragmentLayout,
+    scales: torch.Tensor,
+    values: torch.Tensor,
+    block: int,
+    dtype: str = "float32",
+) -> bytes:
+    """Encode a quantised outer gradient (``header.encoding == "q8"``; docs/payload.md "q8").
+
+    The fragment's flat values (layout order) fall in blocks of ``block`` (the last one may be
+    shorter); value ``i`` decodes as ``float32(values[i]) * float32(scales[i // block])``, one
+    IEEE fp32 product, so every decoder gets the same bits. ``scales``: 1-D floating tensor of
+    ``ceil(numel / block)`` values, cast to ``dtype`` (round to nearest even), finite and not
+    negative; ``values``: 1-D int8 tensor of ``numel`` values in -127..127. Which scales and
+    values to send is the trainer's (``compression.quantize_q8``).
+    """
+    if not isinstance(header, PayloadHeader) or not isinstance(layout, FragmentLayout):
+        raise PayloadError("encode_q8_payload needs a PayloadHeader and a FragmentLayout")
+    _check_header_against_layout(header, layout)
+    if header.encoding != ENCODING_Q8:
+        raise PayloadFormatError(f"encode_q8_payload writes encoding {ENCODING_Q8!r}, the header says {header.encoding!r}")
+    if dtype not in DTYPES:
+        raise PayloadDtypeError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    n = layout.numel
+    blocks = compute_q8_blocks(n, _check_q8_block(block))
+    if not isinstance(scales, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise PayloadError("scales and values must be tensors")
+    if values.dim() != 1 or values.dtype != torch.int8 or values.numel() != n:
+        raise PayloadLayoutMismatch(f"values must be a 1-D int8 tensor of {n} values, got {tuple(values.shape)} {values.dtype}")
+    if scales.dim() != 1 or not scales.is_floating_point() or scales.numel() != blocks:
+        raise PayloadLayoutMismatch(
+            f"scales must be a 1-D floating tensor of {blocks} values (blocks of {block}), "
+            f"got {tuple(scales.shape)} {scales.dtype}"
+        )
+    q = values.detach().to("cpu").contiguous()
+    if n and int(q.min()) < -Q8_MAX:
+        raise PayloadFormatError(f"q8 values must lie in -{Q8_MAX}..{Q8_MAX}")
+    cast = scales.detach().to(device="cpu", dtype=DTYPES[dtype]).contiguous()
+    if not is_all_finite(cast):
+        first = int((~torch.isfinite(cast)).nonzero()[0, 0])
+        raise PayloadNonFinite(_entry_at(layout, first * block).name, int((~torch.isfinite(cast)).sum()))
+    if bool((cast < 0).any()):
+        raise PayloadFormatError("q8 scales must not be negative")
+    tensors = _q8_tensor_entries(n, blocks, dtype)
+    return b"".join([_header_bytes(header, dtype, tensors), compute_raw_le_bytes(cast), q.numpy().tobytes()])
+
+
+def _q8_tensor_entries(numel: int, blocks: int, dtype: str) -> dict[str, object]:
+    """The header entries of a q8 payload: the scales then the int8 values, back to back."""
+    end = blocks * _ITEMSIZE[dtype]
+    return {
+        _Q8_SCALES: {"dtype": SAFETENSORS_DTYPES[dtype], "shape": [blocks], "data_offsets": [0, end]},
+        _Q8_VALUES: {"dtype": "I8", "shape": [numel], "data_offsets": [end, end + numel]},
     }
 
 
@@ -627,13 +706,17 @@ def decode_payload(
     check_finite: bool = True,
     max_abs: float | None = None,
     topk_k: int | None = None,
+    q8_block: int | None = None,
 ) -> DecodedPayload:
     """Validate and decode one payload for ``layout`` (docs/payload.md, "Decoding").
 
     ``topk_k``: a ``topk`` payload is accepted only when given, and must then carry exactly
     this many values (the task's ``compression.PayloadEncoding.kept(layout.numel)``); it decodes
-    to the dense fp32 vector (zeros elsewhere). A ``raw`` payload is always accepted. Any other
-    case: ``PayloadMetadataMismatch("encoding", ...)``. ``expected.encoding`` is not compared.
+    to the dense fp32 vector (zeros elsewhere). ``q8_block``: likewise a ``q8`` payload, whose
+    blocks must be of this size (the task's ``block_size``). A ``raw`` payload is always
+    accepted. Any other case: ``PayloadMetadataMismatch("encoding", ...)``.
+    ``expected.encoding`` is not compared. The task's
+    ``compression.PayloadEncoding.decode_options(layout)`` gives both.
 
     ``zero_copy=True`` (only for immutable ``bytes`` input, float32 payloads whose tensors lie
     back to back in layout order, as :func:`encode_payload` writes them): ``flat_fp32()`` is then
@@ -683,13 +766,23 @@ def decode_payload(
         _check_expected(header, expected)
     if allowed_dtypes is not None and dtype not in allowed_dtypes:
         raise PayloadDtypeError(f"dtype {dtype} is not allowed here (allowed: {sorted(allowed_dtypes)})")
+    if topk_k is not None and (not _is_int(topk_k) or not 0 <= topk_k <= layout.numel):
+        raise PayloadError(f"topk_k must be an integer in 0..{layout.numel}, got {topk_k!r}")
+    if q8_block is not None:
+        _check_q8_block(q8_block)
     if header.encoding == ENCODING_TOPK:
         if topk_k is None:
-            raise PayloadMetadataMismatch("encoding", header.encoding, ENCODING_RAW)
-        if not _is_int(topk_k) or not 0 <= topk_k <= layout.numel:
-            raise PayloadError(f"topk_k must be an integer in 0..{layout.numel}, got {topk_k!r}")
-        _checked_topk_header(raw, layout, dtype, size - 8 - header_len, topk_k)
+            raise PayloadMetadataMismatch("encoding", header.encoding, _accepted(topk_k, q8_block))
+        _checked_compressed_header(raw, layout, dtype, size - 8 - header_len, ENCODING_TOPK, topk_k)
         flat = _read_topk(view, 8 + header_len, layout, dtype, topk_k, check_finite, max_abs)
+        return DecodedPayload(header, dtype, flat)
+    if header.encoding == ENCODING_Q8:
+        if q8_block is None:
+            raise PayloadMetadataMismatch("encoding", header.encoding, _accepted(topk_k, q8_block))
+        _checked_compressed_header(raw, layout, dtype, size - 8 - header_len, ENCODING_Q8, q8_block)
+        flat = _read_q8(view, 8 + header_len, layout, dtype, q8_block)
+        if check_finite or max_abs is not None:
+            _check_values(flat, layout, check_finite, max_abs)
         return DecodedPayload(header, dtype, flat)
     starts = _checked_tensor_starts(raw, layout, dtype, size - 8 - header_len)
     flat = None
@@ -702,32 +795,77 @@ def decode_payload(
     return DecodedPayload(header, dtype, flat)
 
 
+def _accepted(topk_k: int | None, q8_block: int | None) -> str:
+    """The encodings a decode call accepts, for its mismatch error ("raw" alone by default)."""
+    return ", ".join([ENCODING_RAW] + [name for name, given in ((ENCODING_TOPK, topk_k), (ENCODING_Q8, q8_block))
+                                       if given is not None])
+
+
+def _compressed_entries(encoding: str, param: int, numel: int, dtype: str) -> dict[str, object]:
+    if encoding == ENCODING_TOPK:
+        return _topk_tensor_entries(param, dtype)
+    return _q8_tensor_entries(numel, compute_q8_blocks(numel, param), dtype)
+
+
 @functools.lru_cache(maxsize=_HEADER_CACHE_SIZE)
-def _checked_topk_header(raw: bytes, layout: FragmentLayout, dtype: str, data_len: int, k: int) -> None:
-    """A topk header names exactly the two tensors, in the one layout :func:`encode_topk_payload`
-    writes (indices at 0, values right after, nothing else)."""
+def _checked_compressed_header(raw: bytes, layout: FragmentLayout, dtype: str, data_len: int,
+                               encoding: str, param: int) -> None:
+    """A topk (``param`` = k) or q8 (``param`` = the block size) header names exactly its two
+    tensors, in the one layout its encoder writes (the first at 0, the second right after,
+    nothing else)."""
     doc = _parse_checked_header(raw, layout)[2]
+    wanted = _compressed_entries(encoding, param, layout.numel, dtype)
     present = doc.keys() - {_META}
-    if present != {_TOPK_INDICES, _TOPK_VALUES}:
+    if present != wanted.keys():
         raise PayloadLayoutMismatch(
-            f"a topk payload holds exactly the tensors {[_TOPK_INDICES, _TOPK_VALUES]}, got {_short(present)}"
+            f"a {encoding} payload holds exactly the tensors {list(wanted)}, got {_short(present)}"
         )
-    for name, info in _topk_tensor_entries(k, dtype).items():
+    for name, info in wanted.items():
         got = doc[name]
         # Compared as JSON text, not with ==, under which 0.0 and true equal 0 and 1: shapes and
         # offsets must be JSON integers, as for raw payloads (docs/payload.md, step 11).
         if json.dumps(got, sort_keys=True) != json.dumps(info, sort_keys=True):
             if isinstance(got, dict) and isinstance(got.get("shape"), list) and got["shape"] != info["shape"]:  # type: ignore[index]
+                what = (f"this task sends {param} values per payload" if encoding == ENCODING_TOPK
+                        else f"this task quantises in blocks of {param}, {layout.numel} values")
                 raise PayloadLayoutMismatch(
-                    f"topk tensor {name!r} has shape {got['shape'][:4]}, this task sends {k} values per payload of "
-                    f"fragment {layout.index}"
+                    f"{encoding} tensor {name!r} has shape {got['shape'][:4]}, {what} of fragment {layout.index}"
                 )
-            raise PayloadFormatError(f"topk tensor {name!r} must be {json.dumps(info)}")
-    end = _topk_tensor_entries(k, dtype)[_TOPK_VALUES]["data_offsets"][1]  # type: ignore[index]
+            raise PayloadFormatError(f"{encoding} tensor {name!r} must be {json.dumps(info)}")
+    end = max(info["data_offsets"][1] for info in wanted.values())  # type: ignore[index]
     if end > data_len:
         raise PayloadTruncated(f"tensor data needs {end} bytes, only {data_len} are present")
     if end < data_len:
         raise PayloadTrailingBytes(f"{data_len - end} bytes follow the last tensor")
+
+
+def _read_q8(view: memoryview, base: int, layout: FragmentLayout, dtype: str, block: int) -> torch.Tensor:
+    """The dense fp32 vector: each int8 times its block's scale widened to fp32, one IEEE fp32
+    product per value (numpy's elementwise multiply: no summation, no fused multiply-add), so
+    every decoder on every machine gets the same bits."""
+    n = layout.numel
+    blocks = compute_q8_blocks(n, block)
+    scales = np.empty(blocks, dtype=np.float32)
+    _widen_into(scales, view, base, dtype)
+    if blocks:
+        low, high = float(scales.min()), float(scales.max())
+        if not (math.isfinite(low) and math.isfinite(high)):
+            first = int(np.flatnonzero(~np.isfinite(scales))[0])
+            raise PayloadNonFinite(_entry_at(layout, first * block).name, int((~np.isfinite(scales)).sum()))
+        if low < 0:
+            raise PayloadFormatError("q8 scales must not be negative")
+    q = np.frombuffer(view, dtype=np.int8, count=n, offset=base + blocks * _ITEMSIZE[dtype])
+    if n and int(q.min()) < -Q8_MAX:
+        raise PayloadFormatError(f"q8 values must lie in -{Q8_MAX}..{Q8_MAX}")
+    flat = np.empty(n, dtype=np.float32)
+    full = n // block
+    with np.errstate(over="ignore"):  # an overflow to Inf is the caller's finiteness check's to refuse
+        if full:
+            np.multiply(q[: full * block].reshape(full, block), scales[:full, None],
+                        out=flat[: full * block].reshape(full, block), dtype=np.float32)
+        if full * block < n:
+            np.multiply(q[full * block :], scales[full], out=flat[full * block :], dtype=np.float32)
+    return torch.from_numpy(flat)
 
 
 def _read_topk(

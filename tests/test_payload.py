@@ -466,7 +466,7 @@ def test_invalid_metadata_keys() -> None:
         decode(join(doc, body))
 
 
-@pytest.mark.parametrize("encoding", ["dct-topk", "RAW", "q8", ""])
+@pytest.mark.parametrize("encoding", ["dct-topk", "RAW", "int8", "Q8", ""])
 def test_invalid_unknown_encoding(encoding) -> None:
     doc, body = split(valid(0))
     doc["__metadata__"]["tenzro.encoding"] = encoding

@@ -72,7 +72,7 @@ class NodeMetrics:
             register(name, help_text, lambda stat=stat: {(): self._cache_stat(stat)})
         for index, (name, help_text) in enumerate((
             ("tenzro_node_submissions_accepted_total",
-             "Outer-gradient submissions accepted since start, by payload encoding (raw, topk)."),
+             "Outer-gradient submissions accepted since start, by payload encoding (raw, topk, q8)."),
             ("tenzro_node_submission_bytes_total",
              "Payload bytes of those submissions, by payload encoding: what compression saves in upload and storage."),
         )):

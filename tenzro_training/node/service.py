@@ -899,11 +899,12 @@ class NodeService:
         # kept), which spares a submission a fresh 4-bytes-per-value copy and its page faults.
         return decode_payload(data, layout, expected=header, max_bytes=self._config.max_payload_bytes,
                               zero_copy=True, max_abs=self._config.max_gradient_abs,
-                              topk_k=self._topk_k(task_id, layout)).header.encoding
+                              **self._decode_options(task_id, layout)).header.encoding
 
-    def _topk_k(self, task_id: str, layout: FragmentLayout) -> int | None:
-        """How many values a topk payload of ``layout`` carries in this run (None: raw only)."""
-        return PayloadEncoding.of_run(self._run(task_id).spec).kept(layout.numel)
+    def _decode_options(self, task_id: str, layout: FragmentLayout) -> dict[str, int]:
+        """The run's compressed encoding for ``decode_payload`` (``topk_k`` or ``q8_block``;
+        nothing: raw only)."""
+        return PayloadEncoding.of_run(self._run(task_id).spec).decode_options(layout)
 
     def _evidence_ops(
         self, t: Transition, trainer: Address, second: SubmitOuterGradient, signature: bytes
@@ -982,7 +983,7 @@ class NodeService:
                 try:
                     decode_payload(payload, layout, expected=header, max_bytes=self._config.max_payload_bytes,
                                    zero_copy=True, max_abs=self._config.max_gradient_abs,
-                                   topk_k=self._topk_k(task_id, layout))
+                                   **self._decode_options(task_id, layout))
                     break
                 except (PayloadLayoutMismatch, PayloadMetadataMismatch):
                     if len(layouts) == 1:
@@ -1261,7 +1262,7 @@ class NodeService:
 
     def accepted_payload_stats(self) -> dict[str, tuple[int, int]]:
         """Since start, by payload encoding: (submissions accepted, their payload bytes). What a
-        task's topk encoding saves an operator in upload and storage. Safe from any thread."""
+        task's topk or q8 encoding saves an operator in upload and storage. Safe from any thread."""
         return {encoding: (n, size) for encoding, (n, size) in list(self._accepted_by_encoding.items())}
 
     def list_runs(self, status: str | None, offset: int, limit: int) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""A topk trainer's error-feedback state on disk, one file per round, so that a restarted
+"""A topk or q8 trainer's error-feedback state on disk, one file per round, so that a restarted
 trainer continues with what it had not yet sent instead of starting from zero.
 
 Why on disk: at a density of 1% a round sends 1% of each fragment; the residual holds the other
 99% of the outer gradients computed so far, which a restart would throw away. The file is about
 the size of a raw fp32 payload (4 bytes per parameter, plus the last round's sent values), which
-is what a trainer of a raw task already saves every round (PayloadStore).
+is what a trainer of a raw task already saves every round (PayloadStore); a q8 trainer's is
+twice that, its sent values being the whole fragment. A q8 residual holds only rounding, but
+which way each value was rounded is what keeps the quantiser unbiased over rounds.
 
 Which file a restart reads (``TrainerProcess.resume_feedback``): resubmitting round r's saved
 payloads, the state round r left (saved before its payloads, so it exists whenever they do);

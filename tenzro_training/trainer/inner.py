@@ -41,7 +41,15 @@ from torch import Tensor
 
 from tenzro_training.compression import ErrorFeedback
 from tenzro_training.fragments import FragmentLayout, gather_fragment, scatter_fragment
-from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
+from tenzro_training.payload import (
+    ENCODING_Q8,
+    ENCODING_RAW,
+    ENCODING_TOPK,
+    PayloadHeader,
+    encode_payload,
+    encode_q8_payload,
+    encode_topk_payload,
+)
 from tenzro_training.trainer import TrainerError
 from tenzro_training.trainer.data import Shard
 from tenzro_training.trainer.model import get_adapter, load_state
@@ -291,9 +299,10 @@ def make_payloads(
     feedback: ErrorFeedback | None = None,
 ) -> list[bytes]:
     """One payload per fragment (``dtype`` is the fragments name, see :data:`PAYLOAD_DTYPES`):
-    raw, or with ``feedback`` (the task's topk encoding) each fragment's top-k of the outer
-    gradient plus what earlier rounds left unsent, which ``feedback`` then keeps. Errors are
-    the payload codec's PayloadError subclasses (and CompressionError)."""
+    raw, or with ``feedback`` (the task's topk or q8 encoding) each fragment's top-k, or its
+    8-bit quantisation, of the outer gradient plus what earlier rounds left unsent, which
+    ``feedback`` then keeps. Errors are the payload codec's PayloadError subclasses (and
+    CompressionError)."""
     if len(layouts) != len(outer_grads):
         raise TrainerError(f"{len(layouts)} layouts but {len(outer_grads)} outer gradients")
     if feedback is None:
@@ -301,10 +310,17 @@ def make_payloads(
             encode_payload(PayloadHeader(task_id, round, lay.index, ENCODING_RAW, lay.layout_hash()), lay, grad, dtype)
             for lay, grad in zip(layouts, outer_grads)
         ]
-    sparse = feedback.compress(outer_grads, dtype)
+    parts = feedback.compress(outer_grads, dtype)
+    block = feedback.encoding.block_size
+    if block is not None:  # q8: (scales, values) per fragment
+        return [
+            encode_q8_payload(PayloadHeader(task_id, round, lay.index, ENCODING_Q8, lay.layout_hash()), lay, s, v,
+                              block, dtype)
+            for lay, (s, v) in zip(layouts, parts)
+        ]
     return [
         encode_topk_payload(PayloadHeader(task_id, round, lay.index, ENCODING_TOPK, lay.layout_hash()), lay, i, v, dtype)
-        for lay, (i, v) in zip(layouts, sparse)
+        for lay, (i, v) in zip(layouts, parts)
     ]
 
 

@@ -28,7 +28,7 @@ before it enrolls, i.e. before it stakes.
 Restart safety: payload bytes depend on the torch thread count and GPU kernels, so a recomputed
 payload may differ, and a second payload for a (task, round, fragment) is equivocation. Payloads
 are saved (``PayloadStore``) before they are first published and a restarted trainer resubmits
-the saved bytes; they are deleted once their round is finalized. A topk trainer's error
+the saved bytes; they are deleted once their round is finalized. A topk or q8 trainer's error
 feedback is saved likewise (``FeedbackStore``), so a restart resumes it instead of starting
 from zero (``resume_feedback``).
 
@@ -307,7 +307,7 @@ class _Trainer:
         self.encoding = PayloadEncoding()
         """The task's payload encoding (``prepare`` reads it from the spec)."""
         self.feedback: ErrorFeedback | None = None
-        """What top-k left unsent, per fragment (a topk task only; saved every round in
+        """What top-k or q8 left unsent, per fragment (a topk or q8 task only; saved every round in
         ``feedback_store``, where a restart resumes it: ``resume_feedback``)."""
         self.feedback_round: int | None = None
         """The round whose payloads ``feedback`` last made (``unsend`` applies to it only)."""
@@ -569,7 +569,7 @@ class _Trainer:
             self.optimizer_state = res.optimizer_state
         grads = compute_outer_gradients(state, res.state, self.layouts)
         self.last_loss = res.train_loss
-        if self.encoding.is_sparse and self.feedback is None:
+        if self.encoding.has_feedback and self.feedback is None:
             self.feedback = ErrorFeedback(self.layouts, self.encoding)
         payloads = make_payloads(self.cfg.task_id, round_, self.layouts, grads, self.payload_dtype, self.feedback)
         self.feedback_round = round_
@@ -585,7 +585,7 @@ class _Trainer:
                 "base": _hex(self.held_hash)}
 
     def resume_feedback(self, round_: int, view: dict[str, Any], *, resubmitting: bool) -> None:
-        """A restarted topk trainer about to submit ``round_``: continue the error feedback
+        """A restarted topk or q8 trainer about to submit ``round_``: continue the error feedback
         from the state saved on disk (FeedbackStore), not from zero.
 
         Resubmitting ``round_``'s saved payloads: the state that round left, with its sent
@@ -920,7 +920,7 @@ class _Trainer:
             self.say(f"tenzro trainer {self.address} p2p {self.host.addrs[0]}")
             moments = "carried from round to round" if cfg.carry_optimizer_state else "fresh each round"
             self.say(f"inner loop on {_describe_device(self.device)}, AdamW state {moments}")
-            if self.encoding.is_sparse:
+            if self.encoding.has_feedback:
                 self.say(f"outer gradients sent as {self.encoding.describe()} of each fragment, with "
                          f"{self.encoding.describe_feedback()}")
                 self.say(f"error feedback saved each round in {self.feedback_store.dir}")
@@ -1012,7 +1012,7 @@ class _Trainer:
         """This round's payloads and whether they are the ones saved before a restart (never
         recomputed then: the bytes could differ, which is equivocation); else they are trained
         now and saved BEFORE they are first published. ``view``: getRun's answer for the round
-        (a restarted topk trainer resumes its error feedback from it)."""
+        (a restarted topk or q8 trainer resumes its error feedback from it)."""
         base = self.held_hash
         if base is None:
             raise TrainerProcessError("internal: no verified global model to train from")
@@ -1034,7 +1034,7 @@ class _Trainer:
                 raise SigningRefused(f"round {round_} fragment {f}: this trainer may already have signed a "
                                      f"payload for it, so it signs none (equivocation burns the stake): {why}")
         resubmitting = all(p is not None for p in saved)
-        if self.encoding.is_sparse and self.feedback is None:
+        if self.encoding.has_feedback and self.feedback is None:
             self.resume_feedback(round_, view, resubmitting=resubmitting)
         if resubmitting:
             return [p for p in saved if p is not None], True

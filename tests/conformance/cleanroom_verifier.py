@@ -12,8 +12,8 @@ stands for that third party. Every check names the doc section it follows.
 For every sealed run in a node's RocksDB store it recomputes, and compares with what the node
 committed: the spec hash and election seed; the initial model hash of the fp32-widened
 checkpoint; the fragment layouts; each round's aggregates for Mean, TrimmedMean,
-CoordinateMedian and Krum from the stored payloads (raw, and topk where the spec selects it:
-payload.md "Encodings", "topk"), with their aggregate and report hashes; the
+CoordinateMedian and Krum from the stored payloads (raw, and topk or q8 where the spec selects it:
+payload.md "Encodings", "topk", "q8"), with their aggregate and report hashes; the
 outer Nesterov step and the model hashes; the stored snapshot and final weights; the round
 records, the run root and the audit paths; the ReceiptV1 ABI and the sealed record; the final
 model file, byte for byte; and the payouts and the whole ledger.
@@ -73,6 +73,8 @@ MUTATIONS = {
     "outer_f64": "outer step evaluated in float64 and rounded once",
     "topk_reversed": "topk payloads: values[k-1-i] written at indices[i] (the scatter order ignored)",
     "topk_drop_one": "topk payloads: the last value left out (zero at its index)",
+    "q8_unsigned": "q8 payloads: the int8 values read as unsigned bytes",
+    "q8_scale_per_tensor": "q8 payloads: every block scaled by the largest scale",
 }
 MUTATE = os.environ.get("VERIFY_MUTATE", "")
 
@@ -384,21 +386,27 @@ def payload_tensor_name(e: Entry) -> str:
     return e.name if e.whole else f"{e.name}#{e.start}:{e.stop}"
 
 
-def payload_encoding(spec: dict[str, Any]) -> int | None:
-    """payload.md "Encodings": ``architecture.metadata.outer_gradient_encoding`` selects the run's
-    encoding: absent or ``"raw"`` (raw only: None), or ``{"topk": {"density_bps": N}}`` with
-    1 <= N <= 5000 (topk and raw: N). Anything else raises ValueError."""
+def payload_encoding(spec: dict[str, Any]) -> tuple[str, int] | None:
+    """payload.md "Encodings" and spec.md "Metadata": ``architecture.metadata.outer_gradient_encoding``
+    selects the run's encoding: absent or ``"raw"`` (raw only: None), ``{"topk": {"density_bps": N}}``
+    with 1 <= N <= 5000 (topk and raw: ("topk", N)) or ``{"q8": {"block_size": B}}`` with
+    16 <= B <= 65536 (q8 and raw: ("q8", B)); each optionally with ``"feedback_decay": D``, a number
+    in 0..1 that only the trainers use. Anything else raises ValueError."""
     md = spec["architecture"]["metadata"]
     if "outer_gradient_encoding" not in md:
         return None
     value = md["outer_gradient_encoding"]
     if value == "raw":
         return None
-    if isinstance(value, dict) and list(value) == ["topk"] and isinstance(value["topk"], dict) \
-            and list(value["topk"]) == ["density_bps"]:
-        n = value["topk"]["density_bps"]
-        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 5000:
-            return n
+    bounds = {"topk": ("density_bps", 1, 5000), "q8": ("block_size", 16, 65536)}
+    if isinstance(value, dict) and len(value) == 1 and list(value)[0] in bounds and isinstance(list(value.values())[0], dict):
+        name, inner = list(value.items())[0]
+        param, low, high = bounds[name]
+        decay = inner.get("feedback_decay", 0)
+        if set(inner) <= {param, "feedback_decay"} and param in inner and isinstance(inner[param], int) \
+                and not isinstance(inner[param], bool) and low <= inner[param] <= high \
+                and isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 <= decay <= 1:
+            return name, inner[param]
     raise ValueError(f"outer_gradient_encoding {value!r}")
 
 
@@ -413,18 +421,20 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 def decode_payload(data: bytes, layout: Layout, *, task_id: str, rnd: int, lh: bytes, topk_k: int | None = None,
-                   max_abs: float = 1e6) -> np.ndarray:
+                   q8_block: int | None = None, max_abs: float = 1e6) -> np.ndarray:
     """payload.md "Decoding": one payload to the fragment's dense fp32 vector. ``topk_k``: the run's
-    k for this fragment (payload.md "topk"); None means the run accepts raw payloads only."""
+    k for this fragment (payload.md "topk"); ``q8_block``: the run's block size (payload.md "q8");
+    both None means the run accepts raw payloads only."""
     n = struct.unpack("<Q", data[:8])[0]
     if 8 + n > len(data) or data[8:9] != b"{":
         raise ValueError("truncated payload or not a JSON header")
     header = json.loads(data[8:8 + n].decode("utf-8"), object_pairs_hook=reject_duplicate_keys)
     meta = header.pop("__metadata__")
     encoding = meta.get("tenzro.encoding")
-    if encoding not in ("raw", "topk") or (encoding == "topk" and topk_k is None):
-        # payload.md "Encodings": raw is always accepted, topk only in a run that selects it.
-        raise ValueError(f"payload encoding {encoding!r} in a run that accepts {'raw' if topk_k is None else 'raw, topk'}")
+    accepted = ["raw"] + (["topk"] if topk_k is not None else []) + (["q8"] if q8_block is not None else [])
+    if encoding not in accepted:
+        # payload.md "Encodings": raw is always accepted, topk or q8 only in a run that selects it.
+        raise ValueError(f"payload encoding {encoding!r} in a run that accepts {', '.join(accepted)}")
     want = {"tenzro.version": "1", "tenzro.task_id": task_id, "tenzro.round": str(rnd),
             "tenzro.fragment": str(layout.index), "tenzro.encoding": encoding, "tenzro.layout_hash": hx(lh)}
     if set(meta) != set(want) | {"tenzro.dtype"} or any(meta[k] != v for k, v in want.items()):
@@ -435,6 +445,9 @@ def decode_payload(data: bytes, layout: Layout, *, task_id: str, rnd: int, lh: b
     if encoding == "topk":
         assert topk_k is not None
         flat = decode_topk(body, header, layout, dtype, st_name, topk_k)
+    elif encoding == "q8":
+        assert q8_block is not None
+        flat = decode_q8(body, header, layout, dtype, st_name, q8_block)
     else:
         flat = decode_raw(body, header, layout, dtype, st_name)
     if not np.all(np.isfinite(flat)) or (flat.size and float(np.max(np.abs(flat))) > max_abs):
@@ -493,6 +506,38 @@ def decode_topk(body: bytes, header: dict[str, Any], layout: Layout, dtype: str,
     flat = np.zeros(layout.numel, f32)
     flat[indices] = values
     return flat
+
+
+def decode_q8(body: bytes, header: dict[str, Any], layout: Layout, dtype: str, st_name: str, block: int) -> np.ndarray:
+    """payload.md "q8": exactly the tensors ``scales`` (the declared dtype, [m], at 0) and ``values``
+    (I8, [n], right after), m = ceil(n / B), nothing else in the data; every scale finite and not
+    negative, every value in -127..127; value i decodes as float32(values[i]) * float32(scales[i // B])
+    in binary32, round to nearest even."""
+    n = layout.numel
+    m = (n + block - 1) // block
+    scales_end = m * ITEMSIZE[dtype]
+    want = {"scales": {"dtype": st_name, "shape": [m], "data_offsets": [0, scales_end]},
+            "values": {"dtype": "I8", "shape": [n], "data_offsets": [scales_end, scales_end + n]}}
+    if not same_json(header, want):
+        raise ValueError(f"q8 payload tensors {json.dumps(header)[:200]} (want B={block})")
+    if len(body) != scales_end + n:
+        raise ValueError(f"q8 payload data is {len(body)} bytes, not {scales_end + n}")
+    scales = widen_to_fp32(body[:scales_end], dtype)
+    values = np.frombuffer(body[scales_end:], dtype=np.int8)
+    if not bool(np.all(np.isfinite(scales))) or bool(np.any(scales < 0)):
+        raise ValueError("q8 scale non-finite or negative")
+    if n and int(values.min()) == -128:
+        raise ValueError("q8 value -128")
+    if MUTATE == "q8_unsigned":
+        values = values.view(np.uint8)
+    if MUTATE == "q8_scale_per_tensor":
+        scales = np.full(m, scales.max() if m else 0, f32)
+    out = np.empty(n, f32)
+    with np.errstate(over="ignore"):  # an Inf product is refused by the caller's finiteness check
+        for b in range(m):  # block by block, as the doc states it
+            lo, hi = b * block, min(n, (b + 1) * block)
+            out[lo:hi] = values[lo:hi].astype(f32) * scales[b]
+    return out
 
 
 # --- aggregation (aggregation.md "Pinned arithmetic", "The report") --------------------------------
@@ -758,6 +803,7 @@ class Run:
     layouts: list[Layout] = field(default_factory=list)
     layout_hashes: list[bytes] = field(default_factory=list)
     topk_k: list[int | None] = field(default_factory=list)
+    q8_block: int | None = None
     leaves: list[bytes] = field(default_factory=list)
     accepted_counts: dict[bytes, int] = field(default_factory=dict)
     final_hash: bytes = b""
@@ -868,7 +914,8 @@ def round_inputs(run: Run, rnd: int, fragment: int, accepted: list[bytes]) -> li
         if payload is None or sha256(payload) != payload_hash:
             raise ValueError(f"round {rnd} fragment {fragment}: payload of {hx(trainer)} missing or not its hash")
         xs.append(decode_payload(payload, run.layouts[fragment], task_id=run.task_id, rnd=rnd,
-                                 lh=run.layout_hashes[fragment], topk_k=run.topk_k[fragment]))
+                                 lh=run.layout_hashes[fragment], topk_k=run.topk_k[fragment],
+                                 q8_block=run.q8_block))
         run.accepted_counts[trainer] = run.accepted_counts.get(trainer, 0) + 1
     return xs
 
@@ -899,16 +946,20 @@ def check_rounds(run: Run) -> None:
     md = spec["architecture"]["metadata"]
     lr, mu = f32(md.get("outer_lr", 0.7)), f32(md.get("outer_momentum", 0.9))  # lifecycle.md "Outer step"
     try:
-        density: int | None = payload_encoding(spec)
-        run.check("payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with 1 <= density_bps <= 5000"
-                  + ("" if density is None else f" (topk {density} bps)"), True, repr(md.get("outer_gradient_encoding")))
+        selected = payload_encoding(spec)
+        run.check("payload.md 'Encodings': outer_gradient_encoding absent, \"raw\", topk with 1 <= density_bps <= 5000"
+                  " or q8 with 16 <= block_size <= 65536"
+                  + ("" if selected is None else f" ({selected[0]} {selected[1]})"), True,
+                  repr(md.get("outer_gradient_encoding")))
     except ValueError:
         # payload.md "Encodings": a stored run's value that does not parse (posted before the key
         # existed, when metadata was free-form) means raw only.
-        density = None
+        selected = None
         run.note("payload.md 'Encodings'", f"outer_gradient_encoding {md.get('outer_gradient_encoding')!r} does not "
                                            "parse: read as raw only (a run posted before the key existed)")
+    density = selected[1] if selected is not None and selected[0] == "topk" else None
     run.topk_k = [topk_kept(lay.numel, density) for lay in run.layouts]
+    run.q8_block = selected[1] if selected is not None and selected[0] == "q8" else None
     weights = [gather(run.model, lay) for lay in run.layouts]
     momentum = [np.zeros(lay.numel, f32) for lay in run.layouts]
     snap = run.store.get("meta", meta_key(run.task_id, b"n"))

@@ -100,11 +100,23 @@ def test_the_metadata_value_selects_the_encoding() -> None:
 
     assert cr.payload_encoding(spec(present=False)) is None
     assert cr.payload_encoding(spec("raw")) is None
-    assert cr.payload_encoding(spec({"topk": {"density_bps": 1}})) == 1
-    assert cr.payload_encoding(spec({"topk": {"density_bps": 5000}})) == 5000
+    assert cr.payload_encoding(spec({"topk": {"density_bps": 1}})) == ("topk", 1)
+    assert cr.payload_encoding(spec({"topk": {"density_bps": 5000}})) == ("topk", 5000)
+    assert cr.payload_encoding(spec({"q8": {"block_size": 16}})) == ("q8", 16)
+    assert cr.payload_encoding(spec({"q8": {"block_size": 65536}})) == ("q8", 65536)
+    for good in [{"topk": {"density_bps": 100, "feedback_decay": 0.5}}, {"q8": {"block_size": 256, "feedback_decay": 1}}]:
+        # the trainers' decay: the same k or block size with or without it (spec.md "Metadata")
+        name, inner = next(iter(good.items()))
+        assert cr.payload_encoding(spec(good)) == (name, next(iter(inner.values())))
+        assert PayloadEncoding.from_metadata(spec(good)["architecture"]["metadata"]).to_json() == good
     for bad in ["topk", None, {"topk": {"density_bps": 0}}, {"topk": {"density_bps": 5001}},
                 {"topk": {"density_bps": True}}, {"topk": {"density_bps": 25.5}}, {"topk": {}},
-                {"topk": {"density_bps": 100, "x": 1}}, {"topk": {"density_bps": 100}, "raw": {}}]:
+                {"topk": {"density_bps": 100, "x": 1}}, {"topk": {"density_bps": 100}, "raw": {}},
+                {"topk": {"density_bps": 100, "feedback_decay": 1.5}}, {"topk": {"block_size": 64}},
+                "q8", {"q8": {}}, {"q8": {"block_size": 15}}, {"q8": {"block_size": 65537}},
+                {"q8": {"block_size": 64.0}}, {"q8": {"block_size": True}}, {"q8": {"density_bps": 100}},
+                {"q8": {"block_size": 64, "feedback_decay": -0.1}}, {"q8": {"block_size": 64, "x": 1}},
+                {"q8": {"block_size": 64}, "topk": {"density_bps": 100}}]:
         with pytest.raises(ValueError):
             cr.payload_encoding(spec(bad))
         with pytest.raises(SpecError):

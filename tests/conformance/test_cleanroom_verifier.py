@@ -11,14 +11,18 @@ zeros, subnormals, ties, cancellation), one per aggregation rule:
 - ``cr-topk``: TrimmedMean 2500 bps in a run whose spec selects the topk encoding at 2500 bps
   (docs/payload.md "topk": k = 245 of 977 values, 244 of 976): three trainers send top-k with
   error feedback as fp32, bf16 and fp16 topk payloads, the fourth sends raw payloads (always
-  accepted).
+  accepted);
+- ``cr-q8``: CoordinateMedian (K = 4, even) in a run whose spec selects the q8 encoding in blocks of 64 (docs/payload.md
+  "q8": 16 blocks for 977 values, the last of 17 values): three trainers quantise with error
+  feedback, their scales as fp32, bf16 and fp16, the fourth sends raw payloads.
 
 The node is stopped, then ``cleanroom_verifier.py`` runs in a subprocess that cannot import the
 project (``python -S`` over a copy of site-packages without it, a cwd outside the repo, the
 verifier copied out of the repo, ``--require-no-project``), and must pass every check. A second
 run with a mutation control (``VERIFY_MUTATE=numpy_mean``) must fail: the test can fail. So must
 the topk controls (``topk_reversed``: the values scattered in reverse order; ``topk_drop_one``:
-the last value left out), on ``cr-topk`` alone.
+the last value left out), on ``cr-topk`` alone, and the q8 controls (``q8_unsigned``: the int8
+values read as unsigned; ``q8_scale_per_tensor``: one scale for every block), on ``cr-q8`` alone.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import pytest
 import torch
 
 from tenzro_training.compression import ErrorFeedback, PayloadEncoding
-from tenzro_training.payload import ENCODING_RAW, ENCODING_TOPK, PayloadHeader, encode_payload, encode_topk_payload
+from tenzro_training.payload import ENCODING_RAW, PayloadHeader, encode_payload
+from tenzro_training.trainer.inner import make_payloads
 from tests.e2e.conftest import NodeProcess, RpcFailure, Task, TinyModel, make_spec, rpc, rpc_reply, start_node, write_config
 
 pytestmark = pytest.mark.slow
@@ -121,11 +126,7 @@ def submit(task: Task, who: str, rnd: int, fragment: int, values: np.ndarray, dt
     return rpc_reply(task.url, "tenzro_training_submitOuterGradient", task.submit_params(who, rnd, fragment, payload))
 
 
-def submit_topk(task: Task, who: str, rnd: int, fragment: int, indices: torch.Tensor, values: torch.Tensor,
-                dtype: str) -> dict[str, Any]:
-    layout = task.layouts[fragment]
-    header = PayloadHeader(task.task_id, rnd, fragment, ENCODING_TOPK, layout.layout_hash())
-    payload = encode_topk_payload(header, layout, indices, values, dtype)
+def submit_payload(task: Task, who: str, rnd: int, fragment: int, payload: bytes) -> dict[str, Any]:
     return rpc_reply(task.url, "tenzro_training_submitOuterGradient", task.submit_params(who, rnd, fragment, payload))
 
 
@@ -144,22 +145,22 @@ def finalize(task: Task, rnd: int) -> dict[str, Any]:
 def run_sealed(
     task: Task, out_dir: Path, *, trainers: int, rounds: int, payload_dtype: str,
     absent: frozenset[tuple[int, int]] = frozenset(), copies: dict[tuple[int, int], int] | None = None,
-    equivocate: tuple[int, int] | None = None, topk: dict[int, str] | None = None,
+    equivocate: tuple[int, int] | None = None, compressed: dict[int, str] | None = None,
 ) -> None:
     """Post, enroll, submit every round, finalize; save getRun and getReceipt for the verifier.
 
     ``absent``: (round, trainer) pairs that do not submit; ``copies``: (round, trainer) -> the
     trainer whose gradient it sends; ``equivocate``: (round, trainer) that signs two payloads for
-    fragment 0 (the node slashes it; it submits nothing more); ``topk``: trainer -> the dtype of
-    the topk payloads it sends (top-k with error feedback, the spec's density), the others
-    sending raw ``payload_dtype`` payloads."""
+    fragment 0 (the node slashes it; it submits nothing more); ``compressed``: trainer -> the dtype
+    of the payloads in the spec's topk or q8 encoding it sends (with error feedback, as a trainer
+    process makes them: ``make_payloads``), the others sending raw ``payload_dtype`` payloads."""
     names = [f"trainer:{i}" for i in range(trainers)]
-    if topk:
+    if compressed:
         from tenzro_training.spec import TrainingTaskSpec
 
         encoding = PayloadEncoding.from_spec(TrainingTaskSpec.from_dict(task.spec))
-        assert encoding.is_sparse
-        feedback = {t: ErrorFeedback(task.layouts, encoding) for t in topk}
+        assert encoding.has_feedback
+        feedback = {t: ErrorFeedback(task.layouts, encoding) for t in compressed}
     task.post()
     task.wait_status("Enrolling")
     for who in names:
@@ -171,11 +172,11 @@ def run_sealed(
             if (rnd, t) in absent or t in slashed:
                 continue
             source = (copies or {}).get((rnd, t), t)
-            if topk and t in topk:
+            if compressed and t in compressed:
                 grads = [torch.from_numpy(gradient(lay.numel, source, rnd, f)) for f, lay in enumerate(task.layouts)]
-                for f, (indices, values) in enumerate(feedback[t].compress(grads, topk[t])):
-                    assert indices.numel() == encoding.kept(task.layouts[f].numel)
-                    assert "result" in submit_topk(task, who, rnd, f, indices, values, topk[t])
+                payloads = make_payloads(task.task_id, rnd, task.layouts, grads, compressed[t], feedback[t])
+                for f, payload in enumerate(payloads):
+                    assert "result" in submit_payload(task, who, rnd, f, payload)
                 continue
             for f, layout in enumerate(task.layouts):
                 values = gradient(layout.numel, source, rnd, f)
@@ -228,8 +229,9 @@ def summary(output: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
 
 
-RUNS = ("cr-krum", "cr-mean", "cr-median", "cr-topk", "cr-trim")
-TOPK_MUTATIONS = ("topk_reversed", "topk_drop_one")
+RUNS = ("cr-krum", "cr-mean", "cr-median", "cr-q8", "cr-topk", "cr-trim")
+DECODING_MUTATIONS = {"topk_reversed": "cr-topk", "topk_drop_one": "cr-topk", "q8_unsigned": "cr-q8",
+                      "q8_scale_per_tensor": "cr-q8"}
 
 
 def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
@@ -260,7 +262,11 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
                            aggregation={"TrimmedMean": {"alpha_bps": 2500}},
                            encoding={"topk": {"density_bps": 2500}}),
                    json_dir, trainers=4, rounds=2, payload_dtype="float32",
-                   topk={0: "float32", 1: "bfloat16", 2: "float16"})
+                   compressed={0: "float32", 1: "bfloat16", 2: "float16"})
+        run_sealed(new_run(node, fp32_model, "cr-q8", dtype="fp32", fragments=3, trainer_count=4, quorum=4,
+                           aggregation="CoordinateMedian", encoding={"q8": {"block_size": 64, "feedback_decay": 1}}),
+                   json_dir, trainers=4, rounds=2, payload_dtype="bfloat16",
+                   compressed={0: "float32", 1: "bfloat16", 2: "float16"})
     finally:
         code = node.stop()
     assert code == 0, node.stderr()
@@ -288,9 +294,11 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
     counts = summary(clean.stdout)
     assert counts["runs"] == counts["runs_passed"] == len(RUNS), counts
     assert counts["failed"] == 0 and counts["notes"] == 0 and counts["checks"] > 300, counts
-    topk_lines = [line for line in clean.stdout.splitlines() if "(topk 2500 bps)" in line]
-    assert topk_lines == ["  [OK  ] payload.md 'Encodings': outer_gradient_encoding absent, \"raw\" or topk with "
-                          "1 <= density_bps <= 5000 (topk 2500 bps)"], topk_lines
+    encoding_lines = [line for line in clean.stdout.splitlines() if "'Encodings': outer_gradient_encoding" in line
+                      and "(" in line.rsplit("65536", 1)[-1]]
+    assert encoding_lines == [f"  [OK  ] payload.md 'Encodings': outer_gradient_encoding absent, \"raw\", topk with "
+                              f"1 <= density_bps <= 5000 or q8 with 16 <= block_size <= 65536 ({what})"
+                              for what in ("q8 64", "topk 2500")], encoding_lines
     assert [line.split()[1] for line in clean.stdout.splitlines() if line.startswith("RUN ")] == list(RUNS)
 
     mutated = run_isolated(args, work, {**env, "VERIFY_MUTATE": "numpy_mean"})
@@ -300,13 +308,13 @@ def test_cleanroom_verifier_reproduces_real_sealed_runs(tmp_path: Path) -> None:
     failures = [line for line in mutated.stdout.splitlines() if line.startswith("FAIL ")]
     assert failures and all(line.startswith("FAIL cr-mean:") and "aggregate hash" in line for line in failures), failures
 
-    for mutation in TOPK_MUTATIONS:  # a wrong topk decoding is caught, on the topk run alone
+    for mutation, run in DECODING_MUTATIONS.items():  # a wrong decoding is caught, on its run alone
         mutated = run_isolated(args, work, {**env, "VERIFY_MUTATE": mutation})
         assert mutated.returncode == 1, mutation + mutated.stdout[-3000:] + mutated.stderr[-3000:]
         counts = summary(mutated.stdout)
         assert counts["failed"] > 0 and counts["runs_passed"] == len(RUNS) - 1, (mutation, counts)
         failures = [line for line in mutated.stdout.splitlines() if line.startswith("FAIL ")]
-        assert all(line.startswith("FAIL cr-topk:") for line in failures), (mutation, failures)
+        assert all(line.startswith(f"FAIL {run}:") for line in failures), (mutation, failures)
         assert sum("aggregate hash" in line for line in failures) == 2 * 3, (mutation, failures)  # every round, fragment
     print(f"produced in {produced - started:.1f}s, verified twice in {time.monotonic() - produced:.1f}s; "
           + next(line for line in clean.stdout.splitlines() if line.startswith("SUMMARY ")))

@@ -1,10 +1,11 @@
-"""A topk run with REAL OS processes on 127.0.0.1: a ``tenzro node --dev`` with gossip on, the
-syncer daemon and three ``tenzro trainer run`` processes carry a Mean run whose spec selects
-``{"topk": {"density_bps": 1000}}`` to Sealed. Every trainer sends top-k payloads with error
-feedback (10% of each fragment's values), the node accepts and aggregates them, and a third
-party's ``verify-run`` recomputes every committed value from the stored topk payloads. Trainer 2
-stops after round 0 and is restarted: it resumes its error feedback from its state directory. Trainer 1
-runs ``--device auto``: on a GPU machine, one run mixes CPU and GPU trainers."""
+"""Compressed runs with REAL OS processes on 127.0.0.1: a ``tenzro node --dev`` with gossip on,
+the syncer daemon and three ``tenzro trainer run`` processes carry a Mean run whose spec selects
+``{"topk": {"density_bps": 1000}}``, or ``{"q8": {"block_size": 64}}``, to Sealed. Every trainer
+sends compressed payloads with error feedback (10% of each fragment's values; or every value as
+an int8 with a scale per 64), the node accepts and aggregates them, and a third party's
+``verify-run`` recomputes every committed value from the stored payloads. Trainer 2 stops after
+round 0 and is restarted: it resumes its error feedback from its state directory. Trainer 1 runs
+``--device auto``: on a GPU machine, one run mixes CPU and GPU trainers."""
 
 from __future__ import annotations
 
@@ -23,14 +24,19 @@ from tests.e2e.conftest import Child, TinyModel, rpc, start_gossip_run, tenzro
 
 pytestmark = pytest.mark.slow
 
-ENCODING = {"topk": {"density_bps": 1000}}
 RUN_TIMEOUT_S = 120.0
+ENCODINGS = {
+    "topk": ({"topk": {"density_bps": 1000}}, "topk 10%"),
+    "q8": ({"q8": {"block_size": 64}}, "q8 (blocks of 64)"),
+}
 
 
-def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) -> None:
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_a_compressed_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel, name: str) -> None:
+    encoding, described = ENCODINGS[name]
     children: list[Child] = []
-    node, task, trainers = start_gossip_run(tmp_path, tiny_model, "topk-run", children,
-                                            metadata={"outer_gradient_encoding": ENCODING},
+    node, task, trainers = start_gossip_run(tmp_path, tiny_model, f"{name}-run", children,
+                                            metadata={"outer_gradient_encoding": encoding},
                                             devices=("cpu", "auto", "cpu"), trainer_args=((), (), ("--rounds", "1")))
     try:
         # Trainer 2 trains round 0 only and is restarted: it resumes its error feedback from disk.
@@ -42,8 +48,8 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
         for child in (trainers[0], trainers[1], restarted):
             assert child.wait(RUN_TIMEOUT_S) == 0, f"{child.name}:\n{child.out()}\n{child.err()[-4000:]}"
         for child in (*trainers, restarted):
-            assert ("outer gradients sent as topk 10% of each fragment, with error feedback decayed by 0.95 each round"
-                    in child.out())
+            assert (f"outer gradients sent as {described} of each fragment, with error feedback decayed by 0.95 "
+                    "each round" in child.out())
         assert "error feedback resumed from round 0's saved state" in restarted.out(), restarted.out()
         assert "round 1 submitted 2 fragments" in restarted.out()
         # Sealed: nothing of the run is left in the trainers' state directories.
@@ -58,8 +64,9 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
         assert verify_receipt(receipt)
         assert sorted(t.accepted_submissions for t in receipt.trainers) == [4, 4, 4]
 
-        # What travelled: topk payloads of exactly k values, a fraction of the raw size.
-        ks = PayloadEncoding.from_json(ENCODING).kept_per_fragment(task.layouts)
+        # What travelled: topk payloads of exactly k values, or q8 payloads of a byte per value
+        # and a scale per 64, a fraction of the raw size.
+        ks = PayloadEncoding.from_json(encoding).kept_per_fragment(task.layouts)
         for record in view["round_records"]:
             for f, fragment in enumerate(record["fragments"]):
                 for trainer in fragment["accepted"]:
@@ -68,9 +75,14 @@ def test_a_topk_run_seals_and_verifies(tmp_path: Path, tiny_model: TinyModel) ->
                         data = answer.read()
                     n = struct.unpack("<Q", data[:8])[0]
                     header = json.loads(data[8 : 8 + n])
-                    assert header["__metadata__"]["tenzro.encoding"] == "topk"
-                    assert header["indices"]["shape"] == [ks[f]]
-                    assert len(data) < 8 + n + 4 * task.layouts[f].numel // 4
+                    assert header["__metadata__"]["tenzro.encoding"] == name
+                    if name == "topk":
+                        assert header["indices"]["shape"] == [ks[f]]
+                    else:
+                        numel = task.layouts[f].numel
+                        assert header["values"] == {"dtype": "I8", "shape": [numel],
+                                                    "data_offsets": [4 * -(-numel // 64), 4 * -(-numel // 64) + numel]}
+                    assert len(data) < 8 + n + 4 * task.layouts[f].numel // 3
 
         # The model moved, and a third party recomputes it all from the node's URL.
         initial = load_file(str(tiny_model.checkpoint))

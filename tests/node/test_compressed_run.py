@@ -1,6 +1,7 @@
-"""A run whose spec selects the topk payload encoding (docs/payload.md "topk"), through the node
-service on every store kind: it seals with the model the core computes from the dense decoded
-gradients, accepts raw payloads too, and refuses topk payloads a run does not take."""
+"""A run whose spec selects the topk or q8 payload encoding (docs/payload.md "topk", "q8"),
+through the node service on every store kind: it seals with the model the core computes from
+the dense decoded gradients, accepts raw payloads too, and refuses compressed payloads a run
+does not take."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from tenzro_training.aggregation import aggregate
-from tenzro_training.compression import PayloadEncoding, select_topk
+from tenzro_training.compression import PayloadEncoding, dequantize_q8, quantize_q8, select_topk
 from tenzro_training.errors import SpecError
 from tenzro_training.fragments import compute_model_hash, gather_fragment, scatter_fragment
 from tenzro_training.outer import OuterConfig, apply_outer_step
@@ -19,6 +20,7 @@ from tenzro_training.payload import (
     PayloadLayoutMismatch,
     PayloadMetadataMismatch,
     PayloadValueOutOfRange,
+    encode_q8_payload,
     encode_topk_payload,
 )
 from tenzro_training.receipt import TrainingReceipt, verify_receipt
@@ -101,11 +103,13 @@ def test_a_topk_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net
     assert net.service.accepted_payload_stats() == {"topk": (8, topk_bytes), "raw": (4, raw_bytes)}
 
 
-def test_a_raw_run_refuses_topk_payloads_and_stores_nothing(net: Net, checkpoint: tuple[str, str]) -> None:
+def test_a_raw_run_refuses_compressed_payloads_and_stores_nothing(net: Net, checkpoint: tuple[str, str]) -> None:
     start(net, checkpoint)
     before = snapshot(net.store)
     with pytest.raises(PayloadMetadataMismatch, match="encoding"):
         net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, 2))
+    with pytest.raises(PayloadMetadataMismatch, match="'q8', expected 'raw'"):
+        net.submit(0, 0, 0, payload=q8_payload(net, 0, 0, 0))
     assert snapshot(net.store) == before
 
 
@@ -133,7 +137,8 @@ def test_a_feedback_decay_changes_nothing_the_node_checks(net: Net, checkpoint: 
 
 
 @pytest.mark.parametrize("encoding", ["topk", {"topk": {"density_bps": 0}}, {"dct": {}},
-                                      {"topk": {"density_bps": 100, "feedback_decay": 2}}])
+                                      {"topk": {"density_bps": 100, "feedback_decay": 2}}, "q8", {"q8": {}},
+                                      {"q8": {"block_size": 8}}, {"q8": {"block_size": 64, "density_bps": 100}}])
 def test_post_task_refuses_a_bad_encoding_naming_the_field(
     net: Net, checkpoint: tuple[str, str], encoding: object
 ) -> None:
@@ -185,3 +190,76 @@ def test_a_topk_post_whose_fragment_outgrows_u32_indices_is_refused(
     assert info.value.path == "architecture.metadata.outer_gradient_encoding"
     assert snapshot(net.store) == before
     assert net.post(spec_dict(*checkpoint))["status"] == "Electing"  # a raw run takes any fragment size
+
+
+Q8 = {"q8": {"block_size": 16}}
+
+
+def q8_payload(net: Net, i: int, round_: int, fragment: int, block: int = 16, dtype: str = "bfloat16") -> bytes:
+    lay = net.layouts[fragment]
+    scales, values, _ = quantize_q8(gradient(i, round_, fragment, lay.numel), block, dtype)
+    header = PayloadHeader(net.task_id, round_, fragment, "q8", lay.layout_hash())
+    return encode_q8_payload(header, lay, scales, values, block, dtype)
+
+
+def q8_dense(i: int, round_: int, fragment: int) -> torch.Tensor:
+    lay = layouts_for()[fragment]
+    scales, values, _ = quantize_q8(gradient(i, round_, fragment, lay.numel), 16, "bfloat16")
+    return dequantize_q8(scales, values, 16)
+
+
+def test_a_q8_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net, checkpoint: tuple[str, str]) -> None:
+    spec = topk_spec(checkpoint, Q8)
+    post_and_enroll(net, spec)
+    for r in range(2):
+        for i in range(3):
+            for f in range(2):  # trainers 0 and 1 send q8 (bf16 scales), trainer 2 raw (always accepted)
+                net.submit(i, r, f, payload=q8_payload(net, i, r, f) if i < 2 else None)
+        last = net.finalize(r)
+    assert last["sealed"]
+
+    task = TrainingTaskSpec.from_dict(spec)
+    cfg = OuterConfig.from_spec(task)
+    state = initial_state()
+    weights = [gather_fragment(state, lay) for lay in net.layouts]
+    momentum = [torch.zeros_like(w) for w in weights]
+    for r in range(2):
+        for f in range(2):
+            grads = [q8_dense(i, r, f) if i < 2 else dense(i, r, f, None) for i in canonical((0, 1, 2))]
+            assert not torch.equal(grads[0], dense(0, r, f, None))  # the quantisation changed something
+            agg = aggregate(task.aggregation, grads).tensor
+            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
+    for lay, w in zip(net.layouts, weights):
+        scatter_fragment(state, lay, w)
+    receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+    assert verify_receipt(receipt)
+    assert receipt.final_model_hash == compute_model_hash(state)
+    q8_bytes = sum(len(q8_payload(net, i, r, f)) for i in (0, 1) for r in (0, 1) for f in (0, 1))
+    raw_bytes = sum(len(net.payload(2, r, f)) for r in (0, 1) for f in (0, 1))
+    assert net.service.accepted_payload_stats() == {"q8": (8, q8_bytes), "raw": (4, raw_bytes)}
+
+
+def test_a_q8_run_refuses_other_blocks_topk_payloads_and_out_of_range_values(
+    net: Net, checkpoint: tuple[str, str]
+) -> None:
+    post_and_enroll(net, topk_spec(checkpoint, Q8))
+    before = snapshot(net.store)
+    with pytest.raises(PayloadLayoutMismatch, match="blocks of 16"):
+        net.submit(0, 0, 0, payload=q8_payload(net, 0, 0, 0, block=4))  # 3 scales where the run takes 1
+    with pytest.raises(PayloadMetadataMismatch, match="encoding"):
+        net.submit(0, 0, 0, payload=topk_payload(net, 0, 0, 0, 2))
+    lay = net.layouts[0]
+    huge = encode_q8_payload(PayloadHeader(net.task_id, 0, 0, "q8", lay.layout_hash()), lay,
+                             torch.full((1,), 1e5), torch.full((lay.numel,), 127, dtype=torch.int8), 16)
+    with pytest.raises(PayloadValueOutOfRange):  # 127 * 1e5 above max_gradient_abs
+        net.submit(0, 0, 0, payload=huge)
+    assert snapshot(net.store) == before
+    assert net.submit(0, 0, 0, payload=q8_payload(net, 0, 0, 0))["accepted_count"] == 1
+
+
+def test_a_topk_run_refuses_q8_payloads(net: Net, checkpoint: tuple[str, str]) -> None:
+    post_and_enroll(net, topk_spec(checkpoint))
+    before = snapshot(net.store)
+    with pytest.raises(PayloadMetadataMismatch, match="expected 'raw, topk'"):
+        net.submit(0, 0, 0, payload=q8_payload(net, 0, 0, 0))
+    assert snapshot(net.store) == before

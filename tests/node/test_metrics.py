@@ -54,12 +54,15 @@ def test_accepted_submissions_by_encoding_list_every_encoding() -> None:
     text = registry.render().decode()
     assert 'tenzro_node_submissions_accepted_total{encoding="raw"} 0' in text
     assert 'tenzro_node_submission_bytes_total{encoding="topk"} 0' in text
+    assert 'tenzro_node_submission_bytes_total{encoding="q8"} 0' in text
     metrics.attach(FakeService())
     got = {(s.name, s.labels["encoding"]): s.value
            for family in text_string_to_metric_families(registry.render().decode())
            for s in family.samples if "encoding" in s.labels}
     assert got == {("tenzro_node_submissions_accepted_total", "raw"): 0, ("tenzro_node_submissions_accepted_total", "topk"): 8,
-                   ("tenzro_node_submission_bytes_total", "raw"): 0, ("tenzro_node_submission_bytes_total", "topk"): 3000}
+                   ("tenzro_node_submissions_accepted_total", "q8"): 0,
+                   ("tenzro_node_submission_bytes_total", "raw"): 0, ("tenzro_node_submission_bytes_total", "topk"): 3000,
+                   ("tenzro_node_submission_bytes_total", "q8"): 0}
 
 
 class FakeHost:

@@ -375,6 +375,29 @@ def test_payloads_with_feedback_are_topk(init: dict, shards: list[Shard]) -> Non
         assert float(grad[~sent].abs().max()) <= float(grad[sent].abs().min())
 
 
+def test_payloads_with_q8_feedback_are_q8(init: dict, shards: list[Shard]) -> None:
+    """A task with the q8 encoding: each payload must say "q8", in the task's block size, and
+    decode to the outer gradient within half a level of each block (the first round, so no
+    residual yet), or the node refuses it or aggregates the wrong thing."""
+    from tenzro_training.compression import ErrorFeedback, PayloadEncoding
+
+    layouts = compute_fragment_layouts(init, F)
+    grads = compute_outer_gradients(init, run_inner_loop(init, FAST, MODEL, shards[0], 5, 0).state, layouts)
+    encoding = PayloadEncoding("q8", block_size=64)
+    feedback = ErrorFeedback(layouts, encoding)
+    payloads = make_payloads("task-1", 5, layouts, grads, feedback=feedback)
+    for lay, grad, data in zip(layouts, grads, payloads):
+        expected = PayloadHeader("task-1", 5, lay.index, "q8", lay.layout_hash())
+        decoded = decode_payload(data, lay, expected=expected, max_bytes=len(data), **encoding.decode_options(lay))
+        assert decoded.header.encoding == "q8"
+        dense = decoded.flat_fp32()
+        blocks = -(-lay.numel // 64)
+        assert len(data) < 8 + 4096 + lay.numel + 4 * blocks  # a byte per value, plus the scales and header
+        step = torch.nn.functional.pad(grad, (0, blocks * 64 - lay.numel)).view(blocks, 64).abs().amax(dim=1) / 127
+        assert bool(((dense - grad).abs() <= step.repeat_interleave(64)[: lay.numel] * 0.5001).all())
+        assert torch.equal(feedback._residual[lay.index], grad - dense)  # type: ignore[arg-type]
+
+
 def test_evaluate_is_in_eval_mode(init: dict) -> None:
     """Validation loss must not depend on dropout (a training-only regulariser): with dropout
     configured it equals the loss of the same weights without it."""

@@ -840,9 +840,10 @@ def test_a_skipped_rounds_topk_values_go_back_into_the_residual(tmp_path) -> Non
     assert all(torch.equal(r, c) for r, c in zip(tr.feedback._residual, compensated))
 
 
-def _topk_trainer(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    """A bare trainer of a topk 10% task whose ``train`` is the real one over a fake inner loop:
-    round r's outer gradients are a fixed function of r (as if every process trained alike)."""
+def _topk_trainer(tmp_path, monkeypatch, encoding=None):  # type: ignore[no-untyped-def]
+    """A bare trainer of a topk 10% task (or of ``encoding``) whose ``train`` is the real one over
+    a fake inner loop: round r's outer gradients are a fixed function of r (as if every process
+    trained alike)."""
     from types import SimpleNamespace
 
     import torch
@@ -864,7 +865,7 @@ def _topk_trainer(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(process, "compute_full_state", lambda model, weights: {})
     tr, said = _bare_trainer(tmp_path)
     tr.layouts = compute_fragment_layouts([TensorSpec("w", (40,), "float32"), TensorSpec("v", (13,), "float32")], 2)
-    tr.encoding, tr.payload_dtype = PayloadEncoding("topk", 1000), "bfloat16"
+    tr.encoding, tr.payload_dtype = encoding or PayloadEncoding("topk", 1000), "bfloat16"
     tr.weights, tr.model, tr.inner_cfg, tr.model_cfg, tr.shard, tr.shard_index, tr.device = [], None, None, None, None, 0, "cpu"
     return tr, said
 
@@ -878,7 +879,11 @@ def _topk_view(tr, records: list[tuple[bytes, list[bool]]]) -> dict[str, object]
         for r, (model, accepted) in enumerate(records)]}
 
 
-def test_a_restarted_topk_trainer_resumes_its_error_feedback_bit_for_bit(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+FEEDBACK_ENCODINGS = [{"topk": {"density_bps": 1000}}, {"q8": {"block_size": 16}}]
+
+
+@pytest.mark.parametrize("encoding", FEEDBACK_ENCODINGS, ids=["topk", "q8"])
+def test_a_restarted_trainer_resumes_its_error_feedback_bit_for_bit(tmp_path, monkeypatch, encoding) -> None:  # type: ignore[no-untyped-def]
     """At 1% the residual holds 99% of what a trainer computed: a restart used to start it from
     zero. Round 0's fragment 1 came late (its values went back into the residual); the trainer
     saved round 1's state and then died before saving round 1's payloads. The restarted process
@@ -887,7 +892,10 @@ def test_a_restarted_topk_trainer_resumes_its_error_feedback_bit_for_bit(tmp_pat
     payloads the process that never stopped sent."""
     import asyncio
 
-    first, _ = _topk_trainer(tmp_path, monkeypatch)
+    from tenzro_training.compression import PayloadEncoding
+
+    enc = PayloadEncoding.from_json(encoding)
+    first, _ = _topk_trainer(tmp_path, monkeypatch, enc)
     first.held_hash = BASE
     asyncio.run(first.get_payloads(0, _topk_view(first, [])))
     first.unsend(0, range(1, 2))  # fragment 1 late
@@ -898,7 +906,7 @@ def test_a_restarted_topk_trainer_resumes_its_error_feedback_bit_for_bit(tmp_pat
     for f in range(2):
         first.payloads.path(1, f, _B).unlink()  # killed before round 1's payloads were saved
 
-    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted, said = _topk_trainer(tmp_path, monkeypatch, enc)
     restarted.held_hash = _B
     assert asyncio.run(restarted.get_payloads(1, view)) == (expected, False)
     assert said == ["error feedback resumed from round 0's saved state (1 fragments it did not aggregate "
@@ -909,24 +917,28 @@ def test_a_restarted_topk_trainer_resumes_its_error_feedback_bit_for_bit(tmp_pat
     # Had round 0 aggregated both fragments, nothing is put back, and the round differs.
     for f in range(2):
         first.payloads.path(1, f, _B).unlink()
-    again, said = _topk_trainer(tmp_path, monkeypatch)
+    again, said = _topk_trainer(tmp_path, monkeypatch, enc)
     again.held_hash = _B
     payloads, _ = asyncio.run(again.get_payloads(1, _topk_view(first, [(_B, [True, True])])))
     assert said == ["error feedback resumed from round 0's saved state"] and payloads[1] != expected[1]
     assert payloads[0] == expected[0]
 
 
-def test_a_restarted_topk_trainer_resubmitting_a_round_holds_its_sent_values(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("encoding", FEEDBACK_ENCODINGS, ids=["topk", "q8"])
+def test_a_restarted_trainer_resubmitting_a_round_holds_its_sent_values(tmp_path, monkeypatch, encoding) -> None:  # type: ignore[no-untyped-def]
     """Resubmitting round 0's saved payloads: the state saved with them, sent values included,
     so a fragment that then comes late goes back into the residual as in the first process."""
     import asyncio
 
-    first, first_said = _topk_trainer(tmp_path, monkeypatch)
+    from tenzro_training.compression import PayloadEncoding
+
+    enc = PayloadEncoding.from_json(encoding)
+    first, first_said = _topk_trainer(tmp_path, monkeypatch, enc)
     first.held_hash = BASE
     view = _topk_view(first, [])
     payloads, _ = asyncio.run(first.get_payloads(0, view))
     assert first_said == []  # round 0 of a run has no earlier state to miss: nothing to say
-    restarted, said = _topk_trainer(tmp_path, monkeypatch)
+    restarted, said = _topk_trainer(tmp_path, monkeypatch, enc)
     restarted.held_hash = BASE
     assert asyncio.run(restarted.get_payloads(0, view)) == (payloads, True)
     assert said == ["error feedback resumed from the state saved with round 0's payloads"]
