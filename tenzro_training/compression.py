@@ -279,6 +279,24 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _checked_input(compensated: torch.Tensor, dtype: str, what: str, value: object, low: int,
+                   high: int | None) -> torch.Tensor:
+    """The vector to compress, on the CPU, once the checks both compressors share passed;
+    ``what`` names the compressor's own integer parameter (k, the block size), ``value``, which
+    must lie in ``low..high`` (no upper bound: None)."""
+    if compensated.dim() != 1 or compensated.dtype != torch.float32:
+        raise CompressionError(f"need a 1-D float32 vector, got {tuple(compensated.shape)} {compensated.dtype}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f"in {low}..{high}" if high is not None else f">= {low}"
+        raise CompressionError(f"{what} must be an integer {bounds}, got {value!r}")
+    if dtype not in DTYPES:
+        raise CompressionError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    flat = compensated.detach().to("cpu")
+    if not bool(torch.isfinite(flat).all()):
+        raise CompressionError("the vector to compress holds NaN or Inf")
+    return flat
+
+
 def select_topk(compensated: torch.Tensor, k: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k`` largest magnitudes of ``compensated`` (1-D fp32), as sent: ``(indices, values,
     residual)``.
@@ -289,16 +307,7 @@ def select_topk(compensated: torch.Tensor, k: int, dtype: str) -> tuple[torch.Te
     sent ones), which the next round adds back. Ties among equal magnitudes go to the lower
     index, so the choice is a function of the values alone.
     """
-    if compensated.dim() != 1 or compensated.dtype != torch.float32:
-        raise CompressionError(f"need a 1-D float32 vector, got {tuple(compensated.shape)} {compensated.dtype}")
-    n = compensated.numel()
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
-        raise CompressionError(f"k must be an integer in 0..{n}, got {k!r}")
-    if dtype not in DTYPES:
-        raise CompressionError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    flat = compensated.detach().to("cpu")
-    if not bool(torch.isfinite(flat).all()):
-        raise CompressionError("the vector to compress holds NaN or Inf")
+    flat = _checked_input(compensated, dtype, "k", k, 0, compensated.numel())
     indices = _largest_magnitudes(flat, k)
     values = flat[indices].to(DTYPES[dtype])
     if not bool(torch.isfinite(values).all()):  # before the caller's residual could take an Inf
@@ -330,15 +339,7 @@ def quantize_q8(compensated: torch.Tensor, block: int, dtype: str) -> tuple[torc
     what the receiver decodes (:func:`dequantize_q8`, the decoder's own arithmetic), which the
     next round adds back: the rounding, and whatever a scale that rounded down clamped away.
     """
-    if compensated.dim() != 1 or compensated.dtype != torch.float32:
-        raise CompressionError(f"need a 1-D float32 vector, got {tuple(compensated.shape)} {compensated.dtype}")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise CompressionError(f"the block size must be a positive integer, got {block!r}")
-    if dtype not in DTYPES:
-        raise CompressionError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    flat = compensated.detach().to("cpu")
-    if not bool(torch.isfinite(flat).all()):
-        raise CompressionError("the vector to compress holds NaN or Inf")
+    flat = _checked_input(compensated, dtype, "the block size", block, 1, None)
     n = flat.numel()
     blocks = -(-n // block)
     padded = torch.zeros(blocks * block, dtype=torch.float32)

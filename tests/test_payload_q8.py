@@ -26,7 +26,6 @@ from tenzro_training.compression import (
     quantize_q8,
 )
 from tenzro_training.errors import PayloadError, SpecError
-from tenzro_training.fragments import compute_fragment_layouts
 from tenzro_training.payload import (
     PayloadFormatError,
     PayloadHeader,
@@ -42,10 +41,8 @@ from tenzro_training.payload import (
     encode_q8_payload,
 )
 from tenzro_training.rules import AggregationRule
+from tests.test_payload_topk import LAY, LAYOUTS, join, split  # 360 values: 180 | 180
 
-STATE = {"enc.weight": torch.zeros(40, 5), "enc.bias": torch.zeros(40), "head.weight": torch.zeros(3, 40)}
-LAYOUTS = compute_fragment_layouts(STATE, 2)  # 360 values: 180 | 180
-LAY = LAYOUTS[1]
 BLOCK = 16  # 180 values: 11 full blocks and one of 4
 MAX = 1 << 20
 Q8 = PayloadEncoding.from_json({"q8": {"block_size": BLOCK}})
@@ -69,16 +66,6 @@ def valid(dtype: str = "float32", seed: int = 0) -> bytes:
 
 def decode(data: bytes, block: int | None = BLOCK, **kwargs: object) -> torch.Tensor:
     return decode_payload(data, LAY, max_bytes=MAX, q8_block=block, **kwargs).flat_fp32()  # type: ignore[arg-type]
-
-
-def split(data: bytes) -> tuple[dict, bytes]:
-    n = struct.unpack("<Q", data[:8])[0]
-    return json.loads(data[8 : 8 + n]), data[8 + n :]
-
-
-def join(doc: dict, body: bytes) -> bytes:
-    raw = json.dumps(doc).encode()
-    return struct.pack("<Q", len(raw)) + raw + body
 
 
 # --- the encoding value ---------------------------------------------------------------------

@@ -62,11 +62,12 @@ def topk_payload(lay: FragmentLayout, density_bps: int, dtype: str, seed: int = 
     return encode_topk_payload(header, lay, indices, values, dtype), k
 
 
-def both(data: bytes, lay: FragmentLayout, topk_k: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(project's decoding, clean-room decoding) of one payload, fp32 bits."""
+def both(data: bytes, lay: FragmentLayout, topk_k: int | None = None, **options: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(project's decoding, clean-room decoding) of one payload, fp32 bits; ``options``: the
+    run's other decode option (``q8_block``), given to both."""
     ours, lh = cr_layout(lay)
-    theirs = decode_payload(data, lay, max_bytes=1 << 20, max_abs=1e6, topk_k=topk_k).flat_fp32().numpy()
-    mine = cr.decode_payload(data, ours, task_id=TASK, rnd=ROUND, lh=lh, topk_k=topk_k)
+    theirs = decode_payload(data, lay, max_bytes=1 << 20, max_abs=1e6, topk_k=topk_k, **options).flat_fp32().numpy()  # type: ignore[arg-type]
+    mine = cr.decode_payload(data, ours, task_id=TASK, rnd=ROUND, lh=lh, topk_k=topk_k, **options)  # type: ignore[arg-type]
     return theirs.view(np.uint32), mine.view(np.uint32)
 
 
@@ -168,18 +169,24 @@ def refusals(lay: FragmentLayout, data: bytes, k: int) -> dict[str, tuple[bytes,
     }
 
 
-def test_the_cleanroom_decoder_refuses_what_the_doc_refuses() -> None:
-    lay = layouts()[0]
+def assert_both_refuse(lay: FragmentLayout, cases: dict[str, tuple[bytes, int | None]], option: str) -> None:
+    """Each case's payload, decoded with its value of the decode ``option`` (``topk_k``,
+    ``q8_block``), is refused by the clean-room decoder and by the project's."""
     ours, lh = cr_layout(lay)
-    data, k = topk_payload(lay, 2500, "float32")
-    assert k >= 3
-    for case, (bad, topk_k) in refusals(lay, data, k).items():
+    for case, (bad, value) in cases.items():
         with pytest.raises(ValueError):
-            cr.decode_payload(bad, ours, task_id=TASK, rnd=ROUND, lh=lh, topk_k=topk_k)
+            cr.decode_payload(bad, ours, task_id=TASK, rnd=ROUND, lh=lh, **{option: value})
             pytest.fail(f"the clean-room decoder accepted: {case}")
         with pytest.raises(PayloadError):
-            decode_payload(bad, lay, max_bytes=1 << 20, max_abs=1e6, topk_k=topk_k)
+            decode_payload(bad, lay, max_bytes=1 << 20, max_abs=1e6, **{option: value})  # type: ignore[arg-type]
             pytest.fail(f"the project's decoder accepted: {case}")
+
+
+def test_the_cleanroom_decoder_refuses_what_the_doc_refuses() -> None:
+    lay = layouts()[0]
+    data, k = topk_payload(lay, 2500, "float32")
+    assert k >= 3
+    assert_both_refuse(lay, refusals(lay, data, k), "topk_k")
 
 
 def test_the_mutations_change_the_decoded_vector(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ does not take."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -66,6 +67,29 @@ def dense(i: int, round_: int, fragment: int, k: int | None) -> torch.Tensor:
     return out
 
 
+def assert_sealed_with(net: Net, spec: dict[str, Any],
+                       decoded: Callable[[int, int, int], torch.Tensor]) -> TrainingReceipt:
+    """The run sealed with the model the core computes from ``decoded(trainer, round, fragment)``,
+    the dense vectors its 2 rounds x 2 fragments of payloads decode to; its receipt verifies and
+    is returned."""
+    task = TrainingTaskSpec.from_dict(spec)
+    cfg = OuterConfig.from_spec(task)
+    state = initial_state()
+    weights = [gather_fragment(state, lay) for lay in net.layouts]
+    momentum = [torch.zeros_like(w) for w in weights]
+    for r in range(2):
+        for f in range(2):
+            grads = [decoded(i, r, f) for i in canonical((0, 1, 2))]
+            agg = aggregate(task.aggregation, grads).tensor
+            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
+    for lay, w in zip(net.layouts, weights):
+        scatter_fragment(state, lay, w)
+    receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
+    assert verify_receipt(receipt)
+    assert receipt.final_model_hash == compute_model_hash(state)
+    return receipt
+
+
 def test_a_topk_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net, checkpoint: tuple[str, str]) -> None:
     spec = topk_spec(checkpoint)
     post_and_enroll(net, spec)
@@ -81,21 +105,7 @@ def test_a_topk_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net
         last = net.finalize(r)
     assert last["sealed"]
 
-    task = TrainingTaskSpec.from_dict(spec)
-    cfg = OuterConfig.from_spec(task)
-    state = initial_state()
-    weights = [gather_fragment(state, lay) for lay in net.layouts]
-    momentum = [torch.zeros_like(w) for w in weights]
-    for r in range(2):
-        for f in range(2):
-            grads = [dense(i, r, f, kinds[i][f]) for i in canonical((0, 1, 2))]
-            agg = aggregate(task.aggregation, grads).tensor
-            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
-    for lay, w in zip(net.layouts, weights):
-        scatter_fragment(state, lay, w)
-    receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
-    assert verify_receipt(receipt)
-    assert receipt.final_model_hash == compute_model_hash(state)
+    receipt = assert_sealed_with(net, spec, lambda i, r, f: dense(i, r, f, kinds[i][f]))
     assert [t.accepted_submissions for t in receipt.trainers] == [4, 4, 4]
     # GET /metrics: what the encoding saved (trainer 2's raw payloads against the others' topk ones)
     topk_bytes = sum(len(topk_payload(net, i, r, f, ks[f])) for i in (0, 1) for r in (0, 1) for f in (0, 1))
@@ -218,22 +228,9 @@ def test_a_q8_run_seals_with_the_model_of_the_dense_decoded_gradients(net: Net, 
         last = net.finalize(r)
     assert last["sealed"]
 
-    task = TrainingTaskSpec.from_dict(spec)
-    cfg = OuterConfig.from_spec(task)
-    state = initial_state()
-    weights = [gather_fragment(state, lay) for lay in net.layouts]
-    momentum = [torch.zeros_like(w) for w in weights]
-    for r in range(2):
-        for f in range(2):
-            grads = [q8_dense(i, r, f) if i < 2 else dense(i, r, f, None) for i in canonical((0, 1, 2))]
-            assert not torch.equal(grads[0], dense(0, r, f, None))  # the quantisation changed something
-            agg = aggregate(task.aggregation, grads).tensor
-            weights[f], momentum[f] = apply_outer_step(weights[f], momentum[f], agg, cfg)
-    for lay, w in zip(net.layouts, weights):
-        scatter_fragment(state, lay, w)
-    receipt = TrainingReceipt.from_dict(net.service.get_receipt(net.task_id)["receipt"])
-    assert verify_receipt(receipt)
-    assert receipt.final_model_hash == compute_model_hash(state)
+    assert not torch.equal(q8_dense(0, 0, 0), dense(0, 0, 0, None))  # the quantisation changed something
+    receipt = assert_sealed_with(net, spec, lambda i, r, f: q8_dense(i, r, f) if i < 2 else dense(i, r, f, None))
+    assert [t.accepted_submissions for t in receipt.trainers] == [4, 4, 4]
     q8_bytes = sum(len(q8_payload(net, i, r, f)) for i in (0, 1) for r in (0, 1) for f in (0, 1))
     raw_bytes = sum(len(net.payload(2, r, f)) for r in (0, 1) for f in (0, 1))
     assert net.service.accepted_payload_stats() == {"q8": (8, q8_bytes), "raw": (4, raw_bytes)}
