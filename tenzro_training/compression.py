@@ -349,9 +349,10 @@ def quantize_q8(compensated: torch.Tensor, block: int, dtype: str) -> tuple[torc
     if not bool(torch.isfinite(scales).all()):  # fp16's 65504 * 127 and beyond
         raise CompressionError(f"a scale to send overflows {dtype}")
     wide = scales.to(torch.float32)
+    # A zero scale divides by 1 instead, which rounds its block to zeros: the scale is 0 only
+    # where every magnitude is below 127 times half the smallest subnormal of ``dtype``.
     divisor = torch.where(wide > 0, wide, torch.ones_like(wide))
     q = torch.round(rows / divisor[:, None]).clamp_(-_Q8_LEVELS, _Q8_LEVELS)
-    q[wide == 0] = 0
     values = q.to(torch.int8).reshape(-1)[:n].contiguous()
     residual = flat - dequantize_q8(wide, values, block)
     return scales, values, residual

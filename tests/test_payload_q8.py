@@ -146,6 +146,17 @@ def test_a_zero_block_sends_zeros_and_a_zero_scale() -> None:
     assert torch.equal(residual[:BLOCK], torch.zeros(BLOCK))
 
 
+def test_a_block_below_the_scale_dtypes_range_is_sent_as_zeros_and_kept() -> None:
+    """1e-6 / 127 underflows to a zero fp16 scale: the block goes out as zeros and stays whole
+    in the residual (bf16, with fp32's range, still sends it)."""
+    g = torch.full((BLOCK,), 1e-6)
+    g[0] = -1e-6
+    scales, values, residual = quantize_q8(g, BLOCK, "float16")
+    assert float(scales[0]) == 0.0 and not bool(values.any()) and torch.equal(residual, g)
+    scales, values, residual = quantize_q8(g, BLOCK, "bfloat16")
+    assert float(scales[0]) > 0 and int(values.abs().min()) == 127
+
+
 def test_a_level_half_way_rounds_to_even() -> None:
     g = torch.zeros(BLOCK)
     g[0], g[1], g[2] = 1.27, 0.005, 0.015  # scale 0.01: 0.5 -> 0 and 1.5 -> 2 levels (as fp32 allows)

@@ -51,7 +51,7 @@ def test_a_q8_payload_of_every_level_decodes_exactly() -> None:
     """All 255 levels times a scale whose products are exact and others that round."""
     lay = layouts()[0]
     n = lay.numel
-    for scale in (1.0, 0.1, 7777.7, 1e-45, float(np.float32(1) / np.float32(3))):
+    for scale in (1.0, 0.1, 7777.7, 1e-45, 3e-39, float(np.float32(1) / np.float32(3))):  # 1e-45, 3e-39: subnormal
         levels = torch.tensor([(i % 255) - 127 for i in range(n)], dtype=torch.int8)
         data = encode_q8_payload(PayloadHeader(TASK, ROUND, lay.index, ENCODING_Q8, lay.layout_hash()), lay,
                                  torch.full((1,), scale), levels, n)
@@ -59,6 +59,9 @@ def test_a_q8_payload_of_every_level_decodes_exactly() -> None:
         assert np.array_equal(theirs, mine)
         expected = levels.numpy().astype(np.float32) * np.float32(scale)  # one binary32 product each
         assert np.array_equal(mine, expected.view(np.uint32))
+        # 8 bits times 24 are exact in binary64: multiplying there and rounding once agrees
+        wide = levels.numpy().astype(np.float64) * np.float64(np.float32(scale))
+        assert np.array_equal(mine, wide.astype(np.float32).view(np.uint32))
 
 
 def refusals(lay: FragmentLayout, data: bytes, block: int) -> dict[str, tuple[bytes, int | None]]:
