@@ -91,6 +91,8 @@ def test_try_take_fits_the_budget_and_the_clients_share() -> None:
         assert await budget.acquire(10, 1, "a") == 10  # a second request of client "a"
         assert not budget.try_take(81, "a", 10)  # past the share with another request of its own
         assert budget.held == 30
+        assert budget.try_take(80, "a", 10)  # up to the share exactly, with it
+        assert budget.held == 110
 
     asyncio.run(main())
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from rpc.dispatcher import Dispatcher
-from rpc.server import ServerLimits, _ByteBudget
+from rpc.server import ServerLimits, _ByteBudget, _answer_room
 from tests.rpc.conformance import FakeService, get_run
 from tests.rpc.test_server import LiveServer, _split_reply
 
@@ -73,6 +73,51 @@ def test_connections_past_the_limit_are_refused_at_once(sockets: list[socket.soc
         assert _rejected(server) == {"connection_limit": 1}  # what the operator's alert counts
 
 
+def test_a_refused_connection_is_half_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/rpc.md: the 503 is followed by the end of the stream at once, not only when the
+    connection is aborted (_REFUSED_LINGER_S later, here far past the socket's 10 s timeout):
+    a client reading to the end gets its answer without waiting."""
+    import http.client
+
+    import rpc.server
+
+    monkeypatch.setattr(rpc.server, "_REFUSED_LINGER_S", 3600.0)
+    with LiveServer(FakeService(), limits=ServerLimits(max_connections=1)) as server:
+        held = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            held.request("GET", "/")
+            assert held.getresponse().read()  # the one slot, kept open
+            with _connect(server.port) as extra:
+                assert _split_reply(_read_all(extra))[0] == 503  # a TimeoutError without the EOF
+        finally:
+            held.close()
+
+
+def test_a_refused_connection_has_nothing_it_sends_run() -> None:
+    """A connection past the cap is answered and dropped before aiohttp sees it: a request it
+    sends anyway is never read, so never run (and the refused connection takes no slot)."""
+    import http.client
+
+    service = FakeService()
+    refused = json.dumps(get_run("refused")).encode()
+    with LiveServer(service, limits=ServerLimits(max_connections=1)) as server:
+        held = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            held.request("POST", "/", json.dumps(get_run("before")).encode())
+            assert held.getresponse().read()  # the one slot, kept open
+            with _connect(server.port) as extra:
+                extra.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(refused), refused))
+                assert _split_reply(_read_all(extra))[0] == 503
+                # Still open on this side: a request the server read would be queued by now
+                # for the one service thread, ahead of this one.
+                held.request("POST", "/", json.dumps(get_run("after")).encode())
+                assert held.getresponse().read()
+        finally:
+            held.close()
+    # The server has stopped, and with it every call it started: none was the refused one's.
+    assert [params["task_id"] for _name, params in service.calls] == ["before", "after"]
+
+
 def test_connections_from_one_address_are_capped(sockets: list[socket.socket]) -> None:
     with LiveServer(FakeService(), limits=ServerLimits(max_connections=100, max_connections_per_ip=2)) as server:
         sockets.extend(_connect(server.port) for _ in range(2))
@@ -90,6 +135,19 @@ def test_connections_from_one_address_are_capped(sockets: list[socket.socket]) -
         sockets.clear()
         time.sleep(0.2)
         assert _health_ok(server)
+
+
+def test_a_connection_the_server_closes_gives_its_slot_back() -> None:
+    """A connection counts against its address until it closes, whichever side closes it: one
+    the server ends after its answer (the client asked for Connection: close; a refusal is
+    force-closed likewise) frees its slot as one its client closes does."""
+    with LiveServer(FakeService(), limits=ServerLimits(max_connections_per_ip=1)) as server:
+        for _ in range(3):
+            deadline = time.monotonic() + 5
+            while (status := server.request("GET", "/", headers={"Connection": "close"})[0]) == 503:
+                assert time.monotonic() < deadline  # the previous connection's slot never came back
+                time.sleep(0.05)
+            assert status == 200
 
 
 @pytest.mark.parametrize("sent", [b"", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le"])
@@ -254,6 +312,16 @@ def test_a_request_holds_its_body_and_its_answers_room_while_it_runs(body: bytes
         assert answers == [200] and _inflight_settles_at_zero(server)
 
 
+def test_an_answers_room_is_its_cap_down_to_one_byte() -> None:
+    """docs/rpc.md: a batch's answer room is max_answer_bytes, a single call's 1 MiB, either at
+    most an eighth of the budget; so 1 byte for a cap of 1 or a budget of 8-15 bytes, and 1
+    byte, not 0, below that (the room is also the dispatcher's answer cap)."""
+    batch = b"[" + _SINGLE_CALL + b"]"
+    assert _answer_room(ServerLimits(max_answer_bytes=1), _ByteBudget(64 << 20), batch) == 1
+    assert _answer_room(ServerLimits(), _ByteBudget(15), _SINGLE_CALL) == 1
+    assert _answer_room(ServerLimits(), _ByteBudget(7), _SINGLE_CALL) == 1
+
+
 def test_the_budget_defaults_to_four_bodies() -> None:
     """docs/rpc.md: unless max_inflight_bytes is set, requests hold at most 4 x max_body_bytes.
     A larger default lets a node configured for small bodies grow past what its operator sized
@@ -303,9 +371,11 @@ def test_an_answer_its_client_does_not_read_is_cut_off_and_its_bytes_freed() -> 
             try:
                 while chunk := sock.recv(1 << 20):
                     got += len(chunk)
-            except OSError:
+            except ConnectionResetError:
                 pass
-            assert got < 8 << 20  # cut off: the server aborted the connection
+            # Cut off: the server aborted the connection (a connection only left open would end
+            # this read in the socket's 10 s timeout, a TimeoutError, not here).
+            assert got < 8 << 20
         assert _rejected(server) == {"timeout": 1}
 
 

@@ -173,9 +173,12 @@ def test_notifications_get_204(live: LiveServer) -> None:
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
                                           "application/json; charset=utf-8", "garbage"])
 def test_content_type_is_lenient(live: LiveServer, content_type: str | None) -> None:
+    """docs/rpc.md: POST / takes any Content-Type, and answers application/json."""
     live.service.reset()
-    status, body = live.post(json.dumps(get_run()).encode(), content_type)
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    status, answer_headers, body = live.request("POST", "/", json.dumps(get_run()).encode(), headers)
     assert status == 200 and json.loads(body)["result"]["task_id"] == "t1"
+    assert answer_headers.get("Content-Type", "").split(";")[0] == "application/json"
 
 
 def test_invalid_body_over_limit_by_content_length(small: LiveServer) -> None:
