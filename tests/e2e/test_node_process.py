@@ -253,16 +253,27 @@ def test_cancel_refunds_the_escrow(node: NodeProcess, tiny_model: TinyModel) -> 
     rpc(second.url, "tenzro_training_cancelTask", second.cancel_params())  # leave the balance for other tests
 
 
-def test_failover_to_the_rank_2_syncer_run_by_the_daemon(node_factory: Callable[..., NodeProcess], tiny_model: TinyModel) -> None:
+def test_failover_to_the_rank_2_syncer_run_by_the_daemon(
+    node_factory: Callable[..., NodeProcess], tiny_model: TinyModel, tmp_path: Path
+) -> None:
     fast = node_factory("failover", timings={"finalize_window_ms": 3000})
     task = new_task(tiny_model, fast, "e2e-failover", grace_window_ms=300)
     view = run_to_training(task)
     rank1, rank2 = task.syncer_by_rank(view, 1), task.syncer_by_rank(view, 2)
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "tenzro_training.cli", "syncer", "run", "--key-file", str(fast.data_dir / "dev-accounts.json"),
-         "--account", rank2, "--rpc", fast.url, "--poll-interval", "0.1"],
-        cwd=REPO, env=_child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    # stdout to a file, read while the daemon runs: the run shows Sealed as soon as the node
+    # commits round 1, before the daemon has its answer and says so, and a SIGINT then ends the
+    # call in progress (the daemon stops at once) without the line.
+    stdout_path = tmp_path / "daemon.out"
+
+    def finalized_lines() -> list[str]:
+        return [line for line in stdout_path.read_text().splitlines() if " finalized e2e-failover round " in line]
+
+    with stdout_path.open("w") as stdout:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tenzro_training.cli", "syncer", "run", "--key-file",
+             str(fast.data_dir / "dev-accounts.json"), "--account", rank2, "--rpc", fast.url, "--poll-interval", "0.1"],
+            cwd=REPO, env=_child_env(), stdout=stdout, stderr=subprocess.PIPE, text=True,
+        )
     try:
         submit_all(task, 0)
         # Rank 1 stays silent: after the finalize window the node hands the run to rank 2, whose
@@ -277,14 +288,18 @@ def test_failover_to_the_rank_2_syncer_run_by_the_daemon(node_factory: Callable[
         assert err["data"]["type"] == "NotSyncer"
         submit_all(task, 1)
         view = task.wait_status("Sealed", timeout=60)
+        deadline = time.monotonic() + 30
+        while len(finalized_lines()) < 2 and time.monotonic() < deadline and daemon.poll() is None:
+            time.sleep(0.05)
     finally:
         daemon.send_signal(signal.SIGINT)
-        out, err_text = daemon.communicate(timeout=30)
+        _, err_text = daemon.communicate(timeout=30)
+    out = stdout_path.read_text()
     assert daemon.returncode == 0, err_text
     assert "Traceback" not in err_text
     assert [r["syncer_rank"] for r in view["round_records"]] == [2, 2]
     assert [r["syncer"] for r in view["round_records"]] == [task.address(rank2)] * 2
-    finalized = [line for line in out.splitlines() if " finalized e2e-failover round " in line]
+    finalized = finalized_lines()
     assert len(finalized) == 2, out
     receipt = TrainingReceipt.from_dict(rpc(task.url, "tenzro_training_getReceipt", {"task_id": task.task_id})["receipt"])
     assert verify_receipt(receipt) and ["0x" + s.hex() for s in receipt.syncers] == [task.address(rank2).lower()]
