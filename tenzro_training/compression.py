@@ -36,6 +36,7 @@ import torch
 
 from tenzro_training.errors import SpecError, TenzroError
 from tenzro_training.fragments import DTYPES, FragmentLayout, is_sparse_index
+from tenzro_training.payload import Q8_MAX, compute_q8_blocks
 from tenzro_training.rules import AggregationRule, RuleKind
 
 if TYPE_CHECKING:
@@ -81,7 +82,6 @@ FEEDBACK_FORMAT = "tenzro-error-feedback/1"
 
 _PATH = f"architecture.metadata.{ENCODING_METADATA_KEY}"
 _RAW, _TOPK, _Q8 = "raw", "topk", "q8"
-_Q8_LEVELS = 127  # payload.Q8_MAX: the int8 values -127..127
 
 
 class CompressionError(TenzroError, ValueError):
@@ -341,18 +341,18 @@ def quantize_q8(compensated: torch.Tensor, block: int, dtype: str) -> tuple[torc
     """
     flat = _checked_input(compensated, dtype, "the block size", block, 1, None)
     n = flat.numel()
-    blocks = -(-n // block)
+    blocks = compute_q8_blocks(n, block)
     padded = torch.zeros(blocks * block, dtype=torch.float32)
     padded[:n] = flat
     rows = padded.view(blocks, block)
-    scales = (rows.abs().amax(dim=1) / _Q8_LEVELS).to(DTYPES[dtype])
+    scales = (rows.abs().amax(dim=1) / Q8_MAX).to(DTYPES[dtype])
     if not bool(torch.isfinite(scales).all()):  # fp16's 65504 * 127 and beyond
         raise CompressionError(f"a scale to send overflows {dtype}")
     wide = scales.to(torch.float32)
     # A zero scale divides by 1 instead, which rounds its block to zeros: the scale is 0 only
     # where every magnitude is below 127 times half the smallest subnormal of ``dtype``.
     divisor = torch.where(wide > 0, wide, torch.ones_like(wide))
-    q = torch.round(rows / divisor[:, None]).clamp_(-_Q8_LEVELS, _Q8_LEVELS)
+    q = torch.round(rows / divisor[:, None]).clamp_(-Q8_MAX, Q8_MAX)
     values = q.to(torch.int8).reshape(-1)[:n].contiguous()
     residual = flat - dequantize_q8(wide, values, block)
     return scales, values, residual
@@ -362,7 +362,7 @@ def dequantize_q8(scales: torch.Tensor, values: torch.Tensor, block: int) -> tor
     """What a q8 payload decodes to: ``float32(values[i]) * float32(scales[i // block])``, one
     IEEE fp32 product per value (the decoder's arithmetic, ``payload._read_q8``)."""
     n = values.numel()
-    blocks = -(-n // block)
+    blocks = compute_q8_blocks(n, block)
     if scales.numel() != blocks:
         raise CompressionError(f"{n} values in blocks of {block} need {blocks} scales, got {scales.numel()}")
     per_value = scales.to(torch.float32).repeat_interleave(block)[:n]
