@@ -53,6 +53,7 @@ from tenzro_training.payload import (  # noqa: E402
     ENCODING_RAW,
     PayloadHeader,
     compute_max_payload_bytes,
+    compute_q8_blocks,
     decode_payload,
     encode_payload,
     encode_q8_payload,
@@ -150,7 +151,7 @@ def _measure(args: argparse.Namespace, encodings: list[PayloadEncoding], disk: P
         below = ("none: no bytes saved" if even is None else "any speed" if even == "any"
                  else f"{even:,} Mbit/s")
         rows.append(row)
-        what = f"k {k:,}" if k is not None else f"{-(-args.params // encoding.block_size):,} scales"  # type: ignore[operator]
+        what = f"k {k:,}" if k is not None else f"{compute_q8_blocks(args.params, encoding.block_size):,} scales"  # type: ignore[arg-type]
         print(f"{encoding.describe():>9}: {what}; bytes {row['bytes_ratio']:.4f}x raw; trainer {row['trainer_ms']:.2f} ms "
               f"= {row['trainer_ratio']:.2f}x raw encode; node decode {row['node_decode_ms']:.2f} ms = "
               f"{row['node_decode_ratio']:.2f}x raw decode; break-even upload {below}; disk per round "
